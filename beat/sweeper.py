@@ -1,0 +1,111 @@
+"""The sweeper (DESIGN 4.8): finishes what a crash, a lost message or an outage left behind.
+
+`sweep_once(now, limit)` is a plain function: the clock is passed in, every row is handled on
+its own (one bad row is logged and skipped), and the beat task only wraps it.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Engine
+
+from models.db import run_transaction
+from models.enums import OPEN_OPERATION_STATUSES
+from models.tables import GoalOperation
+from workflows import leases
+from workflows.goals import DISPATCH_TASK, budget_exhausted, fail_operation
+
+log = logging.getLogger(__name__)
+
+SWEEPER_LEASE = "sweeper"
+# A freshly submitted operation is published right after its commit; the sweeper leaves it
+# alone this long so it only re-publishes what that publish really lost.
+OUTBOX_GRACE_S = 2.0
+# After re-publishing, an operation is not re-published again for this long (its task is
+# on the way); a message lost again is caught on the next round.
+REPUBLISH_INTERVAL_S = 10.0
+# Rows handled per kind per sweep; bounded so one sweep stays short under a backlog.
+BATCH_LIMIT = 500
+
+
+@dataclass
+class SweepCounts:
+    ran: bool = True
+    republished: int = 0
+    failed: int = 0
+    errors: int = 0
+    details: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"ran": self.ran, "republished": self.republished, "failed": self.failed,
+                "errors": self.errors}
+
+
+Publish = Callable[[str, dict], bool]
+
+
+def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
+               limit: int = BATCH_LIMIT, lease_s: float = 60.0) -> SweepCounts:
+    """One sweep under the sweeper lease: at most one sweep runs at a time, even with two
+    beats. Returns what it did; `ran` is False when another sweep held the lease."""
+    token = run_transaction(engine, lambda s: leases.claim(s, SWEEPER_LEASE, owner, lease_s, now))
+    if token is None:
+        return SweepCounts(ran=False)
+    counts = SweepCounts()
+    try:
+        sweep_goal_operations(engine, publish, now, limit, counts)
+    finally:
+        run_transaction(engine, lambda s: leases.release(s, SWEEPER_LEASE, token))
+    return counts
+
+
+def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
+    """Open operations whose next attempt is due and that no live lease holds.
+
+    Served by the (status, next_attempt_at) index, so the cost follows the due work, not
+    the size of history."""
+    cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
+    return run_transaction(engine, lambda s: list(s.execute(
+        select(GoalOperation.operation_id)
+        .where(GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+               GoalOperation.next_attempt_at <= cutoff,
+               or_(GoalOperation.lease_expires_at.is_(None),
+                   GoalOperation.lease_expires_at <= now))
+        .order_by(GoalOperation.next_attempt_at).limit(limit)).scalars()))
+
+
+def sweep_goal_operations(engine: Engine, publish: Publish, now: datetime, limit: int,
+                          counts: SweepCounts) -> None:
+    """Re-publish due prepared/dispatched work (the operation row is the outbox), take over
+    expired leases, and fail operations whose budget ran out even if no worker runs them."""
+    for operation_id in due_goal_operations(engine, now, limit):
+        try:
+            action = run_transaction(engine, lambda s: _settle_or_reserve(s, operation_id, now))
+            if action == "republish":
+                publish(DISPATCH_TASK, {"operation_id": operation_id})
+                counts.republished += 1
+            elif action == "failed":
+                counts.failed += 1
+        except Exception:  # noqa: BLE001 - one bad row must not stop the sweep
+            counts.errors += 1
+            log.exception("sweeper: goal operation %s", operation_id)
+
+
+def _settle_or_reserve(session, operation_id: str, now: datetime) -> str:
+    op = session.get(GoalOperation, operation_id, populate_existing=True)
+    if op is None or op.status not in OPEN_OPERATION_STATUSES:
+        return "skip"
+    reason = budget_exhausted(op, now)
+    if reason:
+        return "failed" if fail_operation(session, op, reason, now) else "skip"
+    result = session.execute(
+        update(GoalOperation)
+        .where(GoalOperation.operation_id == operation_id,
+               GoalOperation.next_attempt_at == op.next_attempt_at,
+               or_(GoalOperation.lease_expires_at.is_(None),
+                   GoalOperation.lease_expires_at <= now))
+        .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S)))
+    return "republish" if result.rowcount == 1 else "skip"

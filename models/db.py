@@ -1,0 +1,123 @@
+"""Engine and unit-of-work helpers for SQLite (embedded) and PostgreSQL (production).
+
+One engine per process: prefork workers must not share a connection pool, so `engine_for`
+keys its cache by process id and a forked child builds its own.
+"""
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# SQLite waits this long for the write lock before reporting "database is locked". Worker
+# transactions are a few milliseconds; 30 s only matters while another process is paused.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Transient faults (lock waits, serialization failures, a dropped PostgreSQL connection, a
+# unique-key race between two first submits) are retried this many times with jitter.
+TRANSACTION_ATTEMPTS = 8
+
+_engines: dict[tuple[int, str], Engine] = {}
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain postgresql:// URLs and use psycopg 3 for them."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Take transaction control away from the sqlite3 module so BEGIN IMMEDIATE below
+        # is the only BEGIN issued.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        # Every transaction takes the write lock up front: a deferred transaction that
+        # upgrades to a writer later can fail with SQLITE_BUSY without waiting.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+def engine_for(url: str) -> Engine:
+    key = (os.getpid(), normalize_url(url))
+    engine = _engines.get(key)
+    if engine is None:
+        engine = _engines[key] = make_engine(url)
+    return engine
+
+
+def forget_engines() -> None:
+    """Drop engines inherited through fork without touching the parent's connections."""
+    for (pid, _url), engine in list(_engines.items()):
+        if pid != os.getpid():
+            engine.dispose(close=False)
+            del _engines[(pid, _url)]
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, IntegrityError):
+        return True  # a concurrent first insert; the retry takes the replay path
+    if isinstance(exc, OperationalError):
+        return True  # locked database, serialization failure, lost connection
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """One unit of work: commits on success, rolls back on any exception."""
+    with Session(engine, expire_on_commit=False, autoflush=False) as session:
+        with session.begin():
+            yield session
+
+
+def run_transaction(engine: Engine, work: Callable[[Session], T],
+                    attempts: int = TRANSACTION_ATTEMPTS) -> T:
+    """Run `work` in its own transaction, retrying transient database faults."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with session_scope(engine) as session:
+                return work(session)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if attempt == attempts or not _is_transient(exc):
+                raise
+            delay_s = min(0.05 * 2 ** (attempt - 1), 2.0) * (0.5 + random.random())
+            log.info("transient database fault (attempt %d): %s; retrying", attempt,
+                     exc.__class__.__name__)
+            time.sleep(delay_s)
+    raise AssertionError("unreachable")
+
+
+def insert_ignore(session: Session, table, values: dict) -> None:
+    """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL."""
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    session.execute(insert(table).values(**values).on_conflict_do_nothing())

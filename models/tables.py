@@ -1,0 +1,110 @@
+"""Typed SQLAlchemy models of DESIGN section 3 (the tables goal control needs)."""
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, UTCDateTime
+
+ID = String(255)
+SHORT = String(32)
+
+
+class AgentSession(Base):
+    __tablename__ = "agent_sessions"
+
+    workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    provider: Mapped[str | None] = mapped_column(ID)
+    provider_session_id: Mapped[str | None] = mapped_column(ID)
+    live: Mapped[bool | None] = mapped_column(Boolean)
+    runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    admission: Mapped[str] = mapped_column(SHORT, default="open")
+    active_turn_id: Mapped[str | None] = mapped_column(ID)
+    last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Bumped under the row lock by every writer that appends a session event, so the
+    # per-session event sequence stays gap-free.
+    event_sequence: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class GoalState(Base):
+    __tablename__ = "goal_states"
+
+    workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer, default=0)
+    desired: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    observed: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    tombstoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    sync_status: Mapped[str] = mapped_column(SHORT, default="pending")
+    pending_operation_id: Mapped[str | None] = mapped_column(ID)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class LeaseColumns:
+    """The (owner, token, expires_at) triple of DESIGN 4.8, shared by leased rows."""
+
+    lease_owner: Mapped[str | None] = mapped_column(ID)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class GoalOperation(LeaseColumns, Base):
+    __tablename__ = "goal_operations"
+    __table_args__ = (
+        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
+                         name="uq_goal_operations_submit"),
+        Index("ix_goal_operations_due", "status", "next_attempt_at"),
+        Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
+    )
+
+    operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    client_submit_id: Mapped[str] = mapped_column(ID)
+    origin: Mapped[str] = mapped_column(SHORT)
+    action: Mapped[str] = mapped_column(SHORT)
+    objective: Mapped[str | None] = mapped_column(Text)
+    goal_revision: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(SHORT)
+    provider_phase: Mapped[str] = mapped_column(SHORT)
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    first_dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SessionEvent(Base):
+    __tablename__ = "session_events"
+    __table_args__ = (
+        UniqueConstraint("workspace_id", "session_id", "sequence",
+                         name="uq_session_events_sequence"),
+        UniqueConstraint("idempotency_key", name="uq_session_events_idempotency_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    sequence: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(64))
+    record_id: Mapped[str] = mapped_column(ID)
+    revision: Mapped[int | None] = mapped_column(Integer)
+    payload: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    optional: Mapped[bool] = mapped_column(Boolean, default=False)
+    idempotency_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Lease(Base):
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(600), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(ID)
+    token: Mapped[str | None] = mapped_column(String(64))
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

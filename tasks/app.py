@@ -1,0 +1,81 @@
+"""The Celery app (DESIGN 5): JSON only, late acks, one message at a time, two queues."""
+
+import os
+import socket
+
+from celery import Celery
+from pathlib import Path
+
+from celery.signals import worker_process_init, worker_ready
+
+from models.db import forget_engines
+from workflows.broker import (DEFAULT_QUEUE, MAINTENANCE_QUEUE, VISIBILITY_TIMEOUT_S,
+                              kombu_queues, transport_options)
+from workflows.config import Settings
+
+# Hard and soft limits per task; below the Redis visibility timeout so a task never runs
+# twice at once because the broker re-delivered it.
+TASK_SOFT_TIME_LIMIT_S = 300
+TASK_TIME_LIMIT_S = 360
+assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
+
+
+def celery_config(settings: Settings) -> dict:
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport_options(settings),
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_soft_time_limit": TASK_SOFT_TIME_LIMIT_S,
+        "task_time_limit": TASK_TIME_LIMIT_S,
+        "task_queues": kombu_queues(),
+        "task_default_queue": DEFAULT_QUEUE,
+        "task_routes": {"agent_radar.maintenance.*": {"queue": MAINTENANCE_QUEUE}},
+        "worker_hijack_root_logger": False,
+        "beat_schedule": _beat_schedule(settings),
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+
+
+def _beat_schedule(settings: Settings) -> dict:
+    from beat.schedule import beat_schedule
+    return beat_schedule(settings)
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    settings = settings or Settings.from_env()
+    celery = Celery("agent_radar", include=["tasks.goal_tasks", "beat.tasks"])
+    celery.conf.update(celery_config(settings))
+    celery.conf.agent_radar_settings = settings
+    return celery
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@worker_process_init.connect
+def _after_fork(**_kwargs) -> None:
+    # A forked pool process must not reuse its parent's database connections.
+    forget_engines()
+
+
+@worker_ready.connect
+def _announce_ready(**_kwargs) -> None:
+    # The embedded stack and the tests wait for this file instead of sleeping.
+    ready_file = os.environ.get("AGENT_RADAR_READY_FILE")
+    if ready_file:
+        Path(ready_file).touch()
+
+
+app = create_app()

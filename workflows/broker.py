@@ -1,0 +1,163 @@
+"""Broker access for the rules layer: queues, the embedded transport, and task publishing.
+
+`workflows/` never imports Celery (DESIGN 2). Tasks are published here with kombu in Celery's
+task message protocol v2 — the same wire format any producer in any language uses (7.3) — so
+the client, the sweeper and the simulator share one small publisher.
+"""
+
+import logging
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import kombu.transport
+from kombu import Connection, Exchange, Queue
+from kombu.transport import filesystem
+
+from workflows.config import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE = "default"
+MAINTENANCE_QUEUE = "maintenance"
+QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE)
+# The filesystem transport polls its folder; 50 ms keeps the embedded stack responsive at a
+# cost of ~20 directory listings a second per consumer.
+FILESYSTEM_POLL_S = 0.05
+# Redis re-delivers an unacknowledged message after this long; it must exceed the longest
+# task (task_time_limit) or a slow task would run twice at once.
+VISIBILITY_TIMEOUT_S = 3600
+
+
+def queue_for(task_name: str) -> str:
+    """Long maintenance work must not starve short work (DESIGN 5)."""
+    return MAINTENANCE_QUEUE if task_name.startswith("agent_radar.maintenance.") else DEFAULT_QUEUE
+
+
+def kombu_queues() -> list[Queue]:
+    return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
+
+
+class Channel(filesystem.Channel):
+    """kombu's filesystem channel, with atomic message files.
+
+    Upstream creates `<…>.msg` and then writes into it, while consumers move any `.msg` file
+    they list without taking its lock, so a consumer can take a half-written message. Here the
+    message is written under a temporary name and renamed into place, which is atomic.
+    """
+
+    def _put(self, queue, payload, **kwargs):
+        name = f"{int(filesystem.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        tmp = os.path.join(self.data_folder_out, f"tmp-{uuid.uuid4().hex}")
+        with open(tmp, "wb") as fh:
+            fh.write(filesystem.str_to_bytes(filesystem.dumps(payload)))
+        os.rename(tmp, os.path.join(self.data_folder_out, name))
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel
+
+
+# `filesystem://` URLs resolve to the transport above in every process that imports this
+# module (client, workers, beat, Flower through the Celery app).
+kombu.transport.TRANSPORT_ALIASES["filesystem"] = f"{__name__}:Transport"
+
+
+def broker_folders(settings: Settings) -> dict[str, Path]:
+    root = settings.broker_folder
+    return {"queue": root / "queue", "processed": root / "processed",
+            "control": root / "control"}
+
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    if settings.is_embedded_broker:
+        folders = broker_folders(settings)
+        for folder in folders.values():
+            folder.mkdir(parents=True, exist_ok=True)
+        # Processed messages are moved (renamed) within one filesystem: the rename is what
+        # makes exactly one consumer win a message.
+        return {"data_folder_in": str(folders["queue"]), "data_folder_out": str(folders["queue"]),
+                "processed_folder": str(folders["processed"]), "store_processed": True,
+                "control_folder": str(folders["control"]), "polling_interval": FILESYSTEM_POLL_S}
+    return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+
+
+def clean_embedded_broker(settings: Settings) -> None:
+    """Remove what a stopped monitor or an earlier run left: stale event bindings, and
+    already-processed message files (kept only so that a move decides the consumer)."""
+    if not settings.is_embedded_broker:
+        return
+    folders = broker_folders(settings)
+    for path in folders["control"].glob("*celeryev*"):
+        path.unlink(missing_ok=True)
+    for path in folders["queue"].glob("*celeryev*"):
+        path.unlink(missing_ok=True)
+    for path in folders["processed"].glob("*.msg"):
+        path.unlink(missing_ok=True)
+
+
+class TaskPublisher:
+    """Publishes Celery protocol v2 task messages; one connection per process, thread-safe."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._pid = None
+        self._connection = None
+        self._producer = None
+        self._exchanges = {q.name: q for q in kombu_queues()}
+
+    def _ensure(self):
+        if self._pid != os.getpid() or self._producer is None:
+            self._connection = Connection(self.settings.broker_url,
+                                          transport_options=transport_options(self.settings))
+            self._producer = self._connection.Producer()
+            self._pid = os.getpid()
+        return self._producer
+
+    def publish(self, task_name: str, kwargs: dict[str, Any] | None = None,
+                queue: str | None = None) -> str:
+        kwargs = kwargs or {}
+        queue_name = queue or queue_for(task_name)
+        target = self._exchanges[queue_name]
+        task_id = str(uuid.uuid4())
+        headers = {
+            "lang": "py", "task": task_name, "id": task_id, "shadow": None, "eta": None,
+            "expires": None, "group": None, "group_index": None, "retries": 0,
+            "timelimit": [None, None], "root_id": task_id, "parent_id": None,
+            "argsrepr": "()", "kwargsrepr": repr(kwargs)[:1024], "origin": "agent-radar",
+            "ignore_result": True,
+        }
+        body = ([], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+        with self._lock:
+            producer = self._ensure()
+            producer.publish(
+                body, exchange=target.exchange, routing_key=target.routing_key,
+                serializer="json", headers=headers, correlation_id=task_id,
+                delivery_mode=2, declare=[target], retry=True,
+                retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5,
+                              "interval_max": 2})
+        return task_id
+
+    def publish_after_commit(self, task_name: str, kwargs: dict[str, Any]) -> bool:
+        """Publish an already-committed intent. The row is the outbox: if this fails the
+        sweeper publishes it later, so a failure is logged, never raised."""
+        try:
+            self.publish(task_name, kwargs)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any broker fault leaves it to the sweeper
+            log.warning("publish of %s %s failed (%s); the sweeper will publish it",
+                        task_name, kwargs, exc)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None and self._pid == os.getpid():
+                try:
+                    self._connection.release()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    pass
+            self._connection = self._producer = None

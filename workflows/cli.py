@@ -1,0 +1,286 @@
+"""The `agent-radar` command (DESIGN 7.2).
+
+Every command takes --json, and exits non-zero with a one-line error on bad input. This
+module is the composition root: commands that run Celery processes import `tasks` lazily.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from workflows.config import Settings
+from workflows.errors import AgentRadarError
+from workflows.records import as_dict
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(payload, default=str, sort_keys=True))
+    else:
+        click.echo(text if text is not None else json.dumps(payload, default=str, indent=2))
+
+
+def json_option(fn):
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
+
+
+def _client():
+    from workflows.client import AgentRadar
+    return AgentRadar.from_env()
+
+
+@click.group()
+def cli() -> None:
+    """agent-radar: a durable control plane for fleets of AI agent sessions."""
+
+
+# -- processes -------------------------------------------------------------------------------
+@cli.command()
+@click.option("-c", "--concurrency", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("-Q", "--queues", default="default,maintenance", show_default=True)
+@click.option("--name", default=None, help="Node name prefix (unique per host).")
+@click.option("--loglevel", default="INFO", show_default=True)
+@json_option
+def worker(concurrency: int, queues: str, name: str | None, loglevel: str, as_json: bool):
+    """Run a Celery worker (applies pending migrations first)."""
+    from models.migrate import upgrade
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    upgrade(settings.database_url)
+    from tasks.app import app
+    node = f"{name or 'radar'}-{os.getpid()}@%h"
+    app.worker_main(["worker", "-c", str(concurrency), "-Q", queues, "-n", node,
+                     "--loglevel", loglevel, "-E"])
+
+
+@cli.command()
+@click.option("--schedule-file", default=None, help="Where beat keeps its schedule state.")
+@click.option("--loglevel", default="INFO", show_default=True)
+@json_option
+def beat(schedule_file: str | None, loglevel: str, as_json: bool):
+    """Run Celery beat (the sweeper's clock). Run one per deployment."""
+    from models.migrate import upgrade
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    upgrade(settings.database_url)
+    schedule = schedule_file or str(settings.home / "run" / "celerybeat-schedule")
+    Path(schedule).parent.mkdir(parents=True, exist_ok=True)
+    from tasks.app import app
+    app.start(["beat", "-s", schedule, "--loglevel", loglevel])
+
+
+@cli.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True)
+@json_option
+def flower(port: int, address: str, as_json: bool):
+    """Run Flower; set FLOWER_BASIC_AUTH=user:password to require basic auth."""
+    from tasks.app import app
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if os.environ.get("FLOWER_BASIC_AUTH"):
+        argv.append(f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}")
+    app.start(argv)
+
+
+@cli.command("runtime-sim")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@json_option
+def runtime_sim(host: str, port: int, as_json: bool):
+    """Run the agent runtime simulator (an HTTP server) in the foreground."""
+    from workflows.broker import TaskPublisher
+    from workflows.runtime_sim import SimServer
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    publisher = TaskPublisher(settings)
+    server = SimServer(host, port, settings.runtime_token, reporter=lambda report:
+                       publisher.publish("agent_radar.report_activity", {"report": report}))
+    _emit(as_json, {"url": server.url}, f"runtime-sim listening on {server.url}")
+    server.serve_forever()
+
+
+@cli.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@json_option
+def db_upgrade(as_json: bool):
+    """Apply pending Alembic migrations."""
+    from models.migrate import upgrade
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    revision = upgrade(settings.database_url)
+    _emit(as_json, {"revision": revision}, f"database at revision {revision}")
+
+
+@cli.command()
+@click.option("--flower", "with_flower", is_flag=True, help="Also run Flower on :5555.")
+@click.option("--workers", type=click.IntRange(1, 16), default=1, show_default=True)
+@json_option
+def up(with_flower: bool, workers: int, as_json: bool):
+    """Run the embedded stack (runtime-sim, worker, beat) in the foreground until Ctrl-C."""
+    from workflows.stack import Stack
+    settings = Settings.from_env()
+    stack = Stack(settings)
+    try:
+        stack.prepare()
+        stack.start_sim()
+        for _ in range(workers):
+            stack.start_worker()
+        stack.start_beat()
+        if with_flower:
+            stack.spawn("flower", ["flower"])
+        _emit(as_json, {"home": str(settings.home), "runtime_url": settings.runtime_url,
+                        "pids": {p.name: p.pid for p in stack.procs}},
+              f"agent-radar is up (home {settings.home}); logs in {stack.log_dir}. Ctrl-C stops.")
+        import time
+        while all(p.alive() for p in stack.procs):
+            time.sleep(0.5)
+        raise click.ClickException("a process of the stack exited; see the logs")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+@cli.command()
+@click.option("--home", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo's state (default: a fresh temporary folder).")
+@json_option
+def demo(home: str | None, as_json: bool):
+    """Run the scripted scenario on a fresh embedded stack, print the timeline, stop."""
+    from workflows.demo import run_demo
+    ok = run_demo(Path(home) if home else None, as_json=as_json)
+    sys.exit(0 if ok else EXIT_FAILED)
+
+
+@cli.command()
+@click.option("--operations", type=click.IntRange(10, 100000), default=400, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 16), default=2, show_default=True)
+@json_option
+def bench(operations: int, concurrency: int, as_json: bool):
+    """Benchmark (DESIGN 8) on the configured database and broker."""
+    from workflows.bench import run_bench
+    result = run_bench(Settings.from_env(), operations=operations, concurrency=concurrency,
+                       echo=None if as_json else click.echo)
+    _emit(as_json, result, "")
+    sys.exit(0 if result["exactly_once"] else EXIT_FAILED)
+
+
+# -- goal control ----------------------------------------------------------------------------
+@cli.group()
+def goal() -> None:
+    """Set, clear, pause or resume a session's goal."""
+
+
+def _goal_command(action: str, takes_objective: bool):
+    def command(workspace_id, session_id, submit_id, expected_revision, wait_s, as_json,
+                objective=None):
+        client = _client()
+        op = client.goal_control(workspace_id, session_id, action, objective,
+                                 client_submit_id=submit_id, expected_revision=expected_revision)
+        if wait_s is not None:
+            op = client.wait(op, timeout=wait_s)
+        _emit(as_json, as_dict(op),
+              f"{op.operation_id} {op.action} revision {op.goal_revision}: {op.status}"
+              f" ({op.provider_phase})" + (f" - {op.last_error}" if op.last_error else ""))
+    command.__name__ = f"goal_{action}"
+    command.__doc__ = f"{action.capitalize()} the session's goal."
+    params = [click.argument("workspace_id"), click.argument("session_id")]
+    if takes_objective:
+        params.append(click.argument("objective"))
+    params += [
+        click.option("--submit-id", "submit_id", required=True, help="Client submit ID."),
+        click.option("--expected-revision", type=int, default=None),
+        click.option("--wait", "wait_s", is_flag=False, flag_value=30.0, type=float,
+                     default=None, help="Wait (up to N s, default 30) until it settles."),
+        json_option,
+    ]
+    for decorate in reversed(params):  # click lists parameters in decoration order
+        command = decorate(command)
+    return goal.command(action)(command)
+
+
+for _action, _takes in (("set", True), ("clear", False), ("pause", False), ("resume", False)):
+    _goal_command(_action, _takes)
+
+
+@goal.command("show")
+@click.argument("workspace_id")
+@click.argument("session_id")
+@json_option
+def goal_show(workspace_id: str, session_id: str, as_json: bool):
+    """Show the session's goal state."""
+    state = _client().goal_state(workspace_id, session_id)
+    _emit(as_json, as_dict(state),
+          f"revision {state.revision} {state.sync_status}: desired={state.desired} "
+          f"observed={state.observed}")
+
+
+# -- sessions --------------------------------------------------------------------------------
+@cli.group()
+def session() -> None:
+    """Session control."""
+
+
+@session.command("ensure")
+@click.argument("workspace_id")
+@click.argument("session_id")
+@json_option
+def session_ensure(workspace_id: str, session_id: str, as_json: bool):
+    """Resume the session if it is offline (with its fences) and wake its pending work."""
+    info = _client().ensure_session(workspace_id, session_id)
+    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} live, epoch {info.runtime_epoch}")
+
+
+@session.command("show")
+@click.argument("workspace_id")
+@click.argument("session_id")
+@json_option
+def session_show(workspace_id: str, session_id: str, as_json: bool):
+    """Show what the database knows of a session."""
+    info = _client().session_info(workspace_id, session_id)
+    _emit(as_json, as_dict(info))
+
+
+@cli.command()
+@json_option
+def status(as_json: bool):
+    """The fleet at a glance: counts per status, due and overdue work, sweeper lag."""
+    from workflows.status import fleet_status, render_status
+    client = _client()
+    result = fleet_status(client.engine)
+    _emit(as_json, result, render_status(result))
+
+
+def _prepare_home(settings: Settings) -> None:
+    settings.home.mkdir(parents=True, exist_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="agent-radar", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except AgentRadarError as exc:
+        click.echo(f"error: {exc.code}: {exc.message}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except (ValueError, TimeoutError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The Python client (DESIGN 7.1): `from workflows.client import AgentRadar`."""
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import select
+
+from models.base import utcnow
+from models.db import engine_for, run_transaction
+from models.tables import GoalOperation as GoalOperationRow
+from models.tables import GoalState as GoalStateRow
+from workflows import ids, records
+from workflows.activity import apply_report, parse_report
+from workflows.broker import TaskPublisher
+from workflows.config import Settings
+from workflows.errors import InvalidArgument, NotFound
+from workflows.goals import DISPATCH_TASK, GoalRequest, submit
+from workflows.records import GoalOperation, GoalState, SessionInfo
+from workflows.runtime import HttpRuntime, RuntimePort
+from workflows.session_control import (durable_fences, load_session, record_live,
+                                       resume_if_offline)
+from workflows.validation import check_id
+
+# How often `wait` looks at the database; the database is the source of truth.
+WAIT_POLL_S = 0.05
+
+
+class AgentRadar:
+    def __init__(self, database_url: str | None = None, broker_url: str | None = None, *,
+                 settings: Settings | None = None, runtime: RuntimePort | None = None,
+                 publisher: TaskPublisher | None = None) -> None:
+        base = settings or Settings.from_env()
+        self.settings = replace(base, database_url=database_url or base.database_url,
+                                broker_url=broker_url or base.broker_url)
+        if self.settings.database_url.startswith("sqlite"):
+            self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.engine = engine_for(self.settings.database_url)
+        self.publisher = publisher or TaskPublisher(self.settings)
+        self.runtime = runtime or HttpRuntime(self.settings.runtime_url,
+                                              self.settings.runtime_token,
+                                              self.settings.runtime_timeout_s)
+
+    @classmethod
+    def from_env(cls) -> "AgentRadar":
+        return cls()
+
+    def close(self) -> None:
+        self.publisher.close()
+
+    # -- goal control ----------------------------------------------------------------------
+    def goal_control(self, workspace_id: str, session_id: str, action: str,
+                     objective: str | None = None, *, client_submit_id: str,
+                     expected_revision: int | None = None) -> GoalOperation:
+        request = GoalRequest.parse(workspace_id, session_id, action, objective,
+                                    client_submit_id=client_submit_id,
+                                    expected_revision=expected_revision)
+        op, created = run_transaction(self.engine, lambda s: self._submit(s, request))
+        if created:
+            self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": op.operation_id})
+        return op
+
+    @staticmethod
+    def _submit(session, request: GoalRequest) -> tuple[GoalOperation, bool]:
+        row, created = submit(session, request, utcnow())
+        return records.from_row(GoalOperation, row), created
+
+    def set_goal(self, workspace_id, session_id, objective, *, client_submit_id,
+                 expected_revision=None) -> GoalOperation:
+        return self.goal_control(workspace_id, session_id, "set", objective,
+                                 client_submit_id=client_submit_id,
+                                 expected_revision=expected_revision)
+
+    def clear_goal(self, workspace_id, session_id, *, client_submit_id,
+                   expected_revision=None) -> GoalOperation:
+        return self.goal_control(workspace_id, session_id, "clear",
+                                 client_submit_id=client_submit_id,
+                                 expected_revision=expected_revision)
+
+    def pause_goal(self, workspace_id, session_id, *, client_submit_id,
+                   expected_revision=None) -> GoalOperation:
+        return self.goal_control(workspace_id, session_id, "pause",
+                                 client_submit_id=client_submit_id,
+                                 expected_revision=expected_revision)
+
+    def resume_goal(self, workspace_id, session_id, *, client_submit_id,
+                    expected_revision=None) -> GoalOperation:
+        return self.goal_control(workspace_id, session_id, "resume",
+                                 client_submit_id=client_submit_id,
+                                 expected_revision=expected_revision)
+
+    def find_goal_operation(self, workspace_id: str, session_id: str,
+                            client_submit_id: str) -> GoalOperation | None:
+        operation_id = ids.goal_operation_id(check_id("workspace_id", workspace_id),
+                                             check_id("session_id", session_id),
+                                             check_id("client_submit_id", client_submit_id))
+        return self._load_operation(operation_id)
+
+    def get_goal_operation(self, operation_id: str) -> GoalOperation:
+        op = self._load_operation(check_id("operation_id", operation_id))
+        if op is None:
+            raise NotFound(f"no goal operation {operation_id}", operation_id=operation_id)
+        return op
+
+    def _load_operation(self, operation_id: str) -> GoalOperation | None:
+        def load(s):
+            row = s.get(GoalOperationRow, operation_id)
+            return None if row is None else records.from_row(GoalOperation, row)
+        return run_transaction(self.engine, load)
+
+    def goal_state(self, workspace_id: str, session_id: str) -> GoalState:
+        key = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
+
+        def load(s):
+            row = s.get(GoalStateRow, key)
+            if row is None:
+                raise NotFound(f"session {workspace_id}/{session_id} has no goal state")
+            return records.from_row(GoalState, row)
+        return run_transaction(self.engine, load)
+
+    def list_goal_operations(self, workspace_id: str, session_id: str) -> list[GoalOperation]:
+        return run_transaction(self.engine, lambda s: [
+            records.from_row(GoalOperation, row) for row in s.execute(
+                select(GoalOperationRow)
+                .where(GoalOperationRow.workspace_id == workspace_id,
+                       GoalOperationRow.session_id == session_id)
+                .order_by(GoalOperationRow.goal_revision)).scalars()])
+
+    # -- sessions --------------------------------------------------------------------------
+    def ensure_session(self, workspace_id: str, session_id: str) -> SessionInfo:
+        """User-triggered: resume an offline session with every durable fence preloaded,
+        then wake its prepared goal operations."""
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        fences = run_transaction(self.engine,
+                                 lambda s: durable_fences(s, workspace_id, session_id))
+        _resumed, epoch = resume_if_offline(self.runtime, workspace_id, session_id, fences)
+        wake = run_transaction(self.engine, lambda s: record_live(
+            s, workspace_id, session_id, epoch, utcnow()))
+        for operation_id in wake:
+            self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
+        return self.session_info(workspace_id, session_id)
+
+    def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:
+        def load(s):
+            row = load_session(s, workspace_id, session_id)
+            if row is None:
+                raise NotFound(f"unknown session {workspace_id}/{session_id}")
+            return records.from_row(SessionInfo, row)
+        return run_transaction(self.engine, load)
+
+    def report_activity(self, report: dict[str, Any]) -> list[str]:
+        parsed = parse_report(report)
+        return run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
+
+    # -- waiting ---------------------------------------------------------------------------
+    def wait(self, record: Any, timeout: float = 30.0) -> Any:
+        """Poll until the record reaches a terminal status; TimeoutError otherwise."""
+        if not isinstance(record, GoalOperation):
+            raise InvalidArgument(f"cannot wait on {type(record).__name__}")
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.get_goal_operation(record.operation_id)
+            if current.settled:
+                return current
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"goal operation {record.operation_id} is still "
+                                   f"{current.status} after {timeout} s")
+            time.sleep(WAIT_POLL_S)

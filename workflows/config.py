@@ -1,0 +1,80 @@
+"""Configuration from the environment (DESIGN 7.4)."""
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    database_url: str
+    broker_url: str
+    runtime_url: str = DEFAULT_RUNTIME_URL
+    runtime_token: str | None = None
+    sweep_interval_s: float = 2.0
+    maintenance_cancel_grace_s: float = 15.0
+    # How long a worker owns an operation or a session lane without renewing it. Longer than
+    # the runtime call timeout, so a healthy call never loses its lease mid-flight.
+    lease_s: float = 30.0
+    runtime_timeout_s: float = 10.0
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.home / "broker"
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        return self.broker_url.startswith("filesystem://")
+
+    def with_home(self, home: Path) -> "Settings":
+        return replace(self, home=home)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        home = Path(env.get("AGENT_RADAR_HOME") or "./.agent-radar").resolve()
+        timeout_s = _float(env, "AGENT_RADAR_RUNTIME_TIMEOUT_S", 10.0)
+        return cls(
+            home=home,
+            database_url=env.get("AGENT_RADAR_DATABASE_URL") or f"sqlite:///{home / 'agent-radar.db'}",
+            broker_url=env.get("AGENT_RADAR_BROKER_URL") or "filesystem://",
+            runtime_url=env.get("AGENT_RADAR_RUNTIME_URL") or DEFAULT_RUNTIME_URL,
+            runtime_token=env.get("AGENT_RADAR_RUNTIME_TOKEN") or None,
+            sweep_interval_s=_float(env, "AGENT_RADAR_SWEEP_INTERVAL_S", 2.0),
+            maintenance_cancel_grace_s=_float(env, "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S", 15.0),
+            lease_s=max(_float(env, "AGENT_RADAR_LEASE_S", 30.0), timeout_s + 1),
+            runtime_timeout_s=timeout_s,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings in a child process."""
+        env = {
+            "AGENT_RADAR_HOME": str(self.home),
+            "AGENT_RADAR_DATABASE_URL": self.database_url,
+            "AGENT_RADAR_BROKER_URL": self.broker_url,
+            "AGENT_RADAR_RUNTIME_URL": self.runtime_url,
+            "AGENT_RADAR_SWEEP_INTERVAL_S": str(self.sweep_interval_s),
+            "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S": str(self.maintenance_cancel_grace_s),
+            "AGENT_RADAR_LEASE_S": str(self.lease_s),
+            "AGENT_RADAR_RUNTIME_TIMEOUT_S": str(self.runtime_timeout_s),
+        }
+        if self.runtime_token:
+            env["AGENT_RADAR_RUNTIME_TOKEN"] = self.runtime_token
+        return env

@@ -1,0 +1,421 @@
+"""Goal control (DESIGN 4.1, 4.2): submit, and the dispatch step a worker runs.
+
+Rules are plain functions over a database session (or an engine, where one step needs several
+short transactions around a runtime call) and a runtime port. They never import Celery.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.enums import (OPEN_OPERATION_STATUSES, GoalAction, OperationStatus, Origin,
+                          ProviderPhase, SyncStatus)
+from models.tables import GoalOperation, GoalState
+from workflows import ids, leases, records
+from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
+                              RuntimeDisconnected, RuntimeFault)
+from workflows.runtime import RuntimePort
+from workflows.sessions import append_event, lock_session
+from workflows.validation import check_action, check_id, check_int, check_objective
+
+log = logging.getLogger(__name__)
+
+DISPATCH_TASK = "agent_radar.goal.dispatch"
+# Budgets of DESIGN 4.2: past these an operation fails instead of retrying forever.
+DISPATCH_BUDGET_S = 600
+DISPATCH_MAX_ATTEMPTS = 24
+ACCEPTED_BUDGET_S = 120
+# Backoff after a retryable runtime answer: 1, 2, 4 … seconds, capped.
+BACKOFF_CAP_S = 256
+# A lane holder drains at most this many steps before it lets another worker have the lane.
+LANE_MAX_STEPS = 64
+
+
+@dataclass(frozen=True)
+class GoalRequest:
+    workspace_id: str
+    session_id: str
+    action: GoalAction
+    objective: str | None
+    client_submit_id: str
+    expected_revision: int | None = None
+    origin: Origin = Origin.CLIENT
+
+    @classmethod
+    def parse(cls, workspace_id: Any, session_id: Any, action: Any, objective: Any = None, *,
+              client_submit_id: Any, expected_revision: Any = None) -> "GoalRequest":
+        """Validate raw input (from Python, the CLI or a task message)."""
+        parsed_action = check_action(action)
+        return cls(
+            workspace_id=check_id("workspace_id", workspace_id),
+            session_id=check_id("session_id", session_id),
+            action=parsed_action,
+            objective=check_objective(parsed_action, objective),
+            client_submit_id=check_id("client_submit_id", client_submit_id),
+            expected_revision=check_int("expected_revision", expected_revision, optional=True))
+
+    @property
+    def operation_id(self) -> str:
+        return ids.goal_operation_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def desired_after(action: GoalAction, objective: str | None,
+                  desired: dict | None) -> dict | None:
+    if action is GoalAction.SET:
+        return {"objective": objective, "status": "active"}
+    if action is GoalAction.CLEAR:
+        return None
+    status = "paused" if action is GoalAction.PAUSE else "active"
+    return {**desired, "status": status}
+
+
+def _get_state(session: Session, workspace_id: str, session_id: str) -> GoalState | None:
+    return session.get(GoalState, (workspace_id, session_id), populate_existing=True)
+
+
+def submit(session: Session, request: GoalRequest, now: datetime
+           ) -> tuple[GoalOperation, bool]:
+    """Accept a goal control intent in the caller's transaction (DESIGN 4.2, submit 1-7).
+
+    Returns (operation, created). A replay returns the existing row and writes nothing.
+    """
+    row = lock_session(session, request.workspace_id, request.session_id)
+    existing = session.get(GoalOperation, request.operation_id, populate_existing=True)
+    if existing is not None:
+        if (existing.action, existing.objective) != (request.action.value, request.objective):
+            raise GoalOperationConflict(
+                f"client_submit_id {request.client_submit_id!r} was used for "
+                f"{existing.action} {existing.objective!r}",
+                operation_id=existing.operation_id)
+        return existing, False
+
+    state = _get_state(session, request.workspace_id, request.session_id)
+    revision = state.revision if state else 0
+    if request.expected_revision is not None and request.expected_revision != revision:
+        raise GoalGenerationSuperseded(
+            f"expected revision {request.expected_revision}, current is {revision}",
+            expected_revision=request.expected_revision, current_revision=revision)
+    desired = state.desired if state else None
+    if request.action in (GoalAction.PAUSE, GoalAction.RESUME) and desired is None:
+        raise GoalStateAbsent(f"cannot {request.action.value}: the session has no goal")
+
+    if state is None:
+        state = GoalState(workspace_id=request.workspace_id, session_id=request.session_id,
+                          revision=0, tombstoned=False, sync_status=SyncStatus.PENDING)
+        session.add(state)
+    elif state.pending_operation_id:
+        _supersede(session, state.pending_operation_id, now)
+
+    state.revision = revision + 1
+    state.desired = desired_after(request.action, request.objective, desired)
+    state.tombstoned = request.action is GoalAction.CLEAR
+    state.sync_status = SyncStatus.PENDING
+    state.pending_operation_id = request.operation_id
+    state.last_error = None
+    op = GoalOperation(
+        operation_id=request.operation_id, workspace_id=request.workspace_id,
+        session_id=request.session_id, client_submit_id=request.client_submit_id,
+        origin=request.origin.value, action=request.action.value, objective=request.objective,
+        goal_revision=state.revision, status=OperationStatus.PREPARED,
+        provider_phase=ProviderPhase.PREPARED, attempt=0, next_attempt_at=now, created_at=now)
+    session.add(op)
+    session.flush()
+    append_event(session, row, kind="goal-control", record_id=f"goal-control:{op.operation_id}",
+                 idempotency_key=f"goal-control:{op.operation_id}", revision=op.goal_revision,
+                 payload={"action": op.action, "objective": op.objective, "origin": op.origin,
+                          "client_submit_id": op.client_submit_id}, now=now)
+    return op, True
+
+
+def _supersede(session: Session, operation_id: str, now: datetime) -> bool:
+    result = session.execute(
+        update(GoalOperation)
+        .where(GoalOperation.operation_id == operation_id,
+               GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
+        .values(status=OperationStatus.SUPERSEDED, completed_at=now, lease_owner=None,
+                lease_token=None, lease_expires_at=None))
+    return result.rowcount == 1
+
+
+def backoff_s(attempt: int) -> float:
+    return float(min(2 ** max(attempt - 1, 0), BACKOFF_CAP_S))
+
+
+def budget_exhausted(op: GoalOperation, now: datetime) -> str | None:
+    """Why an open operation must fail now instead of being dispatched again, if it must."""
+    if op.provider_phase == ProviderPhase.ACCEPTED and op.accepted_at is not None:
+        if now - op.accepted_at >= timedelta(seconds=ACCEPTED_BUDGET_S):
+            return "accepted but no applied report within the budget"
+        return None
+    if op.first_dispatched_at is not None and (
+            now - op.first_dispatched_at >= timedelta(seconds=DISPATCH_BUDGET_S)):
+        return "dispatch budget exhausted (time)"
+    if op.attempt >= DISPATCH_MAX_ATTEMPTS:
+        return "dispatch budget exhausted (attempts)"
+    return None
+
+
+def fail_operation(session: Session, op: GoalOperation, error: str, now: datetime,
+                   token: str | None = None) -> bool:
+    """Terminal failure: the operation and (if it still owns it) the goal state."""
+    lock_session(session, op.workspace_id, op.session_id)
+    conditions = [GoalOperation.operation_id == op.operation_id,
+                  GoalOperation.status.in_(OPEN_OPERATION_STATUSES)]
+    if token is not None:
+        conditions.append(GoalOperation.lease_token == token)
+    result = session.execute(
+        update(GoalOperation).where(*conditions).values(
+            status=OperationStatus.FAILED, last_error=error, completed_at=now,
+            provider_phase=(ProviderPhase.UNKNOWN if op.provider_phase != ProviderPhase.PREPARED
+                            else ProviderPhase.PREPARED),
+            lease_owner=None, lease_token=None, lease_expires_at=None))
+    if result.rowcount != 1:
+        return False
+    session.execute(
+        update(GoalState)
+        .where(GoalState.workspace_id == op.workspace_id, GoalState.session_id == op.session_id,
+               GoalState.pending_operation_id == op.operation_id)
+        .values(sync_status=SyncStatus.FAILED, pending_operation_id=None, last_error=error))
+    return True
+
+
+def complete_applied(session: Session, op: GoalOperation, goal: dict | None,
+                     evidence: dict | None, now: datetime, token: str | None = None) -> bool:
+    """Record authoritative evidence that the agent applied this operation's revision."""
+    lock_session(session, op.workspace_id, op.session_id)
+    conditions = [GoalOperation.operation_id == op.operation_id,
+                  GoalOperation.status == OperationStatus.DISPATCHED]
+    if token is not None:
+        conditions.append(GoalOperation.lease_token == token)
+    result = session.execute(
+        update(GoalOperation).where(*conditions).values(
+            status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.APPLIED,
+            evidence=evidence, completed_at=now, last_error=None,
+            lease_owner=None, lease_token=None, lease_expires_at=None))
+    if result.rowcount != 1:
+        return False
+    state = _get_state(session, op.workspace_id, op.session_id)
+    if state is not None and state.pending_operation_id == op.operation_id:
+        state.observed = goal
+        state.sync_status = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+        state.pending_operation_id = None
+        state.last_error = None
+    return True
+
+
+@dataclass
+class StepResult:
+    operation_id: str
+    outcome: str  # applied, accepted, superseded, retry, failed, skipped
+
+
+@dataclass(frozen=True)
+class Claim:
+    op: GoalOperation
+    token: str
+
+
+class Dispatcher:
+    """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8)."""
+
+    def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str,
+                 lease_s: float, clock: Callable[[], datetime] = utcnow,
+                 resume_session: Callable[[str, str], Any] | None = None) -> None:
+        self.engine = engine
+        self.runtime = runtime
+        self.worker_id = worker_id
+        self.lease_s = lease_s
+        self.clock = clock
+        # Client operations may bring an offline session back (user-triggered, fences
+        # preloaded); fence-made operations never do.
+        self.resume_session = resume_session
+
+    # -- the lane --------------------------------------------------------------------------
+    def dispatch(self, operation_id: str) -> list[StepResult]:
+        """Entry point of `agent_radar.goal.dispatch`: drain the operation's session lane."""
+        op = run_transaction(self.engine, lambda s: s.get(GoalOperation, operation_id))
+        if op is None or op.status not in OPEN_OPERATION_STATUSES:
+            return []
+        return self.drain_lane(op.workspace_id, op.session_id, first=operation_id)
+
+    def drain_lane(self, workspace_id: str, session_id: str,
+                   first: str | None = None) -> list[StepResult]:
+        lane = ids.lane_name(workspace_id, session_id)
+        results: list[StepResult] = []
+        while True:
+            token = run_transaction(self.engine, lambda s: leases.claim(
+                s, lane, self.worker_id, self.lease_s, self.clock()))
+            if token is None:
+                return results  # the holder checks once more after it releases
+            try:
+                for _ in range(LANE_MAX_STEPS):
+                    op_id = first or self._next_due(workspace_id, session_id)
+                    first = None
+                    if op_id is None:
+                        break
+                    if not run_transaction(self.engine, lambda s: leases.renew(
+                            s, lane, token, self.lease_s, self.clock())):
+                        log.warning("lost lane %s; stopping", lane)
+                        return results
+                    results.append(self.step(op_id))
+            finally:
+                run_transaction(self.engine, lambda s: leases.release(s, lane, token))
+            if self._next_due(workspace_id, session_id) is None:
+                return results
+
+    def _next_due(self, workspace_id: str, session_id: str) -> str | None:
+        now = self.clock()
+        return run_transaction(self.engine, lambda s: s.execute(
+            select(GoalOperation.operation_id)
+            .where(GoalOperation.workspace_id == workspace_id,
+                   GoalOperation.session_id == session_id,
+                   GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+                   GoalOperation.next_attempt_at <= now,
+                   or_(GoalOperation.lease_expires_at.is_(None),
+                       GoalOperation.lease_expires_at <= now))
+            .order_by(GoalOperation.goal_revision).limit(1)).scalar_one_or_none())
+
+    # -- one operation ---------------------------------------------------------------------
+    def step(self, operation_id: str) -> StepResult:
+        claim_or_result = run_transaction(self.engine, lambda s: self._claim(s, operation_id))
+        if isinstance(claim_or_result, StepResult):
+            return claim_or_result
+        claim = claim_or_result
+        try:
+            answer = self._call_runtime(claim.op)
+        except RuntimeFault as exc:
+            return self._record_fault(claim, exc, exc.retryable)
+        except RuntimeDisconnected as exc:
+            return self._record_fault(claim, exc, True)
+        return self._record_answer(claim, answer)
+
+    def _claim(self, session: Session, operation_id: str) -> Claim | StepResult:
+        now = self.clock()
+        op = session.get(GoalOperation, operation_id, populate_existing=True)
+        if op is None or op.status not in OPEN_OPERATION_STATUSES:
+            return StepResult(operation_id, "skipped")
+        if op.lease_expires_at is not None and op.lease_expires_at > now:
+            return StepResult(operation_id, "skipped")  # another worker is on it
+        lock_session(session, op.workspace_id, op.session_id)
+        state = _get_state(session, op.workspace_id, op.session_id)
+        if state is None or state.revision != op.goal_revision or (
+                state.pending_operation_id != op.operation_id):
+            _supersede(session, op.operation_id, now)
+            return StepResult(operation_id, "superseded")
+        reason = budget_exhausted(op, now)
+        if reason:
+            fail_operation(session, op, reason, now)
+            return StepResult(operation_id, "failed")
+        if op.provider_phase == ProviderPhase.ACCEPTED:
+            # Acknowledged; the applied report completes it. Wake again at the deadline.
+            session.execute(update(GoalOperation).where(
+                GoalOperation.operation_id == op.operation_id).values(
+                next_attempt_at=op.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S)))
+            return StepResult(operation_id, "skipped")
+        token = leases.new_token()
+        result = session.execute(
+            update(GoalOperation)
+            .where(GoalOperation.operation_id == op.operation_id,
+                   GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+                   or_(GoalOperation.lease_expires_at.is_(None),
+                       GoalOperation.lease_expires_at <= now))
+            .values(status=OperationStatus.DISPATCHED, provider_phase=ProviderPhase.DISPATCHED,
+                    attempt=GoalOperation.attempt + 1,
+                    first_dispatched_at=op.first_dispatched_at or now,
+                    lease_owner=self.worker_id, lease_token=token,
+                    lease_expires_at=now + timedelta(seconds=self.lease_s)))
+        if result.rowcount != 1:
+            return StepResult(operation_id, "skipped")
+        state.sync_status = SyncStatus.APPLYING
+        session.flush()
+        claimed = records.from_row(
+            records.GoalOperation, op, status=OperationStatus.DISPATCHED.value,
+            provider_phase=ProviderPhase.DISPATCHED.value, attempt=op.attempt + 1,
+            first_dispatched_at=op.first_dispatched_at or now, lease_token=token)
+        return Claim(op=claimed, token=token)
+
+    def _call_runtime(self, op: GoalOperation) -> dict[str, Any]:
+        call = dict(operation_id=op.operation_id, action=op.action, objective=op.objective,
+                    revision=op.goal_revision, client_submit_id=op.client_submit_id,
+                    require_live=True)
+        try:
+            return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
+        except RuntimeDisconnected:
+            if op.origin != Origin.CLIENT or self.resume_session is None:
+                raise
+            self.resume_session(op.workspace_id, op.session_id)
+            return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
+
+    def _record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:
+        op, token = claim.op, claim.token
+        phase = answer.get("phase")
+        now = self.clock()
+        if phase == "applied":
+            ok = run_transaction(self.engine, lambda s: complete_applied(
+                s, op, answer.get("goal"), answer.get("evidence"), now, token=token))
+            return StepResult(op.operation_id, "applied" if ok else "skipped")
+        if phase == "accepted":
+            ok = run_transaction(self.engine, lambda s: self._mark_accepted(s, claim, answer, now))
+            return StepResult(op.operation_id, "accepted" if ok else "skipped")
+        fault = RuntimeFault(f"runtime answered an unknown phase {phase!r}", code="bad_response",
+                             retryable=False, http_status=200)
+        return self._record_fault(claim, fault, False)
+
+    def _mark_accepted(self, session: Session, claim: Claim, answer: dict, now: datetime) -> bool:
+        lock_session(session, claim.op.workspace_id, claim.op.session_id)
+        result = session.execute(
+            update(GoalOperation)
+            .where(GoalOperation.operation_id == claim.op.operation_id,
+                   GoalOperation.status == OperationStatus.DISPATCHED,
+                   GoalOperation.lease_token == claim.token)
+            .values(provider_phase=ProviderPhase.ACCEPTED, accepted_at=now,
+                    evidence=answer.get("evidence"),
+                    next_attempt_at=now + timedelta(seconds=ACCEPTED_BUDGET_S),
+                    lease_owner=None, lease_token=None, lease_expires_at=None))
+        return result.rowcount == 1
+
+    def _record_fault(self, claim: Claim, exc: Exception, retryable: bool) -> StepResult:
+        op, token = claim.op, claim.token
+        now = self.clock()
+        error = str(exc)
+        if getattr(exc, "code", None) == "stale_revision":
+            def stale(s: Session) -> bool:
+                lock_session(s, op.workspace_id, op.session_id)
+                result = s.execute(update(GoalOperation).where(
+                    GoalOperation.operation_id == op.operation_id,
+                    GoalOperation.lease_token == token,
+                    GoalOperation.status == OperationStatus.DISPATCHED).values(
+                    status=OperationStatus.SUPERSEDED, last_error=error, completed_at=now,
+                    lease_owner=None, lease_token=None, lease_expires_at=None))
+                s.execute(update(GoalState).where(
+                    GoalState.workspace_id == op.workspace_id,
+                    GoalState.session_id == op.session_id,
+                    GoalState.pending_operation_id == op.operation_id).values(
+                    pending_operation_id=None, last_error=error,
+                    sync_status=SyncStatus.DIVERGED))
+                return result.rowcount == 1
+            return StepResult(op.operation_id, "superseded" if run_transaction(
+                self.engine, stale) else "skipped")
+        if not retryable:
+            ok = run_transaction(self.engine, lambda s: fail_operation(s, op, error, now, token))
+            return StepResult(op.operation_id, "failed" if ok else "skipped")
+
+        def backoff(s: Session) -> bool:
+            result = s.execute(update(GoalOperation).where(
+                GoalOperation.operation_id == op.operation_id,
+                GoalOperation.lease_token == token,
+                GoalOperation.status == OperationStatus.DISPATCHED).values(
+                last_error=error, next_attempt_at=now + timedelta(seconds=backoff_s(op.attempt)),
+                lease_owner=None, lease_token=None, lease_expires_at=None))
+            return result.rowcount == 1
+        return StepResult(op.operation_id, "retry" if run_transaction(
+            self.engine, backoff) else "skipped")
+

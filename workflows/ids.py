@@ -1,0 +1,18 @@
+"""Deterministic identifiers (DESIGN 4.1): a retry lands on the same row."""
+
+import uuid
+
+# The product's one namespace; changing it would orphan every stored id.
+NAMESPACE = uuid.UUID("6f1c2a52-4d0e-5b7a-9c3e-a9e1d2b4c7f0")
+
+
+def derive(family: str, *parts: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, "\0".join((family, *parts))))
+
+
+def goal_operation_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
+    return derive("goal", workspace_id, session_id, client_submit_id)
+
+
+def lane_name(workspace_id: str, session_id: str) -> str:
+    return f"goal-lane\0{workspace_id}\0{session_id}"

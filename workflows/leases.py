@@ -1,0 +1,43 @@
+"""Named leases (DESIGN 4.8): claimed by a conditional update, fenced by their token.
+
+A holder renews and releases only while its token is still the row's token, so a worker
+that was paused past its expiry cannot act on a lease somebody else has since claimed.
+"""
+
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, update
+from sqlalchemy.orm import Session
+
+from models.db import insert_ignore
+from models.tables import Lease
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def claim(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> str | None:
+    """Take the lease if it is free or expired; returns the new token, or None if held."""
+    insert_ignore(session, Lease.__table__, {"name": name})
+    token = new_token()
+    result = session.execute(
+        update(Lease)
+        .where(Lease.name == name, or_(Lease.expires_at.is_(None), Lease.expires_at <= now))
+        .values(owner=owner, token=token, expires_at=now + timedelta(seconds=ttl_s)))
+    return token if result.rowcount == 1 else None
+
+
+def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) -> bool:
+    result = session.execute(
+        update(Lease).where(Lease.name == name, Lease.token == token, Lease.expires_at > now)
+        .values(expires_at=now + timedelta(seconds=ttl_s)))
+    return result.rowcount == 1
+
+
+def release(session: Session, name: str, token: str) -> bool:
+    result = session.execute(
+        update(Lease).where(Lease.name == name, Lease.token == token)
+        .values(owner=None, token=None, expires_at=None))
+    return result.rowcount == 1

@@ -1,0 +1,77 @@
+"""Frozen records returned by the client (DESIGN 7.1); fields are the columns of section 3."""
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from models.enums import TERMINAL_OPERATION_STATUSES
+
+R = TypeVar("R")
+
+
+def from_row(cls: type[R], row: Any, **extra: Any) -> R:
+    values = {f.name: getattr(row, f.name) for f in dataclasses.fields(cls)
+              if f.name not in extra}
+    return cls(**values, **extra)
+
+
+def as_dict(record: Any) -> dict[str, Any]:
+    def convert(value):
+        return value.isoformat() if isinstance(value, datetime) else value
+    return {k: convert(v) for k, v in dataclasses.asdict(record).items()}
+
+
+@dataclass(frozen=True)
+class GoalOperation:
+    operation_id: str
+    workspace_id: str
+    session_id: str
+    client_submit_id: str
+    origin: str
+    action: str
+    objective: str | None
+    goal_revision: int
+    status: str
+    provider_phase: str
+    evidence: dict | None
+    last_error: str | None
+    attempt: int
+    lease_owner: str | None
+    lease_token: str | None
+    lease_expires_at: datetime | None
+    next_attempt_at: datetime | None
+    first_dispatched_at: datetime | None
+    accepted_at: datetime | None
+    completed_at: datetime | None
+    created_at: datetime
+
+    @property
+    def settled(self) -> bool:
+        return self.status in TERMINAL_OPERATION_STATUSES
+
+
+@dataclass(frozen=True)
+class GoalState:
+    workspace_id: str
+    session_id: str
+    revision: int
+    desired: dict | None
+    observed: dict | None
+    tombstoned: bool
+    sync_status: str
+    pending_operation_id: str | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    workspace_id: str
+    session_id: str
+    provider: str | None
+    provider_session_id: str | None
+    live: bool | None
+    runtime_epoch: int
+    admission: str
+    active_turn_id: str | None
+    last_report_at: datetime | None

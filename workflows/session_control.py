@@ -1,0 +1,46 @@
+"""User-triggered session control: `ensure_session` (DESIGN 4.3) and the session view."""
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.enums import OPEN_OPERATION_STATUSES
+from models.tables import AgentSession, GoalOperation
+from workflows.runtime import RuntimePort
+from workflows.sessions import lock_session
+
+
+def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[dict]:
+    """Every fence the session must carry on resume. Goal generation fences add theirs here;
+    until a fence exists for a session the list is empty."""
+    return []
+
+
+def resume_if_offline(runtime: RuntimePort, workspace_id: str, session_id: str,
+                      fences: list[dict]) -> tuple[bool, int]:
+    """Resume an offline session with its fences preloaded. Returns (resumed, epoch).
+    Only user-triggered paths call this: background work never resumes a session."""
+    liveness = runtime.liveness(workspace_id, session_id)
+    if liveness.get("live"):
+        return False, int(liveness.get("runtime_epoch") or 0)
+    answer = runtime.resume(workspace_id, session_id, fences)
+    return True, int(answer.get("runtime_epoch") or 0)
+
+
+def record_live(session: Session, workspace_id: str, session_id: str, epoch: int,
+                now: datetime) -> list[str]:
+    """Mark the session live after a resume; returns its open goal operations to wake."""
+    row = lock_session(session, workspace_id, session_id)
+    row.live = True
+    row.runtime_epoch = max(row.runtime_epoch or 0, epoch)
+    return list(session.execute(
+        select(GoalOperation.operation_id)
+        .where(GoalOperation.workspace_id == workspace_id,
+               GoalOperation.session_id == session_id,
+               GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
+        .order_by(GoalOperation.goal_revision)).scalars())
+
+
+def load_session(session: Session, workspace_id: str, session_id: str) -> AgentSession | None:
+    return session.get(AgentSession, (workspace_id, session_id))

@@ -1,0 +1,148 @@
+"""Process management for the embedded stack: runtime-sim, workers and beat as real
+subprocesses of this product's own CLI. Used by `up`, `demo`, `bench` and the tests."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.migrate import upgrade
+from workflows.broker import clean_embedded_broker
+from workflows.config import Settings
+from workflows.runtime_sim import SimControl
+
+STOP_GRACE_S = 10.0
+
+
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    ready_file: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def children(self) -> list[int]:
+        """Pids of this process's direct children (a prefork worker's pool processes)."""
+        try:
+            out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True,
+                                 text=True, check=False).stdout
+        except FileNotFoundError:
+            return []
+        return [int(p) for p in out.split()]
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)  # the group we created with start_new_session
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        if not self.alive():
+            return
+        # SIGTERM to the main process only: a Celery worker then finishes (warm shutdown)
+        # and stops its own pool; signalling the group would kill the pool mid-task.
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            self.popen.wait(5)
+        self.signal_group(signal.SIGKILL)  # pool children that outlived their parent
+
+    def kill(self) -> None:
+        self.signal_group(signal.SIGKILL)
+        self.popen.wait(5)
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    sim_port: int | None = None
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def log_dir(self) -> Path:
+        path = self.settings.home / "logs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, **self.settings.to_env()}
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def spawn(self, name: str, args: list[str], ready_file: Path | None = None) -> Proc:
+        log_path = self.log_dir / f"{name}.log"
+        env = self.env()
+        if ready_file is not None:
+            env["AGENT_RADAR_READY_FILE"] = str(ready_file)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen([sys.executable, "-m", "workflows.cli", *args], env=env,
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = Proc(name, popen, log_path, ready_file)
+        self.procs.append(proc)
+        return proc
+
+    def prepare(self) -> None:
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        upgrade(self.settings.database_url)
+        clean_embedded_broker(self.settings)
+
+    def start_sim(self) -> Proc:
+        port = self.sim_port or int(self.settings.runtime_url.rsplit(":", 1)[1].split("/")[0])
+        proc = self.spawn("runtime-sim", ["runtime-sim", "--port", str(port)])
+        control = SimControl(self.settings.runtime_url)
+        wait_for(lambda: control.healthy() or not proc.alive() and _dead(proc), 30,
+                 "the runtime simulator")
+        return proc
+
+    def start_worker(self, concurrency: int = 2, queues: str | None = None,
+                     name: str | None = None) -> Proc:
+        name = name or f"worker-{uuid.uuid4().hex[:6]}"
+        ready = self.settings.home / "run" / f"{name}.ready"
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.unlink(missing_ok=True)
+        args = ["worker", "-c", str(concurrency), "--name", name]
+        if queues:
+            args += ["-Q", queues]
+        proc = self.spawn(name, args, ready)
+        wait_for(lambda: ready.exists() or not proc.alive() and _dead(proc), 60,
+                 f"worker {name}")
+        return proc
+
+    def start_beat(self, name: str = "beat") -> Proc:
+        return self.spawn(name, ["beat", "--schedule-file",
+                                 str(self.settings.home / "run" / f"{name}-schedule")])
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+
+
+def _dead(proc: Proc) -> bool:
+    raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}; "
+                       f"see {proc.log_path}:\n{proc.log_path.read_text()[-2000:]}")
