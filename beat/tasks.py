@@ -3,13 +3,16 @@
 from beat.schedule import SWEEP_TASK
 from beat.sweeper import sweep_once
 from models.base import utcnow
-from tasks import runtime_context as ctx
-from tasks.app import worker_name
 from tasks.strict import strict_task
+from tasks.worker_id import worker_name
+
+# The sweeper lease outlives a slow sweep; a sweeper that died frees it after this long.
+SWEEPER_LEASE_MIN_S = 30
 
 
 @strict_task(SWEEP_TASK)
-def sweep():
-    counts = sweep_once(ctx.engine(), ctx.publisher().publish_after_commit, utcnow(),
-                        owner=worker_name(), lease_s=max(ctx.settings().sweep_interval_s * 10, 30))
+def sweep(ctx):
+    lease_s = max(ctx.settings.sweep_interval_s * 10, SWEEPER_LEASE_MIN_S)
+    counts = sweep_once(ctx.engine, ctx.publisher.publish_after_commit, utcnow(),
+                        owner=worker_name(), lease_s=lease_s)
     return counts.as_dict()

@@ -1,7 +1,6 @@
 """The Celery app (DESIGN 5): JSON only, late acks, one message at a time, two queues."""
 
 import os
-import socket
 
 from celery import Celery
 from pathlib import Path
@@ -18,6 +17,9 @@ from workflows.config import Settings
 TASK_SOFT_TIME_LIMIT_S = 300
 TASK_TIME_LIMIT_S = 360
 assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
+
+
+TASK_MODULES = ["tasks.goal_tasks", "beat.tasks"]
 
 
 def celery_config(settings: Settings) -> dict:
@@ -54,14 +56,10 @@ def _beat_schedule(settings: Settings) -> dict:
 
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
-    celery = Celery("agent_radar", include=["tasks.goal_tasks", "beat.tasks"])
+    celery = Celery("agent_radar", include=TASK_MODULES)
     celery.conf.update(celery_config(settings))
     celery.conf.agent_radar_settings = settings
     return celery
-
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @worker_process_init.connect

@@ -1,6 +1,11 @@
-"""Per-process collaborators for tasks: engine, runtime adapter, publisher (after fork)."""
+"""Per-process collaborators of a task: engine, runtime adapter, publisher.
+
+Keyed by (process id, settings): a forked pool process builds its own, and a test app with
+other settings never sees another's.
+"""
 
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 
 from sqlalchemy.engine import Engine
@@ -11,29 +16,28 @@ from workflows.config import Settings
 from workflows.runtime import HttpRuntime
 
 
-def settings() -> Settings:
-    from tasks.app import app
-    return app.conf.agent_radar_settings
+@lru_cache(maxsize=16)
+def _runtime(_pid: int, settings: Settings) -> HttpRuntime:
+    return HttpRuntime(settings.runtime_url, settings.runtime_token, settings.runtime_timeout_s)
 
 
-def engine() -> Engine:
-    return engine_for(settings().database_url)
+@lru_cache(maxsize=16)
+def _publisher(_pid: int, settings: Settings) -> TaskPublisher:
+    return TaskPublisher(settings)
 
 
-@lru_cache(maxsize=4)
-def _runtime(pid: int) -> HttpRuntime:
-    s = settings()
-    return HttpRuntime(s.runtime_url, s.runtime_token, s.runtime_timeout_s)
+@dataclass(frozen=True)
+class TaskContext:
+    settings: Settings
 
+    @property
+    def engine(self) -> Engine:
+        return engine_for(self.settings.database_url)
 
-@lru_cache(maxsize=4)
-def _publisher(pid: int) -> TaskPublisher:
-    return TaskPublisher(settings())
+    @property
+    def runtime(self) -> HttpRuntime:
+        return _runtime(os.getpid(), self.settings)
 
-
-def runtime() -> HttpRuntime:
-    return _runtime(os.getpid())
-
-
-def publisher() -> TaskPublisher:
-    return _publisher(os.getpid())
+    @property
+    def publisher(self) -> TaskPublisher:
+        return _publisher(os.getpid(), self.settings)

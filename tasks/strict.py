@@ -11,7 +11,9 @@ import logging
 from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from tasks.app import app
+from celery import shared_task
+
+from tasks.runtime_context import TaskContext
 from workflows.errors import AgentRadarError, InvalidArgument
 
 log = logging.getLogger("agent_radar.tasks")
@@ -22,19 +24,21 @@ PUBLIC_MAX_RETRIES = 50
 
 
 def strict_task(name: str, *, public: bool = False):
+    """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext."""
     def decorate(fn):
         signature = inspect.signature(fn)
 
-        @app.task(name=name, bind=True, typing=False, max_retries=PUBLIC_MAX_RETRIES)
+        @shared_task(name=name, bind=True, typing=False, max_retries=PUBLIC_MAX_RETRIES)
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
+            ctx = TaskContext(self.app.conf.agent_radar_settings)
             try:
-                signature.bind(*args, **kwargs)
+                signature.bind(ctx, *args, **kwargs)
             except TypeError as exc:
                 log.error("rejected %s message %s: bad arguments: %s", name, self.request.id, exc)
                 raise Reject(f"bad arguments: {exc}", requeue=False) from None
             try:
-                return fn(*args, **kwargs)
+                return fn(ctx, *args, **kwargs)
             except InvalidArgument as exc:
                 log.error("rejected %s message %s: %s", name, self.request.id, exc)
                 raise Reject(str(exc), requeue=False) from None

@@ -336,10 +336,8 @@ class Dispatcher:
             return StepResult(operation_id, "skipped")
         state.sync_status = SyncStatus.APPLYING
         session.flush()
-        claimed = records.from_row(
-            records.GoalOperation, op, status=OperationStatus.DISPATCHED.value,
-            provider_phase=ProviderPhase.DISPATCHED.value, attempt=op.attempt + 1,
-            first_dispatched_at=op.first_dispatched_at or now, lease_token=token)
+        # The ORM-enabled UPDATE synchronised `op` (attempt, status, lease); copy it out.
+        claimed = records.from_row(records.GoalOperation, op)
         return Claim(op=claimed, token=token)
 
     def _call_runtime(self, op: GoalOperation) -> dict[str, Any]:

@@ -15,4 +15,6 @@ def goal_operation_id(workspace_id: str, session_id: str, client_submit_id: str)
 
 
 def lane_name(workspace_id: str, session_id: str) -> str:
-    return f"goal-lane\0{workspace_id}\0{session_id}"
+    """The lease that serializes one session's goal calls (a derived id: PostgreSQL text
+    cannot hold the NUL separator, and ids may contain any other printable character)."""
+    return "goal-lane:" + derive("lane", workspace_id, session_id)

@@ -1,0 +1,134 @@
+"""Test fixtures: real databases, real brokers, real HTTP, real worker processes.
+
+Every scenario runs on both backends: `embedded` (SQLite + the filesystem transport) and
+`production` (PostgreSQL + Redis). Where PostgreSQL or Redis is unreachable the production
+cases skip with the reason — except under CI=true, where that is a failure.
+"""
+
+import os
+import socket
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from models.base import Base
+from models.db import engine_for, forget_engines
+from models.migrate import upgrade
+from workflows.broker import TaskPublisher
+from workflows.client import AgentRadar
+from workflows.config import Settings
+from workflows.runtime_sim import SimControl, SimServer
+from workflows.stack import Stack
+
+pytest_plugins = ("celery.contrib.pytest",)
+
+PG_ADMIN_URL = os.environ.get("AGENT_RADAR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("AGENT_RADAR_TEST_REDIS", "redis://127.0.0.1:6379/11")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _require(name: str, host: str, port: int) -> None:
+    if _reachable(host, port):
+        return
+    message = f"{name} is not reachable at {host}:{port}"
+    if IN_CI:
+        pytest.fail(message + " (CI=true: production backends must not skip)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_database():
+    """A throwaway PostgreSQL database for this test session, migrated to head."""
+    _require("PostgreSQL", "127.0.0.1", 5432)
+    name = f"agent_radar_test_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(url)
+    yield url
+    forget_engines()
+    engine_for(url).dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["embedded", "production"])
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def settings(backend, tmp_path, request) -> Settings:
+    """Settings for one test: its own home, database state, broker and simulator port."""
+    home = tmp_path / "home"
+    home.mkdir()
+    base = Settings(home=home, database_url=f"sqlite:///{home / 'agent-radar.db'}",
+                    broker_url="filesystem://",
+                    runtime_url=f"http://127.0.0.1:{free_port()}",
+                    sweep_interval_s=0.5, lease_s=3.0, runtime_timeout_s=2.0)
+    if backend == "production":
+        pg_url = request.getfixturevalue("pg_database")
+        _require("Redis", "127.0.0.1", 6379)
+        import redis
+        redis.Redis.from_url(REDIS_URL).flushdb()
+        base = replace(base, database_url=pg_url, broker_url=REDIS_URL)
+        engine = engine_for(pg_url)
+        with engine.begin() as conn:
+            tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+            conn.execute(text(f"TRUNCATE {tables}"))
+    else:
+        upgrade(base.database_url)
+    return base
+
+
+@pytest.fixture
+def sim(settings):
+    """The runtime simulator as a real HTTP server, reporting through the real broker."""
+    publisher = TaskPublisher(settings)
+    port = int(settings.runtime_url.rsplit(":", 1)[1])
+    server = SimServer("127.0.0.1", port, reporter=lambda report: publisher.publish(
+        "agent_radar.report_activity", {"report": report})).start()
+    yield server
+    server.stop()
+    publisher.close()
+
+
+@pytest.fixture
+def sim_control(sim) -> SimControl:
+    return SimControl(sim.url)
+
+
+@pytest.fixture
+def client(settings, sim) -> AgentRadar:
+    c = AgentRadar(settings=settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def stack(settings, sim):
+    """Real `agent-radar worker` / `beat` subprocesses against this test's backend (the
+    simulator runs in the test process, so tests can look inside it)."""
+    s = Stack(settings)
+    s.prepare()
+    yield s
+    s.stop()

@@ -1,0 +1,42 @@
+"""Small helpers shared by the tests."""
+
+import time
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+
+from models.base import Base, utcnow
+from models.db import run_transaction
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+def row_counts(engine) -> dict[str, int]:
+    def count(s):
+        return {t.name: s.execute(select(func.count()).select_from(t)).scalar_one()
+                for t in Base.metadata.sorted_tables if t.name != "leases"}
+    return run_transaction(engine, count)
+
+
+def eventually(predicate, timeout_s: float = 30.0, poll_s: float = 0.05, what: str = ""):
+    """Poll until predicate() is truthy; never a fixed sleep."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}: {last!r}")

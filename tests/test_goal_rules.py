@@ -1,0 +1,321 @@
+"""DESIGN 4.1 and 4.2, rule by rule, on both backends: the workflow functions against the
+real database and the simulator over real HTTP, with a clock the test controls."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from models.db import run_transaction
+from models.tables import GoalOperation
+from workflows import ids
+from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
+                              InvalidArgument)
+from workflows.goals import DISPATCH_MAX_ATTEMPTS, Dispatcher
+from workflows.runtime import HttpRuntime
+from tests.helpers import Clock, row_counts
+
+WS, SID = "ws-rules", "session-1"
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def dispatcher(client, settings, clock):
+    def make(worker_id="worker-a"):
+        return Dispatcher(client.engine, HttpRuntime(settings.runtime_url, timeout_s=2),
+                          worker_id=worker_id, lease_s=settings.lease_s, clock=clock,
+                          resume_session=lambda ws, sid: client.ensure_session(ws, sid))
+    return make
+
+
+def test_ids_are_derived_from_the_submit_id(client):
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    expected = uuid.uuid5(ids.NAMESPACE, f"goal\0{WS}\0{SID}\0s-1")
+    assert op.operation_id == str(expected)
+    assert client.find_goal_operation(WS, SID, "s-1") == op
+    assert client.find_goal_operation(WS, SID, "s-2") is None
+
+
+def test_replay_returns_the_existing_record_and_writes_nothing(client, sim_control):
+    first = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    before = row_counts(client.engine)
+    again = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert again == first
+    assert row_counts(client.engine) == before
+    assert client.goal_state(WS, SID).revision == 1
+
+
+def test_same_submit_id_with_other_payload_is_a_conflict(client):
+    client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    before = row_counts(client.engine)
+    with pytest.raises(GoalOperationConflict):
+        client.set_goal(WS, SID, "something else", client_submit_id="s-1")
+    with pytest.raises(GoalOperationConflict):
+        client.clear_goal(WS, SID, client_submit_id="s-1")
+    assert row_counts(client.engine) == before
+
+
+def test_submit_ids_are_scoped_per_session(client):
+    a = client.set_goal(WS, "one", "x", client_submit_id="same")
+    b = client.set_goal(WS, "two", "y", client_submit_id="same")
+    assert a.operation_id != b.operation_id
+
+
+def test_expected_revision_mismatch_writes_nothing(client):
+    client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    before = row_counts(client.engine)
+    with pytest.raises(GoalGenerationSuperseded) as err:
+        client.set_goal(WS, SID, "other", client_submit_id="s-2", expected_revision=0)
+    assert err.value.current_revision == 1
+    assert row_counts(client.engine) == before
+    op = client.set_goal(WS, SID, "other", client_submit_id="s-3", expected_revision=1)
+    assert op.goal_revision == 2
+
+
+def test_pause_or_resume_without_a_goal_is_absent(client):
+    before = row_counts(client.engine)
+    with pytest.raises(GoalStateAbsent):
+        client.pause_goal(WS, SID, client_submit_id="p-1")
+    with pytest.raises(GoalStateAbsent):
+        client.resume_goal(WS, SID, client_submit_id="r-1")
+    assert row_counts(client.engine) == before
+    client.set_goal(WS, SID, "x", client_submit_id="s-1")
+    client.clear_goal(WS, SID, client_submit_id="c-1")
+    with pytest.raises(GoalStateAbsent):
+        client.pause_goal(WS, SID, client_submit_id="p-2")
+
+
+def test_submit_sets_desired_state_and_appends_an_audit_event(client):
+    client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    paused = client.pause_goal(WS, SID, client_submit_id="p-1")
+    state = client.goal_state(WS, SID)
+    assert (state.revision, state.sync_status) == (2, "pending")
+    assert state.desired == {"objective": "ship it", "status": "paused"}
+    assert state.pending_operation_id == paused.operation_id
+    cleared = client.clear_goal(WS, SID, client_submit_id="c-1")
+    state = client.goal_state(WS, SID)
+    assert state.desired is None and state.tombstoned and state.revision == 3
+    assert cleared.status == "prepared" and cleared.provider_phase == "prepared"
+    assert row_counts(client.engine)["session_events"] == 3
+
+
+def test_a_newer_submit_supersedes_the_pending_operation(client, dispatcher, sim_control):
+    first = client.set_goal(WS, SID, "one", client_submit_id="s-1")
+    second = client.set_goal(WS, SID, "two", client_submit_id="s-2")
+    assert client.get_goal_operation(first.operation_id).status == "superseded"
+    assert [r.outcome for r in dispatcher().dispatch(first.operation_id)] == []
+    outcomes = dispatcher().dispatch(second.operation_id)
+    assert [r.outcome for r in outcomes] == ["applied"]
+    assert [e["revision"] for e in sim_control.effects()] == [2]
+
+
+def test_applied_outcome_completes_and_syncs(client, dispatcher, sim_control):
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    done = client.get_goal_operation(op.operation_id)
+    assert (done.status, done.provider_phase, done.attempt) == ("completed", "applied", 1)
+    state = client.goal_state(WS, SID)
+    assert state.sync_status == "synced" and state.pending_operation_id is None
+    assert state.observed == {"objective": "ship it", "status": "active"}
+    # a second delivery of the same task does nothing at all
+    assert dispatcher().dispatch(op.operation_id) == []
+    assert len(sim_control.effects()) == 1
+
+
+def test_observed_that_differs_from_desired_is_diverged(client, dispatcher, sim):
+    client.set_goal(WS, SID, "x", client_submit_id="s-1")
+    dispatcher().dispatch(client.find_goal_operation(WS, SID, "s-1").operation_id)
+    sim.sim.session(WS, SID).goal = None  # the agent lost its goal behind our back
+    op = client.pause_goal(WS, SID, client_submit_id="p-1")
+    dispatcher().dispatch(op.operation_id)
+    assert client.goal_state(WS, SID).sync_status == "diverged"
+
+
+def test_accepted_then_exact_goal_applied_report_completes(client, dispatcher, sim_control):
+    sim_control.session(WS, SID, goal_mode="accepted", apply_delay_ms=60_000)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["accepted"]
+    current = client.get_goal_operation(op.operation_id)
+    assert (current.status, current.provider_phase) == ("dispatched", "accepted")
+    goal = {"objective": "ship it", "status": "active"}
+    report = {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
+              "goal_applied": {"operation_id": op.operation_id, "revision": 2, "goal": goal}}
+    assert client.report_activity(report) == []  # wrong revision: ignored
+    report["goal_applied"]["revision"] = 1
+    assert client.report_activity({**report, "session_id": "other"}) == []
+    assert client.report_activity(report) == [op.operation_id]
+    done = client.get_goal_operation(op.operation_id)
+    assert (done.status, done.provider_phase) == ("completed", "applied")
+    assert client.goal_state(WS, SID).sync_status == "synced"
+
+
+def test_accepted_without_report_fails_after_its_budget(client, dispatcher, sim_control, clock):
+    sim_control.session(WS, SID, goal_mode="accepted", apply_delay_ms=60_000)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    dispatcher().dispatch(op.operation_id)
+    clock.advance(119)
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["skipped"]
+    clock.advance(2)
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
+    failed = client.get_goal_operation(op.operation_id)
+    assert failed.status == "failed" and "accepted" in failed.last_error
+    assert client.goal_state(WS, SID).sync_status == "failed"
+
+
+def test_stale_revision_from_the_runtime_supersedes(client, dispatcher, sim):
+    sim.sim.session(WS, SID).applied_revision = 5  # the agent has seen a newer revision
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["superseded"]
+    assert client.get_goal_operation(op.operation_id).status == "superseded"
+
+
+@pytest.mark.parametrize("status,error", [(503, "server_error"), (404, "session_not_found"),
+                                          (409, "busy")])
+def test_retryable_answers_back_off_exponentially(client, dispatcher, sim_control, clock,
+                                                  status, error):
+    sim_control.fault("goal", status=status, error=error, count=3)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    expected_backoffs = [1, 2, 4]
+    for attempt, backoff in enumerate(expected_backoffs, start=1):
+        assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["retry"]
+        row = client.get_goal_operation(op.operation_id)
+        assert (row.status, row.attempt, row.lease_token) == ("dispatched", attempt, None)
+        assert row.next_attempt_at == clock.now + timedelta(seconds=backoff)
+        assert client.goal_state(WS, SID).sync_status == "applying"
+        clock.advance(backoff)
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    assert client.get_goal_operation(op.operation_id).attempt == 4
+
+
+def test_backoff_is_capped_at_256_seconds():
+    from workflows.goals import backoff_s
+    assert [backoff_s(a) for a in (1, 2, 3, 9, 10, 20)] == [1, 2, 4, 256, 256, 256]
+
+
+def test_timeout_is_retryable(client, dispatcher, sim_control):
+    sim_control.latency("goal", 2500)  # the adapter's read timeout is 2 s here
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["retry"]
+    assert "timed out" in client.get_goal_operation(op.operation_id).last_error
+
+
+def test_other_runtime_errors_fail_for_good(client, dispatcher, sim_control):
+    sim_control.fault("goal", status=422, error="rejected", count=1)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
+    failed = client.get_goal_operation(op.operation_id)
+    assert failed.status == "failed" and "rejected" in failed.last_error
+    state = client.goal_state(WS, SID)
+    assert state.sync_status == "failed" and state.pending_operation_id is None
+    assert "rejected" in state.last_error
+
+
+def test_attempt_budget(client, dispatcher, sim_control, clock):
+    sim_control.fault("goal", status=503, count=1000)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    for _ in range(DISPATCH_MAX_ATTEMPTS):
+        assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["retry"]
+        clock.advance(1)  # keep within the time budget: only attempts run out
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
+    row = client.get_goal_operation(op.operation_id)
+    assert row.attempt == DISPATCH_MAX_ATTEMPTS and "attempts" in row.last_error
+
+
+def test_time_budget(client, dispatcher, sim_control, clock):
+    sim_control.fault("goal", status=503, count=1000)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    dispatcher().dispatch(op.operation_id)
+    clock.advance(599)
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["retry"]
+    clock.advance(1)
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
+    assert "time" in client.get_goal_operation(op.operation_id).last_error
+
+
+def test_client_operation_resumes_an_offline_session(client, dispatcher, sim_control):
+    sim_control.session(WS, SID, live=False)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    kinds = [e["kind"] for e in sim_control.effects(kind=None)]
+    assert kinds == ["resume", "goal"]
+    assert client.session_info(WS, SID).live is True
+
+
+def test_a_lane_holder_serializes_the_session(client, dispatcher, clock, settings):
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    lane = ids.lane_name(WS, SID)
+    from workflows import leases
+    token = run_transaction(client.engine, lambda s: leases.claim(
+        s, lane, "someone-else", settings.lease_s, clock()))
+    assert token
+    assert dispatcher().dispatch(op.operation_id) == []  # the holder will drain it
+    run_transaction(client.engine, lambda s: leases.release(s, lane, token))
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+
+
+def test_an_expired_lease_holder_cannot_write(client, dispatcher, clock, settings, sim_control):
+    """Worker A claims, stalls past its lease; B takes over; A's late write is refused."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    a = dispatcher("worker-a")
+    claim = run_transaction(client.engine, lambda s: a._claim(s, op.operation_id))
+    answer = a._call_runtime(claim.op)
+    clock.advance(settings.lease_s + 1)
+    b = dispatcher("worker-b")
+    assert [r.outcome for r in b.dispatch(op.operation_id)] == ["applied"]
+    row_after_b = client.get_goal_operation(op.operation_id)
+    assert a._record_answer(claim, answer).outcome == "skipped"
+    assert a._record_fault(claim, RuntimeError("late"), True).outcome == "skipped"
+    assert client.get_goal_operation(op.operation_id) == row_after_b
+    assert row_after_b.attempt == 2
+    assert len(sim_control.effects()) == 1  # the runtime deduped by operation id
+
+
+BAD_INPUTS = [
+    dict(workspace_id=""),
+    dict(workspace_id="w" * 256),
+    dict(session_id=42),
+    dict(session_id="tab\there"),
+    dict(client_submit_id=""),
+    dict(client_submit_id="x" * 256),
+    dict(action="explode"),
+    dict(objective="o" * (16 * 1024 + 1)),
+    dict(objective=""),
+    dict(objective=["not", "text"]),
+    dict(expected_revision="1"),
+    dict(expected_revision=True),
+    dict(expected_revision=-1),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_INPUTS, ids=lambda b: next(iter(b)) + "=" + repr(
+    next(iter(b.values())))[:20])
+def test_bad_input_is_a_typed_error_and_writes_nothing(client, bad):
+    before = row_counts(client.engine)
+    args = dict(workspace_id=WS, session_id=SID, action="set", objective="ok",
+                client_submit_id="s-1", expected_revision=None) | bad
+    with pytest.raises(InvalidArgument):
+        client.goal_control(args.pop("workspace_id"), args.pop("session_id"),
+                            args.pop("action"), args.pop("objective"), **args)
+    assert row_counts(client.engine) == before
+
+
+def test_objective_at_the_limit_is_accepted(client):
+    op = client.set_goal(WS, SID, "o" * (16 * 1024), client_submit_id="s-1")
+    assert op.status == "prepared"
+
+
+def test_clear_takes_no_objective(client):
+    with pytest.raises(InvalidArgument):
+        client.goal_control(WS, SID, "clear", "no", client_submit_id="c-1")
+
+
+def test_unknown_records_are_not_found(client):
+    from workflows.errors import NotFound
+    with pytest.raises(NotFound):
+        client.get_goal_operation(str(uuid.uuid4()))
+    with pytest.raises(NotFound):
+        client.goal_state(WS, "nobody")
