@@ -138,6 +138,10 @@ class Stack:
                                  str(self.settings.home / "run" / f"{name}-schedule")])
 
     def stop(self) -> None:
+        # Ask every process first, then wait: shutdowns overlap instead of adding up.
+        for proc in self.procs:
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGTERM)
         for proc in reversed(self.procs):
             proc.stop()
         self.procs.clear()

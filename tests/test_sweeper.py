@@ -1,0 +1,97 @@
+"""The sweeper as a function (DESIGN 4.8): outbox re-publish, expired leases, budgets, and
+mutual exclusion between two sweeps."""
+
+import threading
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
+from models.db import run_transaction
+from models.tables import GoalOperation
+from workflows import leases
+from workflows.goals import DISPATCH_TASK, Dispatcher
+from workflows.runtime import HttpRuntime
+from tests.helpers import Clock
+
+
+class RecordingPublisher:
+    def __init__(self):
+        self.published = []
+
+    def __call__(self, task, kwargs):
+        self.published.append((task, kwargs))
+        return True
+
+
+def test_fresh_work_is_left_to_its_own_publish(client):
+    op = client.set_goal("ws", "s", "x", client_submit_id="a")
+    pub = RecordingPublisher()
+    counts = sweep_once(client.engine, pub, op.next_attempt_at, owner="t")
+    assert counts.ran and pub.published == []
+
+
+def test_lost_publish_is_republished_once_per_interval(client):
+    op = client.set_goal("ws", "s", "x", client_submit_id="a")
+    pub = RecordingPublisher()
+    now = op.next_attempt_at + timedelta(seconds=OUTBOX_GRACE_S)
+    assert sweep_once(client.engine, pub, now, owner="t").republished == 1
+    assert pub.published == [(DISPATCH_TASK, {"operation_id": op.operation_id})]
+    # the message is on its way: the next sweeps leave it alone for a while
+    assert sweep_once(client.engine, pub, now + timedelta(seconds=1), owner="t").republished == 0
+    later = now + timedelta(seconds=REPUBLISH_INTERVAL_S + OUTBOX_GRACE_S)
+    assert sweep_once(client.engine, pub, later, owner="t").republished == 1
+
+
+def test_a_held_operation_lease_is_not_taken_over_until_it_expires(client, settings):
+    clock = Clock()
+    op = client.set_goal("ws", "s", "x", client_submit_id="a")
+    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="w",
+                   lease_s=settings.lease_s, clock=clock)
+    claim = run_transaction(client.engine, lambda s: d._claim(s, op.operation_id))
+    assert claim.token
+    pub = RecordingPublisher()
+    soon = clock.now + timedelta(seconds=OUTBOX_GRACE_S + 0.5)
+    assert sweep_once(client.engine, pub, soon, owner="t").republished == 0
+    expired = clock.now + timedelta(seconds=settings.lease_s + OUTBOX_GRACE_S)
+    assert sweep_once(client.engine, pub, expired, owner="t").republished == 1
+
+
+def test_sweeper_enforces_budgets_without_a_worker(client):
+    op = client.set_goal("ws", "s", "x", client_submit_id="a")
+    # seed the row at the point where a worker used its last attempt and then died
+    run_transaction(client.engine, lambda s: s.execute(update(GoalOperation).values(
+        status="dispatched", attempt=24, first_dispatched_at=op.created_at)))
+    pub = RecordingPublisher()
+    counts = sweep_once(client.engine, pub, op.created_at + timedelta(seconds=5), owner="t")
+    assert counts.failed == 1 and pub.published == []
+    failed = client.get_goal_operation(op.operation_id)
+    assert failed.status == "failed" and "budget" in failed.last_error
+    assert client.goal_state("ws", "s").sync_status == "failed"
+
+
+def test_only_one_sweep_runs_at_a_time(client):
+    for i in range(5):
+        client.set_goal("ws", f"s{i}", "x", client_submit_id="a")
+    now = client.get_goal_operation(client.find_goal_operation("ws", "s0", "a").operation_id
+                                    ).next_attempt_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def slow_publish(task, kwargs):
+        inside.set()
+        release.wait(10)
+        return True
+    results = {}
+    first = threading.Thread(target=lambda: results.setdefault(
+        "a", sweep_once(client.engine, slow_publish, now, owner="beat-a")))
+    first.start()
+    assert inside.wait(10)
+    second = sweep_once(client.engine, RecordingPublisher(), now, owner="beat-b")
+    release.set()
+    first.join(10)
+    assert second.ran is False
+    assert results["a"].ran and results["a"].republished == 5
+    # the lease is free again afterwards
+    token = run_transaction(client.engine, lambda s: leases.claim(s, "sweeper", "x", 5, now))
+    assert token
