@@ -66,12 +66,14 @@ def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
     """Open operations whose next attempt is due and that no live lease holds.
 
     Served by the (status, next_attempt_at) index, so the cost follows the due work, not
-    the size of history."""
+    the size of history. Only a never-dispatched operation gets the outbox grace: a retry
+    or an expired lease has no publish of its own on the way."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
     return run_transaction(engine, lambda s: list(s.execute(
         select(GoalOperation.operation_id)
         .where(GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-               GoalOperation.next_attempt_at <= cutoff,
+               GoalOperation.next_attempt_at <= now,
+               or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff),
                or_(GoalOperation.lease_expires_at.is_(None),
                    GoalOperation.lease_expires_at <= now))
         .order_by(GoalOperation.next_attempt_at).limit(limit)).scalars()))

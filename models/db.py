@@ -62,7 +62,9 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    # No pre-ping: it costs a round trip per transaction, and a connection the server
+    # dropped surfaces as a transient error that run_transaction retries on a fresh one.
+    return create_engine(url, pool_size=5, max_overflow=5)
 
 
 def engine_for(url: str) -> Engine:

@@ -240,40 +240,60 @@ class Dispatcher:
 
     # -- the lane --------------------------------------------------------------------------
     def dispatch(self, operation_id: str) -> list[StepResult]:
-        """Entry point of `agent_radar.goal.dispatch`: drain the operation's session lane."""
-        op = run_transaction(self.engine, lambda s: s.get(GoalOperation, operation_id))
-        if op is None or op.status not in OPEN_OPERATION_STATUSES:
-            return []
-        return self.drain_lane(op.workspace_id, op.session_id, first=operation_id)
+        """Entry point of `agent_radar.goal.dispatch`: drain the operation's session lane,
+        starting with this operation."""
+        def open_lane(s: Session):
+            op = s.get(GoalOperation, operation_id)
+            if op is None or op.status not in OPEN_OPERATION_STATUSES:
+                return None
+            lane = ids.lane_name(op.workspace_id, op.session_id)
+            return op.workspace_id, op.session_id, leases.claim(
+                s, lane, self.worker_id, self.lease_s, self.clock())
+        opened = run_transaction(self.engine, open_lane)
+        if opened is None or opened[2] is None:
+            return []  # settled already, or the lane holder checks once more on release
+        workspace_id, session_id, token = opened
+        return self._drain(workspace_id, session_id, token, operation_id)
 
-    def drain_lane(self, workspace_id: str, session_id: str,
-                   first: str | None = None) -> list[StepResult]:
+    def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
+        """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
         lane = ids.lane_name(workspace_id, session_id)
-        results: list[StepResult] = []
-        while True:
-            token = run_transaction(self.engine, lambda s: leases.claim(
-                s, lane, self.worker_id, self.lease_s, self.clock()))
-            if token is None:
-                return results  # the holder checks once more after it releases
-            try:
-                for _ in range(LANE_MAX_STEPS):
-                    op_id = first or self._next_due(workspace_id, session_id)
-                    first = None
-                    if op_id is None:
-                        break
-                    if not run_transaction(self.engine, lambda s: leases.renew(
-                            s, lane, token, self.lease_s, self.clock())):
-                        log.warning("lost lane %s; stopping", lane)
-                        return results
-                    results.append(self.step(op_id))
-            finally:
-                run_transaction(self.engine, lambda s: leases.release(s, lane, token))
-            if self._next_due(workspace_id, session_id) is None:
-                return results
+        token = run_transaction(self.engine, lambda s: leases.claim(
+            s, lane, self.worker_id, self.lease_s, self.clock()))
+        if token is None:
+            return []
+        next_op, token = run_transaction(
+            self.engine, lambda s: self._release_or_next(s, workspace_id, session_id, token))
+        return self._drain(workspace_id, session_id, token, next_op) if next_op else []
 
-    def _next_due(self, workspace_id: str, session_id: str) -> str | None:
+    def _drain(self, workspace_id: str, session_id: str, token: str,
+               operation_id: str) -> list[StepResult]:
+        results: list[StepResult] = []
+        lane = ids.lane_name(workspace_id, session_id)
+        for _ in range(LANE_MAX_STEPS):
+            result = self.step(operation_id, lane=(lane, token))
+            results.append(result)
+            if result.outcome == "lane_lost":
+                log.warning("lost lane of %s/%s; stopping", workspace_id, session_id)
+                return results
+            next_op, token = run_transaction(self.engine, lambda s: self._release_or_next(
+                s, workspace_id, session_id, token))
+            if next_op is None:
+                return results
+            operation_id = next_op
+        # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
+        run_transaction(self.engine, lambda s: leases.release(s, lane, token))
+        return results
+
+    def _release_or_next(self, s: Session, workspace_id: str, session_id: str,
+                         token: str) -> tuple[str | None, str | None]:
+        """Release the lane, then check once more for due work and take the lane back if
+        there is some. Releasing first means a worker that wanted the lane meanwhile either
+        saw it held (and its operation is visible to this check) or gets it now."""
+        lane = ids.lane_name(workspace_id, session_id)
+        leases.release(s, lane, token)
         now = self.clock()
-        return run_transaction(self.engine, lambda s: s.execute(
+        next_op = s.execute(
             select(GoalOperation.operation_id)
             .where(GoalOperation.workspace_id == workspace_id,
                    GoalOperation.session_id == session_id,
@@ -281,11 +301,17 @@ class Dispatcher:
                    GoalOperation.next_attempt_at <= now,
                    or_(GoalOperation.lease_expires_at.is_(None),
                        GoalOperation.lease_expires_at <= now))
-            .order_by(GoalOperation.goal_revision).limit(1)).scalar_one_or_none())
+            .order_by(GoalOperation.goal_revision).limit(1)).scalar_one_or_none()
+        if next_op is None:
+            return None, None
+        new_token = leases.claim(s, lane, self.worker_id, self.lease_s, now)
+        return (next_op, new_token) if new_token else (None, None)
 
     # -- one operation ---------------------------------------------------------------------
-    def step(self, operation_id: str) -> StepResult:
-        claim_or_result = run_transaction(self.engine, lambda s: self._claim(s, operation_id))
+    def step(self, operation_id: str, lane: tuple[str, str] | None = None) -> StepResult:
+        """One attempt: claim (durable), call the runtime, record the outcome (durable)."""
+        claim_or_result = run_transaction(self.engine,
+                                          lambda s: self._claim(s, operation_id, lane))
         if isinstance(claim_or_result, StepResult):
             return claim_or_result
         claim = claim_or_result
@@ -297,8 +323,11 @@ class Dispatcher:
             return self._record_fault(claim, exc, True)
         return self._record_answer(claim, answer)
 
-    def _claim(self, session: Session, operation_id: str) -> Claim | StepResult:
+    def _claim(self, session: Session, operation_id: str,
+               lane: tuple[str, str] | None = None) -> Claim | StepResult:
         now = self.clock()
+        if lane is not None and not leases.renew(session, *lane, self.lease_s, now):
+            return StepResult(operation_id, "lane_lost")
         op = session.get(GoalOperation, operation_id, populate_existing=True)
         if op is None or op.status not in OPEN_OPERATION_STATUSES:
             return StepResult(operation_id, "skipped")

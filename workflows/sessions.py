@@ -16,14 +16,18 @@ def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentS
     Every transaction that changes a session's goal, operations or events takes this lock
     first, so writers of one session take turns in one order and never deadlock.
     """
-    insert_ignore(session, AgentSession.__table__, {
-        "workspace_id": workspace_id, "session_id": session_id, "runtime_epoch": 0,
-        "admission": "open", "event_sequence": 0})
-    return session.execute(
-        select(AgentSession)
-        .where(AgentSession.workspace_id == workspace_id, AgentSession.session_id == session_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)).scalar_one()
+    query = (select(AgentSession)
+             .where(AgentSession.workspace_id == workspace_id,
+                    AgentSession.session_id == session_id)
+             .with_for_update()
+             .execution_options(populate_existing=True))
+    row = session.execute(query).scalar_one_or_none()
+    if row is None:
+        insert_ignore(session, AgentSession.__table__, {
+            "workspace_id": workspace_id, "session_id": session_id, "runtime_epoch": 0,
+            "admission": "open", "event_sequence": 0})
+        row = session.execute(query).scalar_one()
+    return row
 
 
 def append_event(session: Session, row: AgentSession, *, kind: str, record_id: str,

@@ -1,0 +1,131 @@
+"""`agent-radar demo` (what `make run` runs): a fresh embedded stack and a scripted scenario.
+
+Every step prints one timeline line; the end checks from the database and the simulator's
+effect list that nothing was lost and nothing reached the agent twice.
+"""
+
+import json
+import socket
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from workflows.client import AgentRadar
+from workflows.config import Settings
+from workflows.errors import AgentRadarError, GoalGenerationSuperseded
+from workflows.runtime_sim import SimControl
+from workflows.stack import Stack, wait_for
+
+WS = "acme"
+# Short leases so that recovery after the killed worker shows within seconds.
+DEMO_LEASE_S = 4.0
+DEMO_RUNTIME_TIMEOUT_S = 3.0
+DEMO_SWEEP_INTERVAL_S = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Timeline:
+    def __init__(self, quiet: bool) -> None:
+        self.start = time.monotonic()
+        self.quiet = quiet
+        self.lines: list[dict] = []
+
+    def __call__(self, what: str, **facts) -> None:
+        elapsed = time.monotonic() - self.start
+        self.lines.append({"t_s": round(elapsed, 2), "event": what, **facts})
+        if not self.quiet:
+            detail = "  ".join(f"{k}={v}" for k, v in facts.items())
+            print(f"[{elapsed:6.2f}s] {what}" + (f"  ({detail})" if detail else ""), flush=True)
+
+
+def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
+    home = home or Path(tempfile.mkdtemp(prefix="agent-radar-demo-"))
+    settings = Settings(home=home.resolve(), database_url=f"sqlite:///{home.resolve() / 'demo.db'}",
+                        broker_url="filesystem://",
+                        runtime_url=f"http://127.0.0.1:{_free_port()}",
+                        sweep_interval_s=DEMO_SWEEP_INTERVAL_S, lease_s=DEMO_LEASE_S,
+                        runtime_timeout_s=DEMO_RUNTIME_TIMEOUT_S)
+    say = Timeline(quiet=as_json)
+    stack = Stack(settings)
+    ok = False
+    try:
+        say("starting the embedded stack", home=str(settings.home))
+        stack.prepare()
+        stack.start_sim()
+        worker = stack.start_worker(concurrency=2, name="worker-1")
+        stack.start_beat()
+        say("stack up: runtime-sim, worker (2 processes), beat", database="SQLite (WAL)",
+            broker="filesystem")
+        ok = _scenario(AgentRadar(settings=settings), SimControl(settings.runtime_url), stack,
+                       worker, say)
+    except (AgentRadarError, TimeoutError, RuntimeError, AssertionError) as exc:
+        say("demo failed", error=f"{exc.__class__.__name__}: {exc}")
+    finally:
+        say("stopping everything")
+        stack.stop()
+    say("done" if ok else "done, with failures", logs=str(stack.log_dir))
+    if as_json:
+        print(json.dumps({"ok": ok, "home": str(home), "timeline": say.lines}))
+    return ok
+
+
+def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) -> bool:
+    # 1. set a goal, and submit it again with the same client submit ID
+    op = client.set_goal(WS, "session-a", "refactor the billing module", client_submit_id="req-1")
+    say("goal set submitted", operation=op.operation_id[:8], revision=op.goal_revision)
+    op = client.wait(op)
+    say("goal applied by the agent", status=op.status, phase=op.provider_phase)
+    again = client.set_goal(WS, "session-a", "refactor the billing module", client_submit_id="req-1")
+    say("same submit ID sent again: the same operation comes back",
+        same_operation=again.operation_id == op.operation_id, status=again.status)
+
+    # 2. clear it; then an expected-revision conflict
+    cleared = client.wait(client.clear_goal(WS, "session-a", client_submit_id="req-2"))
+    state = client.goal_state(WS, "session-a")
+    say("goal cleared", status=cleared.status, revision=state.revision,
+        tombstoned=state.tombstoned, sync=state.sync_status)
+    try:
+        client.set_goal(WS, "session-a", "stale writer", client_submit_id="req-3",
+                        expected_revision=1)
+        say("expected-revision check did not fire")
+        return False
+    except GoalGenerationSuperseded as exc:
+        say("stale expected revision refused, nothing written",
+            error=exc.code, current_revision=exc.current_revision)
+
+    # 3. the agent host fails three calls in a row: backoff retries until it applies
+    sim.fault("goal", status=503, count=3, session_id="session-b")
+    say("agent outage begins (next 3 goal calls answer 503)")
+    op = client.set_goal(WS, "session-b", "triage the incident queue", client_submit_id="req-4")
+    op = client.wait(op, timeout=60)
+    say("applied after the outage", status=op.status, attempts=op.attempt)
+
+    # 4. a worker is SIGKILLed while its agent call is in flight; the sweeper finishes
+    sim.latency("goal", 1500)
+    op = client.set_goal(WS, "session-c", "write release notes", client_submit_id="req-5")
+    wait_for(lambda: client.get_goal_operation(op.operation_id).lease_token, 30,
+             "the dispatch to start")
+    say("dispatch in flight; killing the worker with SIGKILL", pid=worker.pid)
+    worker.kill()
+    sim.latency("goal", 0)
+    stack.start_worker(concurrency=2, name="worker-2")
+    say("a new worker started; waiting for the sweeper to notice the expired lease")
+    op = client.wait(op, timeout=90)
+    say("finished after the crash", status=op.status, attempts=op.attempt)
+
+    # 5. the audit: every operation applied exactly once
+    effects = sim.effects()
+    per_op = Counter(e["operation_id"] for e in effects)
+    say("agent effects", total=len(effects),
+        applied_twice=sum(1 for n in per_op.values() if n > 1))
+    for sid in ("session-a", "session-b", "session-c"):
+        s = client.goal_state(WS, sid)
+        say(f"goal state {sid}", revision=s.revision, sync=s.sync_status,
+            desired=(s.desired or {}).get("objective"))
+    return all(n == 1 for n in per_op.values()) and len(per_op) == 4
