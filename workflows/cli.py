@@ -81,11 +81,16 @@ def beat(schedule_file: str | None, loglevel: str, as_json: bool):
 @click.option("--address", default="127.0.0.1", show_default=True)
 @json_option
 def flower(port: int, address: str, as_json: bool):
-    """Run Flower; set FLOWER_BASIC_AUTH=user:password to require basic auth."""
+    """Run Flower; FLOWER_BASIC_AUTH=user:password turns on basic auth, and is required
+    when Flower listens beyond this machine."""
+    auth = os.environ.get("FLOWER_BASIC_AUTH", "")
+    if address not in ("127.0.0.1", "localhost", "::1") and ":" not in auth:
+        raise click.UsageError("set FLOWER_BASIC_AUTH=user:password before exposing Flower "
+                               f"on {address}")
     from tasks.app import app
     argv = ["flower", f"--port={port}", f"--address={address}"]
-    if os.environ.get("FLOWER_BASIC_AUTH"):
-        argv.append(f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}")
+    if auth:
+        argv.append(f"--basic-auth={auth}")
     app.start(argv)
 
 

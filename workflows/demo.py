@@ -68,10 +68,12 @@ def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
         say("demo failed", error=f"{exc.__class__.__name__}: {exc}")
     finally:
         say("stopping everything")
+        started = [p.pid for p in stack.procs]
         stack.stop()
     say("done" if ok else "done, with failures", logs=str(stack.log_dir))
     if as_json:
-        print(json.dumps({"ok": ok, "home": str(home), "timeline": say.lines}))
+        print(json.dumps({"ok": ok, "home": str(home), "timeline": say.lines,
+                          "process_groups": started}))
     return ok
 
 

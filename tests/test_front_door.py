@@ -1,0 +1,41 @@
+"""The README's front door: `agent-radar demo` (what `make run` runs) and a small bench."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RADAR_")}
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "demo", "--home",
+                           str(tmp_path / "demo"), "--json"], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"] is True
+    events = [line["event"] for line in result["timeline"]]
+    assert "same submit ID sent again: the same operation comes back" in events
+    assert "finished after the crash" in events
+    effects = next(line for line in result["timeline"] if line["event"] == "agent effects")
+    assert effects["applied_twice"] == 0
+    # sim, two workers (one killed), beat: each its own process group, all gone now
+    assert len(result["process_groups"]) == 4
+    for group in result["process_groups"]:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)
+
+
+def test_bench_checks_exactly_once(settings):
+    env = {**os.environ, **settings.to_env()}
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "bench", "--operations", "40",
+                           "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["exactly_once"] is True
+    assert result["raw_noop_per_s"] > 0 and result["goal_ops_per_s"] > 0
+    for phase in ("full_rate", "paced"):
+        assert result["audit"][phase]["statuses"] == {"completed": 40}
+        assert result["audit"][phase]["applied_twice"] == 0
