@@ -214,17 +214,33 @@ def complete_applied(session: Session, op: GoalOperation, goal: dict | None,
 @dataclass
 class StepResult:
     operation_id: str
-    outcome: str  # applied, accepted, superseded, retry, failed, skipped
+    outcome: str  # applied, accepted, superseded, retry, failed, skipped, lane_lost
 
 
 @dataclass(frozen=True)
 class Claim:
-    op: GoalOperation
+    op: records.GoalOperation
     token: str
 
 
+@dataclass(frozen=True)
+class Lane:
+    workspace_id: str
+    session_id: str
+    token: str
+
+    @property
+    def name(self) -> str:
+        return ids.lane_name(self.workspace_id, self.session_id)
+
+
 class Dispatcher:
-    """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8)."""
+    """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
+
+    An attempt is two short transactions around the runtime call: claim (lane + operation
+    lease, `dispatched`), then record the outcome, release the lane, check once more for due
+    work and, if there is some, claim it in that same transaction.
+    """
 
     def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str,
                  lease_s: float, clock: Callable[[], datetime] = utcnow,
@@ -240,63 +256,69 @@ class Dispatcher:
 
     # -- the lane --------------------------------------------------------------------------
     def dispatch(self, operation_id: str) -> list[StepResult]:
-        """Entry point of `agent_radar.goal.dispatch`: drain the operation's session lane,
-        starting with this operation."""
+        """Entry point of `agent_radar.goal.dispatch`: take the operation's session lane and
+        drain it, starting with this operation."""
         def open_lane(s: Session):
             op = s.get(GoalOperation, operation_id)
             if op is None or op.status not in OPEN_OPERATION_STATUSES:
-                return None
-            lane = ids.lane_name(op.workspace_id, op.session_id)
-            return op.workspace_id, op.session_id, leases.claim(
-                s, lane, self.worker_id, self.lease_s, self.clock())
-        opened = run_transaction(self.engine, open_lane)
-        if opened is None or opened[2] is None:
-            return []  # settled already, or the lane holder checks once more on release
-        workspace_id, session_id, token = opened
-        return self._drain(workspace_id, session_id, token, operation_id)
+                return None, None
+            lane = self._take_lane(s, op.workspace_id, op.session_id)
+            if lane is None:
+                return None, None  # the holder checks once more when it releases
+            return lane, self._claim(s, operation_id, lane)
+        lane, first = run_transaction(self.engine, open_lane)
+        return self._drain(lane, first) if lane else []
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
-        lane = ids.lane_name(workspace_id, session_id)
-        token = run_transaction(self.engine, lambda s: leases.claim(
-            s, lane, self.worker_id, self.lease_s, self.clock()))
-        if token is None:
-            return []
-        next_op, token = run_transaction(
-            self.engine, lambda s: self._release_or_next(s, workspace_id, session_id, token))
-        return self._drain(workspace_id, session_id, token, next_op) if next_op else []
+        def open_lane(s: Session):
+            lane = self._take_lane(s, workspace_id, session_id)
+            return (None, None) if lane is None else self._release_or_next(s, lane)
+        lane, first = run_transaction(self.engine, open_lane)
+        return self._drain(lane, first) if lane else []
 
-    def _drain(self, workspace_id: str, session_id: str, token: str,
-               operation_id: str) -> list[StepResult]:
+    def _take_lane(self, s: Session, workspace_id: str, session_id: str) -> Lane | None:
+        token = leases.claim(s, ids.lane_name(workspace_id, session_id), self.worker_id,
+                             self.lease_s, self.clock())
+        return Lane(workspace_id, session_id, token) if token else None
+
+    def _drain(self, lane: Lane, current: Claim | StepResult) -> list[StepResult]:
         results: list[StepResult] = []
-        lane = ids.lane_name(workspace_id, session_id)
         for _ in range(LANE_MAX_STEPS):
-            result = self.step(operation_id, lane=(lane, token))
-            results.append(result)
-            if result.outcome == "lane_lost":
-                log.warning("lost lane of %s/%s; stopping", workspace_id, session_id)
+            if isinstance(current, StepResult):  # nothing to call; just move the lane on
+                results.append(current)
+                if current.outcome == "lane_lost":
+                    log.warning("lost the lane of %s/%s", lane.workspace_id, lane.session_id)
+                    return results
+                record = None
+            else:
+                record = self._attempt(current)
+
+            def finish(s: Session, record=record):
+                recorded = record(s) if record is not None else None
+                return recorded, *self._release_or_next(s, lane)
+            recorded, lane, current = run_transaction(self.engine, finish)
+            if recorded is not None:
+                results.append(recorded)
+            if lane is None:
                 return results
-            next_op, token = run_transaction(self.engine, lambda s: self._release_or_next(
-                s, workspace_id, session_id, token))
-            if next_op is None:
-                return results
-            operation_id = next_op
         # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
-        run_transaction(self.engine, lambda s: leases.release(s, lane, token))
+        if isinstance(current, Claim):
+            run_transaction(self.engine, lambda s: self._unclaim(s, current))
+        run_transaction(self.engine, lambda s: leases.release(s, lane.name, lane.token))
         return results
 
-    def _release_or_next(self, s: Session, workspace_id: str, session_id: str,
-                         token: str) -> tuple[str | None, str | None]:
-        """Release the lane, then check once more for due work and take the lane back if
-        there is some. Releasing first means a worker that wanted the lane meanwhile either
-        saw it held (and its operation is visible to this check) or gets it now."""
-        lane = ids.lane_name(workspace_id, session_id)
-        leases.release(s, lane, token)
+    def _release_or_next(self, s: Session, lane: Lane):
+        """Release the lane, then check once more for due work and take the lane back (and
+        claim that work) if there is some. Releasing first means a worker that wanted the
+        lane meanwhile either saw it held (and its operation is visible to this check) or
+        gets the lane now."""
+        leases.release(s, lane.name, lane.token)
         now = self.clock()
         next_op = s.execute(
             select(GoalOperation.operation_id)
-            .where(GoalOperation.workspace_id == workspace_id,
-                   GoalOperation.session_id == session_id,
+            .where(GoalOperation.workspace_id == lane.workspace_id,
+                   GoalOperation.session_id == lane.session_id,
                    GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
                    GoalOperation.next_attempt_at <= now,
                    or_(GoalOperation.lease_expires_at.is_(None),
@@ -304,29 +326,25 @@ class Dispatcher:
             .order_by(GoalOperation.goal_revision).limit(1)).scalar_one_or_none()
         if next_op is None:
             return None, None
-        new_token = leases.claim(s, lane, self.worker_id, self.lease_s, now)
-        return (next_op, new_token) if new_token else (None, None)
+        new_lane = self._take_lane(s, lane.workspace_id, lane.session_id)
+        if new_lane is None:
+            return None, None
+        return new_lane, self._claim(s, next_op, new_lane)
 
     # -- one operation ---------------------------------------------------------------------
-    def step(self, operation_id: str, lane: tuple[str, str] | None = None) -> StepResult:
-        """One attempt: claim (durable), call the runtime, record the outcome (durable)."""
-        claim_or_result = run_transaction(self.engine,
-                                          lambda s: self._claim(s, operation_id, lane))
-        if isinstance(claim_or_result, StepResult):
-            return claim_or_result
-        claim = claim_or_result
-        try:
-            answer = self._call_runtime(claim.op)
-        except RuntimeFault as exc:
-            return self._record_fault(claim, exc, exc.retryable)
-        except RuntimeDisconnected as exc:
-            return self._record_fault(claim, exc, True)
-        return self._record_answer(claim, answer)
+    def step(self, operation_id: str) -> StepResult:
+        """One attempt without the lane (tests and tools): claim, call, record."""
+        current = run_transaction(self.engine, lambda s: self._claim(s, operation_id))
+        if isinstance(current, StepResult):
+            return current
+        record = self._attempt(current)
+        return run_transaction(self.engine, record)
 
     def _claim(self, session: Session, operation_id: str,
-               lane: tuple[str, str] | None = None) -> Claim | StepResult:
+               lane: Lane | None = None) -> Claim | StepResult:
         now = self.clock()
-        if lane is not None and not leases.renew(session, *lane, self.lease_s, now):
+        if lane is not None and not leases.renew(session, lane.name, lane.token,
+                                                 self.lease_s, now):
             return StepResult(operation_id, "lane_lost")
         op = session.get(GoalOperation, operation_id, populate_existing=True)
         if op is None or op.status not in OPEN_OPERATION_STATUSES:
@@ -345,9 +363,7 @@ class Dispatcher:
             return StepResult(operation_id, "failed")
         if op.provider_phase == ProviderPhase.ACCEPTED:
             # Acknowledged; the applied report completes it. Wake again at the deadline.
-            session.execute(update(GoalOperation).where(
-                GoalOperation.operation_id == op.operation_id).values(
-                next_attempt_at=op.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S)))
+            op.next_attempt_at = op.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S)
             return StepResult(operation_id, "skipped")
         token = leases.new_token()
         result = session.execute(
@@ -366,10 +382,27 @@ class Dispatcher:
         state.sync_status = SyncStatus.APPLYING
         session.flush()
         # The ORM-enabled UPDATE synchronised `op` (attempt, status, lease); copy it out.
-        claimed = records.from_row(records.GoalOperation, op)
-        return Claim(op=claimed, token=token)
+        return Claim(op=records.from_row(records.GoalOperation, op), token=token)
 
-    def _call_runtime(self, op: GoalOperation) -> dict[str, Any]:
+    def _unclaim(self, session: Session, claim: Claim) -> None:
+        """Give back a claim that will not be attempted now; it is due again at once."""
+        session.execute(update(GoalOperation).where(
+            GoalOperation.operation_id == claim.op.operation_id,
+            GoalOperation.lease_token == claim.token).values(
+            attempt=GoalOperation.attempt - 1, lease_owner=None, lease_token=None,
+            lease_expires_at=None))
+
+    def _attempt(self, claim: Claim) -> Callable[[Session], StepResult]:
+        """Call the runtime (outside any transaction); returns how to record the outcome."""
+        try:
+            answer = self._call_runtime(claim.op)
+        except RuntimeFault as exc:
+            return lambda s, exc=exc: self._fault_outcome(s, claim, exc, exc.retryable)
+        except RuntimeDisconnected as exc:
+            return lambda s, exc=exc: self._fault_outcome(s, claim, exc, True)
+        return lambda s: self._answer_outcome(s, claim, answer)
+
+    def _call_runtime(self, op: records.GoalOperation) -> dict[str, Any]:
         call = dict(operation_id=op.operation_id, action=op.action, objective=op.objective,
                     revision=op.goal_revision, client_submit_id=op.client_submit_id,
                     require_live=True)
@@ -381,68 +414,62 @@ class Dispatcher:
             self.resume_session(op.workspace_id, op.session_id)
             return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
 
-    def _record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:
-        op, token = claim.op, claim.token
+    # -- outcomes, each in the caller's transaction and conditional on the lease token --
+    def _answer_outcome(self, s: Session, claim: Claim, answer: dict[str, Any]) -> StepResult:
+        op, token, now = claim.op, claim.token, self.clock()
         phase = answer.get("phase")
-        now = self.clock()
         if phase == "applied":
-            ok = run_transaction(self.engine, lambda s: complete_applied(
-                s, op, answer.get("goal"), answer.get("evidence"), now, token=token))
+            ok = complete_applied(s, op, answer.get("goal"), answer.get("evidence"), now,
+                                  token=token)
             return StepResult(op.operation_id, "applied" if ok else "skipped")
         if phase == "accepted":
-            ok = run_transaction(self.engine, lambda s: self._mark_accepted(s, claim, answer, now))
-            return StepResult(op.operation_id, "accepted" if ok else "skipped")
+            lock_session(s, op.workspace_id, op.session_id)
+            result = s.execute(
+                update(GoalOperation)
+                .where(GoalOperation.operation_id == op.operation_id,
+                       GoalOperation.status == OperationStatus.DISPATCHED,
+                       GoalOperation.lease_token == token)
+                .values(provider_phase=ProviderPhase.ACCEPTED, accepted_at=now,
+                        evidence=answer.get("evidence"),
+                        next_attempt_at=now + timedelta(seconds=ACCEPTED_BUDGET_S),
+                        lease_owner=None, lease_token=None, lease_expires_at=None))
+            return StepResult(op.operation_id, "accepted" if result.rowcount == 1 else "skipped")
         fault = RuntimeFault(f"runtime answered an unknown phase {phase!r}", code="bad_response",
                              retryable=False, http_status=200)
-        return self._record_fault(claim, fault, False)
+        return self._fault_outcome(s, claim, fault, False)
 
-    def _mark_accepted(self, session: Session, claim: Claim, answer: dict, now: datetime) -> bool:
-        lock_session(session, claim.op.workspace_id, claim.op.session_id)
-        result = session.execute(
-            update(GoalOperation)
-            .where(GoalOperation.operation_id == claim.op.operation_id,
-                   GoalOperation.status == OperationStatus.DISPATCHED,
-                   GoalOperation.lease_token == claim.token)
-            .values(provider_phase=ProviderPhase.ACCEPTED, accepted_at=now,
-                    evidence=answer.get("evidence"),
-                    next_attempt_at=now + timedelta(seconds=ACCEPTED_BUDGET_S),
-                    lease_owner=None, lease_token=None, lease_expires_at=None))
-        return result.rowcount == 1
+    def _fault_outcome(self, s: Session, claim: Claim, exc: Exception,
+                       retryable: bool) -> StepResult:
+        op, token, now = claim.op, claim.token, self.clock()
+        error = str(exc)
+        held = (GoalOperation.operation_id == op.operation_id,
+                GoalOperation.lease_token == token,
+                GoalOperation.status == OperationStatus.DISPATCHED)
+        if getattr(exc, "code", None) == "stale_revision":
+            lock_session(s, op.workspace_id, op.session_id)
+            result = s.execute(update(GoalOperation).where(*held).values(
+                status=OperationStatus.SUPERSEDED, last_error=error, completed_at=now,
+                lease_owner=None, lease_token=None, lease_expires_at=None))
+            if result.rowcount != 1:
+                return StepResult(op.operation_id, "skipped")
+            s.execute(update(GoalState).where(
+                GoalState.workspace_id == op.workspace_id,
+                GoalState.session_id == op.session_id,
+                GoalState.pending_operation_id == op.operation_id).values(
+                pending_operation_id=None, last_error=error, sync_status=SyncStatus.DIVERGED))
+            return StepResult(op.operation_id, "superseded")
+        if not retryable:
+            ok = fail_operation(s, op, error, now, token)
+            return StepResult(op.operation_id, "failed" if ok else "skipped")
+        result = s.execute(update(GoalOperation).where(*held).values(
+            last_error=error, next_attempt_at=now + timedelta(seconds=backoff_s(op.attempt)),
+            lease_owner=None, lease_token=None, lease_expires_at=None))
+        return StepResult(op.operation_id, "retry" if result.rowcount == 1 else "skipped")
+
+    # For tests that drive an attempt by hand, each in its own transaction.
+    def _record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:
+        return run_transaction(self.engine, lambda s: self._answer_outcome(s, claim, answer))
 
     def _record_fault(self, claim: Claim, exc: Exception, retryable: bool) -> StepResult:
-        op, token = claim.op, claim.token
-        now = self.clock()
-        error = str(exc)
-        if getattr(exc, "code", None) == "stale_revision":
-            def stale(s: Session) -> bool:
-                lock_session(s, op.workspace_id, op.session_id)
-                result = s.execute(update(GoalOperation).where(
-                    GoalOperation.operation_id == op.operation_id,
-                    GoalOperation.lease_token == token,
-                    GoalOperation.status == OperationStatus.DISPATCHED).values(
-                    status=OperationStatus.SUPERSEDED, last_error=error, completed_at=now,
-                    lease_owner=None, lease_token=None, lease_expires_at=None))
-                s.execute(update(GoalState).where(
-                    GoalState.workspace_id == op.workspace_id,
-                    GoalState.session_id == op.session_id,
-                    GoalState.pending_operation_id == op.operation_id).values(
-                    pending_operation_id=None, last_error=error,
-                    sync_status=SyncStatus.DIVERGED))
-                return result.rowcount == 1
-            return StepResult(op.operation_id, "superseded" if run_transaction(
-                self.engine, stale) else "skipped")
-        if not retryable:
-            ok = run_transaction(self.engine, lambda s: fail_operation(s, op, error, now, token))
-            return StepResult(op.operation_id, "failed" if ok else "skipped")
-
-        def backoff(s: Session) -> bool:
-            result = s.execute(update(GoalOperation).where(
-                GoalOperation.operation_id == op.operation_id,
-                GoalOperation.lease_token == token,
-                GoalOperation.status == OperationStatus.DISPATCHED).values(
-                last_error=error, next_attempt_at=now + timedelta(seconds=backoff_s(op.attempt)),
-                lease_owner=None, lease_token=None, lease_expires_at=None))
-            return result.rowcount == 1
-        return StepResult(op.operation_id, "retry" if run_transaction(
-            self.engine, backoff) else "skipped")
-
+        return run_transaction(self.engine,
+                               lambda s: self._fault_outcome(s, claim, exc, retryable))
