@@ -79,3 +79,78 @@ def test_db_upgrade(settings):
 def test_flower_refuses_a_public_address_without_auth(settings):
     proc = run_cli(settings, "flower", "--address", "0.0.0.0", check=False)
     assert proc.returncode == 2 and "FLOWER_BASIC_AUTH" in proc.stderr
+
+
+def _wait_line(proc, needle, timeout_s=60):
+    import select
+    import time
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            seen += line
+            if needle in line:
+                return seen
+    raise AssertionError(f"{needle!r} not printed within {timeout_s} s: {seen!r}")
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # `up` is the embedded stack
+def test_up_runs_the_stack_until_interrupted(settings, tmp_path, backend):
+    import signal
+    from tests.conftest import free_port
+    env = {**os.environ, **settings.to_env(),
+           "AGENT_RADAR_RUNTIME_URL": f"http://127.0.0.1:{free_port()}"}
+    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "up", "--json"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        up = json.loads(_wait_line(proc, '"pids"').strip().splitlines()[-1])
+        out = subprocess.run([sys.executable, "-m", "workflows.cli", "goal", "set", "ws", "up",
+                              "via up", "--submit-id", "1", "--wait", "--json"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert json.loads(out.stdout)["status"] == "completed", out.stderr
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        for pid in up["pids"].values():
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # one backend shows Flower's wiring
+def test_flower_serves_with_basic_auth(settings, backend):
+    import base64
+    import signal
+    import time
+    import urllib3
+    from tests.conftest import free_port
+    port = free_port()
+    env = {**os.environ, **settings.to_env(), "FLOWER_BASIC_AUTH": "ops:pw"}
+    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "flower", "--port",
+                             str(port)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    http = urllib3.PoolManager(retries=False)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                anonymous = http.request("GET", url, timeout=2)
+                break
+            except urllib3.exceptions.HTTPError:
+                assert time.monotonic() < deadline, "Flower did not start"
+                time.sleep(0.2)
+        assert anonymous.status == 401
+        auth = base64.b64encode(b"ops:pw").decode()
+        ok = http.request("GET", url, headers={"Authorization": f"Basic {auth}"}, timeout=5)
+        assert ok.status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)

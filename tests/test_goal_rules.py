@@ -319,3 +319,46 @@ def test_unknown_records_are_not_found(client):
         client.get_goal_operation(str(uuid.uuid4()))
     with pytest.raises(NotFound):
         client.goal_state(WS, "nobody")
+
+
+def test_session_fields_from_an_older_report_are_ignored(client):
+    def report(at_ms, live, epoch):
+        return {"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,
+                "session": {"provider": "claude-code", "provider_session_id": "p-1",
+                            "live": live, "runtime_epoch": epoch}}
+    client.report_activity(report(2_000, True, 3))
+    client.report_activity(report(1_000, False, 2))  # arrived late: older facts
+    info = client.session_info(WS, SID)
+    assert (info.live, info.runtime_epoch, info.provider) == (True, 3, "claude-code")
+    client.report_activity(report(3_000, False, 4))
+    info = client.session_info(WS, SID)
+    assert (info.live, info.runtime_epoch) == (False, 4)
+
+
+@pytest.mark.parametrize("report", [
+    "not a dict",
+    {"workspace_id": WS, "session_id": SID},
+    {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "extra": 1},
+    {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "session": {"live": "yes"}},
+    {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
+     "goal_applied": {"operation_id": "x", "revision": 0}},
+])
+def test_malformed_reports_write_nothing(client, report):
+    before = row_counts(client.engine)
+    with pytest.raises(InvalidArgument):
+        client.report_activity(report)
+    assert row_counts(client.engine) == before
+
+
+def test_runtime_bearer_token_is_sent_and_checked(settings):
+    from workflows.errors import RuntimeFault
+    from workflows.runtime_sim import SimServer
+    from tests.conftest import free_port
+    server = SimServer("127.0.0.1", free_port(), token="s3cret").start()
+    try:
+        assert HttpRuntime(server.url, token="s3cret").liveness(WS, SID)["live"] is True
+        with pytest.raises(RuntimeFault) as err:
+            HttpRuntime(server.url, token="wrong").liveness(WS, SID)
+        assert err.value.code == "unauthorized" and err.value.retryable is False
+    finally:
+        server.stop()
