@@ -116,10 +116,13 @@ def run_transaction(engine: Engine, work: Callable[[Session], T],
     raise AssertionError("unreachable")
 
 
-def insert_ignore(session: Session, table, values: dict) -> None:
-    """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL."""
+def insert_ignore(session: Session, table, values: dict) -> bool:
+    """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL; True if inserted."""
     if session.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    session.execute(insert(table).values(**values).on_conflict_do_nothing())
+    # rowcount is not reliable for INSERT; RETURNING says whether a row went in.
+    key = next(iter(table.primary_key.columns))
+    statement = insert(table).values(**values).on_conflict_do_nothing().returning(key)
+    return session.execute(statement).first() is not None

@@ -131,7 +131,7 @@ def submit(session: Session, request: GoalRequest, now: datetime
     append_event(session, row, kind="goal-control", record_id=f"goal-control:{op.operation_id}",
                  idempotency_key=f"goal-control:{op.operation_id}", revision=op.goal_revision,
                  payload={"action": op.action, "objective": op.objective, "origin": op.origin,
-                          "client_submit_id": op.client_submit_id}, now=now)
+                          "client_submit_id": op.client_submit_id}, now=now, new_key=True)
     return op, True
 
 
@@ -259,13 +259,13 @@ class Dispatcher:
         """Entry point of `agent_radar.goal.dispatch`: take the operation's session lane and
         drain it, starting with this operation."""
         def open_lane(s: Session):
-            op = s.get(GoalOperation, operation_id)
+            op = s.get(GoalOperation, operation_id, populate_existing=True)
             if op is None or op.status not in OPEN_OPERATION_STATUSES:
                 return None, None
             lane = self._take_lane(s, op.workspace_id, op.session_id)
             if lane is None:
                 return None, None  # the holder checks once more when it releases
-            return lane, self._claim(s, operation_id, lane)
+            return lane, self._claim_loaded(s, op)  # the lane is fresh: no renewal needed
         lane, first = run_transaction(self.engine, open_lane)
         return self._drain(lane, first) if lane else []
 
@@ -329,7 +329,7 @@ class Dispatcher:
         new_lane = self._take_lane(s, lane.workspace_id, lane.session_id)
         if new_lane is None:
             return None, None
-        return new_lane, self._claim(s, next_op, new_lane)
+        return new_lane, self._claim(s, next_op)
 
     # -- one operation ---------------------------------------------------------------------
     def step(self, operation_id: str) -> StepResult:
@@ -342,12 +342,18 @@ class Dispatcher:
 
     def _claim(self, session: Session, operation_id: str,
                lane: Lane | None = None) -> Claim | StepResult:
-        now = self.clock()
         if lane is not None and not leases.renew(session, lane.name, lane.token,
-                                                 self.lease_s, now):
+                                                 self.lease_s, self.clock()):
             return StepResult(operation_id, "lane_lost")
         op = session.get(GoalOperation, operation_id, populate_existing=True)
-        if op is None or op.status not in OPEN_OPERATION_STATUSES:
+        if op is None:
+            return StepResult(operation_id, "skipped")
+        return self._claim_loaded(session, op)
+
+    def _claim_loaded(self, session: Session, op: GoalOperation) -> Claim | StepResult:
+        now = self.clock()
+        operation_id = op.operation_id
+        if op.status not in OPEN_OPERATION_STATUSES:
             return StepResult(operation_id, "skipped")
         if op.lease_expires_at is not None and op.lease_expires_at > now:
             return StepResult(operation_id, "skipped")  # another worker is on it

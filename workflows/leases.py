@@ -20,13 +20,17 @@ def new_token() -> str:
 
 def claim(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> str | None:
     """Take the lease if it is free or expired; returns the new token, or None if held."""
-    insert_ignore(session, Lease.__table__, {"name": name})
     token = new_token()
+    values = {"owner": owner, "token": token, "expires_at": now + timedelta(seconds=ttl_s)}
     result = session.execute(
         update(Lease)
         .where(Lease.name == name, or_(Lease.expires_at.is_(None), Lease.expires_at <= now))
-        .values(owner=owner, token=token, expires_at=now + timedelta(seconds=ttl_s)))
-    return token if result.rowcount == 1 else None
+        .values(**values))
+    if result.rowcount == 1:
+        return token
+    # No free row: either it is held, or it does not exist yet (first use of this name).
+    inserted = insert_ignore(session, Lease.__table__, {"name": name, **values})
+    return token if inserted else None
 
 
 def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) -> bool:

@@ -32,13 +32,18 @@ def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentS
 
 def append_event(session: Session, row: AgentSession, *, kind: str, record_id: str,
                  idempotency_key: str, now: datetime, revision: int | None = None,
-                 payload: dict[str, Any] | None = None, optional: bool = False) -> SessionEvent:
-    """Append one event at the next gap-free sequence; a repeated key returns the first."""
-    existing = session.execute(
-        select(SessionEvent).where(SessionEvent.idempotency_key == idempotency_key)
-    ).scalar_one_or_none()
-    if existing is not None:
-        return existing
+                 payload: dict[str, Any] | None = None, optional: bool = False,
+                 new_key: bool = False) -> SessionEvent:
+    """Append one event at the next gap-free sequence; a repeated key returns the first.
+
+    `new_key` skips the lookup when the caller just created the record the key names (the
+    unique constraint still guards it)."""
+    if not new_key:
+        existing = session.execute(
+            select(SessionEvent).where(SessionEvent.idempotency_key == idempotency_key)
+        ).scalar_one_or_none()
+        if existing is not None:
+            return existing
     row.event_sequence += 1
     event = SessionEvent(
         workspace_id=row.workspace_id, session_id=row.session_id, sequence=row.event_sequence,
