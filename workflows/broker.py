@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 DEFAULT_QUEUE = "default"
 MAINTENANCE_QUEUE = "maintenance"
 QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE)
-# The filesystem transport polls its folder; 50 ms keeps the embedded stack responsive at a
-# cost of ~20 directory listings a second per consumer.
-FILESYSTEM_POLL_S = 0.05
+# The filesystem transport polls its folder, and also sleeps this long whenever the worker
+# is at its prefetch limit, so the interval caps throughput: 10 ms gave 337 no-ops/s (50 ms:
+# 69/s) for 0.9 % of a core while idle.
+FILESYSTEM_POLL_S = 0.01
 # Redis re-delivers an unacknowledged message after this long; it must exceed the longest
 # task (task_time_limit) or a slow task would run twice at once.
 VISIBILITY_TIMEOUT_S = 3600
