@@ -21,7 +21,7 @@ from workflows.broker import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.config import Settings
 from workflows.runtime_sim import SimControl, SimServer
-from workflows.stack import Stack
+from workflows.stack import Stack, free_port  # noqa: F401 - tests import it from here
 
 pytest_plugins = ("celery.contrib.pytest",)
 
@@ -36,12 +36,6 @@ def _reachable(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _require(name: str, host: str, port: int) -> None:

@@ -3,7 +3,6 @@ at half the maximum rate, and a duplicate storm — on the configured database a
 with the same worker settings for every phase."""
 
 import random
-import socket
 import statistics
 import threading
 import time
@@ -17,17 +16,11 @@ from workflows.broker import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.config import Settings
 from workflows.runtime_sim import SimControl
-from workflows.stack import Stack, wait_for
+from workflows.stack import Stack, free_port, wait_for
 
 SUBMIT_THREADS = 4
 STORM_COPIES = 5
 PHASE_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -141,7 +134,7 @@ class Bench:
 
 def run_bench(settings: Settings, *, operations: int = 400, concurrency: int = 2,
               echo: Callable | None = print) -> dict:
-    settings = replace(settings, runtime_url=f"http://127.0.0.1:{_free_port()}")
+    settings = replace(settings, runtime_url=f"http://127.0.0.1:{free_port()}")
     stack = Stack(settings)
     say = echo or (lambda *_: None)
     try:

@@ -31,6 +31,14 @@ def json_option(fn):
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
 
 
+def session_arguments(fn):
+    """WORKSPACE_ID SESSION_ID and --json, the arguments of every per-session command."""
+    for decorate in reversed((click.argument("workspace_id"), click.argument("session_id"),
+                              json_option)):
+        fn = decorate(fn)
+    return fn
+
+
 def _client():
     from workflows.client import AgentRadar
     return AgentRadar.from_env()
@@ -200,19 +208,16 @@ def _goal_command(action: str, takes_objective: bool):
               f" ({op.provider_phase})" + (f" - {op.last_error}" if op.last_error else ""))
     command.__name__ = f"goal_{action}"
     command.__doc__ = f"{action.capitalize()} the session's goal."
-    params = [click.argument("workspace_id"), click.argument("session_id")]
-    if takes_objective:
-        params.append(click.argument("objective"))
+    params = [click.argument("objective")] if takes_objective else []
     params += [
         click.option("--submit-id", "submit_id", required=True, help="Client submit ID."),
         click.option("--expected-revision", type=int, default=None),
         click.option("--wait", "wait_s", is_flag=False, flag_value=30.0, type=float,
                      default=None, help="Wait (up to N s, default 30) until it settles."),
-        json_option,
     ]
     for decorate in reversed(params):  # click lists parameters in decoration order
         command = decorate(command)
-    return goal.command(action)(command)
+    return goal.command(action)(session_arguments(command))
 
 
 for _action, _takes in (("set", True), ("clear", False), ("pause", False), ("resume", False)):
@@ -220,9 +225,7 @@ for _action, _takes in (("set", True), ("clear", False), ("pause", False), ("res
 
 
 @goal.command("show")
-@click.argument("workspace_id")
-@click.argument("session_id")
-@json_option
+@session_arguments
 def goal_show(workspace_id: str, session_id: str, as_json: bool):
     """Show the session's goal state."""
     state = _client().goal_state(workspace_id, session_id)
@@ -238,9 +241,7 @@ def session() -> None:
 
 
 @session.command("ensure")
-@click.argument("workspace_id")
-@click.argument("session_id")
-@json_option
+@session_arguments
 def session_ensure(workspace_id: str, session_id: str, as_json: bool):
     """Resume the session if it is offline (with its fences) and wake its pending work."""
     info = _client().ensure_session(workspace_id, session_id)
@@ -248,9 +249,7 @@ def session_ensure(workspace_id: str, session_id: str, as_json: bool):
 
 
 @session.command("show")
-@click.argument("workspace_id")
-@click.argument("session_id")
-@json_option
+@session_arguments
 def session_show(workspace_id: str, session_id: str, as_json: bool):
     """Show what the database knows of a session."""
     info = _client().session_info(workspace_id, session_id)

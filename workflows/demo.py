@@ -5,7 +5,6 @@ effect list that nothing was lost and nothing reached the agent twice.
 """
 
 import json
-import socket
 import tempfile
 import time
 from collections import Counter
@@ -15,19 +14,13 @@ from workflows.client import AgentRadar
 from workflows.config import Settings
 from workflows.errors import AgentRadarError, GoalGenerationSuperseded
 from workflows.runtime_sim import SimControl
-from workflows.stack import Stack, wait_for
+from workflows.stack import Stack, free_port, wait_for
 
 WS = "acme"
 # Short leases so that recovery after the killed worker shows within seconds.
 DEMO_LEASE_S = 4.0
 DEMO_RUNTIME_TIMEOUT_S = 3.0
 DEMO_SWEEP_INTERVAL_S = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Timeline:
@@ -48,7 +41,7 @@ def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
     home = home or Path(tempfile.mkdtemp(prefix="agent-radar-demo-"))
     settings = Settings(home=home.resolve(), database_url=f"sqlite:///{home.resolve() / 'demo.db'}",
                         broker_url="filesystem://",
-                        runtime_url=f"http://127.0.0.1:{_free_port()}",
+                        runtime_url=f"http://127.0.0.1:{free_port()}",
                         sweep_interval_s=DEMO_SWEEP_INTERVAL_S, lease_s=DEMO_LEASE_S,
                         runtime_timeout_s=DEMO_RUNTIME_TIMEOUT_S)
     say = Timeline(quiet=as_json)

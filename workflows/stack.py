@@ -3,6 +3,7 @@ subprocesses of this product's own CLI. Used by `up`, `demo`, `bench` and the te
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from workflows.config import Settings
 from workflows.runtime_sim import SimControl
 
 STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
