@@ -13,9 +13,10 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
 from models.db import run_transaction
-from models.enums import OPEN_OPERATION_STATUSES
-from models.tables import GoalOperation
+from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus, Origin
+from models.tables import CancelOperation, GoalFence, GoalOperation
 from workflows import leases
+from workflows.fence_apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.goals import DISPATCH_TASK, budget_exhausted, fail_operation
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,10 @@ def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
         return SweepCounts(ran=False)
     counts = SweepCounts()
     try:
+        # Fences first: a revoked target must never replay before its fence.
+        sweep_fences(engine, publish, now, limit, counts)
         sweep_goal_operations(engine, publish, now, limit, counts)
+        sweep_stale_cancels(engine, publish, now, limit, counts)
     finally:
         run_transaction(engine, lambda s: leases.release(s, SWEEPER_LEASE, token))
     return counts
@@ -72,6 +76,7 @@ def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
     return run_transaction(engine, lambda s: list(s.execute(
         select(GoalOperation.operation_id)
         .where(GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+               GoalOperation.origin == Origin.CLIENT,  # a fence drives its own clear
                GoalOperation.next_attempt_at <= now,
                or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff),
                or_(GoalOperation.lease_expires_at.is_(None),
@@ -111,3 +116,47 @@ def _settle_or_reserve(session, operation_id: str, now: datetime) -> str:
                    GoalOperation.lease_expires_at <= now))
         .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S)))
     return "republish" if result.rowcount == 1 else "skip"
+
+
+def _republish_due(engine: Engine, publish: Publish, now: datetime, limit: int,
+                   counts: SweepCounts, table, key, task: str, kwarg: str,
+                   statuses: tuple, grace_first_attempt: bool) -> None:
+    """Re-publish rows of `table` that are due and unleased, reserving each for
+    REPUBLISH_INTERVAL_S with a conditional update so two sweeps never both publish it."""
+    cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
+    due = [table.status.in_(statuses), table.next_attempt_at <= now,
+           or_(table.lease_expires_at.is_(None), table.lease_expires_at <= now)]
+    if grace_first_attempt:
+        due.append(or_(table.attempt > 0, table.next_attempt_at <= cutoff))
+    ids_due = run_transaction(engine, lambda s: list(s.execute(
+        select(key).where(*due).order_by(table.next_attempt_at).limit(limit)).scalars()))
+    for row_id in ids_due:
+        try:
+            reserved = run_transaction(engine, lambda s: s.execute(
+                update(table).where(key == row_id, *due)
+                .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
+            ).rowcount == 1)
+            if reserved:
+                publish(task, {kwarg: row_id})
+                counts.republished += 1
+        except Exception:  # noqa: BLE001 - one bad row must not stop the sweep
+            counts.errors += 1
+            log.exception("sweeper: %s %s", table.__tablename__, row_id)
+
+
+def sweep_fences(engine: Engine, publish: Publish, now: datetime, limit: int,
+                 counts: SweepCounts) -> None:
+    """Pending fences whose publish was lost or whose retry is due, fences waiting on a
+    turn past their recheck time, and fences whose worker died mid-delivery."""
+    _republish_due(engine, publish, now, limit, counts, GoalFence, GoalFence.fence_id,
+                   FENCE_APPLY_TASK, "fence_id",
+                   (FenceStatus.PENDING, FenceStatus.PROCESSING), grace_first_attempt=True)
+
+
+def sweep_stale_cancels(engine: Engine, publish: Publish, now: datetime, limit: int,
+                        counts: SweepCounts) -> None:
+    """Cancels whose lease expired or that waited past their deadline: the worker settles
+    them locally when the session is offline, or retries them with backoff."""
+    _republish_due(engine, publish, now, limit, counts, CancelOperation,
+                   CancelOperation.operation_id, CANCEL_APPLY_TASK, "operation_id",
+                   (CancelStatus.PREPARED, CancelStatus.LEASED), grace_first_attempt=False)

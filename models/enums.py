@@ -51,3 +51,45 @@ class GoalAction(StrEnum):
     CLEAR = "clear"
     PAUSE = "pause"
     RESUME = "resume"
+
+
+class FenceStatus(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+
+
+class TurnPhase(StrEnum):
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    SETTLED = "settled"
+
+
+# Turn phases only move forward (DESIGN 4.4).
+TURN_PHASE_ORDER = {TurnPhase.SUBMITTED: 0, TurnPhase.RUNNING: 1, TurnPhase.SETTLED: 2}
+
+
+class TurnOutcome(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    INTERRUPTED = "interrupted"
+
+
+class TurnOrigin(StrEnum):
+    USER_PROMPT = "user_prompt"
+    GOAL_CONTINUATION = "goal_continuation"
+    PROVIDER_INITIATED = "provider_initiated"
+
+
+class CancelStatus(StrEnum):
+    PREPARED = "prepared"
+    LEASED = "leased"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class CancelResult(StrEnum):
+    CANCELED = "canceled"
+    ALREADY_SETTLED = "already_settled"
+    INTERRUPTED = "interrupted"

@@ -108,3 +108,68 @@ class Lease(Base):
     owner: Mapped[str | None] = mapped_column(ID)
     token: Mapped[str | None] = mapped_column(String(64))
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class GoalFence(LeaseColumns, Base):
+    """A permanent ban on one exact (operation, revision); `status` tracks only delivery."""
+
+    __tablename__ = "goal_fences"
+    __table_args__ = (
+        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
+                         name="uq_goal_fences_submit"),
+        UniqueConstraint("target_operation_id", name="uq_goal_fences_target"),
+        Index("ix_goal_fences_due", "status", "next_attempt_at"),
+        Index("ix_goal_fences_session", "workspace_id", "session_id"),
+    )
+
+    fence_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    target_operation_id: Mapped[str] = mapped_column(String(36))
+    target_revision: Mapped[int] = mapped_column(Integer)
+    client_submit_id: Mapped[str] = mapped_column(ID)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[str] = mapped_column(SHORT)
+    clear_operation_id: Mapped[str | None] = mapped_column(String(36))
+    cancel_operation_id: Mapped[str | None] = mapped_column(String(36))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Turn(Base):
+    __tablename__ = "turns"
+
+    workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    turn_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    phase: Mapped[str] = mapped_column(SHORT)
+    outcome: Mapped[str | None] = mapped_column(SHORT)
+    origin: Mapped[str | None] = mapped_column(SHORT)
+    source_goal_operation_id: Mapped[str | None] = mapped_column(String(36))
+    source_goal_revision: Mapped[int | None] = mapped_column(Integer)
+    prompt_id: Mapped[str | None] = mapped_column(String(36))
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class CancelOperation(LeaseColumns, Base):
+    __tablename__ = "cancel_operations"
+    __table_args__ = (
+        Index("ix_cancel_operations_due", "status", "next_attempt_at"),
+    )
+
+    operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    turn_id: Mapped[str] = mapped_column(ID)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[str] = mapped_column(SHORT)
+    result: Mapped[str | None] = mapped_column(SHORT)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from models.migrate import head_revision
 from tests.helpers import row_counts
 
 
@@ -73,7 +74,7 @@ def test_conflicting_replay_is_reported(settings, client):
 
 def test_db_upgrade(settings):
     out = json.loads(run_cli(settings, "db", "upgrade", "--json").stdout)
-    assert out == {"revision": "0001"}
+    assert out == {"revision": head_revision()}
 
 
 def test_flower_refuses_a_public_address_without_auth(settings):
@@ -154,3 +155,15 @@ def test_flower_serves_with_basic_auth(settings, backend):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_fence_command(settings, client):
+    op = json.loads(run_cli(settings, "goal", "set", "ws", "s1", "shared", "--submit-id", "a",
+                            "--json").stdout)
+    fence = json.loads(run_cli(settings, "fence", "ws", "s1", op["operation_id"],
+                               "--submit-id", "f", "--reason", "revoked", "--json").stdout)
+    assert fence["intent_accepted"] is True and fence["target_revision"] == 1
+    assert fence["clear_operation_id"]
+    proc = run_cli(settings, "fence", "ws", "s1", op["operation_id"], "--submit-id", "g",
+                   check=False)
+    assert proc.returncode == 2 and "fence_conflict" in proc.stderr

@@ -240,7 +240,7 @@ def test_client_operation_resumes_an_offline_session(client, dispatcher, sim_con
     sim_control.session(WS, SID, live=False)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
-    kinds = [e["kind"] for e in sim_control.effects(kind=None)]
+    kinds = [e["kind"] for e in sim_control.effects(kind=None) if e["kind"] in ("resume", "goal")]
     assert kinds == ["resume", "goal"]
     assert client.session_info(WS, SID).live is True
 
@@ -362,3 +362,39 @@ def test_runtime_bearer_token_is_sent_and_checked(settings):
         assert err.value.code == "unauthorized" and err.value.retryable is False
     finally:
         server.stop()
+
+
+def _turn_report(turn_id, phase, at_ms, outcome=None, **provenance):
+    return {"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,
+            "turn": {"turn_id": turn_id, "phase": phase, "outcome": outcome,
+                     "origin": "goal_continuation", **provenance}}
+
+
+def test_turn_phases_only_move_forward(client):
+    from models.tables import Turn
+    provenance = {"source_goal_operation_id": "op-1", "source_goal_revision": 1}
+    client.report_activity(_turn_report("t1", "running", 1_000, **provenance))
+    assert client.session_info(WS, SID).active_turn_id == "t1"
+    client.report_activity(_turn_report("t1", "settled", 2_000, outcome="completed"))
+    client.report_activity(_turn_report("t1", "running", 3_000))  # late: ignored
+    client.report_activity(_turn_report("t1", "settled", 4_000, outcome="failed"))  # final
+    turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t1")))
+    assert (turn.phase, turn.outcome) == ("settled", "completed")
+    assert (turn.source_goal_operation_id, turn.source_goal_revision) == ("op-1", 1)
+    assert client.session_info(WS, SID).active_turn_id is None
+
+
+@pytest.mark.parametrize("turn", [
+    {"turn_id": "t", "phase": "flying"},
+    {"turn_id": "t"},
+    {"turn_id": "t", "phase": "settled"},
+    {"turn_id": "", "phase": "running"},
+    {"turn_id": "t", "phase": "running", "source_goal_revision": 0},
+    {"turn_id": "t", "phase": "running", "colour": "red"},
+])
+def test_malformed_turn_reports_write_nothing(client, turn):
+    before = row_counts(client.engine)
+    with pytest.raises(InvalidArgument):
+        client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
+                                "turn": turn})
+    assert row_counts(client.engine) == before

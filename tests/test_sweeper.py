@@ -95,3 +95,18 @@ def test_only_one_sweep_runs_at_a_time(client):
     # the lease is free again afterwards
     token = run_transaction(client.engine, lambda s: leases.claim(s, "sweeper", "x", 5, now))
     assert token
+
+
+def test_publishing_into_a_second_embedded_broker_before_any_worker(tmp_path):
+    """One process, two broker folders: the second must get its own bindings, or a message
+    published before a worker binds there is routed nowhere."""
+    from workflows.broker import TaskPublisher
+    from workflows.config import Settings
+    for name in ("first", "second"):
+        settings = Settings(home=tmp_path / name, database_url="sqlite://",
+                            broker_url="filesystem://")
+        publisher = TaskPublisher(settings)
+        publisher.publish("agent_radar.fence.apply", {"fence_id": name})
+        publisher.close()
+        queued = list((tmp_path / name / "broker" / "queue").glob("*.default.msg"))
+        assert len(queued) == 1, name

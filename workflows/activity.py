@@ -6,8 +6,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from models.enums import OperationStatus
-from models.tables import GoalOperation
+from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutcome, TurnPhase
+from models.tables import GoalOperation, Turn
+from workflows import cancels
 from workflows.errors import InvalidArgument
 from workflows.goals import complete_applied
 from workflows.sessions import lock_session
@@ -15,6 +16,8 @@ from workflows.validation import check_id, check_int
 
 SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch"}
 REPORT_PARTS = {"workspace_id", "session_id", "occurred_at_ms", "session", "turn", "goal_applied"}
+TURN_FIELDS = {"turn_id", "phase", "outcome", "origin", "source_goal_operation_id",
+               "source_goal_revision", "prompt_id"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Report:
     occurred_at: datetime
     session: dict[str, Any] | None
     goal_applied: dict[str, Any] | None
+    turn: dict[str, Any] | None = None
 
 
 def _check_dict(name: str, value: Any) -> dict[str, Any] | None:
@@ -58,16 +62,59 @@ def parse_report(report: Any) -> Report:
         check_id("goal_applied.operation_id", applied.get("operation_id"))
         check_int("goal_applied.revision", applied.get("revision"), minimum=1)
         _check_dict("goal_applied.goal", applied.get("goal"))
-    _check_dict("turn", report.get("turn"))
+    turn = _parse_turn(report.get("turn"))
     return Report(
         workspace_id=check_id("workspace_id", report.get("workspace_id")),
         session_id=check_id("session_id", report.get("session_id")),
         occurred_at=datetime.fromtimestamp(occurred_ms / 1000, UTC),
-        session=session, goal_applied=applied)
+        session=session, goal_applied=applied, turn=turn)
 
 
-def apply_report(session: Session, report: Report, now: datetime) -> list[str]:
-    """Apply one report in the caller's transaction; returns operation ids it completed."""
+def _check_choice(name: str, value: Any, choices: type) -> str | None:
+    if value is None:
+        return None
+    try:
+        return choices(value).value
+    except ValueError:
+        raise InvalidArgument(f"{name} must be one of {[c.value for c in choices]}",
+                              field=name) from None
+
+
+def _parse_turn(value: Any) -> dict[str, Any] | None:
+    turn = _check_dict("turn", value)
+    if turn is None:
+        return None
+    extra = set(turn) - TURN_FIELDS
+    if extra:
+        raise InvalidArgument(f"unknown turn fields: {sorted(extra)}", field="turn")
+    parsed = {
+        "turn_id": check_id("turn.turn_id", turn.get("turn_id")),
+        "phase": _check_choice("turn.phase", turn.get("phase"), TurnPhase),
+        "outcome": _check_choice("turn.outcome", turn.get("outcome"), TurnOutcome),
+        "origin": _check_choice("turn.origin", turn.get("origin"), TurnOrigin),
+        "source_goal_operation_id": None, "source_goal_revision": None, "prompt_id": None,
+    }
+    if parsed["phase"] is None:
+        raise InvalidArgument("turn.phase is required", field="turn.phase")
+    if parsed["phase"] == TurnPhase.SETTLED and parsed["outcome"] is None:
+        raise InvalidArgument("a settled turn needs an outcome", field="turn.outcome")
+    for key in ("source_goal_operation_id", "prompt_id"):
+        if turn.get(key) is not None:
+            parsed[key] = check_id(f"turn.{key}", turn[key])
+    parsed["source_goal_revision"] = check_int("turn.source_goal_revision",
+                                               turn.get("source_goal_revision"), minimum=1,
+                                               optional=True)
+    return parsed
+
+
+@dataclass
+class ReportEffects:
+    completed: list[str]  # goal operations this report completed
+    wake_fences: list[str]  # fences that waited on a turn this report settled
+
+
+def apply_report(session: Session, report: Report, now: datetime) -> ReportEffects:
+    """Apply one report in the caller's transaction."""
     row = lock_session(session, report.workspace_id, report.session_id)
     if report.session is not None and (
             row.last_report_at is None or report.occurred_at >= row.last_report_at):
@@ -76,6 +123,10 @@ def apply_report(session: Session, report: Report, now: datetime) -> list[str]:
         for key, value in report.session.items():
             setattr(row, key, value)
         row.last_report_at = report.occurred_at
+    wake: list[str] = []
+    if report.turn is not None and apply_turn(session, row, report.turn, report.occurred_at):
+        wake = cancels.on_turn_settled(session, report.workspace_id, report.session_id,
+                                       report.turn["turn_id"], report.turn["outcome"], now)
     completed: list[str] = []
     applied = report.goal_applied
     if applied is not None:
@@ -88,4 +139,32 @@ def apply_report(session: Session, report: Report, now: datetime) -> list[str]:
                 and complete_applied(session, op, applied.get("goal"),
                                      {"report": "goal_applied"}, now)):
             completed.append(op.operation_id)
-    return completed
+    return ReportEffects(completed=completed, wake_fences=wake)
+
+
+def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetime) -> bool:
+    """Record a turn report. Phases only move forward and settled is final; provenance is
+    written once. Returns True when this report settled the turn."""
+    key = (row.workspace_id, row.session_id, turn["turn_id"])
+    current = session.get(Turn, key, populate_existing=True)
+    phase = turn["phase"]
+    if current is None:
+        current = Turn(workspace_id=key[0], session_id=key[1], turn_id=key[2], phase=phase,
+                       origin=turn["origin"],
+                       source_goal_operation_id=turn["source_goal_operation_id"],
+                       source_goal_revision=turn["source_goal_revision"],
+                       prompt_id=turn["prompt_id"], started_at=occurred_at)
+        session.add(current)
+    elif TURN_PHASE_ORDER[TurnPhase(phase)] <= TURN_PHASE_ORDER[TurnPhase(current.phase)]:
+        return False  # a late or repeated report: turns never move backwards
+    current.phase = phase
+    settled = phase == TurnPhase.SETTLED
+    if settled:
+        current.outcome = turn["outcome"]
+        current.settled_at = occurred_at
+        if row.active_turn_id == current.turn_id:
+            row.active_turn_id = None
+    elif phase == TurnPhase.RUNNING:
+        row.active_turn_id = current.turn_id
+    session.flush()
+    return settled

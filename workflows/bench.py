@@ -142,6 +142,9 @@ def run_bench(settings: Settings, *, operations: int = 400, concurrency: int = 2
         stack.start_sim()
         stack.start_worker(concurrency=concurrency, name="bench-worker")
         bench = Bench(settings, operations, echo)
+        # (b) measures the goal operation path; continuation turns (and their reports) are
+        # agent activity that would only add unrelated load.
+        bench.sim.defaults(continuation_turns=False)
         say(f"backend: {settings.database_url.split(':', 1)[0]} + "
             f"{settings.broker_url.split(':', 1)[0]}; worker processes: {concurrency}; "
             f"operations per phase: {operations}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import kombu.transport
 from kombu import Connection, Exchange, Queue
-from kombu.transport import filesystem
+from kombu.transport import filesystem, virtual
 
 from workflows.config import Settings
 
@@ -58,7 +58,18 @@ class Channel(filesystem.Channel):
 
 
 class Transport(filesystem.Transport):
+    """Upstream keeps one binding registry per process (`global_state`). A process that
+    talks to a second broker folder then believes its bindings exist, writes none to that
+    folder, and messages published there before a worker binds are routed nowhere. Here each
+    control folder has its own registry."""
+
     Channel = Channel
+    _states: dict[str, virtual.BrokerState] = {}
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **kwargs)
+        folder = str(client.transport_options.get("control_folder", "control"))
+        self.state = self._states.setdefault(folder, virtual.BrokerState())
 
 
 # `filesystem://` URLs resolve to the transport above in every process that imports this

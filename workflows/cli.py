@@ -234,6 +234,30 @@ def goal_show(workspace_id: str, session_id: str, as_json: bool):
           f"observed={state.observed}")
 
 
+# -- fences ----------------------------------------------------------------------------------
+@cli.command()
+@click.argument("workspace_id")
+@click.argument("session_id")
+@click.argument("target_operation_id")
+@click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
+@click.option("--reason", default="", help="Why this generation is revoked.")
+@click.option("--wait", "wait_s", is_flag=False, flag_value=30.0, type=float, default=None,
+              help="Wait (up to N s, default 30) until the fence is delivered.")
+@json_option
+def fence(workspace_id, session_id, target_operation_id, submit_id, reason, wait_s, as_json):
+    """Revoke one exact goal generation (and clear it if it is still current)."""
+    client = _client()
+    record = client.fence_goal_generation(workspace_id, session_id, target_operation_id,
+                                          client_submit_id=submit_id, reason=reason)
+    if wait_s is not None:
+        record = client.wait(record, timeout=wait_s)
+    _emit(as_json, as_dict(record),
+          f"fence {record.fence_id} on {record.target_operation_id} revision "
+          f"{record.target_revision}: {record.status} (intent accepted)"
+          + (f", clear {record.clear_operation_id}" if record.clear_operation_id else
+             ", no clear: a newer goal is current"))
+
+
 # -- sessions --------------------------------------------------------------------------------
 @cli.group()
 def session() -> None:

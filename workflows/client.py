@@ -16,7 +16,10 @@ from workflows.broker import TaskPublisher
 from workflows.config import Settings
 from workflows.errors import InvalidArgument, NotFound
 from workflows.goals import DISPATCH_TASK, GoalRequest, submit
-from workflows.records import GoalOperation, GoalState, SessionInfo
+from models.tables import GoalFence as GoalFenceRow
+from workflows.fence_apply import FENCE_APPLY_TASK
+from workflows.fences import FenceRequest, submit_fence
+from workflows.records import Fence, GoalOperation, GoalState, SessionInfo
 from workflows.runtime import HttpRuntime, RuntimePort
 from workflows.session_control import (durable_fences, load_session, record_live,
                                        resume_if_offline)
@@ -126,6 +129,33 @@ class AgentRadar:
                        GoalOperationRow.session_id == session_id)
                 .order_by(GoalOperationRow.goal_revision)).scalars()])
 
+    # -- fences ----------------------------------------------------------------------------
+    def fence_goal_generation(self, workspace_id: str, session_id: str,
+                              target_operation_id: str, *, client_submit_id: str,
+                              reason: str = "") -> Fence:
+        """Forbid one exact goal generation forever, and clear it if it is still current.
+        The returned fence is accepted (durable); delivery to the agent follows."""
+        request = FenceRequest.parse(workspace_id, session_id, target_operation_id,
+                                     client_submit_id=client_submit_id, reason=reason)
+
+        def accept(s):
+            row, created = submit_fence(s, request, utcnow())
+            return Fence.from_row(row), created
+        fence, created = run_transaction(self.engine, accept)
+        if created:
+            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence.fence_id})
+        return fence
+
+    def get_fence(self, fence_id: str) -> Fence:
+        check_id("fence_id", fence_id)
+
+        def load(s):
+            row = s.get(GoalFenceRow, fence_id)
+            if row is None:
+                raise NotFound(f"no fence {fence_id}", fence_id=fence_id)
+            return Fence.from_row(row)
+        return run_transaction(self.engine, load)
+
     # -- sessions --------------------------------------------------------------------------
     def ensure_session(self, workspace_id: str, session_id: str) -> SessionInfo:
         """User-triggered: resume an offline session with every durable fence preloaded,
@@ -150,20 +180,28 @@ class AgentRadar:
         return run_transaction(self.engine, load)
 
     def report_activity(self, report: dict[str, Any]) -> list[str]:
+        """Apply an agent host's report; returns the goal operations it completed."""
         parsed = parse_report(report)
-        return run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
+        effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
+        for fence_id in effects.wake_fences:
+            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        return effects.completed
 
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, record: Any, timeout: float = 30.0) -> Any:
         """Poll until the record reaches a terminal status; TimeoutError otherwise."""
-        if not isinstance(record, GoalOperation):
+        if isinstance(record, GoalOperation):
+            reload, name = (lambda: self.get_goal_operation(record.operation_id),
+                            f"goal operation {record.operation_id}")
+        elif isinstance(record, Fence):
+            reload, name = lambda: self.get_fence(record.fence_id), f"fence {record.fence_id}"
+        else:
             raise InvalidArgument(f"cannot wait on {type(record).__name__}")
         deadline = time.monotonic() + timeout
         while True:
-            current = self.get_goal_operation(record.operation_id)
+            current = reload()
             if current.settled:
                 return current
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"goal operation {record.operation_id} is still "
-                                   f"{current.status} after {timeout} s")
+                raise TimeoutError(f"{name} is still {current.status} after {timeout} s")
             time.sleep(WAIT_POLL_S)

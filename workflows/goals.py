@@ -319,6 +319,7 @@ class Dispatcher:
             select(GoalOperation.operation_id)
             .where(GoalOperation.workspace_id == lane.workspace_id,
                    GoalOperation.session_id == lane.session_id,
+                   GoalOperation.origin == Origin.CLIENT,  # a fence drives its own clear
                    GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
                    GoalOperation.next_attempt_at <= now,
                    or_(GoalOperation.lease_expires_at.is_(None),

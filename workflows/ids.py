@@ -18,3 +18,16 @@ def lane_name(workspace_id: str, session_id: str) -> str:
     """The lease that serializes one session's goal calls (a derived id: PostgreSQL text
     cannot hold the NUL separator, and ids may contain any other printable character)."""
     return "goal-lane:" + derive("lane", workspace_id, session_id)
+
+
+def fence_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
+    return derive("fence", workspace_id, session_id, client_submit_id)
+
+
+def fence_clear_submit_id(fence: str) -> str:
+    """The client submit ID of the clear operation a fence prepares."""
+    return f"goal-generation-fence:{fence}"
+
+
+def cancel_operation_id(workspace_id: str, session_id: str, turn_id: str) -> str:
+    return derive("cancel_turn", workspace_id, session_id, turn_id)

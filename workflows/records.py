@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from models.enums import TERMINAL_OPERATION_STATUSES
+from models.enums import TERMINAL_OPERATION_STATUSES, FenceStatus
 
 R = TypeVar("R")
 
@@ -75,3 +75,34 @@ class SessionInfo:
     admission: str
     active_turn_id: str | None
     last_report_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Fence:
+    fence_id: str
+    workspace_id: str
+    session_id: str
+    target_operation_id: str
+    target_revision: int
+    client_submit_id: str
+    reason: str
+    status: str
+    clear_operation_id: str | None
+    cancel_operation_id: str | None
+    attempt: int
+    lease_owner: str | None
+    lease_token: str | None
+    lease_expires_at: datetime | None
+    next_attempt_at: datetime | None
+    last_error: str | None
+    completed_at: datetime | None
+    created_at: datetime
+    # A stored fence is accepted: it forbids its generation from now on, whatever happens
+    # to its delivery.
+    intent_accepted: bool = True
+    settled: bool = False
+
+    @classmethod
+    def from_row(cls, row) -> "Fence":
+        return from_row(cls, row, intent_accepted=True,
+                        settled=row.status == FenceStatus.COMPLETED)

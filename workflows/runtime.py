@@ -28,6 +28,12 @@ class RuntimePort(Protocol):
                    objective: str | None, revision: int, client_submit_id: str,
                    require_live: bool) -> dict[str, Any]: ...
 
+    def install_fence(self, workspace_id: str, session_id: str, *, target_operation_id: str,
+                      target_revision: int, require_live: bool) -> dict[str, Any]: ...
+
+    def cancel_turn(self, workspace_id: str, session_id: str, turn_id: str, *,
+                    operation_id: str, reason: str, require_live: bool) -> dict[str, Any]: ...
+
 
 def session_path(workspace_id: str, session_id: str) -> str:
     return f"/v1/workspaces/{quote(workspace_id, safe='')}/sessions/{quote(session_id, safe='')}"
@@ -91,3 +97,15 @@ class HttpRuntime:
             "operation_id": operation_id, "action": action, "objective": objective,
             "revision": revision, "client_submit_id": client_submit_id,
             "require_live": require_live})
+
+    def install_fence(self, workspace_id, session_id, *, target_operation_id, target_revision,
+                      require_live):
+        return self.request("POST", session_path(workspace_id, session_id) + "/goal-fences", {
+            "target_operation_id": target_operation_id, "target_revision": target_revision,
+            "require_live": require_live})
+
+    def cancel_turn(self, workspace_id, session_id, turn_id, *, operation_id, reason,
+                    require_live):
+        path = f"{session_path(workspace_id, session_id)}/turns/{quote(turn_id, safe='')}/cancel"
+        return self.request("POST", path, {"operation_id": operation_id, "reason": reason,
+                                           "require_live": require_live})

@@ -21,7 +21,8 @@ from urllib.parse import unquote
 
 log = logging.getLogger(__name__)
 
-SESSION_PATH = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal)$")
+SESSION_PATH = re.compile(
+    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|turns/[^/]+/cancel)$")
 Reporter = Callable[[dict[str, Any]], Any]
 
 
@@ -41,6 +42,29 @@ class SimSession:
     goal_mode: str = "applied"  # or "accepted": acknowledge now, apply after apply_delay_ms
     apply_delay_ms: int = 100
     fences: set = field(default_factory=set)
+    # Goal continuation turns: started when a goal is set, settled after turn_duration_ms
+    # (0: never on its own) or on cancel. cancel_mode: "immediate" settles at once,
+    # "accepted" settles after cancel_delay_ms and reports it, "ignore" never settles.
+    continuation_turns: bool = True
+    turn_duration_ms: int = 200
+    cancel_mode: str = "immediate"
+    cancel_delay_ms: int = 100
+    turns: dict = field(default_factory=dict)  # turn_id -> SimTurn
+    turn_seq: int = 0
+
+
+@dataclass
+class SimTurn:
+    turn_id: str
+    origin: str
+    source_goal_operation_id: str | None
+    source_goal_revision: int | None
+    phase: str = "running"
+    outcome: str | None = None
+
+
+SESSION_SETTINGS = ("live", "missing", "goal_mode", "apply_delay_ms", "continuation_turns",
+                    "turn_duration_ms", "cancel_mode", "cancel_delay_ms")
 
 
 @dataclass
@@ -67,9 +91,13 @@ class Simulator:
             self.calls: list[dict] = []
             self.faults: list[Fault] = []
             self.latency_ms: dict[str, int] = {}
+            self.defaults: dict[str, Any] = {}
 
     def session(self, ws: str, sid: str) -> SimSession:
-        return self.sessions.setdefault((ws, sid), SimSession())
+        sess = self.sessions.get((ws, sid))
+        if sess is None:
+            sess = self.sessions[(ws, sid)] = SimSession(**self.defaults)
+        return sess
 
     # -- protocol --------------------------------------------------------------------------
     def handle(self, call: str, ws: str, sid: str, body: dict) -> dict:
@@ -88,6 +116,10 @@ class Simulator:
                 return {"live": sess.live, "runtime_epoch": sess.epoch}
             if call == "resume":
                 return self._resume(ws, sid, sess, body)
+            if call == "goal-fences":
+                return self._install_fence(ws, sid, sess, body)
+            if call.startswith("turns/"):
+                return self._cancel_turn(ws, sid, sess, unquote(call.split("/")[1]), body)
             return self._goal(ws, sid, sess, body)
 
     def _inject_fault(self, call: str, ws: str, sid: str) -> None:
@@ -120,10 +152,7 @@ class Simulator:
         if sess.goal_mode == "accepted":
             answer = {"phase": "accepted", "goal": None, "evidence": {"acknowledged": True}}
             self.answers[op_id] = answer
-            timer = threading.Timer(sess.apply_delay_ms / 1000, self._apply_later,
-                                    args=(ws, sid, body))
-            timer.daemon = True
-            timer.start()
+            self._later(sess.apply_delay_ms, self._apply_later, ws, sid, body)
             return answer
         goal = self._apply(ws, sid, sess, body)
         answer = {"phase": "applied", "goal": goal, "evidence": {"applied_revision": revision}}
@@ -143,7 +172,81 @@ class Simulator:
                              "operation_id": body["operation_id"], "action": action,
                              "revision": revision, "objective": body.get("objective"),
                              "at": time.time()})
+        if action == "set" and sess.continuation_turns:
+            self._start_turn(ws, sid, sess, body["operation_id"], revision)
         return sess.goal
+
+    # -- turns, fences and cancels -----------------------------------------------------------
+    def _start_turn(self, ws: str, sid: str, sess: SimSession, operation_id: str,
+                    revision: int) -> None:
+        sess.turn_seq += 1
+        turn = SimTurn(turn_id=f"turn-{sess.turn_seq}", origin="goal_continuation",
+                       source_goal_operation_id=operation_id, source_goal_revision=revision)
+        sess.turns[turn.turn_id] = turn
+        self._report_turn_later(ws, sid, turn, 0)
+        if sess.turn_duration_ms:
+            self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id, "completed")
+
+    def _settle(self, ws: str, sid: str, turn_id: str, outcome: str) -> None:
+        with self.lock:
+            turn = self.session(ws, sid).turns.get(turn_id)
+            if turn is None or turn.phase == "settled":
+                return
+            turn.phase, turn.outcome = "settled", outcome
+            self.effects.append({"kind": "turn_settled", "workspace_id": ws, "session_id": sid,
+                                 "turn_id": turn_id, "outcome": outcome, "at": time.time()})
+        self._report_turn_later(ws, sid, turn, 0)
+
+    def _report_turn_later(self, ws: str, sid: str, turn: SimTurn, delay_ms: int) -> None:
+        snapshot = {"turn_id": turn.turn_id, "phase": turn.phase, "outcome": turn.outcome,
+                    "origin": turn.origin,
+                    "source_goal_operation_id": turn.source_goal_operation_id,
+                    "source_goal_revision": turn.source_goal_revision, "prompt_id": None}
+        self._later(delay_ms, self.report, {
+            "workspace_id": ws, "session_id": sid,
+            "occurred_at_ms": int(time.time() * 1000), "turn": snapshot})
+
+    @staticmethod
+    def _later(delay_ms: int, fn, *args) -> None:
+        timer = threading.Timer(delay_ms / 1000, fn, args=args)
+        timer.daemon = True
+        timer.start()
+
+    def _install_fence(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
+        if body.get("require_live") and not sess.live:
+            raise SimError(409, "disconnected")
+        fence = (body["target_operation_id"], int(body["target_revision"]))
+        if fence not in sess.fences:
+            sess.fences.add(fence)
+            self.effects.append({"kind": "fence", "workspace_id": ws, "session_id": sid,
+                                 "target_operation_id": fence[0], "target_revision": fence[1],
+                                 "at": time.time()})
+        return {}
+
+    def _cancel_turn(self, ws: str, sid: str, sess: SimSession, turn_id: str,
+                     body: dict) -> dict:
+        if body.get("require_live") and not sess.live:
+            raise SimError(409, "disconnected")
+        op_id = body["operation_id"]
+        if op_id in self.answers:
+            return self.answers[op_id]
+        turn = sess.turns.get(turn_id)
+        if turn is None:
+            raise SimError(404, "not_found")
+        self.effects.append({"kind": "cancel", "workspace_id": ws, "session_id": sid,
+                             "turn_id": turn_id, "operation_id": op_id, "at": time.time()})
+        if turn.phase == "settled":
+            answer = {"result": "already_settled"}
+        elif sess.cancel_mode == "immediate":
+            turn.phase, turn.outcome = "settled", "canceled"
+            self._report_turn_later(ws, sid, turn, 0)
+            answer = {"result": "canceled"}
+        else:
+            if sess.cancel_mode == "accepted":
+                self._later(sess.cancel_delay_ms, self._settle, ws, sid, turn_id, "canceled")
+            answer = {"result": "accepted"}
+        self.answers[op_id] = answer
+        return answer
 
     def _apply_later(self, ws: str, sid: str, body: dict) -> None:
         with self.lock:
@@ -173,11 +276,17 @@ class Simulator:
             match = re.match(r"^/sim/sessions/([^/]+)/([^/]+)$", path)
             if match:
                 sess = self.session(unquote(match[1]), unquote(match[2]))
-                for key in ("live", "missing", "goal_mode", "apply_delay_ms"):
+                for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
                 return {"live": sess.live, "runtime_epoch": sess.epoch,
-                        "goal": sess.goal, "applied_revision": sess.applied_revision}
+                        "goal": sess.goal, "applied_revision": sess.applied_revision,
+                        "fences": sorted(sess.fences),
+                        "turns": {t.turn_id: {"phase": t.phase, "outcome": t.outcome,
+                                              "source_goal_operation_id":
+                                                  t.source_goal_operation_id,
+                                              "source_goal_revision": t.source_goal_revision}
+                                  for t in sess.turns.values()}}
             if path == "/sim/faults":
                 self.faults.append(Fault(call=body.get("call", "*"),
                                          status=int(body.get("status", 503)),
@@ -186,6 +295,12 @@ class Simulator:
                                          workspace_id=body.get("workspace_id"),
                                          session_id=body.get("session_id")))
                 return {}
+            if path == "/sim/defaults":
+                unknown = set(body) - set(SESSION_SETTINGS)
+                if unknown:
+                    raise SimError(422, "rejected", detail=f"unknown settings {sorted(unknown)}")
+                self.defaults.update(body)
+                return dict(self.defaults)
             if path == "/sim/latency":
                 self.latency_ms[body["call"]] = int(body["ms"])
                 return {}
@@ -301,6 +416,10 @@ class SimControl:
         return self.http.request("POST", "/sim/faults", {
             "call": call, "status": status, "error": error, "count": count,
             "workspace_id": workspace_id, "session_id": session_id})
+
+    def defaults(self, **settings: Any) -> dict:
+        """Settings for sessions the simulator has not seen yet."""
+        return self.http.request("POST", "/sim/defaults", settings)
 
     def latency(self, call: str, ms: int) -> dict:
         return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms})

@@ -5,16 +5,16 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.enums import OPEN_OPERATION_STATUSES
+from models.enums import OPEN_OPERATION_STATUSES, Origin
 from models.tables import AgentSession, GoalOperation
+from workflows.fences import session_fences
 from workflows.runtime import RuntimePort
 from workflows.sessions import lock_session
 
 
 def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[dict]:
-    """Every fence the session must carry on resume. Goal generation fences add theirs here;
-    until a fence exists for a session the list is empty."""
-    return []
+    """Every fence the session must carry on resume: all of its goal generation fences."""
+    return session_fences(session, workspace_id, session_id)
 
 
 def resume_if_offline(runtime: RuntimePort, workspace_id: str, session_id: str,
@@ -25,6 +25,10 @@ def resume_if_offline(runtime: RuntimePort, workspace_id: str, session_id: str,
     if liveness.get("live"):
         return False, int(liveness.get("runtime_epoch") or 0)
     answer = runtime.resume(workspace_id, session_id, fences)
+    # Reinstall them too before anything else reaches the session: a resume that dropped
+    # one must not let a fenced generation run.
+    for fence in fences:
+        runtime.install_fence(workspace_id, session_id, require_live=True, **fence)
     return True, int(answer.get("runtime_epoch") or 0)
 
 
@@ -38,6 +42,7 @@ def record_live(session: Session, workspace_id: str, session_id: str, epoch: int
         select(GoalOperation.operation_id)
         .where(GoalOperation.workspace_id == workspace_id,
                GoalOperation.session_id == session_id,
+               GoalOperation.origin == Origin.CLIENT,
                GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
         .order_by(GoalOperation.goal_revision)).scalars())
 

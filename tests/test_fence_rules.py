@@ -1,0 +1,125 @@
+"""Goal generation fences, submit side (DESIGN 4.3), on both backends."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from workflows import ids
+from workflows.errors import FenceConflict, InvalidArgument, NotFound
+from tests.helpers import row_counts
+
+WS, SID = "ws-fence", "shared"
+
+
+def test_fence_of_the_current_generation_prepares_a_clear(client):
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id,
+                                         client_submit_id="revoke-1", reason="binding revoked")
+    assert fence.fence_id == str(uuid.uuid5(ids.NAMESPACE, f"fence\0{WS}\0{SID}\0revoke-1"))
+    assert (fence.status, fence.target_revision, fence.intent_accepted, fence.settled) == (
+        "pending", 1, True, False)
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert (clear.action, clear.origin, clear.goal_revision) == ("clear", "fence", 2)
+    assert clear.client_submit_id == f"goal-generation-fence:{fence.fence_id}"
+    state = client.goal_state(WS, SID)
+    assert state.tombstoned and state.revision == 2 and state.desired is None
+    # the target had not been dispatched yet: it never will be
+    assert client.get_goal_operation(target.operation_id).status == "superseded"
+
+
+def test_fence_never_touches_a_newer_owner_goal(client):
+    shared = client.set_goal(WS, SID, "shared goal", client_submit_id="shared-1")
+    client.set_goal(WS, SID, "owner's own goal", client_submit_id="owner-2")
+    fence = client.fence_goal_generation(WS, SID, shared.operation_id,
+                                         client_submit_id="revoke-1")
+    assert fence.clear_operation_id is None and fence.target_revision == 1
+    state = client.goal_state(WS, SID)
+    assert state.revision == 2 and not state.tombstoned
+    assert state.desired == {"objective": "owner's own goal", "status": "active"}
+
+
+def test_fence_replay_and_conflicts_write_nothing(client):
+    a = client.set_goal(WS, SID, "a", client_submit_id="a")
+    b = client.set_goal(WS, SID, "b", client_submit_id="b")
+    fence = client.fence_goal_generation(WS, SID, a.operation_id, client_submit_id="f-1")
+    before = row_counts(client.engine)
+    assert client.fence_goal_generation(WS, SID, a.operation_id, client_submit_id="f-1") == fence
+    with pytest.raises(FenceConflict):
+        client.fence_goal_generation(WS, SID, b.operation_id, client_submit_id="f-1")
+    with pytest.raises(FenceConflict):
+        client.fence_goal_generation(WS, SID, a.operation_id, client_submit_id="f-2")
+    assert row_counts(client.engine) == before
+
+
+def test_fence_target_must_belong_to_the_session(client):
+    elsewhere = client.set_goal("other-ws", SID, "x", client_submit_id="a")
+    other_session = client.set_goal(WS, "other-session", "x", client_submit_id="a")
+    before = row_counts(client.engine)
+    for target in (elsewhere.operation_id, other_session.operation_id, str(uuid.uuid4())):
+        with pytest.raises(NotFound):
+            client.fence_goal_generation(WS, SID, target, client_submit_id="f-1")
+    with pytest.raises(InvalidArgument):
+        client.fence_goal_generation(WS, SID, "", client_submit_id="f-1")
+    with pytest.raises(InvalidArgument):
+        client.fence_goal_generation(WS, SID, other_session.operation_id,
+                                     client_submit_id="f-1", reason=7)
+    assert row_counts(client.engine) == before
+
+
+def test_the_generic_sweep_leaves_a_fence_clear_to_its_fence(client):
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    published = []
+    later = fence.created_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
+    sweep_once(client.engine, lambda task, kwargs: published.append(kwargs) or True, later,
+               owner="t")
+    assert {"operation_id": fence.clear_operation_id} not in published
+
+
+def test_ensure_session_resumes_with_every_fence_and_reinstalls_them(client, sim_control):
+    first = client.set_goal(WS, SID, "one", client_submit_id="1")
+    second = client.set_goal(WS, SID, "two", client_submit_id="2")
+    client.fence_goal_generation(WS, SID, first.operation_id, client_submit_id="f-1")
+    client.fence_goal_generation(WS, SID, second.operation_id, client_submit_id="f-2")
+    sim_control.session(WS, SID, live=False)
+    client.ensure_session(WS, SID)
+    effects = sim_control.effects(kind=None)
+    resume = next(e for e in effects if e["kind"] == "resume")
+    expected = [{"target_operation_id": first.operation_id, "target_revision": 1},
+                {"target_operation_id": second.operation_id, "target_revision": 2}]
+    assert resume["fences"] == expected
+    state = sim_control.session(WS, SID)
+    assert sorted(map(tuple, state["fences"])) == sorted(
+        (f["target_operation_id"], f["target_revision"]) for f in expected)
+
+
+def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settings):
+    from workflows.goals import Dispatcher
+    from workflows.runtime import HttpRuntime
+    op = client.set_goal(WS, SID, "one", client_submit_id="1")
+    sim_control.session(WS, SID)  # the agent host knows the session
+    HttpRuntime(settings.runtime_url).install_fence(
+        WS, SID, target_operation_id=op.operation_id, target_revision=1, require_live=True)
+    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="w", lease_s=5)
+    assert [r.outcome for r in d.dispatch(op.operation_id)] == ["failed"]
+    assert sim_control.effects() == []
+
+
+def test_cancel_replay_and_conflict(client):
+    from models.base import utcnow
+    from models.db import run_transaction
+    from workflows import cancels
+    from workflows.errors import CancelConflict
+    first = run_transaction(client.engine, lambda s: cancels.prepare(
+        s, WS, SID, "turn-1", "fence", utcnow()))
+    assert first.operation_id == ids.cancel_operation_id(WS, SID, "turn-1")
+    before = row_counts(client.engine)
+    again = run_transaction(client.engine, lambda s: cancels.prepare(
+        s, WS, SID, "turn-1", "fence", utcnow()))
+    assert again.operation_id == first.operation_id
+    with pytest.raises(CancelConflict):
+        run_transaction(client.engine, lambda s: cancels.prepare(
+            s, WS, SID, "turn-1", "another reason", utcnow()))
+    assert row_counts(client.engine) == before
