@@ -123,3 +123,63 @@ def test_cancel_replay_and_conflict(client):
         run_transaction(client.engine, lambda s: cancels.prepare(
             s, WS, SID, "turn-1", "another reason", utcnow()))
     assert row_counts(client.engine) == before
+
+
+def _leased_cancel(client, clock_now):
+    from models.db import run_transaction
+    from workflows import cancels
+    from workflows.activity import apply_turn
+    from workflows.sessions import lock_session
+
+    def seed(s):
+        row = lock_session(s, WS, SID)
+        row.live = True
+        apply_turn(s, row, {"turn_id": "turn-9", "phase": "running", "outcome": None,
+                            "origin": "goal_continuation", "source_goal_operation_id": None,
+                            "source_goal_revision": None, "prompt_id": None}, clock_now)
+        cancel = cancels.prepare(s, WS, SID, "turn-9", "fence", clock_now)
+        cancels.claim(s, cancel, "dead-worker", 1, clock_now)
+        return cancel.operation_id
+    return run_transaction(client.engine, seed)
+
+
+def test_a_stale_cancel_of_a_known_offline_session_settles_without_any_call(client,
+                                                                           sim_control):
+    from models.db import run_transaction
+    from models.tables import AgentSession, CancelOperation, Turn
+    from tests.helpers import Clock
+    from workflows.fence_apply import CancelRunner
+    from workflows.runtime import HttpRuntime
+    clock = Clock()
+    op_id = _leased_cancel(client, clock.now)
+    run_transaction(client.engine, lambda s: setattr(
+        s.get(AgentSession, (WS, SID)), "live", False))
+    clock.advance(5)  # the dead worker's lease is long gone
+    runner = CancelRunner(client.engine, HttpRuntime(sim_control.http.base_url),
+                          worker_id="w", lease_s=3, publish=lambda *a: True, clock=clock)
+    assert runner.apply(op_id) == "interrupted"
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
+    turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "turn-9")))
+    assert (cancel.status, cancel.result) == ("completed", "interrupted")
+    assert (turn.phase, turn.outcome) == ("settled", "interrupted")
+    assert sim_control.calls() == []  # no liveness, no cancel, no resume
+
+
+def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_control):
+    from models.db import run_transaction
+    from models.tables import CancelOperation
+    from tests.helpers import Clock
+    from workflows.fence_apply import CancelRunner
+    from workflows.runtime import HttpRuntime
+    clock = Clock()
+    op_id = _leased_cancel(client, clock.now)
+    clock.advance(5)
+    sim_control.fault("turns/turn-9/cancel", status=503, count=1)
+    runner = CancelRunner(client.engine, HttpRuntime(sim_control.http.base_url),
+                          worker_id="w", lease_s=3, publish=lambda *a: True, clock=clock)
+    assert runner.apply(op_id) == "retry"
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
+    assert cancel.status == "leased" and cancel.lease_token is None
+    assert cancel.attempt == 2  # the dead worker's try, then this one
+    assert cancel.next_attempt_at == clock.now + timedelta(seconds=2)  # 2^(attempt-1)
+    assert "503" in cancel.last_error

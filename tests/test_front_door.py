@@ -21,6 +21,13 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
     assert "finished after the crash" in events
     effects = next(line for line in result["timeline"] if line["event"] == "agent effects")
     assert effects["applied_twice"] == 0
+    owner = next(line for line in result["timeline"]
+                 if line["event"] == "fence delivered; the owner's goal is untouched")
+    assert owner["desired"] == "owner's own plan"
+    offline = next(line for line in result["timeline"]
+                   if line["event"] == "fence completed locally, no resume")
+    assert (offline["fence"], offline["clear_phase"], offline["resumes"]) == (
+        "completed", "unknown", 0)
     # sim, two workers (one killed), beat: each its own process group, all gone now
     assert len(result["process_groups"]) == 4
     for group in result["process_groups"]:

@@ -114,13 +114,51 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     op = client.wait(op, timeout=90)
     say("finished after the crash", status=op.status, attempts=op.attempt)
 
-    # 5. the audit: every operation applied exactly once
+    # 5. fences: a shared goal revoked next to a newer owner goal, and a current one
+    shared = client.wait(client.set_goal(WS, "session-d", "follow the shared runbook",
+                                         client_submit_id="binding-7"))
+    client.wait(client.set_goal(WS, "session-d", "owner's own plan", client_submit_id="req-6"))
+    fence = client.fence_goal_generation(WS, "session-d", shared.operation_id,
+                                         client_submit_id="revoke-binding-7",
+                                         reason="shared binding revoked")
+    say("shared goal fenced after the owner set a newer one",
+        intent_accepted=fence.intent_accepted, clear=fence.clear_operation_id is not None)
+    fence = client.wait(fence)
+    state = client.goal_state(WS, "session-d")
+    say("fence delivered; the owner's goal is untouched", fence=fence.status,
+        revision=state.revision, desired=state.desired["objective"])
+    shared = client.wait(client.set_goal(WS, "session-e", "follow the shared runbook",
+                                         client_submit_id="binding-8"))
+    fence = client.wait(client.fence_goal_generation(WS, "session-e", shared.operation_id,
+                                                     client_submit_id="revoke-binding-8"))
+    state = client.goal_state(WS, "session-e")
+    say("a current shared goal fenced: cleared at the agent", fence=fence.status,
+        revision=state.revision, tombstoned=state.tombstoned, sync=state.sync_status)
+
+    # 6. a fence against an offline session completes without resuming it
+    offline = client.wait(client.set_goal(WS, "session-f", "nightly triage",
+                                          client_submit_id="binding-9"))
+    sim.session(WS, "session-f", live=False)
+    say("session-f's agent host goes offline")
+    fence = client.wait(client.fence_goal_generation(WS, "session-f", offline.operation_id,
+                                                     client_submit_id="revoke-binding-9"))
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    resumes = [c for c in sim.calls("resume") if c["session_id"] == "session-f"]
+    say("fence completed locally, no resume", fence=fence.status, clear_phase=clear.provider_phase,
+        sync=client.goal_state(WS, "session-f").sync_status, resumes=len(resumes))
+    info = client.ensure_session(WS, "session-f")
+    say("the user brings session-f back: resumed with the fence preloaded",
+        live=info.live, epoch=info.runtime_epoch)
+
+    # 7. the audit: every operation applied at most once
     effects = sim.effects()
     per_op = Counter(e["operation_id"] for e in effects)
     say("agent effects", total=len(effects),
         applied_twice=sum(1 for n in per_op.values() if n > 1))
-    for sid in ("session-a", "session-b", "session-c"):
+    for sid in ("session-a", "session-b", "session-c", "session-d", "session-e", "session-f"):
         s = client.goal_state(WS, sid)
         say(f"goal state {sid}", revision=s.revision, sync=s.sync_status,
             desired=(s.desired or {}).get("objective"))
-    return all(n == 1 for n in per_op.values()) and len(per_op) == 4
+    # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set)
+    return (all(n == 1 for n in per_op.values()) and len(per_op) == 9
+            and not resumes)

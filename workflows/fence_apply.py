@@ -128,7 +128,7 @@ class CancelRunner:
         except RuntimeDisconnected:
             return self._interrupted(cancel, token)
         except RuntimeFault as exc:
-            delay = backoff_s(cancel.attempt + 1)
+            delay = backoff_s(cancel.attempt)  # already counts this attempt
             run_transaction(self.engine, lambda s: cancels.retry_later(
                 s, cancel, token, str(exc), delay, self.clock()))
             return "retry"
