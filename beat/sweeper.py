@@ -18,6 +18,8 @@ from models.tables import CancelOperation, GoalFence, GoalOperation
 from workflows import leases
 from workflows.fence_apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.goals import DISPATCH_TASK, budget_exhausted, fail_operation
+from workflows.maintenance_exec import sweep_maintenance
+from workflows.prompts import PROMPT_TASK, sessions_with_queued_prompts
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,8 @@ Publish = Callable[[str, dict], bool]
 
 
 def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
-               limit: int = BATCH_LIMIT, lease_s: float = 60.0) -> SweepCounts:
+               limit: int = BATCH_LIMIT, lease_s: float = 60.0,
+               cancel_grace_s: float = 15.0) -> SweepCounts:
     """One sweep under the sweeper lease: at most one sweep runs at a time, even with two
     beats. Returns what it did; `ran` is False when another sweep held the lease."""
     token = run_transaction(engine, lambda s: leases.claim(s, SWEEPER_LEASE, owner, lease_s, now))
@@ -61,6 +64,14 @@ def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
         sweep_fences(engine, publish, now, limit, counts)
         sweep_goal_operations(engine, publish, now, limit, counts)
         sweep_stale_cancels(engine, publish, now, limit, counts)
+        maintenance = sweep_maintenance(engine, publish, now, cancel_grace_s=cancel_grace_s,
+                                        outbox_grace_s=OUTBOX_GRACE_S, limit=limit)
+        counts.republished += maintenance["republished"]
+        counts.details["maintenance_recovery"] = maintenance["recovery"]
+        for workspace_id, session_id in sessions_with_queued_prompts(engine, now, lease_s,
+                                                                     limit):
+            publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+            counts.republished += 1
     finally:
         run_transaction(engine, lambda s: leases.release(s, SWEEPER_LEASE, token))
     return counts

@@ -93,3 +93,40 @@ class CancelResult(StrEnum):
     CANCELED = "canceled"
     ALREADY_SETTLED = "already_settled"
     INTERRUPTED = "interrupted"
+
+
+class MaintenanceStatus(StrEnum):
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    FINALIZING = "finalizing"
+    RECOVERY_REQUIRED = "recovery_required"
+    COMPLETED = "completed"
+    NOOP = "noop"
+    CANCELLED = "cancelled"
+    PARTIALLY_COMPLETED = "partially_completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+LIVE_MAINTENANCE_STATUSES = (MaintenanceStatus.RUNNING, MaintenanceStatus.CANCELLING,
+                             MaintenanceStatus.FINALIZING, MaintenanceStatus.RECOVERY_REQUIRED)
+TERMINAL_MAINTENANCE_STATUSES = (
+    MaintenanceStatus.COMPLETED, MaintenanceStatus.NOOP, MaintenanceStatus.CANCELLED,
+    MaintenanceStatus.PARTIALLY_COMPLETED, MaintenanceStatus.FAILED,
+    MaintenanceStatus.INTERRUPTED)
+
+
+class MaintenanceError(StrEnum):
+    CANCEL_TIMEOUT = "cancel_timeout"
+    WORKER_LOST = "worker_lost"
+    OPERATION_PERSIST_FAILED = "operation_persist_failed"
+    SUMMARY_FAILED = "summary_failed"
+    CANCELLED = "cancelled"
+    NO_HISTORY = "no_history"
+
+
+class PromptStatus(StrEnum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    COMPLETED = "completed"
+    FAILED = "failed"

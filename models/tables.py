@@ -173,3 +173,54 @@ class CancelOperation(LeaseColumns, Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class MaintenanceRun(LeaseColumns, Base):
+    """Exclusive per-session work; the lease is the executing worker's heartbeat."""
+
+    __tablename__ = "maintenance_runs"
+    __table_args__ = (
+        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
+                         name="uq_maintenance_runs_submit"),
+        Index("ix_maintenance_runs_live", "status", "lease_expires_at"),
+        Index("ix_maintenance_runs_session", "workspace_id", "session_id", "status"),
+    )
+
+    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    client_submit_id: Mapped[str] = mapped_column(ID)
+    kind: Mapped[str] = mapped_column(SHORT)
+    args: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    status: Mapped[str] = mapped_column(SHORT)
+    error_code: Mapped[str | None] = mapped_column(SHORT)
+    detail: Mapped[str | None] = mapped_column(Text)
+    revision: Mapped[int] = mapped_column(Integer)
+    runtime_epoch: Mapped[int] = mapped_column(Integer)
+    applied: Mapped[bool | None] = mapped_column(Boolean)
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    result_tokens: Mapped[int | None] = mapped_column(Integer)
+    summary: Mapped[str | None] = mapped_column(Text)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+    __table_args__ = (
+        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
+                         name="uq_prompts_submit"),
+        Index("ix_prompts_due", "status", "workspace_id", "session_id", "position"),
+    )
+
+    prompt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    client_submit_id: Mapped[str] = mapped_column(ID)
+    text: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(SHORT)
+    position: Mapped[int] = mapped_column(Integer)
+    turn_id: Mapped[str | None] = mapped_column(ID)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -19,7 +19,8 @@ TASK_TIME_LIMIT_S = 360
 assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
 
 
-TASK_MODULES = ["tasks.goal_tasks", "tasks.fence_tasks", "tasks.bench_tasks", "beat.tasks"]
+TASK_MODULES = ["tasks.goal_tasks", "tasks.fence_tasks", "tasks.maintenance_tasks",
+                "tasks.bench_tasks", "beat.tasks"]
 
 
 def celery_config(settings: Settings) -> dict:

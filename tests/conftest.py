@@ -71,27 +71,36 @@ def backend(request) -> str:
 
 
 @pytest.fixture
-def settings(backend, tmp_path, request) -> Settings:
+def settings(backend, tmp_path, request):
     """Settings for one test: its own home, database state, broker and simulator port."""
     home = tmp_path / "home"
     home.mkdir()
     base = Settings(home=home, database_url=f"sqlite:///{home / 'agent-radar.db'}",
                     broker_url="filesystem://",
                     runtime_url=f"http://127.0.0.1:{free_port()}",
-                    sweep_interval_s=0.5, lease_s=3.0, runtime_timeout_s=2.0)
+                    sweep_interval_s=0.5, lease_s=3.0, runtime_timeout_s=2.0,
+                    maintenance_cancel_grace_s=1.0)
     if backend == "production":
         pg_url = request.getfixturevalue("pg_database")
         _require("Redis", "127.0.0.1", 6379)
-        import redis
-        redis.Redis.from_url(REDIS_URL).flushdb()
-        base = replace(base, database_url=pg_url, broker_url=REDIS_URL)
+        # Every test gets its own key prefix: no flushing, and no interference with any
+        # other run that shares this Redis.
+        base = replace(base, database_url=pg_url, broker_url=REDIS_URL,
+                       broker_key_prefix=f"radar-test-{uuid.uuid4().hex[:12]}:")
         engine = engine_for(pg_url)
         with engine.begin() as conn:
             tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
             conn.execute(text(f"TRUNCATE {tables}"))
     else:
         upgrade(base.database_url)
-    return base
+    yield base
+    if base.broker_key_prefix:
+        import redis
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{base.broker_key_prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutcome, TurnPhase
 from models.tables import GoalOperation, Turn
-from workflows import cancels
+from workflows import cancels, prompts
 from workflows.errors import InvalidArgument
 from workflows.goals import complete_applied
 from workflows.sessions import lock_session
@@ -111,6 +111,7 @@ def _parse_turn(value: Any) -> dict[str, Any] | None:
 class ReportEffects:
     completed: list[str]  # goal operations this report completed
     wake_fences: list[str]  # fences that waited on a turn this report settled
+    wake_prompts: bool = False  # a prompt's turn settled: the session's queue may move on
 
 
 def apply_report(session: Session, report: Report, now: datetime) -> ReportEffects:
@@ -124,9 +125,13 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             setattr(row, key, value)
         row.last_report_at = report.occurred_at
     wake: list[str] = []
+    wake_prompts = False
     if report.turn is not None and apply_turn(session, row, report.turn, report.occurred_at):
+        turn = report.turn
         wake = cancels.on_turn_settled(session, report.workspace_id, report.session_id,
-                                       report.turn["turn_id"], report.turn["outcome"], now)
+                                       turn["turn_id"], turn["outcome"], now)
+        prompts.on_turn_settled(session, turn["prompt_id"], turn["outcome"])
+        wake_prompts = True  # any settled turn may let the next prompt (or a run) go
     completed: list[str] = []
     applied = report.goal_applied
     if applied is not None:
@@ -139,7 +144,7 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
                 and complete_applied(session, op, applied.get("goal"),
                                      {"report": "goal_applied"}, now)):
             completed.append(op.operation_id)
-    return ReportEffects(completed=completed, wake_fences=wake)
+    return ReportEffects(completed=completed, wake_fences=wake, wake_prompts=wake_prompts)
 
 
 def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetime) -> bool:

@@ -93,7 +93,10 @@ def transport_options(settings: Settings) -> dict[str, Any]:
         return {"data_folder_in": str(folders["queue"]), "data_folder_out": str(folders["queue"]),
                 "processed_folder": str(folders["processed"]), "store_processed": True,
                 "control_folder": str(folders["control"]), "polling_interval": FILESYSTEM_POLL_S}
-    return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    if settings.broker_key_prefix:
+        options["global_keyprefix"] = settings.broker_key_prefix
+    return options
 
 
 def clean_embedded_broker(settings: Settings) -> None:

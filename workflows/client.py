@@ -19,7 +19,17 @@ from workflows.goals import DISPATCH_TASK, GoalRequest, submit
 from models.tables import GoalFence as GoalFenceRow
 from workflows.fence_apply import FENCE_APPLY_TASK
 from workflows.fences import FenceRequest, submit_fence
-from workflows.records import Fence, GoalOperation, GoalState, SessionInfo
+from models.tables import MaintenanceRun as MaintenanceRunRow
+from workflows import maintenance
+from workflows.history import session_history
+from models.tables import Prompt as PromptRow
+from workflows import prompts
+from workflows.maintenance_exec import EXECUTE_TASK
+from workflows.prompts import PROMPT_TASK, PromptRequest
+from workflows.records import Prompt as PromptRecord
+from workflows.sessions import lock_session
+from workflows.records import (Fence, GoalOperation, GoalState, HistoryRow, MaintenanceRun,
+                               SessionInfo)
 from workflows.runtime import HttpRuntime, RuntimePort
 from workflows.session_control import (durable_fences, load_session, record_live,
                                        resume_if_offline)
@@ -156,6 +166,83 @@ class AgentRadar:
             return Fence.from_row(row)
         return run_transaction(self.engine, load)
 
+    # -- prompts ---------------------------------------------------------------------------
+    def submit_prompt(self, workspace_id: str, session_id: str, text: str, *,
+                      client_submit_id: str) -> PromptRecord:
+        request = PromptRequest.parse(workspace_id, session_id, text,
+                                      client_submit_id=client_submit_id)
+
+        def queue(s):
+            row, created = prompts.submit(s, request, utcnow())
+            return records.from_row(PromptRecord, row), created
+        prompt, created = run_transaction(self.engine, queue)
+        if created:
+            self.publisher.publish_after_commit(PROMPT_TASK, {
+                "workspace_id": prompt.workspace_id, "session_id": prompt.session_id})
+        return prompt
+
+    def get_prompt(self, prompt_id: str) -> PromptRecord:
+        check_id("prompt_id", prompt_id)
+
+        def load(s):
+            row = s.get(PromptRow, prompt_id)
+            if row is None:
+                raise NotFound(f"no prompt {prompt_id}", prompt_id=prompt_id)
+            return records.from_row(PromptRecord, row)
+        return run_transaction(self.engine, load)
+
+    def drain_session(self, workspace_id: str, session_id: str) -> SessionInfo:
+        """Stop admitting maintenance on this session (RuntimeDraining from now on)."""
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+
+        def drain(s):
+            lock_session(s, workspace_id, session_id).admission = "draining"
+        run_transaction(self.engine, drain)
+        return self.session_info(workspace_id, session_id)
+
+    # -- maintenance -----------------------------------------------------------------------
+    def start_maintenance(self, workspace_id: str, session_id: str, kind: str = "compact", *,
+                          client_submit_id: str, args: dict | None = None) -> MaintenanceRun:
+        """Admit an exclusive maintenance run; its first record is durable on return."""
+        request = maintenance.MaintenanceRequest.parse(workspace_id, session_id, kind,
+                                                       client_submit_id=client_submit_id,
+                                                       args=args)
+
+        def admit(s):
+            row, created = maintenance.start(s, request, utcnow())
+            return records.from_row(MaintenanceRun, row), created
+        run, created = run_transaction(self.engine, admit)
+        if created:
+            self.publisher.publish_after_commit(EXECUTE_TASK, {"run_id": run.run_id})
+        return run
+
+    def cancel_maintenance(self, run_id: str) -> MaintenanceRun:
+        check_id("run_id", run_id)
+
+        def cancel(s):
+            row = maintenance.request_cancel(s, run_id, utcnow())
+            if row is None:
+                raise NotFound(f"no maintenance run {run_id}", run_id=run_id)
+            return records.from_row(MaintenanceRun, row)
+        return run_transaction(self.engine, cancel)
+
+    def get_maintenance(self, run_id: str) -> MaintenanceRun:
+        check_id("run_id", run_id)
+
+        def load(s):
+            row = s.get(MaintenanceRunRow, run_id)
+            if row is None:
+                raise NotFound(f"no maintenance run {run_id}", run_id=run_id)
+            return records.from_row(MaintenanceRun, row)
+        return run_transaction(self.engine, load)
+
+    def history(self, workspace_id: str, session_id: str, limit: int = 50) -> list[HistoryRow]:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        return run_transaction(self.engine, lambda s: session_history(
+            s, workspace_id, session_id, limit))
+
     # -- sessions --------------------------------------------------------------------------
     def ensure_session(self, workspace_id: str, session_id: str) -> SessionInfo:
         """User-triggered: resume an offline session with every durable fence preloaded,
@@ -185,6 +272,9 @@ class AgentRadar:
         effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        if effects.wake_prompts:
+            self.publisher.publish_after_commit(PROMPT_TASK, {
+                "workspace_id": parsed.workspace_id, "session_id": parsed.session_id})
         return effects.completed
 
     # -- waiting ---------------------------------------------------------------------------
@@ -195,6 +285,9 @@ class AgentRadar:
                             f"goal operation {record.operation_id}")
         elif isinstance(record, Fence):
             reload, name = lambda: self.get_fence(record.fence_id), f"fence {record.fence_id}"
+        elif isinstance(record, MaintenanceRun):
+            reload, name = (lambda: self.get_maintenance(record.run_id),
+                            f"maintenance run {record.run_id}")
         else:
             raise InvalidArgument(f"cannot wait on {type(record).__name__}")
         deadline = time.monotonic() + timeout

@@ -34,6 +34,8 @@ class Settings:
     # the runtime call timeout, so a healthy call never loses its lease mid-flight.
     lease_s: float = 30.0
     runtime_timeout_s: float = 10.0
+    # Prefix for every broker key (Redis): lets deployments, or test runs, share one Redis.
+    broker_key_prefix: str = ""
 
     @property
     def broker_folder(self) -> Path:
@@ -61,6 +63,7 @@ class Settings:
             maintenance_cancel_grace_s=_float(env, "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S", 15.0),
             lease_s=max(_float(env, "AGENT_RADAR_LEASE_S", 30.0), timeout_s + 1),
             runtime_timeout_s=timeout_s,
+            broker_key_prefix=env.get("AGENT_RADAR_BROKER_KEY_PREFIX", ""),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -77,4 +80,6 @@ class Settings:
         }
         if self.runtime_token:
             env["AGENT_RADAR_RUNTIME_TOKEN"] = self.runtime_token
+        if self.broker_key_prefix:
+            env["AGENT_RADAR_BROKER_KEY_PREFIX"] = self.broker_key_prefix
         return env

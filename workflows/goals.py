@@ -20,6 +20,7 @@ from models.enums import (OPEN_OPERATION_STATUSES, GoalAction, OperationStatus, 
                           ProviderPhase, SyncStatus)
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
+from workflows.maintenance import session_held
 from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
                               RuntimeDisconnected, RuntimeFault)
 from workflows.runtime import RuntimePort
@@ -35,6 +36,9 @@ DISPATCH_MAX_ATTEMPTS = 24
 ACCEPTED_BUDGET_S = 120
 # Backoff after a retryable runtime answer: 1, 2, 4 … seconds, capped.
 BACKOFF_CAP_S = 256
+# A held operation is looked at again after this long even if no release woke it (the
+# release is a publish after commit; this bounds the wait if that publish was lost).
+HOLD_RECHECK_S = 30
 # A lane holder drains at most this many steps before it lets another worker have the lane.
 LANE_MAX_STEPS = 64
 
@@ -364,6 +368,11 @@ class Dispatcher:
                 state.pending_operation_id != op.operation_id):
             _supersede(session, op.operation_id, now)
             return StepResult(operation_id, "superseded")
+        if session_held(session, op.workspace_id, op.session_id):
+            # Parked behind a maintenance run: no attempt, no budget used. The run's
+            # release makes it due again; until then the sweeper leaves it alone.
+            op.next_attempt_at = now + timedelta(seconds=HOLD_RECHECK_S)
+            return StepResult(operation_id, "held")
         reason = budget_exhausted(op, now)
         if reason:
             fail_operation(session, op, reason, now)

@@ -31,3 +31,11 @@ def fence_clear_submit_id(fence: str) -> str:
 
 def cancel_operation_id(workspace_id: str, session_id: str, turn_id: str) -> str:
     return derive("cancel_turn", workspace_id, session_id, turn_id)
+
+
+def maintenance_run_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
+    return derive("maintenance", workspace_id, session_id, client_submit_id)
+
+
+def prompt_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
+    return derive("prompt", workspace_id, session_id, client_submit_id)

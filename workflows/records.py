@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from models.enums import TERMINAL_OPERATION_STATUSES, FenceStatus
+from models.enums import (TERMINAL_MAINTENANCE_STATUSES, TERMINAL_OPERATION_STATUSES,
+                          FenceStatus)
 
 R = TypeVar("R")
 
@@ -106,3 +107,63 @@ class Fence:
     def from_row(cls, row) -> "Fence":
         return from_row(cls, row, intent_accepted=True,
                         settled=row.status == FenceStatus.COMPLETED)
+
+
+@dataclass(frozen=True)
+class MaintenanceRun:
+    run_id: str
+    workspace_id: str
+    session_id: str
+    client_submit_id: str
+    kind: str
+    args: dict | None
+    status: str
+    error_code: str | None
+    detail: str | None
+    revision: int
+    runtime_epoch: int
+    applied: bool | None
+    input_tokens: int | None
+    result_tokens: int | None
+    summary: str | None
+    cancel_requested_at: datetime | None
+    lease_owner: str | None
+    lease_token: str | None
+    lease_expires_at: datetime | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def settled(self) -> bool:
+        return self.status in TERMINAL_MAINTENANCE_STATUSES
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One row per record (record_id) at the position of its first event, holding its
+    latest revision; a record that is not terminal yet shows as pending."""
+    sequence: int
+    kind: str
+    record_id: str
+    revision: int | None
+    payload: dict | None
+    pending: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    workspace_id: str
+    session_id: str
+    client_submit_id: str
+    text: str
+    status: str
+    position: int
+    turn_id: str | None
+    created_at: datetime
+    dispatched_at: datetime | None
+
+    @property
+    def settled(self) -> bool:
+        return self.status in ("completed", "failed")

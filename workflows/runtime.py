@@ -34,6 +34,18 @@ class RuntimePort(Protocol):
     def cancel_turn(self, workspace_id: str, session_id: str, turn_id: str, *,
                     operation_id: str, reason: str, require_live: bool) -> dict[str, Any]: ...
 
+    def start_maintenance(self, workspace_id: str, session_id: str, *, run_id: str, kind: str,
+                          args: dict | None) -> dict[str, Any]: ...
+
+    def maintenance_status(self, workspace_id: str, session_id: str,
+                           run_id: str) -> dict[str, Any]: ...
+
+    def cancel_maintenance(self, workspace_id: str, session_id: str,
+                           run_id: str) -> dict[str, Any]: ...
+
+    def submit_prompt(self, workspace_id: str, session_id: str, *, prompt_id: str,
+                      text: str) -> dict[str, Any]: ...
+
 
 def session_path(workspace_id: str, session_id: str) -> str:
     return f"/v1/workspaces/{quote(workspace_id, safe='')}/sessions/{quote(session_id, safe='')}"
@@ -109,3 +121,19 @@ class HttpRuntime:
         path = f"{session_path(workspace_id, session_id)}/turns/{quote(turn_id, safe='')}/cancel"
         return self.request("POST", path, {"operation_id": operation_id, "reason": reason,
                                            "require_live": require_live})
+
+    def start_maintenance(self, workspace_id, session_id, *, run_id, kind, args):
+        return self.request("POST", session_path(workspace_id, session_id) + "/maintenance",
+                            {"run_id": run_id, "kind": kind, "args": args})
+
+    def maintenance_status(self, workspace_id, session_id, run_id):
+        return self.request("GET", f"{session_path(workspace_id, session_id)}/maintenance/"
+                                   f"{quote(run_id, safe='')}")
+
+    def cancel_maintenance(self, workspace_id, session_id, run_id):
+        return self.request("POST", f"{session_path(workspace_id, session_id)}/maintenance/"
+                                    f"{quote(run_id, safe='')}/cancel", {})
+
+    def submit_prompt(self, workspace_id, session_id, *, prompt_id, text):
+        return self.request("POST", session_path(workspace_id, session_id) + "/prompts",
+                            {"prompt_id": prompt_id, "text": text})

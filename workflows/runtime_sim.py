@@ -22,7 +22,8 @@ from urllib.parse import unquote
 log = logging.getLogger(__name__)
 
 SESSION_PATH = re.compile(
-    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|turns/[^/]+/cancel)$")
+    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|prompts"
+    r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$")
 Reporter = Callable[[dict[str, Any]], Any]
 
 
@@ -51,6 +52,22 @@ class SimSession:
     cancel_delay_ms: int = 100
     turns: dict = field(default_factory=dict)  # turn_id -> SimTurn
     turn_seq: int = 0
+    # Maintenance: runs finish after maintenance_duration_ms with maintenance_outcome
+    # ("applied", "noop", "cancelled" or "error:<text>"); ignore_cancel makes cancels do
+    # nothing.
+    maintenance_duration_ms: int = 300
+    maintenance_outcome: str = "applied"
+    ignore_cancel: bool = False
+    runs: dict = field(default_factory=dict)  # run_id -> SimRun
+    prompt_turns: dict = field(default_factory=dict)  # prompt_id -> turn_id
+
+
+@dataclass
+class SimRun:
+    run_id: str
+    done_at: float
+    outcome: str
+    cancelled: bool = False
 
 
 @dataclass
@@ -61,10 +78,12 @@ class SimTurn:
     source_goal_revision: int | None
     phase: str = "running"
     outcome: str | None = None
+    prompt_id: str | None = None
 
 
 SESSION_SETTINGS = ("live", "missing", "goal_mode", "apply_delay_ms", "continuation_turns",
-                    "turn_duration_ms", "cancel_mode", "cancel_delay_ms")
+                    "turn_duration_ms", "cancel_mode", "cancel_delay_ms",
+                    "maintenance_duration_ms", "maintenance_outcome", "ignore_cancel")
 
 
 @dataclass
@@ -120,6 +139,10 @@ class Simulator:
                 return self._install_fence(ws, sid, sess, body)
             if call.startswith("turns/"):
                 return self._cancel_turn(ws, sid, sess, unquote(call.split("/")[1]), body)
+            if call == "prompts":
+                return self._prompt(ws, sid, sess, body)
+            if call.startswith("maintenance"):
+                return self._maintenance(ws, sid, sess, call.split("/"), body)
             return self._goal(ws, sid, sess, body)
 
     def _inject_fault(self, call: str, ws: str, sid: str) -> None:
@@ -201,7 +224,8 @@ class Simulator:
         snapshot = {"turn_id": turn.turn_id, "phase": turn.phase, "outcome": turn.outcome,
                     "origin": turn.origin,
                     "source_goal_operation_id": turn.source_goal_operation_id,
-                    "source_goal_revision": turn.source_goal_revision, "prompt_id": None}
+                    "source_goal_revision": turn.source_goal_revision,
+                    "prompt_id": turn.prompt_id}
         self._later(delay_ms, self.report, {
             "workspace_id": ws, "session_id": sid,
             "occurred_at_ms": int(time.time() * 1000), "turn": snapshot})
@@ -211,6 +235,56 @@ class Simulator:
         timer = threading.Timer(delay_ms / 1000, fn, args=args)
         timer.daemon = True
         timer.start()
+
+    def _prompt(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
+        if not sess.live:
+            raise SimError(409, "disconnected")
+        prompt_id = body["prompt_id"]
+        if prompt_id not in sess.prompt_turns:
+            sess.turn_seq += 1
+            turn = SimTurn(turn_id=f"turn-{sess.turn_seq}", origin="user_prompt",
+                           source_goal_operation_id=None, source_goal_revision=None,
+                           prompt_id=prompt_id)
+            sess.turns[turn.turn_id] = turn
+            sess.prompt_turns[prompt_id] = turn.turn_id
+            self.effects.append({"kind": "prompt", "workspace_id": ws, "session_id": sid,
+                                 "prompt_id": prompt_id, "turn_id": turn.turn_id,
+                                 "text": body.get("text"), "at": time.time()})
+            self._report_turn_later(ws, sid, turn, 0)
+            if sess.turn_duration_ms:
+                self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id,
+                            "completed")
+        return {"turn_id": sess.prompt_turns[prompt_id]}
+
+    def _maintenance(self, ws: str, sid: str, sess: SimSession, parts: list[str],
+                     body: dict) -> dict:
+        if len(parts) == 1:  # start, idempotent by run_id
+            if not sess.live:
+                raise SimError(409, "disconnected")
+            run_id = body["run_id"]
+            if run_id not in sess.runs:
+                sess.runs[run_id] = SimRun(run_id, time.time() + sess.maintenance_duration_ms
+                                           / 1000, sess.maintenance_outcome)
+                self.effects.append({"kind": "maintenance", "workspace_id": ws,
+                                     "session_id": sid, "run_id": run_id,
+                                     "maintenance_kind": body.get("kind"), "at": time.time()})
+            return {"state": "running"}
+        run = sess.runs.get(unquote(parts[1]))
+        if run is None:
+            raise SimError(404, "not_found")
+        if len(parts) == 3:  # cancel
+            if not sess.ignore_cancel and time.time() < run.done_at:
+                run.cancelled, run.done_at = True, time.time()
+            return {}
+        if time.time() < run.done_at:
+            return {"state": "running"}
+        applied = run.outcome == "applied" and not run.cancelled
+        error = run.outcome.split(":", 1)[1] if run.outcome.startswith("error:") else None
+        cancelled = run.cancelled or run.outcome == "cancelled"  # the agent gave up by itself
+        return {"state": "done", "applied": applied, "cancelled": cancelled,
+                "error": None if run.cancelled else error, "input_tokens": 12000,
+                "result_tokens": 800 if applied else None,
+                "summary": "conversation compacted" if applied else None}
 
     def _install_fence(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
         if body.get("require_live") and not sess.live:
@@ -353,7 +427,9 @@ def make_handler(sim: Simulator, token: str | None):
                 if token and self.headers.get("Authorization") != f"Bearer {token}":
                     return self._send(401, {"error": "unauthorized"})
                 match = SESSION_PATH.match(path)
-                expected = "GET" if match and match[3] == "liveness" else "POST"
+                reads = match and (match[3] == "liveness" or (
+                    match[3].startswith("maintenance/") and not match[3].endswith("/cancel")))
+                expected = "GET" if reads else "POST"
                 if not match or method != expected:
                     return self._send(404, {"error": "not_found"})
                 self._send(200, sim.handle(match[3], unquote(match[1]), unquote(match[2]), body))

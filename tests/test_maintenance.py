@@ -1,0 +1,175 @@
+"""Maintenance runs, the session hold and prompts (DESIGN 4.6, 4.7), on both backends."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from beat.sweeper import sweep_once
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import MaintenanceRun
+from workflows.errors import (InvalidArgument, MaintenanceBusy, MaintenanceConflict,
+                              MaintenanceRecoveryRequired, RuntimeDraining, SessionBusy)
+from workflows.goals import Dispatcher
+from workflows.maintenance_exec import MaintenanceExecutor
+from workflows.runtime import HttpRuntime
+from tests.helpers import eventually, row_counts
+
+WS, SID = "ws-maint", "s1"
+
+
+class Published(list):
+    def __call__(self, task, kwargs):
+        self.append((task, kwargs))
+        return True
+
+
+@pytest.fixture
+def executor(client, settings):
+    published = Published()
+    ex = MaintenanceExecutor(client.engine, HttpRuntime(settings.runtime_url), worker_id="w",
+                             lease_s=settings.lease_s, publish=published, poll_s=0.02)
+    ex.published = published
+    return ex
+
+
+def records_of(client, run_id):
+    rows = [r for r in client.history(WS, SID) if r.record_id == f"maintenance:{run_id}"]
+    assert len(rows) == 1
+    return rows[0]
+
+
+def statuses(client, run_id):
+    from sqlalchemy import select
+    from models.tables import SessionEvent
+    return run_transaction(client.engine, lambda s: [
+        (e.revision, e.payload["record"]["status"]) for e in s.execute(
+            select(SessionEvent).where(SessionEvent.record_id == f"maintenance:{run_id}")
+            .order_by(SessionEvent.sequence)).scalars()])
+
+
+def test_admission_rules(client):
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert (run.status, run.revision) == ("running", 1)
+    assert records_of(client, run.run_id).pending  # r1 is durable before the call returned
+    assert client.start_maintenance(WS, SID, client_submit_id="m1") == run
+    before = row_counts(client.engine)
+    with pytest.raises(MaintenanceConflict):
+        client.start_maintenance(WS, SID, "summarize_up_to", client_submit_id="m1",
+                                 args={"turn": 3})
+    with pytest.raises(MaintenanceBusy) as busy:
+        client.start_maintenance(WS, SID, client_submit_id="m2")
+    assert busy.value.run_id == run.run_id
+    assert row_counts(client.engine) == before
+
+
+def test_admission_recovery_draining_and_busy_turn(client):
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    later = utcnow() + timedelta(hours=1)
+    # seed the point where the executing worker stopped heartbeating
+    run_transaction(client.engine, lambda s: s.execute(
+        update(MaintenanceRun).values(lease_owner="gone", lease_expires_at=utcnow())))
+    sweep_once(client.engine, lambda *a: True, later, owner="t")
+    assert client.get_maintenance(run.run_id).status == "recovery_required"
+    with pytest.raises(MaintenanceRecoveryRequired) as err:
+        client.start_maintenance(WS, SID, client_submit_id="m2")
+    assert err.value.run_id == run.run_id
+    client.report_activity({"workspace_id": WS, "session_id": "busy", "occurred_at_ms": 1,
+                            "turn": {"turn_id": "t1", "phase": "running"}})
+    with pytest.raises(SessionBusy):
+        client.start_maintenance(WS, "busy", client_submit_id="m1")
+    client.drain_session(WS, "drained")
+    with pytest.raises(RuntimeDraining):
+        client.start_maintenance(WS, "drained", client_submit_id="m1")
+    with pytest.raises(InvalidArgument):
+        client.start_maintenance(WS, "other", "defragment", client_submit_id="m1")
+    with pytest.raises(InvalidArgument):
+        client.start_maintenance(WS, "other", "summarize_from", client_submit_id="m1")
+
+
+@pytest.mark.parametrize("outcome,status,error_code", [
+    ("applied", "completed", None),
+    ("noop", "noop", "no_history"),
+    ("error:model overloaded", "failed", "summary_failed"),
+    ("cancelled", "cancelled", "cancelled"),
+])
+def test_a_run_that_ends_on_its_own_writes_three_records(client, executor, sim_control,
+                                                         outcome, status, error_code):
+    sim_control.session(WS, SID, maintenance_duration_ms=50, maintenance_outcome=outcome)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert executor.execute(run.run_id) == status
+    done = client.get_maintenance(run.run_id)
+    assert (done.status, done.revision, done.error_code) == (status, 3, error_code)
+    if outcome.startswith("error:"):
+        assert done.detail == "model overloaded"
+    if outcome == "applied":
+        assert (done.result_tokens, done.summary) == (800, "conversation compacted")
+    assert statuses(client, run.run_id) == [(1, "running"), (2, "finalizing"), (3, status)]
+    row = records_of(client, run.run_id)
+    assert (row.revision, row.pending) == (3, False)
+
+
+def test_cancel_during_the_work_writes_four_records(client, executor, sim_control):
+    sim_control.session(WS, SID, maintenance_duration_ms=5000)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    worker = threading.Thread(target=lambda: setattr(worker, "result",
+                                                     executor.execute(run.run_id)))
+    worker.start()
+    eventually(lambda: client.get_maintenance(run.run_id).lease_token, what="the run to start")
+    cancelling = client.cancel_maintenance(run.run_id)
+    assert (cancelling.status, cancelling.revision) == ("cancelling", 2)
+    assert client.cancel_maintenance(run.run_id) == cancelling  # already cancelling: ignored
+    worker.join(10)
+    assert worker.result == "cancelled"
+    assert statuses(client, run.run_id) == [(1, "running"), (2, "cancelling"),
+                                            (3, "finalizing"), (4, "cancelled")]
+    assert client.cancel_maintenance(run.run_id).revision == 4  # terminal: unchanged
+
+
+def test_a_late_cancel_never_reopens_finalizing(client, sim_control):
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    run_transaction(client.engine, lambda s: s.execute(update(MaintenanceRun).values(
+        status="finalizing", revision=2)))
+    assert client.cancel_maintenance(run.run_id).status == "finalizing"
+    assert client.get_maintenance(run.run_id).cancel_requested_at is None
+
+
+def test_goal_operations_wait_for_the_run_without_using_budget(client, executor, settings,
+                                                                 sim_control):
+    sim_control.session(WS, SID, maintenance_duration_ms=50)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    first = client.set_goal(WS, SID, "after maintenance", client_submit_id="g1")
+    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
+    assert [r.outcome for r in d.dispatch(first.operation_id)] == ["held"]
+    held = client.get_goal_operation(first.operation_id)
+    assert (held.status, held.attempt, held.first_dispatched_at) == ("prepared", 0, None)
+    assert executor.execute(run.run_id) == "completed"
+    assert ("agent_radar.goal.dispatch", {"operation_id": first.operation_id}) in \
+        executor.published
+    assert [r.outcome for r in d.dispatch(first.operation_id)] == ["applied"]
+    assert sim_control.effects()[0]["revision"] == 1
+
+
+def test_prompts_wait_for_maintenance_then_go_one_at_a_time(client, executor, settings,
+                                                             sim_control):
+    from workflows import prompts
+    runtime = HttpRuntime(settings.runtime_url)
+    sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert (p1.position, p2.position) == (1, 2)
+    assert client.submit_prompt(WS, SID, "first", client_submit_id="p1") == p1
+    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "held"
+    executor.execute(run.run_id)
+    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
+    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "busy"
+    turn_id = client.get_prompt(p1.prompt_id).turn_id
+    client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": 10,
+                            "turn": {"turn_id": turn_id, "phase": "settled",
+                                     "outcome": "completed", "prompt_id": p1.prompt_id}})
+    assert client.get_prompt(p1.prompt_id).status == "completed"
+    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
+    assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]

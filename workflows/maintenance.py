@@ -1,0 +1,170 @@
+"""Maintenance runs (DESIGN 4.6): admission, the state machine and its records.
+
+Every accepted status change is one guarded UPDATE (expected status and revision, and the
+holder's lease token where a worker writes) that bumps `revision` and appends exactly one
+optional diagnostic record to the session's events.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from models.enums import (LIVE_MAINTENANCE_STATUSES, TERMINAL_MAINTENANCE_STATUSES,
+                          MaintenanceError, MaintenanceStatus)
+from models.tables import MaintenanceRun
+from workflows import ids
+from workflows.errors import (InvalidArgument, MaintenanceBusy, MaintenanceConflict,
+                              MaintenanceRecoveryRequired, RuntimeDraining, SessionBusy)
+from workflows.sessions import append_event, lock_session
+from workflows.validation import check_id, check_int
+
+S = MaintenanceStatus
+TERMINAL = frozenset(TERMINAL_MAINTENANCE_STATUSES)
+# The one table of allowed transitions. `running` only as the first record; `cancelling`
+# only from running; recovery from any live status; finalizing and terminal statuses from
+# running, cancelling or recovery (and terminal from finalizing); nothing after terminal.
+ALLOWED: dict[str | None, frozenset] = {
+    None: frozenset({S.RUNNING}),
+    S.RUNNING: frozenset({S.CANCELLING, S.RECOVERY_REQUIRED, S.FINALIZING}) | TERMINAL,
+    S.CANCELLING: frozenset({S.RECOVERY_REQUIRED, S.FINALIZING}) | TERMINAL,
+    S.RECOVERY_REQUIRED: frozenset({S.FINALIZING}) | TERMINAL,
+    S.FINALIZING: frozenset({S.RECOVERY_REQUIRED}) | TERMINAL,
+}
+KINDS = {"compact": False, "summarize_up_to": True, "summarize_from": True}  # needs {"turn"}
+RECORD_TYPE = "session-maintenance-v1"
+RECORD_FIELDS = ("run_id", "kind", "args", "status", "error_code", "detail", "revision",
+                 "runtime_epoch", "applied", "input_tokens", "result_tokens", "summary")
+
+
+@dataclass(frozen=True)
+class MaintenanceRequest:
+    workspace_id: str
+    session_id: str
+    kind: str
+    client_submit_id: str
+    args: dict[str, Any] | None
+
+    @classmethod
+    def parse(cls, workspace_id: Any, session_id: Any, kind: Any, *, client_submit_id: Any,
+              args: Any = None) -> "MaintenanceRequest":
+        if kind not in KINDS:
+            raise InvalidArgument(f"unknown maintenance kind {kind!r}; expected one of "
+                                  f"{sorted(KINDS)}", field="kind")
+        if KINDS[kind]:
+            if not isinstance(args, dict) or set(args) != {"turn"}:
+                raise InvalidArgument(f"{kind} takes args {{\"turn\": N}}", field="args")
+            check_int("args.turn", args["turn"], minimum=1)
+        elif args not in (None, {}):
+            raise InvalidArgument(f"{kind} takes no args", field="args")
+        return cls(check_id("workspace_id", workspace_id), check_id("session_id", session_id),
+                   kind, check_id("client_submit_id", client_submit_id),
+                   dict(args) if KINDS[kind] else None)
+
+    @property
+    def run_id(self) -> str:
+        return ids.maintenance_run_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def live_run(session: Session, workspace_id: str, session_id: str) -> MaintenanceRun | None:
+    return session.execute(select(MaintenanceRun).where(
+        MaintenanceRun.workspace_id == workspace_id, MaintenanceRun.session_id == session_id,
+        MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES)).limit(1)).scalar_one_or_none()
+
+
+def session_held(session: Session, workspace_id: str, session_id: str) -> bool:
+    """While a run is not terminal (recovery included), the session is held (DESIGN 4.7)."""
+    return live_run(session, workspace_id, session_id) is not None
+
+
+def _record(session: Session, run: MaintenanceRun, now: datetime) -> None:
+    row = lock_session(session, run.workspace_id, run.session_id)
+    append_event(session, row, kind="diagnostic", record_id=f"maintenance:{run.run_id}",
+                 idempotency_key=f"session-maintenance:{run.run_id}:{run.revision}",
+                 revision=run.revision, optional=True, now=now, new_key=True,
+                 payload={"type": RECORD_TYPE,
+                          "record": {f: getattr(run, f) for f in RECORD_FIELDS}})
+
+
+def start(session: Session, request: MaintenanceRequest, now: datetime
+          ) -> tuple[MaintenanceRun, bool]:
+    """Admission (one transaction, session row locked). Returns (run, created)."""
+    row = lock_session(session, request.workspace_id, request.session_id)
+    existing = session.get(MaintenanceRun, request.run_id, populate_existing=True)
+    if existing is not None:
+        if (existing.kind, existing.args) != (request.kind, request.args):
+            raise MaintenanceConflict(
+                f"client_submit_id {request.client_submit_id!r} was used for {existing.kind} "
+                f"{existing.args}", run_id=existing.run_id)
+        return existing, False
+    if row.admission == "draining":
+        raise RuntimeDraining(f"session {request.workspace_id}/{request.session_id} is draining")
+    current = live_run(session, request.workspace_id, request.session_id)
+    if current is not None:
+        if current.status == S.RECOVERY_REQUIRED:
+            raise MaintenanceRecoveryRequired(
+                f"run {current.run_id} needs recovery first", run_id=current.run_id)
+        raise MaintenanceBusy(f"run {current.run_id} is {current.status}", run_id=current.run_id)
+    if row.active_turn_id is not None:
+        raise SessionBusy(f"cannot {request.kind} while a turn is running",
+                          turn_id=row.active_turn_id)
+    run = MaintenanceRun(
+        run_id=request.run_id, workspace_id=request.workspace_id,
+        session_id=request.session_id, client_submit_id=request.client_submit_id,
+        kind=request.kind, args=request.args, status=S.RUNNING, revision=1,
+        runtime_epoch=row.runtime_epoch or 0, started_at=now)
+    session.add(run)
+    session.flush()
+    _record(session, run, now)
+    return run, True
+
+
+def transition(session: Session, run: MaintenanceRun, to: MaintenanceStatus, now: datetime,
+               token: str | None = None, **fields: Any) -> bool:
+    """One guarded status change and its record; False if the row moved meanwhile."""
+    if to not in ALLOWED.get(run.status, frozenset()):
+        return False
+    conditions = [MaintenanceRun.run_id == run.run_id, MaintenanceRun.status == run.status,
+                  MaintenanceRun.revision == run.revision]
+    if token is not None:
+        conditions.append(MaintenanceRun.lease_token == token)
+    values = dict(fields, status=to, revision=run.revision + 1)
+    if to in TERMINAL:
+        values.update(finished_at=now, lease_owner=None, lease_token=None,
+                      lease_expires_at=None)
+    result = session.execute(update(MaintenanceRun).where(*conditions).values(**values)
+                             .execution_options(synchronize_session="fetch"))
+    if result.rowcount != 1:
+        return False
+    fresh = session.get(MaintenanceRun, run.run_id, populate_existing=True)
+    _record(session, fresh, now)
+    return True
+
+
+def request_cancel(session: Session, run_id: str, now: datetime) -> MaintenanceRun | None:
+    """`cancel_maintenance`: running → cancelling; anything else is left unchanged."""
+    run = session.get(MaintenanceRun, run_id, populate_existing=True)
+    if run is None or run.status != S.RUNNING:
+        return run
+    transition(session, run, S.CANCELLING, now, cancel_requested_at=now)
+    return session.get(MaintenanceRun, run_id, populate_existing=True)
+
+
+def terminal_for(outcome: dict[str, Any]) -> tuple[MaintenanceStatus, dict[str, Any]]:
+    """The terminal status and fields for the runtime's final answer (DESIGN 4.6)."""
+    applied, cancelled, error = (bool(outcome.get("applied")), bool(outcome.get("cancelled")),
+                                 outcome.get("error"))
+    fields: dict[str, Any] = {"applied": applied, "input_tokens": outcome.get("input_tokens")}
+    if applied:
+        fields.update(result_tokens=outcome.get("result_tokens"), summary=outcome.get("summary"))
+    if not error and not cancelled and applied:
+        return S.COMPLETED, fields  # even if a cancel arrived late
+    if cancelled:
+        status = S.PARTIALLY_COMPLETED if applied else S.CANCELLED
+        return status, dict(fields, error_code=MaintenanceError.CANCELLED)
+    if error:
+        return S.FAILED, dict(fields, error_code=MaintenanceError.SUMMARY_FAILED,
+                              detail=str(error))
+    return S.NOOP, dict(fields, error_code=MaintenanceError.NO_HISTORY)

@@ -1,0 +1,194 @@
+"""Executing maintenance runs (DESIGN 4.6): claim with a heartbeat lease, run the work at the
+runtime (idempotent by run_id), poll it with cancel checks between polls, finalize, release
+the session's held work. Also the sweeper's timeouts and the recovery barrier."""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.enums import OPEN_OPERATION_STATUSES, MaintenanceError, MaintenanceStatus, Origin
+from models.tables import GoalOperation, MaintenanceRun
+from workflows import leases, maintenance
+from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.goals import DISPATCH_TASK
+from workflows.prompts import PROMPT_TASK
+from workflows.runtime import RuntimePort
+
+log = logging.getLogger(__name__)
+
+EXECUTE_TASK = "agent_radar.maintenance.execute"
+S = MaintenanceStatus
+# Between two status polls of the runtime; also how soon a cancel request is noticed.
+POLL_S = 0.2
+Publish = Callable[[str, dict], bool]
+
+
+@dataclass(frozen=True)
+class RunClaim:
+    run_id: str
+    workspace_id: str
+    session_id: str
+    kind: str
+    args: dict | None
+    token: str
+
+
+class MaintenanceExecutor:
+    def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str, lease_s: float,
+                 publish: Publish, clock: Callable[[], datetime] = utcnow,
+                 poll_s: float = POLL_S, max_wait_s: float = 3000.0) -> None:
+        self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
+        self.lease_s, self.publish, self.clock = lease_s, publish, clock
+        self.poll_s, self.max_wait_s = poll_s, max_wait_s
+
+    def execute(self, run_id: str) -> str:
+        claim = run_transaction(self.engine, lambda s: self._claim(s, run_id))
+        if claim is None:
+            return "skipped"
+        try:
+            self.runtime.start_maintenance(claim.workspace_id, claim.session_id,
+                                           run_id=claim.run_id, kind=claim.kind, args=claim.args)
+            outcome = self._poll(claim)
+        except (RuntimeFault, RuntimeDisconnected) as exc:
+            # Unreachable: let go; an expired lease sends it through recovery, which asks the
+            # runtime again on every sweep until it answers.
+            log.warning("maintenance %s: runtime unavailable (%s)", run_id, exc)
+            run_transaction(self.engine, lambda s: self._release(s, claim))
+            return "runtime_unavailable"
+        if outcome is None:
+            return "lost_lease"
+        return self.finish(claim, outcome)
+
+    def _claim(self, s: Session, run_id: str) -> RunClaim | None:
+        now = self.clock()
+        run = s.get(MaintenanceRun, run_id, populate_existing=True)
+        if run is None or run.status not in maintenance.ALLOWED:
+            return None
+        token = leases.new_token()
+        result = s.execute(update(MaintenanceRun).where(
+            MaintenanceRun.run_id == run_id, MaintenanceRun.status == run.status,
+            or_(MaintenanceRun.lease_expires_at.is_(None),
+                MaintenanceRun.lease_expires_at <= now)).values(
+            lease_owner=self.worker_id, lease_token=token,
+            lease_expires_at=now + timedelta(seconds=self.lease_s)))
+        if result.rowcount != 1:
+            return None
+        return RunClaim(run.run_id, run.workspace_id, run.session_id, run.kind, run.args, token)
+
+    def _heartbeat(self, s: Session, claim: RunClaim) -> MaintenanceRun | None:
+        now = self.clock()
+        result = s.execute(update(MaintenanceRun).where(
+            MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
+            .values(lease_expires_at=now + timedelta(seconds=self.lease_s)))
+        if result.rowcount != 1:
+            return None
+        return s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+
+    def _release(self, s: Session, claim: RunClaim) -> None:
+        s.execute(update(MaintenanceRun).where(
+            MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
+            .values(lease_owner=None, lease_token=None, lease_expires_at=None))
+
+    def _poll(self, claim: RunClaim) -> dict | None:
+        cancel_sent = False
+        deadline = time.monotonic() + self.max_wait_s
+        while time.monotonic() < deadline:
+            run = run_transaction(self.engine, lambda s: self._heartbeat(s, claim))
+            if run is None:
+                return None  # our lease is gone: another worker owns the run now
+            if run.cancel_requested_at is not None and not cancel_sent:
+                self.runtime.cancel_maintenance(claim.workspace_id, claim.session_id,
+                                                claim.run_id)
+                cancel_sent = True
+            state = self.runtime.maintenance_status(claim.workspace_id, claim.session_id,
+                                                    claim.run_id)
+            if state.get("state") == "done":
+                return state
+            time.sleep(self.poll_s)
+        raise RuntimeFault(f"maintenance {claim.run_id} did not finish in {self.max_wait_s} s",
+                           code="timeout", retryable=True, http_status=None)
+
+    def finish(self, claim: RunClaim, outcome: dict) -> str:
+        """finalizing (no cancel after this point), then the terminal record."""
+        def write(s: Session) -> str | None:
+            run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+            if run.status in maintenance.TERMINAL:
+                return run.status
+            if run.status != S.FINALIZING and not maintenance.transition(
+                    s, run, S.FINALIZING, self.clock(), token=claim.token):
+                return None
+            run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+            status, fields = maintenance.terminal_for(outcome)
+            if not maintenance.transition(s, run, status, self.clock(), token=claim.token,
+                                          **fields):
+                return None
+            return status
+        status = run_transaction(self.engine, write)
+        if status is None:
+            return "lost_lease"
+        release_session(self.engine, self.publish, claim.workspace_id, claim.session_id,
+                        self.clock())
+        return status
+
+
+def release_session(engine: Engine, publish: Publish, workspace_id: str, session_id: str,
+                    now: datetime) -> None:
+    """The run settled: held goal operations become due now and drain in revision order;
+    the next queued prompt may go (DESIGN 4.7)."""
+    def wake(s: Session) -> list[str]:
+        ops = list(s.execute(select(GoalOperation.operation_id).where(
+            GoalOperation.workspace_id == workspace_id, GoalOperation.session_id == session_id,
+            GoalOperation.origin == Origin.CLIENT,
+            GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
+            .order_by(GoalOperation.goal_revision)).scalars())
+        if ops:
+            s.execute(update(GoalOperation).where(GoalOperation.operation_id.in_(ops))
+                      .values(next_attempt_at=now))
+        return ops
+    operations = run_transaction(engine, wake)
+    if operations:
+        # One dispatch drains the session's lane in revision order.
+        publish(DISPATCH_TASK, {"operation_id": operations[0]})
+    publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+
+
+def sweep_maintenance(engine: Engine, publish: Publish, now: datetime, *, cancel_grace_s: float,
+                      outbox_grace_s: float, limit: int) -> dict[str, int]:
+    """Runs never claimed are re-published; a lost heartbeat is `worker_lost`; a cancel
+    past its grace is `cancel_timeout` (the session stays held); runs in recovery with no
+    live worker are re-published so the executor asks the runtime for the outcome."""
+    counts = {"recovery": 0, "republished": 0}
+
+    def mark(s: Session) -> int:
+        n = 0
+        for run in s.execute(select(MaintenanceRun).where(
+                MaintenanceRun.status.in_((S.RUNNING, S.CANCELLING, S.FINALIZING)),
+                MaintenanceRun.lease_expires_at <= now).limit(limit)).scalars():
+            n += maintenance.transition(s, run, S.RECOVERY_REQUIRED, now,
+                                        error_code=MaintenanceError.WORKER_LOST)
+        grace_cutoff = now - timedelta(seconds=cancel_grace_s)
+        for run in s.execute(select(MaintenanceRun).where(
+                MaintenanceRun.status.in_((S.RUNNING, S.CANCELLING)),
+                MaintenanceRun.cancel_requested_at <= grace_cutoff).limit(limit)).scalars():
+            n += maintenance.transition(s, run, S.RECOVERY_REQUIRED, now,
+                                        error_code=MaintenanceError.CANCEL_TIMEOUT)
+        return n
+    counts["recovery"] = run_transaction(engine, mark)
+    started_cutoff = now - timedelta(seconds=outbox_grace_s)
+    due = run_transaction(engine, lambda s: list(s.execute(select(MaintenanceRun.run_id).where(
+        or_(MaintenanceRun.status == S.RECOVERY_REQUIRED,
+            (MaintenanceRun.status == S.RUNNING) & (MaintenanceRun.started_at <= started_cutoff)),
+        or_(MaintenanceRun.lease_expires_at.is_(None),
+            MaintenanceRun.lease_expires_at <= now)).limit(limit)).scalars()))
+    for run_id in due:
+        publish(EXECUTE_TASK, {"run_id": run_id})
+        counts["republished"] += 1
+    return counts

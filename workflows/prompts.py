@@ -1,0 +1,137 @@
+"""Queued prompts (DESIGN 4.7): one at a time per session, only when the session has no
+running turn and no maintenance run holds it; the next goes when the previous turn settles."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.enums import PromptStatus, TurnOutcome
+from models.tables import Prompt
+from workflows import ids
+from workflows.errors import InvalidArgument, PromptConflict, RuntimeDisconnected, RuntimeFault
+from workflows.maintenance import session_held
+from workflows.runtime import RuntimePort
+from workflows.sessions import lock_session
+from workflows.validation import check_id
+
+PROMPT_TASK = "agent_radar.prompt.dispatch"
+# Prompt text is user input for the agent; 64 KiB keeps rows and messages small.
+MAX_PROMPT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    workspace_id: str
+    session_id: str
+    text: str
+    client_submit_id: str
+
+    @classmethod
+    def parse(cls, workspace_id: Any, session_id: Any, text: Any, *,
+              client_submit_id: Any) -> "PromptRequest":
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidArgument("prompt text must be a non-empty string", field="text")
+        if len(text.encode("utf-8")) > MAX_PROMPT_BYTES:
+            raise InvalidArgument(f"prompt text is over {MAX_PROMPT_BYTES} bytes", field="text")
+        return cls(check_id("workspace_id", workspace_id), check_id("session_id", session_id),
+                   text, check_id("client_submit_id", client_submit_id))
+
+    @property
+    def prompt_id(self) -> str:
+        return ids.prompt_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def submit(session: Session, request: PromptRequest, now: datetime) -> tuple[Prompt, bool]:
+    lock_session(session, request.workspace_id, request.session_id)
+    existing = session.get(Prompt, request.prompt_id, populate_existing=True)
+    if existing is not None:
+        if existing.text != request.text:
+            raise PromptConflict(f"client_submit_id {request.client_submit_id!r} was used for "
+                                 "another prompt", prompt_id=existing.prompt_id)
+        return existing, False
+    last = session.execute(select(func.max(Prompt.position)).where(
+        Prompt.workspace_id == request.workspace_id,
+        Prompt.session_id == request.session_id)).scalar_one()
+    prompt = Prompt(prompt_id=request.prompt_id, workspace_id=request.workspace_id,
+                    session_id=request.session_id, client_submit_id=request.client_submit_id,
+                    text=request.text, status=PromptStatus.QUEUED, position=(last or 0) + 1,
+                    created_at=now)
+    session.add(prompt)
+    session.flush()
+    return prompt, True
+
+
+def _take_next(session: Session, workspace_id: str, session_id: str,
+               now: datetime) -> Prompt | str:
+    """Mark the session's next prompt dispatched if it may go now; else say why not."""
+    row = lock_session(session, workspace_id, session_id)
+    if session_held(session, workspace_id, session_id):
+        return "held"
+    in_flight = session.execute(select(Prompt.prompt_id).where(
+        Prompt.workspace_id == workspace_id, Prompt.session_id == session_id,
+        Prompt.status == PromptStatus.DISPATCHED).limit(1)).scalar_one_or_none()
+    if in_flight is not None or row.active_turn_id is not None:
+        return "busy"
+    prompt = session.execute(select(Prompt).where(
+        Prompt.workspace_id == workspace_id, Prompt.session_id == session_id,
+        Prompt.status == PromptStatus.QUEUED).order_by(Prompt.position).limit(1)
+    ).scalar_one_or_none()
+    if prompt is None:
+        return "idle"
+    prompt.status, prompt.dispatched_at = PromptStatus.DISPATCHED, now
+    session.flush()
+    return prompt
+
+
+def dispatch_next(engine: Engine, runtime: RuntimePort, workspace_id: str, session_id: str,
+                  clock: Callable[[], datetime] = utcnow) -> str:
+    """`agent_radar.prompt.dispatch`: send the session's next prompt if it may go now."""
+    taken = run_transaction(engine, lambda s: _take_next(s, workspace_id, session_id, clock()))
+    if isinstance(taken, str):
+        return taken
+    try:
+        answer = runtime.submit_prompt(workspace_id, session_id, prompt_id=taken.prompt_id,
+                                       text=taken.text)
+    except (RuntimeFault, RuntimeDisconnected) as exc:
+        # Not sent (or not known to be): back in the queue at its place; the runtime
+        # dedupes by prompt_id if it did arrive. The sweeper tries again.
+        run_transaction(engine, lambda s: s.execute(update(Prompt).where(
+            Prompt.prompt_id == taken.prompt_id, Prompt.status == PromptStatus.DISPATCHED,
+            Prompt.turn_id.is_(None)).values(status=PromptStatus.QUEUED, dispatched_at=None)))
+        return f"retry: {exc.code}"
+    run_transaction(engine, lambda s: s.execute(update(Prompt).where(
+        Prompt.prompt_id == taken.prompt_id).values(turn_id=answer.get("turn_id"))))
+    return "dispatched"
+
+
+def on_turn_settled(session: Session, prompt_id: str | None, outcome: str) -> bool:
+    """The prompt's turn settled: the prompt is done. True if the queue may move on."""
+    if prompt_id is None:
+        return False
+    status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED
+    session.execute(update(Prompt).where(
+        Prompt.prompt_id == prompt_id, Prompt.status == PromptStatus.DISPATCHED)
+        .values(status=status))
+    return True
+
+
+def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float,
+                                 limit: int) -> list[tuple[str, str]]:
+    """For the sweeper: sessions whose queue may need a push. A prompt marked dispatched
+    whose call never recorded a turn (the worker died) goes back to the queue first."""
+    def find(s: Session):
+        s.execute(update(Prompt).where(
+            Prompt.status == PromptStatus.DISPATCHED, Prompt.turn_id.is_(None),
+            Prompt.dispatched_at <= now - timedelta(seconds=stale_s))
+            .values(status=PromptStatus.QUEUED, dispatched_at=None))
+        return [tuple(r) for r in s.execute(
+            select(Prompt.workspace_id, Prompt.session_id)
+            .where(Prompt.status == PromptStatus.QUEUED).distinct().limit(limit)).all()]
+    return run_transaction(engine, find)
