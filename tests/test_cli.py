@@ -167,3 +167,37 @@ def test_fence_command(settings, client):
     proc = run_cli(settings, "fence", "ws", "s1", op["operation_id"], "--submit-id", "g",
                    check=False)
     assert proc.returncode == 2 and "fence_conflict" in proc.stderr
+
+
+def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
+    stack.start_worker()
+    run = json.loads(run_cli(settings, "maintenance", "start", "ws", "m", "--submit-id", "r1",
+                             "--wait", "60", "--json").stdout)
+    assert (run["status"], run["revision"]) == ("completed", 3)
+    shown = json.loads(run_cli(settings, "maintenance", "show", run["run_id"], "--json").stdout)
+    assert shown["status"] == "completed"
+    again = json.loads(run_cli(settings, "maintenance", "cancel", run["run_id"], "--json").stdout)
+    assert again["revision"] == 3  # terminal: a cancel changes nothing
+    queued = json.loads(run_cli(settings, "prompt", "ws", "m", "hello", "--submit-id", "p1",
+                                "--json").stdout)
+    assert queued["position"] == 1
+    rows = json.loads(run_cli(settings, "history", "ws", "m", "--json").stdout)
+    assert [r["record_id"] for r in rows] == [f"maintenance:{run['run_id']}"]
+    assert rows[0]["revision"] == 3 and rows[0]["pending"] is False
+    drained = json.loads(run_cli(settings, "session", "drain", "ws", "m", "--json").stdout)
+    assert drained["admission"] == "draining"
+    proc = run_cli(settings, "maintenance", "start", "ws", "m", "--submit-id", "r2", check=False)
+    assert proc.returncode == 2 and "runtime_draining" in proc.stderr
+    proc = run_cli(settings, "maintenance", "start", "ws", "m", "--kind", "defrag",
+                   "--submit-id", "r3", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+
+
+def test_an_unmigrated_database_is_a_one_line_error(tmp_path):
+    env = {**os.environ, "AGENT_RADAR_HOME": str(tmp_path / "fresh")}
+    env.pop("AGENT_RADAR_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "status"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "agent-radar db upgrade" in lines[0]

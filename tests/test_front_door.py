@@ -19,6 +19,9 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
     events = [line["event"] for line in result["timeline"]]
     assert "same submit ID sent again: the same operation comes back" in events
     assert "finished after the crash" in events
+    parked = next(line for line in result["timeline"] if line["event"].startswith(
+        "compaction done; the parked prompts"))
+    assert parked["sent"] == ["summarise the diff", "open a pull request"]
     effects = next(line for line in result["timeline"] if line["event"] == "agent effects")
     assert effects["applied_twice"] == 0
     owner = next(line for line in result["timeline"]

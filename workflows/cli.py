@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from sqlalchemy.exc import SQLAlchemyError
 
 from workflows.config import Settings
 from workflows.errors import AgentRadarError
@@ -258,6 +259,76 @@ def fence(workspace_id, session_id, target_operation_id, submit_id, reason, wait
              ", no clear: a newer goal is current"))
 
 
+# -- maintenance and prompts -----------------------------------------------------------------
+@cli.group("maintenance")
+def maintenance_group() -> None:
+    """Exclusive per-session maintenance such as context compaction."""
+
+
+def _run_line(run) -> str:
+    extra = f" ({run.error_code})" if run.error_code else ""
+    return f"{run.run_id} {run.kind} revision {run.revision}: {run.status}{extra}"
+
+
+@maintenance_group.command("start")
+@session_arguments
+@click.option("--kind", default="compact", show_default=True,
+              type=click.Choice(["compact", "summarize_up_to", "summarize_from"]))
+@click.option("--turn", type=click.IntRange(1), default=None,
+              help="For summarize_up_to / summarize_from.")
+@click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
+@click.option("--wait", "wait_s", is_flag=False, flag_value=300.0, type=float, default=None,
+              help="Wait (up to N s, default 300) until the run settles.")
+def maintenance_start(workspace_id, session_id, as_json, kind, turn, submit_id, wait_s):
+    """Start a maintenance run (the session is held until it settles)."""
+    client = _client()
+    run = client.start_maintenance(workspace_id, session_id, kind, client_submit_id=submit_id,
+                                   args={"turn": turn} if turn is not None else None)
+    if wait_s is not None:
+        run = client.wait(run, timeout=wait_s)
+    _emit(as_json, as_dict(run), _run_line(run))
+
+
+@maintenance_group.command("cancel")
+@click.argument("run_id")
+@json_option
+def maintenance_cancel(run_id, as_json):
+    """Ask a running maintenance run to stop."""
+    run = _client().cancel_maintenance(run_id)
+    _emit(as_json, as_dict(run), _run_line(run))
+
+
+@maintenance_group.command("show")
+@click.argument("run_id")
+@json_option
+def maintenance_show(run_id, as_json):
+    """Show a maintenance run."""
+    run = _client().get_maintenance(run_id)
+    _emit(as_json, as_dict(run), _run_line(run))
+
+
+@cli.command()
+@session_arguments
+@click.argument("text")
+@click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
+def prompt(workspace_id, session_id, as_json, text, submit_id):
+    """Queue a prompt for the session (sent when it is idle and not held)."""
+    record = _client().submit_prompt(workspace_id, session_id, text, client_submit_id=submit_id)
+    _emit(as_json, as_dict(record),
+          f"{record.prompt_id} position {record.position}: {record.status}")
+
+
+@cli.command()
+@session_arguments
+@click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True)
+def history(workspace_id, session_id, as_json, limit):
+    """The session's records: one row per record, at its first position."""
+    rows = _client().history(workspace_id, session_id, limit)
+    lines = [f"{r.sequence:5d} {r.kind:13s} {r.record_id} revision {r.revision}"
+             + (" (pending)" if r.pending else "") for r in rows]
+    _emit(as_json, [as_dict(r) for r in rows], "\n".join(lines) or "no records")
+
+
 # -- sessions --------------------------------------------------------------------------------
 @cli.group()
 def session() -> None:
@@ -270,6 +341,14 @@ def session_ensure(workspace_id: str, session_id: str, as_json: bool):
     """Resume the session if it is offline (with its fences) and wake its pending work."""
     info = _client().ensure_session(workspace_id, session_id)
     _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} live, epoch {info.runtime_epoch}")
+
+
+@session.command("drain")
+@session_arguments
+def session_drain(workspace_id: str, session_id: str, as_json: bool):
+    """Stop admitting maintenance on the session."""
+    info = _client().drain_session(workspace_id, session_id)
+    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
 
 
 @session.command("show")
@@ -307,6 +386,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_BAD_INPUT)
     except (ValueError, TimeoutError) as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    except SQLAlchemyError as exc:
+        first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        click.echo(f"error: database: {first_line} (is it reachable and upgraded? "
+                   "`agent-radar db upgrade`)", err=True)
         sys.exit(EXIT_FAILED)
 
 

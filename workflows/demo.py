@@ -150,7 +150,30 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     say("the user brings session-f back: resumed with the fence preloaded",
         live=info.live, epoch=info.runtime_epoch)
 
-    # 7. the audit: every operation applied at most once
+    # 7. maintenance: a compaction, a cancelled one, and prompts parked behind one
+    run = client.wait(client.start_maintenance(WS, "session-g", client_submit_id="compact-1"))
+    say("compaction finished", status=run.status, records=run.revision,
+        result_tokens=run.result_tokens)
+    sim.session(WS, "session-h", maintenance_duration_ms=5000)
+    run = client.start_maintenance(WS, "session-h", client_submit_id="compact-2")
+    wait_for(lambda: client.get_maintenance(run.run_id).lease_token, 30, "the run to start")
+    client.cancel_maintenance(run.run_id)
+    run = client.wait(run)
+    say("compaction cancelled", status=run.status, error_code=run.error_code,
+        records=run.revision)
+    sim.session(WS, "session-i", maintenance_duration_ms=1500)
+    run = client.start_maintenance(WS, "session-i", client_submit_id="compact-3")
+    queued = [client.submit_prompt(WS, "session-i", text, client_submit_id=f"prompt-{n}")
+              for n, text in enumerate(("summarise the diff", "open a pull request"))]
+    say("two prompts submitted while the compaction holds the session",
+        statuses=[client.get_prompt(p.prompt_id).status for p in queued])
+    run = client.wait(run)
+    for p in queued:
+        wait_for(lambda p=p: client.get_prompt(p.prompt_id).settled, 60, "the prompts")
+    sent = [e["text"] for e in sim.effects("prompt") if e["session_id"] == "session-i"]
+    say("compaction done; the parked prompts went out in order", run=run.status, sent=sent)
+
+    # 8. the audit: every operation applied at most once
     effects = sim.effects()
     per_op = Counter(e["operation_id"] for e in effects)
     say("agent effects", total=len(effects),
@@ -161,4 +184,4 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
             desired=(s.desired or {}).get("objective"))
     # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set)
     return (all(n == 1 for n in per_op.values()) and len(per_op) == 9
-            and not resumes)
+            and not resumes and sent == ["summarise the diff", "open a pull request"])

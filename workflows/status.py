@@ -7,8 +7,9 @@ from sqlalchemy.engine import Engine
 
 from models.base import utcnow
 from models.db import run_transaction
-from models.enums import OPEN_OPERATION_STATUSES
-from models.tables import GoalOperation
+from models.enums import (LIVE_MAINTENANCE_STATUSES, OPEN_OPERATION_STATUSES,
+                          MaintenanceStatus, PromptStatus)
+from models.tables import GoalFence, GoalOperation, MaintenanceRun, Prompt
 
 # Due work older than this is "overdue": the sweeper (every 2 s by default) should have
 # picked it up long before.
@@ -34,7 +35,20 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
         in_flight = s.execute(select(func.count()).where(
             GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
             GoalOperation.lease_expires_at > now)).scalar_one()
-        return {"goal_operations": per_status, "due": due, "overdue": overdue,
+        runs = dict(s.execute(select(MaintenanceRun.status, func.count())
+                              .group_by(MaintenanceRun.status)).all())
+        held = s.execute(select(func.count(func.distinct(
+            MaintenanceRun.workspace_id + "/" + MaintenanceRun.session_id))).where(
+            MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))).scalar_one()
+        fences = dict(s.execute(select(GoalFence.status, func.count())
+                                .group_by(GoalFence.status)).all())
+        queued_prompts = s.execute(select(func.count()).where(
+            Prompt.status == PromptStatus.QUEUED)).scalar_one()
+        return {"goal_operations": per_status, "maintenance_runs": runs, "fences": fences,
+                "held_sessions": held,
+                "sessions_in_recovery": runs.get(MaintenanceStatus.RECOVERY_REQUIRED, 0),
+                "queued_prompts": queued_prompts,
+                "due": due, "overdue": overdue,
                 "in_flight": in_flight,
                 # How far behind the workers and the sweeper are: the age of the oldest
                 # due operation nobody is working on (0 when nothing waits).
@@ -44,7 +58,11 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
 
 def render_status(status: dict) -> str:
     per_status = ", ".join(f"{k} {v}" for k, v in sorted(status["goal_operations"].items()))
+    runs = ", ".join(f"{k} {v}" for k, v in sorted(status["maintenance_runs"].items()))
     return (f"goal operations: {per_status or 'none'}\n"
+            f"maintenance runs: {runs or 'none'}; held sessions: {status['held_sessions']}, "
+            f"in recovery: {status['sessions_in_recovery']}; "
+            f"queued prompts: {status['queued_prompts']}\n"
             f"due now: {status['due']} (overdue {status['overdue']}), "
             f"in flight: {status['in_flight']}\n"
             f"sweeper lag: {status['sweeper_lag_s']} s")
