@@ -100,8 +100,9 @@ def session_scope(engine: Engine) -> Iterator[Session]:
 
 
 def run_transaction(engine: Engine, work: Callable[[Session], T],
-                    attempts: int = TRANSACTION_ATTEMPTS) -> T:
+                    attempts: int | None = None) -> T:
     """Run `work` in its own transaction, retrying transient database faults."""
+    attempts = attempts or TRANSACTION_ATTEMPTS
     for attempt in range(1, attempts + 1):
         try:
             with session_scope(engine) as session:

@@ -9,7 +9,6 @@ import os
 import socket
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text

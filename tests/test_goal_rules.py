@@ -7,7 +7,6 @@ from datetime import timedelta
 import pytest
 
 from models.db import run_transaction
-from models.tables import GoalOperation
 from workflows import ids
 from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
                               InvalidArgument)

@@ -173,3 +173,31 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(client, executor, se
     assert client.get_prompt(p1.prompt_id).status == "completed"
     assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]
+
+
+def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, monkeypatch):
+    """The database refuses the terminal record: the run is left in recovery with
+    operation_persist_failed once the database answers, and recovery writes it again."""
+    from sqlalchemy.exc import OperationalError
+    from models import db
+    from workflows import maintenance
+    monkeypatch.setattr(db, "TRANSACTION_ATTEMPTS", 2)
+    real = maintenance.transition
+    failures = []
+
+    def flaky(session, run, to, now, token=None, **fields):
+        if to in maintenance.TERMINAL and len(failures) < 2:
+            failures.append(to)
+            raise OperationalError("UPDATE maintenance_runs", {}, Exception("database gone"))
+        return real(session, run, to, now, token=token, **fields)
+    monkeypatch.setattr(maintenance, "transition", flaky)
+    sim_control.session(WS, SID, maintenance_duration_ms=20)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert executor.execute(run.run_id) == "persist_failed"
+    stuck = client.get_maintenance(run.run_id)
+    assert (stuck.status, stuck.error_code) == ("recovery_required", "operation_persist_failed")
+    with pytest.raises(MaintenanceRecoveryRequired):
+        client.start_maintenance(WS, SID, client_submit_id="m2")  # still held
+    assert executor.execute(run.run_id) == "completed"  # recovery asks the runtime again
+    assert [s for _, s in statuses(client, run.run_id)] == [
+        "running", "finalizing", "recovery_required", "finalizing", "completed"]

@@ -6,7 +6,7 @@ report, or (when the host is gone) local settlement completes it together with t
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, TurnPhase
@@ -39,17 +39,10 @@ def prepare(session: Session, workspace_id: str, session_id: str, turn_id: str, 
 
 def claim(session: Session, cancel: CancelOperation, owner: str, lease_s: float,
           now: datetime) -> str | None:
-    token = leases.new_token()
-    result = session.execute(
-        update(CancelOperation)
-        .where(CancelOperation.operation_id == cancel.operation_id,
-               CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
-               or_(CancelOperation.lease_expires_at.is_(None),
-                   CancelOperation.lease_expires_at <= now))
-        .values(status=CancelStatus.LEASED, attempt=CancelOperation.attempt + 1,
-                lease_owner=owner, lease_token=token,
-                lease_expires_at=now + timedelta(seconds=lease_s)))
-    return token if result.rowcount == 1 else None
+    return leases.claim_row(session, CancelOperation, CancelOperation.operation_id,
+                            cancel.operation_id, owner, lease_s, now,
+                            CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+                            status=CancelStatus.LEASED, attempt=CancelOperation.attempt + 1)
 
 
 def _settle_turn(session: Session, cancel: CancelOperation, outcome: str,

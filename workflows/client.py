@@ -58,6 +58,24 @@ class AgentRadar:
     def from_env(cls) -> "AgentRadar":
         return cls()
 
+    def _accept(self, work, task: str, message) -> Any:
+        """Commit an intent (`work(session) -> (record, created)`), then publish its task.
+        A replay publishes nothing; a failed publish is left to the sweeper (the row is
+        the outbox)."""
+        record, created = run_transaction(self.engine, work)
+        if created:
+            self.publisher.publish_after_commit(task, message(record))
+        return record
+
+    def _load(self, row_type, record_type, key, what: str, **error_attrs) -> Any:
+        def load(s):
+            row = s.get(row_type, key)
+            if row is None:
+                raise NotFound(f"no {what} {key}", **error_attrs)
+            return (record_type.from_row(row) if hasattr(record_type, "from_row")
+                    else records.from_row(record_type, row))
+        return run_transaction(self.engine, load)
+
     def close(self) -> None:
         self.publisher.close()
 
@@ -68,10 +86,8 @@ class AgentRadar:
         request = GoalRequest.parse(workspace_id, session_id, action, objective,
                                     client_submit_id=client_submit_id,
                                     expected_revision=expected_revision)
-        op, created = run_transaction(self.engine, lambda s: self._submit(s, request))
-        if created:
-            self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": op.operation_id})
-        return op
+        return self._accept(lambda s: self._submit(s, request), DISPATCH_TASK,
+                            lambda op: {"operation_id": op.operation_id})
 
     @staticmethod
     def _submit(session, request: GoalRequest) -> tuple[GoalOperation, bool]:
@@ -110,10 +126,9 @@ class AgentRadar:
         return self._load_operation(operation_id)
 
     def get_goal_operation(self, operation_id: str) -> GoalOperation:
-        op = self._load_operation(check_id("operation_id", operation_id))
-        if op is None:
-            raise NotFound(f"no goal operation {operation_id}", operation_id=operation_id)
-        return op
+        return self._load(GoalOperationRow, GoalOperation,
+                          check_id("operation_id", operation_id), "goal operation",
+                          operation_id=operation_id)
 
     def _load_operation(self, operation_id: str) -> GoalOperation | None:
         def load(s):
@@ -151,20 +166,11 @@ class AgentRadar:
         def accept(s):
             row, created = submit_fence(s, request, utcnow())
             return Fence.from_row(row), created
-        fence, created = run_transaction(self.engine, accept)
-        if created:
-            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence.fence_id})
-        return fence
+        return self._accept(accept, FENCE_APPLY_TASK, lambda f: {"fence_id": f.fence_id})
 
     def get_fence(self, fence_id: str) -> Fence:
-        check_id("fence_id", fence_id)
-
-        def load(s):
-            row = s.get(GoalFenceRow, fence_id)
-            if row is None:
-                raise NotFound(f"no fence {fence_id}", fence_id=fence_id)
-            return Fence.from_row(row)
-        return run_transaction(self.engine, load)
+        return self._load(GoalFenceRow, Fence, check_id("fence_id", fence_id), "fence",
+                          fence_id=fence_id)
 
     # -- prompts ---------------------------------------------------------------------------
     def submit_prompt(self, workspace_id: str, session_id: str, text: str, *,
@@ -175,21 +181,12 @@ class AgentRadar:
         def queue(s):
             row, created = prompts.submit(s, request, utcnow())
             return records.from_row(PromptRecord, row), created
-        prompt, created = run_transaction(self.engine, queue)
-        if created:
-            self.publisher.publish_after_commit(PROMPT_TASK, {
-                "workspace_id": prompt.workspace_id, "session_id": prompt.session_id})
-        return prompt
+        return self._accept(queue, PROMPT_TASK, lambda p: {
+            "workspace_id": p.workspace_id, "session_id": p.session_id})
 
     def get_prompt(self, prompt_id: str) -> PromptRecord:
-        check_id("prompt_id", prompt_id)
-
-        def load(s):
-            row = s.get(PromptRow, prompt_id)
-            if row is None:
-                raise NotFound(f"no prompt {prompt_id}", prompt_id=prompt_id)
-            return records.from_row(PromptRecord, row)
-        return run_transaction(self.engine, load)
+        return self._load(PromptRow, PromptRecord, check_id("prompt_id", prompt_id), "prompt",
+                          prompt_id=prompt_id)
 
     def drain_session(self, workspace_id: str, session_id: str) -> SessionInfo:
         """Stop admitting maintenance on this session (RuntimeDraining from now on)."""
@@ -212,10 +209,7 @@ class AgentRadar:
         def admit(s):
             row, created = maintenance.start(s, request, utcnow())
             return records.from_row(MaintenanceRun, row), created
-        run, created = run_transaction(self.engine, admit)
-        if created:
-            self.publisher.publish_after_commit(EXECUTE_TASK, {"run_id": run.run_id})
-        return run
+        return self._accept(admit, EXECUTE_TASK, lambda run: {"run_id": run.run_id})
 
     def cancel_maintenance(self, run_id: str) -> MaintenanceRun:
         check_id("run_id", run_id)
@@ -228,14 +222,8 @@ class AgentRadar:
         return run_transaction(self.engine, cancel)
 
     def get_maintenance(self, run_id: str) -> MaintenanceRun:
-        check_id("run_id", run_id)
-
-        def load(s):
-            row = s.get(MaintenanceRunRow, run_id)
-            if row is None:
-                raise NotFound(f"no maintenance run {run_id}", run_id=run_id)
-            return records.from_row(MaintenanceRun, row)
-        return run_transaction(self.engine, load)
+        return self._load(MaintenanceRunRow, MaintenanceRun, check_id("run_id", run_id),
+                          "maintenance run", run_id=run_id)
 
     def history(self, workspace_id: str, session_id: str, limit: int = 50) -> list[HistoryRow]:
         check_id("workspace_id", workspace_id)

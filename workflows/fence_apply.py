@@ -128,9 +128,9 @@ class CancelRunner:
         except RuntimeDisconnected:
             return self._interrupted(cancel, token)
         except RuntimeFault as exc:
-            delay = backoff_s(cancel.attempt)  # already counts this attempt
+            error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
             run_transaction(self.engine, lambda s: cancels.retry_later(
-                s, cancel, token, str(exc), delay, self.clock()))
+                s, cancel, token, error, delay, self.clock()))
             return "retry"
         outcome = run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
         if outcome == "settled":
@@ -177,8 +177,9 @@ class FenceApplier:
         except RuntimeDisconnected:
             outcome = run_transaction(self.engine, lambda s: self._settle_locally(s, claim))
         except RuntimeFault as exc:
+            error = str(exc)
             outcome = run_transaction(self.engine, lambda s: self._back_to_pending(
-                s, claim, str(exc), backoff_s(claim.attempt)))
+                s, claim, error, backoff_s(claim.attempt)))
         # The lane is free again: goal operations that found it busy are drained now.
         self.dispatcher.drain_lane(claim.workspace_id, claim.session_id)
         return outcome
@@ -250,8 +251,9 @@ class FenceApplier:
                 objective=op.objective, revision=op.goal_revision,
                 client_submit_id=op.client_submit_id, require_live=True)
         except RuntimeFault as exc:
+            fault = exc
             result = run_transaction(self.engine, lambda s: self.dispatcher._fault_outcome(
-                s, current, exc, exc.retryable))
+                s, current, fault, fault.retryable))
             return result.outcome != "retry"
         run_transaction(self.engine, lambda s: self.dispatcher._answer_outcome(
             s, current, answer))

@@ -381,19 +381,13 @@ class Dispatcher:
             # Acknowledged; the applied report completes it. Wake again at the deadline.
             op.next_attempt_at = op.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S)
             return StepResult(operation_id, "skipped")
-        token = leases.new_token()
-        result = session.execute(
-            update(GoalOperation)
-            .where(GoalOperation.operation_id == op.operation_id,
-                   GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-                   or_(GoalOperation.lease_expires_at.is_(None),
-                       GoalOperation.lease_expires_at <= now))
-            .values(status=OperationStatus.DISPATCHED, provider_phase=ProviderPhase.DISPATCHED,
-                    attempt=GoalOperation.attempt + 1,
-                    first_dispatched_at=op.first_dispatched_at or now,
-                    lease_owner=self.worker_id, lease_token=token,
-                    lease_expires_at=now + timedelta(seconds=self.lease_s)))
-        if result.rowcount != 1:
+        token = leases.claim_row(
+            session, GoalOperation, GoalOperation.operation_id, op.operation_id,
+            self.worker_id, self.lease_s, now,
+            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            status=OperationStatus.DISPATCHED, provider_phase=ProviderPhase.DISPATCHED,
+            attempt=GoalOperation.attempt + 1, first_dispatched_at=op.first_dispatched_at or now)
+        if token is None:
             return StepResult(operation_id, "skipped")
         state.sync_status = SyncStatus.APPLYING
         session.flush()

@@ -45,3 +45,18 @@ def release(session: Session, name: str, token: str) -> bool:
         update(Lease).where(Lease.name == name, Lease.token == token)
         .values(owner=None, token=None, expires_at=None))
     return result.rowcount == 1
+
+
+def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: float,
+              now: datetime, *conditions, **values) -> str | None:
+    """Take the lease columns of one row (LeaseColumns) if no live lease holds it and the
+    extra conditions hold, setting `values` in the same update; returns the token or None.
+    Every later write by the holder is conditional on this token."""
+    token = new_token()
+    result = session.execute(
+        update(model)
+        .where(key_column == key, *conditions,
+               or_(model.lease_expires_at.is_(None), model.lease_expires_at <= now))
+        .values(lease_owner=owner, lease_token=token,
+                lease_expires_at=now + timedelta(seconds=ttl_s), **values))
+    return token if result.rowcount == 1 else None

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
@@ -28,6 +29,9 @@ EXECUTE_TASK = "agent_radar.maintenance.execute"
 S = MaintenanceStatus
 # Between two status polls of the runtime; also how soon a cancel request is noticed.
 POLL_S = 0.2
+# How long an executor keeps trying to record a failed terminal write as recovery before
+# leaving it to lease expiry and the sweeper.
+PERSIST_RETRY_S = 120
 Publish = Callable[[str, dict], bool]
 
 
@@ -72,14 +76,10 @@ class MaintenanceExecutor:
         run = s.get(MaintenanceRun, run_id, populate_existing=True)
         if run is None or run.status not in maintenance.ALLOWED:
             return None
-        token = leases.new_token()
-        result = s.execute(update(MaintenanceRun).where(
-            MaintenanceRun.run_id == run_id, MaintenanceRun.status == run.status,
-            or_(MaintenanceRun.lease_expires_at.is_(None),
-                MaintenanceRun.lease_expires_at <= now)).values(
-            lease_owner=self.worker_id, lease_token=token,
-            lease_expires_at=now + timedelta(seconds=self.lease_s)))
-        if result.rowcount != 1:
+        token = leases.claim_row(s, MaintenanceRun, MaintenanceRun.run_id, run_id,
+                                 self.worker_id, self.lease_s, now,
+                                 MaintenanceRun.status == run.status)
+        if token is None:
             return None
         return RunClaim(run.run_id, run.workspace_id, run.session_id, run.kind, run.args, token)
 
@@ -117,26 +117,62 @@ class MaintenanceExecutor:
                            code="timeout", retryable=True, http_status=None)
 
     def finish(self, claim: RunClaim, outcome: dict) -> str:
-        """finalizing (no cancel after this point), then the terminal record."""
-        def write(s: Session) -> str | None:
+        """finalizing (durable on its own: no cancel after this point), then the terminal
+        record in a second transaction."""
+        def finalizing(s: Session) -> str | None:
             run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
-            if run.status in maintenance.TERMINAL:
+            if run.status in maintenance.TERMINAL or run.status == S.FINALIZING:
                 return run.status
-            if run.status != S.FINALIZING and not maintenance.transition(
-                    s, run, S.FINALIZING, self.clock(), token=claim.token):
-                return None
+            ok = maintenance.transition(s, run, S.FINALIZING, self.clock(), token=claim.token)
+            return S.FINALIZING if ok else None
+
+        def terminal(s: Session) -> str | None:
             run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
             status, fields = maintenance.terminal_for(outcome)
-            if not maintenance.transition(s, run, status, self.clock(), token=claim.token,
-                                          **fields):
-                return None
-            return status
-        status = run_transaction(self.engine, write)
+            ok = maintenance.transition(s, run, status, self.clock(), token=claim.token,
+                                        **fields)
+            return status if ok else None
+
+        state = run_transaction(self.engine, finalizing)
+        if state is None:
+            return "lost_lease"
+        if state in maintenance.TERMINAL:
+            return state
+        try:
+            status = run_transaction(self.engine, terminal)
+        except SQLAlchemyError as exc:
+            log.warning("maintenance %s: terminal record not written (%s)", claim.run_id,
+                        exc.__class__.__name__)
+            return self._persist_failed(claim)
         if status is None:
             return "lost_lease"
         release_session(self.engine, self.publish, claim.workspace_id, claim.session_id,
                         self.clock())
         return status
+
+    def _persist_failed(self, claim: RunClaim) -> str:
+        """The terminal write failed: once the database answers again, leave the run in
+        recovery (`operation_persist_failed`) and let go; recovery asks the runtime for the
+        outcome and writes it again. The session stays held meanwhile."""
+        def mark(s: Session) -> bool:
+            run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+            ok = maintenance.transition(
+                s, run, S.RECOVERY_REQUIRED, self.clock(), token=claim.token,
+                error_code=MaintenanceError.OPERATION_PERSIST_FAILED)
+            s.execute(update(MaintenanceRun).where(
+                MaintenanceRun.run_id == claim.run_id,
+                MaintenanceRun.lease_token == claim.token).values(
+                lease_owner=None, lease_token=None, lease_expires_at=None))
+            return ok
+        deadline = time.monotonic() + PERSIST_RETRY_S
+        while time.monotonic() < deadline:
+            try:
+                run_transaction(self.engine, mark)
+                return "persist_failed"
+            except SQLAlchemyError:
+                time.sleep(self.poll_s * 10)
+        # Still no database: the lease runs out and the sweeper recovers the run later.
+        return "persist_failed"
 
 
 def release_session(engine: Engine, publish: Publish, workspace_id: str, session_id: str,
