@@ -201,3 +201,26 @@ def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, mon
     assert executor.execute(run.run_id) == "completed"  # recovery asks the runtime again
     assert [s for _, s in statuses(client, run.run_id)] == [
         "running", "finalizing", "recovery_required", "finalizing", "completed"]
+
+
+def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(client, executor, settings,
+                                                                    sim_control):
+    from workflows.fence_apply import FenceApplier
+    sim_control.session(WS, SID, maintenance_duration_ms=20)
+    target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
+    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
+    d.dispatch(target.operation_id)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
+    applier = FenceApplier(client.engine, HttpRuntime(settings.runtime_url), worker_id="a",
+                           lease_s=5, publish=lambda *a: True)
+    assert applier.apply(fence.fence_id) == "retry"
+    waiting = client.get_fence(fence.fence_id)
+    assert waiting.status == "pending" and not waiting.settled
+    assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]  # installed
+    assert client.get_goal_operation(fence.clear_operation_id).status == "prepared"
+    assert executor.execute(run.run_id) == "completed"
+    assert ("agent_radar.fence.apply", {"fence_id": fence.fence_id}) in executor.published
+    assert applier.apply(fence.fence_id) == "completed"
+    assert client.get_goal_operation(fence.clear_operation_id).status == "completed"
+    assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]

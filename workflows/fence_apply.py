@@ -243,6 +243,8 @@ class FenceApplier:
         current = run_transaction(self.engine, lambda s: self.dispatcher._claim(
             s, claim.clear_operation_id))
         if not isinstance(current, Claim):
+            if current.outcome in ("held", "lane_lost"):
+                return False  # a maintenance run holds the session: the clear waits
             return current.outcome != "skipped" or self._clear_settled(claim)
         op = current.op
         try:

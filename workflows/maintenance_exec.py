@@ -15,10 +15,12 @@ from sqlalchemy.orm import Session
 
 from models.base import utcnow
 from models.db import run_transaction
-from models.enums import OPEN_OPERATION_STATUSES, MaintenanceError, MaintenanceStatus, Origin
-from models.tables import GoalOperation, MaintenanceRun
+from models.enums import (OPEN_OPERATION_STATUSES, FenceStatus, MaintenanceError,
+                          MaintenanceStatus, Origin)
+from models.tables import GoalFence, GoalOperation, MaintenanceRun
 from workflows import leases, maintenance
 from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.fence_apply import FENCE_APPLY_TASK
 from workflows.goals import DISPATCH_TASK
 from workflows.prompts import PROMPT_TASK
 from workflows.runtime import RuntimePort
@@ -193,6 +195,17 @@ def release_session(engine: Engine, publish: Publish, workspace_id: str, session
     if operations:
         # One dispatch drains the session's lane in revision order.
         publish(DISPATCH_TASK, {"operation_id": operations[0]})
+
+    def waiting_fences(s: Session) -> list[str]:
+        fences = list(s.execute(select(GoalFence.fence_id).where(
+            GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id,
+            GoalFence.status == FenceStatus.PENDING)).scalars())
+        if fences:
+            s.execute(update(GoalFence).where(GoalFence.fence_id.in_(fences))
+                      .values(next_attempt_at=now))
+        return fences
+    for fence_id in run_transaction(engine, waiting_fences):
+        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})  # their clears were held too
     publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
 
 
