@@ -13,11 +13,11 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
 from models.db import run_transaction
-from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus, Origin
+from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from models.tables import CancelOperation, GoalFence, GoalOperation
 from workflows import leases
 from workflows.fence_apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
-from workflows.goals import DISPATCH_TASK, budget_exhausted, fail_operation
+from workflows.goals import DISPATCH_TASK, budget_exhausted, due_operations, fail_operation
 from workflows.maintenance_exec import sweep_maintenance
 from workflows.prompts import PROMPT_TASK, sessions_with_queued_prompts
 
@@ -86,12 +86,8 @@ def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
     return run_transaction(engine, lambda s: list(s.execute(
         select(GoalOperation.operation_id)
-        .where(GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-               GoalOperation.origin == Origin.CLIENT,  # a fence drives its own clear
-               GoalOperation.next_attempt_at <= now,
-               or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff),
-               or_(GoalOperation.lease_expires_at.is_(None),
-                   GoalOperation.lease_expires_at <= now))
+        .where(*due_operations(now),
+               or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff))
         .order_by(GoalOperation.next_attempt_at).limit(limit)).scalars()))
 
 
@@ -123,8 +119,7 @@ def _settle_or_reserve(session, operation_id: str, now: datetime) -> str:
         update(GoalOperation)
         .where(GoalOperation.operation_id == operation_id,
                GoalOperation.next_attempt_at == op.next_attempt_at,
-               or_(GoalOperation.lease_expires_at.is_(None),
-                   GoalOperation.lease_expires_at <= now))
+               leases.unheld(GoalOperation, now))
         .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S)))
     return "republish" if result.rowcount == 1 else "skip"
 
@@ -136,7 +131,7 @@ def _republish_due(engine: Engine, publish: Publish, now: datetime, limit: int,
     REPUBLISH_INTERVAL_S with a conditional update so two sweeps never both publish it."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
     due = [table.status.in_(statuses), table.next_attempt_at <= now,
-           or_(table.lease_expires_at.is_(None), table.lease_expires_at <= now)]
+           leases.unheld(table, now)]
     if grace_first_attempt:
         due.append(or_(table.attempt > 0, table.next_attempt_at <= cutoff))
     ids_due = run_transaction(engine, lambda s: list(s.execute(

@@ -23,10 +23,10 @@ def goal_control(ctx, workspace_id, session_id, action, objective=None, *, clien
 
 @strict_task("agent_radar.goal.dispatch")
 def dispatch(ctx, operation_id):
-    client = _client(ctx)
+    # The client is only needed for the rare resume of an offline session.
     dispatcher = Dispatcher(ctx.engine, ctx.runtime, worker_id=worker_name(),
                             lease_s=ctx.settings.lease_s,
-                            resume_session=lambda ws, sid: client.ensure_session(ws, sid))
+                            resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid))
     results = dispatcher.dispatch(check_id("operation_id", operation_id))
     return [r.outcome for r in results]
 

@@ -116,10 +116,17 @@ def waiting_fences(session: Session, workspace_id: str, session_id: str, turn_id
                    now: datetime) -> list[str]:
     """Fences parked on this turn become due now; returns their ids to publish."""
     cancel_id = ids.cancel_operation_id(workspace_id, session_id, turn_id)
+    return wake_pending_fences(session, workspace_id, session_id, now,
+                               GoalFence.cancel_operation_id == cancel_id)
+
+
+def wake_pending_fences(session: Session, workspace_id: str, session_id: str, now: datetime,
+                        *conditions) -> list[str]:
+    """The session's pending fences (matching `conditions`) become due now; returns their
+    ids so the caller publishes them after commit."""
     fence_ids = list(session.execute(select(GoalFence.fence_id).where(
         GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id,
-        GoalFence.cancel_operation_id == cancel_id,
-        GoalFence.status == FenceStatus.PENDING)).scalars())
+        GoalFence.status == FenceStatus.PENDING, *conditions)).scalars())
     if fence_ids:
         session.execute(update(GoalFence).where(GoalFence.fence_id.in_(fence_ids))
                         .values(next_attempt_at=now))

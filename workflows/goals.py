@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -147,6 +147,15 @@ def _supersede(session: Session, operation_id: str, now: datetime) -> bool:
         .values(status=OperationStatus.SUPERSEDED, completed_at=now, lease_owner=None,
                 lease_token=None, lease_expires_at=None))
     return result.rowcount == 1
+
+
+def due_operations(now: datetime) -> tuple:
+    """SQL conditions of a client goal operation that a worker may attempt now: open, due,
+    and no live lease on it. A fence drives its own clear, so fence-made ones are left out."""
+    return (GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            GoalOperation.origin == Origin.CLIENT,
+            GoalOperation.next_attempt_at <= now,
+            leases.unheld(GoalOperation, now))
 
 
 def backoff_s(attempt: int) -> float:
@@ -322,12 +331,7 @@ class Dispatcher:
         next_op = s.execute(
             select(GoalOperation.operation_id)
             .where(GoalOperation.workspace_id == lane.workspace_id,
-                   GoalOperation.session_id == lane.session_id,
-                   GoalOperation.origin == Origin.CLIENT,  # a fence drives its own clear
-                   GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-                   GoalOperation.next_attempt_at <= now,
-                   or_(GoalOperation.lease_expires_at.is_(None),
-                       GoalOperation.lease_expires_at <= now))
+                   GoalOperation.session_id == lane.session_id, *due_operations(now))
             .order_by(GoalOperation.goal_revision).limit(1)).scalar_one_or_none()
         if next_op is None:
             return None, None
@@ -337,14 +341,6 @@ class Dispatcher:
         return new_lane, self._claim(s, next_op)
 
     # -- one operation ---------------------------------------------------------------------
-    def step(self, operation_id: str) -> StepResult:
-        """One attempt without the lane (tests and tools): claim, call, record."""
-        current = run_transaction(self.engine, lambda s: self._claim(s, operation_id))
-        if isinstance(current, StepResult):
-            return current
-        record = self._attempt(current)
-        return run_transaction(self.engine, record)
-
     def _claim(self, session: Session, operation_id: str,
                lane: Lane | None = None) -> Claim | StepResult:
         if lane is not None and not leases.renew(session, lane.name, lane.token,

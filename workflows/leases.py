@@ -47,6 +47,11 @@ def release(session: Session, name: str, token: str) -> bool:
     return result.rowcount == 1
 
 
+def unheld(model, now: datetime):
+    """SQL condition: no live lease holds the row (never leased, released, or expired)."""
+    return or_(model.lease_expires_at.is_(None), model.lease_expires_at <= now)
+
+
 def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: float,
               now: datetime, *conditions, **values) -> str | None:
     """Take the lease columns of one row (LeaseColumns) if no live lease holds it and the
@@ -55,8 +60,7 @@ def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: 
     token = new_token()
     result = session.execute(
         update(model)
-        .where(key_column == key, *conditions,
-               or_(model.lease_expires_at.is_(None), model.lease_expires_at <= now))
+        .where(key_column == key, *conditions, unheld(model, now))
         .values(lease_owner=owner, lease_token=token,
                 lease_expires_at=now + timedelta(seconds=ttl_s), **values))
     return token if result.rowcount == 1 else None

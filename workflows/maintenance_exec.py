@@ -15,10 +15,9 @@ from sqlalchemy.orm import Session
 
 from models.base import utcnow
 from models.db import run_transaction
-from models.enums import (OPEN_OPERATION_STATUSES, FenceStatus, MaintenanceError,
-                          MaintenanceStatus, Origin)
-from models.tables import GoalFence, GoalOperation, MaintenanceRun
-from workflows import leases, maintenance
+from models.enums import OPEN_OPERATION_STATUSES, MaintenanceError, MaintenanceStatus, Origin
+from models.tables import GoalOperation, MaintenanceRun
+from workflows import cancels, leases, maintenance
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fence_apply import FENCE_APPLY_TASK
 from workflows.goals import DISPATCH_TASK
@@ -195,17 +194,10 @@ def release_session(engine: Engine, publish: Publish, workspace_id: str, session
     if operations:
         # One dispatch drains the session's lane in revision order.
         publish(DISPATCH_TASK, {"operation_id": operations[0]})
-
-    def waiting_fences(s: Session) -> list[str]:
-        fences = list(s.execute(select(GoalFence.fence_id).where(
-            GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id,
-            GoalFence.status == FenceStatus.PENDING)).scalars())
-        if fences:
-            s.execute(update(GoalFence).where(GoalFence.fence_id.in_(fences))
-                      .values(next_attempt_at=now))
-        return fences
-    for fence_id in run_transaction(engine, waiting_fences):
-        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})  # their clears were held too
+    # Their clears were held too.
+    for fence_id in run_transaction(engine, lambda s: cancels.wake_pending_fences(
+            s, workspace_id, session_id, now)):
+        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
     publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
 
 
@@ -235,8 +227,7 @@ def sweep_maintenance(engine: Engine, publish: Publish, now: datetime, *, cancel
     due = run_transaction(engine, lambda s: list(s.execute(select(MaintenanceRun.run_id).where(
         or_(MaintenanceRun.status == S.RECOVERY_REQUIRED,
             (MaintenanceRun.status == S.RUNNING) & (MaintenanceRun.started_at <= started_cutoff)),
-        or_(MaintenanceRun.lease_expires_at.is_(None),
-            MaintenanceRun.lease_expires_at <= now)).limit(limit)).scalars()))
+        leases.unheld(MaintenanceRun, now)).limit(limit)).scalars()))
     for run_id in due:
         publish(EXECUTE_TASK, {"run_id": run_id})
         counts["republished"] += 1

@@ -2,7 +2,7 @@
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from models.base import utcnow
@@ -10,6 +10,7 @@ from models.db import run_transaction
 from models.enums import (LIVE_MAINTENANCE_STATUSES, OPEN_OPERATION_STATUSES,
                           MaintenanceStatus, PromptStatus)
 from models.tables import GoalFence, GoalOperation, MaintenanceRun, Prompt
+from workflows import leases
 
 # Due work older than this is "overdue": the sweeper (every 2 s by default) should have
 # picked it up long before.
@@ -24,8 +25,7 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
             select(GoalOperation.status, func.count()).group_by(GoalOperation.status)).all())
         due_filter = (GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
                       GoalOperation.next_attempt_at <= now,
-                      or_(GoalOperation.lease_expires_at.is_(None),
-                          GoalOperation.lease_expires_at <= now))
+                      leases.unheld(GoalOperation, now))
         due = s.execute(select(func.count()).where(*due_filter)).scalar_one()
         overdue = s.execute(select(func.count()).where(
             *due_filter,
