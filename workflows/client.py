@@ -91,8 +91,7 @@ class AgentRadar:
 
     @staticmethod
     def _submit(session, request: GoalRequest) -> tuple[GoalOperation, bool]:
-        row, created = submit(session, request, utcnow())
-        return records.from_row(GoalOperation, row), created
+        return submit(session, request, utcnow())
 
     def set_goal(self, workspace_id, session_id, objective, *, client_submit_id,
                  expected_revision=None) -> GoalOperation:

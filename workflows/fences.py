@@ -48,7 +48,7 @@ class FenceRequest:
 def submit_fence(session: Session, request: FenceRequest, now: datetime
                  ) -> tuple[GoalFence, bool]:
     """Accept a fence in the caller's transaction. Returns (fence, created)."""
-    row = lock_session(session, request.workspace_id, request.session_id)
+    lock_session(session, request.workspace_id, request.session_id)
     existing = session.get(GoalFence, request.fence_id, populate_existing=True)
     if existing is not None:
         if existing.target_operation_id != request.target_operation_id:
@@ -88,11 +88,12 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime
         attempt=0, next_attempt_at=now, created_at=now)
     session.add(fence)
     session.flush()
-    append_event(session, row, kind="goal-fence", record_id=f"goal-fence:{fence.fence_id}",
+    append_event(session, request.workspace_id, request.session_id, kind="goal-fence",
+                 record_id=f"goal-fence:{fence.fence_id}",
                  idempotency_key=f"goal-fence:{fence.fence_id}", revision=fence.target_revision,
                  payload={"target_operation_id": fence.target_operation_id,
                           "target_revision": fence.target_revision, "reason": fence.reason,
-                          "clear_operation_id": clear_id}, now=now, new_key=True)
+                          "clear_operation_id": clear_id}, now=now)
     return fence, True
 
 

@@ -4,13 +4,14 @@ Rules are plain functions over a database session (or an engine, where one step 
 short transactions around a runtime call) and a runtime port. They never import Celery.
 """
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, bindparam, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -24,7 +25,7 @@ from workflows.maintenance import session_held
 from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
                               RuntimeDisconnected, RuntimeFault)
 from workflows.runtime import RuntimePort
-from workflows.sessions import append_event, lock_session
+from workflows.sessions import SESSIONS, append_event, lock_session, new_session_values
 from workflows.validation import check_action, check_id, check_int, check_objective
 
 log = logging.getLogger(__name__)
@@ -85,67 +86,107 @@ def _get_state(session: Session, workspace_id: str, session_id: str) -> GoalStat
     return session.get(GoalState, (workspace_id, session_id), populate_existing=True)
 
 
+OPS = GoalOperation.__table__
+STATES = GoalState.__table__
+_SESSION_KEY = (SESSIONS.c.workspace_id == bindparam("b_ws"),
+                SESSIONS.c.session_id == bindparam("b_sid"))
+_STATE_KEY = (STATES.c.workspace_id == bindparam("b_ws"),
+              STATES.c.session_id == bindparam("b_sid"))
+# Submit's one read: the session row (locked), its goal state, and whether the operation
+# already exists. Statements on the hot paths are built once, with bound parameters.
+_SUBMIT_LOOKUP = (
+    select(STATES.c.revision, STATES.c.desired, STATES.c.pending_operation_id,
+           OPS.c.operation_id.label("existing"))
+    .select_from(SESSIONS.outerjoin(STATES, and_(
+        STATES.c.workspace_id == SESSIONS.c.workspace_id,
+        STATES.c.session_id == SESSIONS.c.session_id)).outerjoin(
+        OPS, OPS.c.operation_id == bindparam("b_op")))
+    .where(*_SESSION_KEY)
+    .with_for_update(of=SESSIONS))
+_INSERT_SESSION = insert(SESSIONS)
+_INSERT_STATE = insert(STATES)
+_UPDATE_STATE = update(STATES).where(*_STATE_KEY)
+_INSERT_OPERATION = insert(OPS)
+_LOAD_OPERATION = select(OPS).where(OPS.c.operation_id == bindparam("b_op"))
+_SUPERSEDE = (update(OPS).where(OPS.c.operation_id == bindparam("b_op"),
+                                OPS.c.status.in_(OPEN_OPERATION_STATUSES))
+              .values(status=OperationStatus.SUPERSEDED, completed_at=bindparam("b_now"),
+                      lease_owner=None, lease_token=None, lease_expires_at=None))
+
+
+def load_operation(session: Session, operation_id: str) -> records.GoalOperation | None:
+    row = session.connection().execute(_LOAD_OPERATION, {"b_op": operation_id}).first()
+    return None if row is None else records.from_row(records.GoalOperation, row)
+
+
 def submit(session: Session, request: GoalRequest, now: datetime
-           ) -> tuple[GoalOperation, bool]:
+           ) -> tuple[records.GoalOperation, bool]:
     """Accept a goal control intent in the caller's transaction (DESIGN 4.2, submit 1-7).
 
-    Returns (operation, created). A replay returns the existing row and writes nothing.
+    Returns (operation, created). A replay returns the existing operation and writes
+    nothing. The session row is locked first, as by every writer of a session.
     """
-    row = lock_session(session, request.workspace_id, request.session_id)
-    existing = session.get(GoalOperation, request.operation_id, populate_existing=True)
-    if existing is not None:
+    conn = session.connection()
+    key = {"b_ws": request.workspace_id, "b_sid": request.session_id}
+    found = conn.execute(_SUBMIT_LOOKUP, {**key, "b_op": request.operation_id}).first()
+    if found is None:
+        # A new session: its row is created (and so locked) here, and nothing of it exists.
+        conn.execute(_INSERT_SESSION, new_session_values(request.workspace_id,
+                                                         request.session_id))
+        revision, desired, pending = 0, None, None
+    elif found.existing is not None:
+        existing = load_operation(session, request.operation_id)
         if (existing.action, existing.objective) != (request.action.value, request.objective):
             raise GoalOperationConflict(
                 f"client_submit_id {request.client_submit_id!r} was used for "
                 f"{existing.action} {existing.objective!r}",
                 operation_id=existing.operation_id)
         return existing, False
+    else:
+        revision, desired, pending = (found.revision or 0, found.desired,
+                                      found.pending_operation_id)
+    has_state = found is not None and found.revision is not None
 
-    state = _get_state(session, request.workspace_id, request.session_id)
-    revision = state.revision if state else 0
     if request.expected_revision is not None and request.expected_revision != revision:
         raise GoalGenerationSuperseded(
             f"expected revision {request.expected_revision}, current is {revision}",
             expected_revision=request.expected_revision, current_revision=revision)
-    desired = state.desired if state else None
     if request.action in (GoalAction.PAUSE, GoalAction.RESUME) and desired is None:
         raise GoalStateAbsent(f"cannot {request.action.value}: the session has no goal")
 
-    if state is None:
-        state = GoalState(workspace_id=request.workspace_id, session_id=request.session_id,
-                          revision=0, tombstoned=False, sync_status=SyncStatus.PENDING)
-        session.add(state)
-    elif state.pending_operation_id:
-        _supersede(session, state.pending_operation_id, now)
-
-    state.revision = revision + 1
-    state.desired = desired_after(request.action, request.objective, desired)
-    state.tombstoned = request.action is GoalAction.CLEAR
-    state.sync_status = SyncStatus.PENDING
-    state.pending_operation_id = request.operation_id
-    state.last_error = None
-    op = GoalOperation(
+    if pending:
+        conn.execute(_SUPERSEDE, {"b_op": pending, "b_now": now})
+    state = {"revision": revision + 1,
+             "desired": desired_after(request.action, request.objective, desired),
+             "tombstoned": request.action is GoalAction.CLEAR,
+             "sync_status": SyncStatus.PENDING.value,
+             "pending_operation_id": request.operation_id, "last_error": None}
+    if has_state:
+        conn.execute(_UPDATE_STATE, {**key, **state})
+    else:
+        conn.execute(_INSERT_STATE, {"workspace_id": request.workspace_id,
+                                     "session_id": request.session_id, "observed": None,
+                                     **state})
+    op = records.GoalOperation(
         operation_id=request.operation_id, workspace_id=request.workspace_id,
         session_id=request.session_id, client_submit_id=request.client_submit_id,
         origin=request.origin.value, action=request.action.value, objective=request.objective,
-        goal_revision=state.revision, status=OperationStatus.PREPARED,
-        provider_phase=ProviderPhase.PREPARED, attempt=0, next_attempt_at=now, created_at=now)
-    session.add(op)
-    session.flush()
-    append_event(session, row, kind="goal-control", record_id=f"goal-control:{op.operation_id}",
+        goal_revision=revision + 1, status=OperationStatus.PREPARED.value,
+        provider_phase=ProviderPhase.PREPARED.value, evidence=None, last_error=None,
+        attempt=0, lease_owner=None, lease_token=None, lease_expires_at=None,
+        next_attempt_at=now, first_dispatched_at=None, accepted_at=None, completed_at=None,
+        created_at=now)
+    conn.execute(_INSERT_OPERATION, dataclasses.asdict(op))
+    append_event(session, op.workspace_id, op.session_id, kind="goal-control",
+                 record_id=f"goal-control:{op.operation_id}",
                  idempotency_key=f"goal-control:{op.operation_id}", revision=op.goal_revision,
                  payload={"action": op.action, "objective": op.objective, "origin": op.origin,
-                          "client_submit_id": op.client_submit_id}, now=now, new_key=True)
+                          "client_submit_id": op.client_submit_id}, now=now)
     return op, True
 
 
 def _supersede(session: Session, operation_id: str, now: datetime) -> bool:
-    result = session.execute(
-        update(GoalOperation)
-        .where(GoalOperation.operation_id == operation_id,
-               GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
-        .values(status=OperationStatus.SUPERSEDED, completed_at=now, lease_owner=None,
-                lease_token=None, lease_expires_at=None))
+    result = session.connection().execute(_SUPERSEDE, {"b_op": operation_id, "b_now": now})
     return result.rowcount == 1
 
 

@@ -80,10 +80,11 @@ def session_held(session: Session, workspace_id: str, session_id: str) -> bool:
 
 
 def _record(session: Session, run: MaintenanceRun, now: datetime) -> None:
-    row = lock_session(session, run.workspace_id, run.session_id)
-    append_event(session, row, kind="diagnostic", record_id=f"maintenance:{run.run_id}",
+    lock_session(session, run.workspace_id, run.session_id)
+    append_event(session, run.workspace_id, run.session_id, kind="diagnostic",
+                 record_id=f"maintenance:{run.run_id}",
                  idempotency_key=f"session-maintenance:{run.run_id}:{run.revision}",
-                 revision=run.revision, optional=True, now=now, new_key=True,
+                 revision=run.revision, optional=True, now=now,
                  payload={"type": RECORD_TYPE,
                           "record": {f: getattr(run, f) for f in RECORD_FIELDS}})
 

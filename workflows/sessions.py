@@ -3,11 +3,29 @@
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from models.db import insert_ignore
 from models.tables import AgentSession, SessionEvent
+
+SESSIONS = AgentSession.__table__
+EVENTS = SessionEvent.__table__
+
+# Built once: hot paths run these on every operation, and building a statement costs more
+# than executing a cached one.
+_NEXT_SEQUENCE = (
+    update(SESSIONS)
+    .where(SESSIONS.c.workspace_id == bindparam("b_ws"),
+           SESSIONS.c.session_id == bindparam("b_sid"))
+    .values(event_sequence=SESSIONS.c.event_sequence + 1)
+    .returning(SESSIONS.c.event_sequence))
+_INSERT_EVENT = insert(EVENTS)
+
+
+def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
+    return {"workspace_id": workspace_id, "session_id": session_id, "runtime_epoch": 0,
+            "admission": "open", "event_sequence": 0}
 
 
 def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentSession:
@@ -23,32 +41,24 @@ def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentS
              .execution_options(populate_existing=True))
     row = session.execute(query).scalar_one_or_none()
     if row is None:
-        insert_ignore(session, AgentSession.__table__, {
-            "workspace_id": workspace_id, "session_id": session_id, "runtime_epoch": 0,
-            "admission": "open", "event_sequence": 0})
+        insert_ignore(session, SESSIONS, new_session_values(workspace_id, session_id))
         row = session.execute(query).scalar_one()
     return row
 
 
-def append_event(session: Session, row: AgentSession, *, kind: str, record_id: str,
-                 idempotency_key: str, now: datetime, revision: int | None = None,
-                 payload: dict[str, Any] | None = None, optional: bool = False,
-                 new_key: bool = False) -> SessionEvent:
-    """Append one event at the next gap-free sequence; a repeated key returns the first.
-
-    `new_key` skips the lookup when the caller just created the record the key names (the
-    unique constraint still guards it)."""
-    if not new_key:
-        existing = session.execute(
-            select(SessionEvent).where(SessionEvent.idempotency_key == idempotency_key)
-        ).scalar_one_or_none()
-        if existing is not None:
-            return existing
-    row.event_sequence += 1
-    event = SessionEvent(
-        workspace_id=row.workspace_id, session_id=row.session_id, sequence=row.event_sequence,
-        kind=kind, record_id=record_id, revision=revision, payload=payload, optional=optional,
-        idempotency_key=idempotency_key, created_at=now)
-    session.add(event)
-    session.flush()
-    return event
+def append_event(session: Session, workspace_id: str, session_id: str, *, kind: str,
+                 record_id: str, idempotency_key: str, now: datetime,
+                 revision: int | None = None, payload: dict[str, Any] | None = None,
+                 optional: bool = False) -> int:
+    """Append one event at the next gap-free sequence of a session whose row this
+    transaction has locked; returns the sequence. The counter is bumped in the database,
+    never from a loaded row, so it is right whatever the caller loaded before. The
+    idempotency key is unique: callers append only for a record they just created."""
+    conn = session.connection()
+    sequence = conn.execute(_NEXT_SEQUENCE, {"b_ws": workspace_id, "b_sid": session_id}
+                            ).scalar_one()
+    conn.execute(_INSERT_EVENT, {
+        "workspace_id": workspace_id, "session_id": session_id, "sequence": sequence,
+        "kind": kind, "record_id": record_id, "revision": revision, "payload": payload,
+        "optional": optional, "idempotency_key": idempotency_key, "created_at": now})
+    return sequence
