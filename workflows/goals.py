@@ -21,7 +21,7 @@ from models.enums import (OPEN_OPERATION_STATUSES, GoalAction, OperationStatus, 
                           ProviderPhase, SyncStatus)
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
-from workflows.maintenance import session_held
+from workflows.maintenance import holds
 from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
                               RuntimeDisconnected, RuntimeFault)
 from workflows.runtime import RuntimePort
@@ -80,10 +80,6 @@ def desired_after(action: GoalAction, objective: str | None,
         return None
     status = "paused" if action is GoalAction.PAUSE else "active"
     return {**desired, "status": status}
-
-
-def _get_state(session: Session, workspace_id: str, session_id: str) -> GoalState | None:
-    return session.get(GoalState, (workspace_id, session_id), populate_existing=True)
 
 
 OPS = GoalOperation.__table__
@@ -241,28 +237,75 @@ def fail_operation(session: Session, op: GoalOperation, error: str, now: datetim
     return True
 
 
-def complete_applied(session: Session, op: GoalOperation, goal: dict | None,
+_LOCK_SESSION_STATE = (
+    select(STATES.c.desired, STATES.c.pending_operation_id)
+    .select_from(SESSIONS.outerjoin(STATES, and_(
+        STATES.c.workspace_id == SESSIONS.c.workspace_id,
+        STATES.c.session_id == SESSIONS.c.session_id)))
+    .where(*_SESSION_KEY)
+    .with_for_update(of=SESSIONS))
+_COMPLETED = dict(status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.APPLIED,
+                  evidence=bindparam("b_evidence"), completed_at=bindparam("b_now"),
+                  last_error=None, lease_owner=None, lease_token=None, lease_expires_at=None)
+_DISPATCHED = (OPS.c.operation_id == bindparam("b_op"),
+               OPS.c.status == OperationStatus.DISPATCHED)
+_COMPLETE = update(OPS).where(*_DISPATCHED).values(**_COMPLETED)
+_COMPLETE_HELD = (update(OPS).where(*_DISPATCHED, OPS.c.lease_token == bindparam("b_token"))
+                  .values(**_COMPLETED))
+_STATE_APPLIED = (update(STATES)
+                  .where(*_STATE_KEY, STATES.c.pending_operation_id == bindparam("b_op"))
+                  .values(observed=bindparam("b_goal"), sync_status=bindparam("b_sync"),
+                          pending_operation_id=None, last_error=None))
+
+
+def complete_applied(session: Session, op: Any, goal: dict | None,
                      evidence: dict | None, now: datetime, token: str | None = None) -> bool:
     """Record authoritative evidence that the agent applied this operation's revision."""
-    lock_session(session, op.workspace_id, op.session_id)
-    conditions = [GoalOperation.operation_id == op.operation_id,
-                  GoalOperation.status == OperationStatus.DISPATCHED]
-    if token is not None:
-        conditions.append(GoalOperation.lease_token == token)
-    result = session.execute(
-        update(GoalOperation).where(*conditions).values(
-            status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.APPLIED,
-            evidence=evidence, completed_at=now, last_error=None,
-            lease_owner=None, lease_token=None, lease_expires_at=None))
+    conn = session.connection()
+    key = {"b_ws": op.workspace_id, "b_sid": op.session_id}
+    state = conn.execute(_LOCK_SESSION_STATE, key).first()
+    params = {"b_op": op.operation_id, "b_evidence": evidence, "b_now": now}
+    if token is None:
+        result = conn.execute(_COMPLETE, params)
+    else:
+        result = conn.execute(_COMPLETE_HELD, {**params, "b_token": token})
     if result.rowcount != 1:
         return False
-    state = _get_state(session, op.workspace_id, op.session_id)
     if state is not None and state.pending_operation_id == op.operation_id:
-        state.observed = goal
-        state.sync_status = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
-        state.pending_operation_id = None
-        state.last_error = None
+        sync = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+        conn.execute(_STATE_APPLIED, {**key, "b_op": op.operation_id, "b_goal": goal,
+                                      "b_sync": sync.value})
     return True
+
+
+def _same_session(table):
+    return and_(table.c.workspace_id == OPS.c.workspace_id,
+                table.c.session_id == OPS.c.session_id)
+
+
+_OP_KEY = OPS.c.operation_id == bindparam("b_op")
+_OP_LANE = select(OPS.c.workspace_id, OPS.c.session_id, OPS.c.status).where(_OP_KEY)
+# A claim's one read: the operation, its session row (locked), its goal state, and whether
+# a maintenance run holds the session.
+_CLAIM_LOOKUP = (
+    select(OPS, STATES.c.revision.label("state_revision"),
+           STATES.c.pending_operation_id.label("state_pending"),
+           holds(OPS.c.workspace_id, OPS.c.session_id).label("held"))
+    .select_from(OPS.join(SESSIONS, _same_session(SESSIONS))
+                 .outerjoin(STATES, _same_session(STATES)))
+    .where(_OP_KEY)
+    .with_for_update(of=SESSIONS))
+_CLAIM_OPERATION = leases.row_claim(
+    OPS, OPS.c.operation_id, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
+    status=OperationStatus.DISPATCHED, provider_phase=ProviderPhase.DISPATCHED,
+    attempt=bindparam("b_attempt"), first_dispatched_at=bindparam("b_first"))
+_STATE_APPLYING = update(STATES).where(*_STATE_KEY).values(sync_status=SyncStatus.APPLYING)
+_RESCHEDULE = update(OPS).where(_OP_KEY).values(next_attempt_at=bindparam("b_at"))
+_NEXT_DUE = (select(OPS.c.operation_id)
+             .where(OPS.c.workspace_id == bindparam("b_ws"),
+                    OPS.c.session_id == bindparam("b_sid"),
+                    *due_operations(bindparam("b_now")))
+             .order_by(OPS.c.goal_revision).limit(1))
 
 
 @dataclass
@@ -313,13 +356,13 @@ class Dispatcher:
         """Entry point of `agent_radar.goal.dispatch`: take the operation's session lane and
         drain it, starting with this operation."""
         def open_lane(s: Session):
-            op = s.get(GoalOperation, operation_id, populate_existing=True)
+            op = s.connection().execute(_OP_LANE, {"b_op": operation_id}).first()
             if op is None or op.status not in OPEN_OPERATION_STATUSES:
                 return None, None
             lane = self._take_lane(s, op.workspace_id, op.session_id)
             if lane is None:
                 return None, None  # the holder checks once more when it releases
-            return lane, self._claim_loaded(s, op)  # the lane is fresh: no renewal needed
+            return lane, self._claim_op(s, operation_id)  # the lane is fresh: no renewal
         lane, first = run_transaction(self.engine, open_lane)
         return self._drain(lane, first) if lane else []
 
@@ -368,18 +411,15 @@ class Dispatcher:
         lane meanwhile either saw it held (and its operation is visible to this check) or
         gets the lane now."""
         leases.release(s, lane.name, lane.token)
-        now = self.clock()
-        next_op = s.execute(
-            select(GoalOperation.operation_id)
-            .where(GoalOperation.workspace_id == lane.workspace_id,
-                   GoalOperation.session_id == lane.session_id, *due_operations(now))
-            .order_by(GoalOperation.goal_revision).limit(1)).scalar_one_or_none()
+        next_op = s.connection().execute(_NEXT_DUE, {
+            "b_ws": lane.workspace_id, "b_sid": lane.session_id, "b_now": self.clock()}
+        ).scalar_one_or_none()
         if next_op is None:
             return None, None
         new_lane = self._take_lane(s, lane.workspace_id, lane.session_id)
         if new_lane is None:
             return None, None
-        return new_lane, self._claim(s, next_op)
+        return new_lane, self._claim_op(s, next_op)
 
     # -- one operation ---------------------------------------------------------------------
     def _claim(self, session: Session, operation_id: str,
@@ -387,28 +427,27 @@ class Dispatcher:
         if lane is not None and not leases.renew(session, lane.name, lane.token,
                                                  self.lease_s, self.clock()):
             return StepResult(operation_id, "lane_lost")
-        op = session.get(GoalOperation, operation_id, populate_existing=True)
-        if op is None:
-            return StepResult(operation_id, "skipped")
-        return self._claim_loaded(session, op)
+        return self._claim_op(session, operation_id)
 
-    def _claim_loaded(self, session: Session, op: GoalOperation) -> Claim | StepResult:
+    def _claim_op(self, session: Session, operation_id: str) -> Claim | StepResult:
+        """Claim one operation for an attempt now, with its session row locked, or say why
+        not. One read (operation, goal state, maintenance hold) and at most two writes."""
         now = self.clock()
-        operation_id = op.operation_id
-        if op.status not in OPEN_OPERATION_STATUSES:
+        conn = session.connection()
+        row = conn.execute(_CLAIM_LOOKUP, {"b_op": operation_id}).first()
+        if row is None or row.status not in OPEN_OPERATION_STATUSES:
             return StepResult(operation_id, "skipped")
-        if op.lease_expires_at is not None and op.lease_expires_at > now:
+        if row.lease_expires_at is not None and row.lease_expires_at > now:
             return StepResult(operation_id, "skipped")  # another worker is on it
-        lock_session(session, op.workspace_id, op.session_id)
-        state = _get_state(session, op.workspace_id, op.session_id)
-        if state is None or state.revision != op.goal_revision or (
-                state.pending_operation_id != op.operation_id):
-            _supersede(session, op.operation_id, now)
+        op = records.from_row(records.GoalOperation, row)
+        if row.state_revision != op.goal_revision or row.state_pending != operation_id:
+            _supersede(session, operation_id, now)
             return StepResult(operation_id, "superseded")
-        if session_held(session, op.workspace_id, op.session_id):
+        if row.held:
             # Parked behind a maintenance run: no attempt, no budget used. The run's
             # release makes it due again; until then the sweeper leaves it alone.
-            op.next_attempt_at = now + timedelta(seconds=HOLD_RECHECK_S)
+            conn.execute(_RESCHEDULE, {"b_op": operation_id,
+                                       "b_at": now + timedelta(seconds=HOLD_RECHECK_S)})
             return StepResult(operation_id, "held")
         reason = budget_exhausted(op, now)
         if reason:
@@ -416,20 +455,20 @@ class Dispatcher:
             return StepResult(operation_id, "failed")
         if op.provider_phase == ProviderPhase.ACCEPTED:
             # Acknowledged; the applied report completes it. Wake again at the deadline.
-            op.next_attempt_at = op.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S)
+            conn.execute(_RESCHEDULE, {"b_op": operation_id, "b_at": op.accepted_at
+                                       + timedelta(seconds=ACCEPTED_BUDGET_S)})
             return StepResult(operation_id, "skipped")
-        token = leases.claim_row(
-            session, GoalOperation, GoalOperation.operation_id, op.operation_id,
-            self.worker_id, self.lease_s, now,
-            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-            status=OperationStatus.DISPATCHED, provider_phase=ProviderPhase.DISPATCHED,
-            attempt=GoalOperation.attempt + 1, first_dispatched_at=op.first_dispatched_at or now)
+        first = op.first_dispatched_at or now
+        token = leases.take_row(session, _CLAIM_OPERATION, operation_id, self.worker_id,
+                                self.lease_s, now, b_attempt=op.attempt + 1, b_first=first)
         if token is None:
             return StepResult(operation_id, "skipped")
-        state.sync_status = SyncStatus.APPLYING
-        session.flush()
-        # The ORM-enabled UPDATE synchronised `op` (attempt, status, lease); copy it out.
-        return Claim(op=records.from_row(records.GoalOperation, op), token=token)
+        conn.execute(_STATE_APPLYING, {"b_ws": op.workspace_id, "b_sid": op.session_id})
+        return Claim(op=dataclasses.replace(
+            op, status=OperationStatus.DISPATCHED.value,
+            provider_phase=ProviderPhase.DISPATCHED.value, attempt=op.attempt + 1,
+            first_dispatched_at=first, lease_owner=self.worker_id, lease_token=token,
+            lease_expires_at=now + timedelta(seconds=self.lease_s)), token=token)
 
     def _unclaim(self, session: Session, claim: Claim) -> None:
         """Give back a claim that will not be attempted now; it is due again at once."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from models.enums import (LIVE_MAINTENANCE_STATUSES, TERMINAL_MAINTENANCE_STATUSES,
@@ -74,9 +74,16 @@ def live_run(session: Session, workspace_id: str, session_id: str) -> Maintenanc
         MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES)).limit(1)).scalar_one_or_none()
 
 
+def holds(workspace_id, session_id):
+    """SQL condition: a run that is not terminal (recovery included) holds the session
+    (DESIGN 4.7). The ids are values or columns of an enclosing query."""
+    return exists().where(MaintenanceRun.workspace_id == workspace_id,
+                          MaintenanceRun.session_id == session_id,
+                          MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+
+
 def session_held(session: Session, workspace_id: str, session_id: str) -> bool:
-    """While a run is not terminal (recovery included), the session is held (DESIGN 4.7)."""
-    return live_run(session, workspace_id, session_id) is not None
+    return session.execute(select(holds(workspace_id, session_id))).scalar_one()
 
 
 def _record(session: Session, run: MaintenanceRun, now: datetime) -> None:
