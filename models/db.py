@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
@@ -117,13 +117,16 @@ def run_transaction(engine: Engine, work: Callable[[Session], T],
     raise AssertionError("unreachable")
 
 
-def insert_ignore(session: Session, table, values: dict) -> bool:
-    """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL; True if inserted."""
+def insert_ignore(session: Session, table, values: dict | list[dict]) -> Any:
+    """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL. For one row (a dict):
+    True if it went in; for several (a list of dicts, one statement): the set of the first
+    primary key column's values that went in."""
     if session.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    # rowcount is not reliable for INSERT; RETURNING says whether a row went in.
+    # rowcount is not reliable for INSERT; RETURNING says which rows went in.
     key = next(iter(table.primary_key.columns))
-    statement = insert(table).values(**values).on_conflict_do_nothing().returning(key)
-    return session.execute(statement).first() is not None
+    statement = insert(table).values(values).on_conflict_do_nothing().returning(key)
+    inserted = set(session.execute(statement).scalars())
+    return inserted if isinstance(values, list) else bool(inserted)

@@ -5,7 +5,9 @@ from tasks.strict import strict_task
 from tasks.worker_id import worker_name
 from workflows.client import AgentRadar
 from workflows.goals import Dispatcher
-from workflows.validation import check_id
+from workflows.broker import COALESCE_MAX_ITEMS
+from workflows.errors import InvalidArgument
+from workflows.validation import check_id, check_ids
 
 
 def _client(ctx: TaskContext) -> AgentRadar:
@@ -22,13 +24,19 @@ def goal_control(ctx, workspace_id, session_id, action, objective=None, *, clien
 
 
 @strict_task("agent_radar.goal.dispatch")
-def dispatch(ctx, operation_id):
+def dispatch(ctx, operation_id=None, operation_ids=None):
+    """One operation (`operation_id`, as the sweeper publishes) or several submitted together
+    (`operation_ids`, as a client coalesces them)."""
+    if (operation_id is None) == (operation_ids is None):
+        raise InvalidArgument("give exactly one of operation_id and operation_ids",
+                              field="operation_id")
+    wanted = ([check_id("operation_id", operation_id)] if operation_id is not None
+              else check_ids("operation_ids", operation_ids, COALESCE_MAX_ITEMS))
     # The client is only needed for the rare resume of an offline session.
     dispatcher = Dispatcher(ctx.engine, ctx.runtime, worker_id=worker_name(),
                             lease_s=ctx.settings.lease_s,
                             resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid))
-    results = dispatcher.dispatch(check_id("operation_id", operation_id))
-    return [r.outcome for r in results]
+    return [r.outcome for r in dispatcher.dispatch_many(wanted, steal=True)]
 
 
 @strict_task("agent_radar.report_activity", public=True)

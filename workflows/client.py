@@ -58,12 +58,15 @@ class AgentRadar:
     def from_env(cls) -> "AgentRadar":
         return cls()
 
-    def _accept(self, work, task: str, message) -> Any:
+    def _accept(self, work, task: str, message, coalesce_into: str | None = None) -> Any:
         """Commit an intent (`work(session) -> (record, created)`), then publish its task.
         A replay publishes nothing; a failed publish is left to the sweeper (the row is
-        the outbox)."""
+        the outbox). With `coalesce_into`, `message(record)` is one item of that list
+        argument, shared with concurrent submits of this process."""
         record, created = run_transaction(self.engine, work)
-        if created:
+        if created and coalesce_into:
+            self.publisher.publish_coalesced(task, coalesce_into, message(record))
+        elif created:
             self.publisher.publish_after_commit(task, message(record))
         return record
 
@@ -86,12 +89,8 @@ class AgentRadar:
         request = GoalRequest.parse(workspace_id, session_id, action, objective,
                                     client_submit_id=client_submit_id,
                                     expected_revision=expected_revision)
-        return self._accept(lambda s: self._submit(s, request), DISPATCH_TASK,
-                            lambda op: {"operation_id": op.operation_id})
-
-    @staticmethod
-    def _submit(session, request: GoalRequest) -> tuple[GoalOperation, bool]:
-        return submit(session, request, utcnow())
+        return self._accept(lambda s: submit(s, request, utcnow()), DISPATCH_TASK,
+                            lambda op: op.operation_id, coalesce_into="operation_ids")
 
     def set_goal(self, workspace_id, session_id, objective, *, client_submit_id,
                  expected_revision=None) -> GoalOperation:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, select, update
+from sqlalchemy import and_, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -237,45 +237,76 @@ def fail_operation(session: Session, op: GoalOperation, error: str, now: datetim
     return True
 
 
-_LOCK_SESSION_STATE = (
-    select(STATES.c.desired, STATES.c.pending_operation_id)
+def _keys(column_owner):
+    """`(workspace_id, session_id) IN :b_keys` for a table's columns."""
+    return tuple_(column_owner.c.workspace_id, column_owner.c.session_id).in_(
+        bindparam("b_keys", expanding=True))
+
+
+_OPS_IN = OPS.c.operation_id.in_(bindparam("b_ops", expanding=True))
+# Statements for many sessions at once are built once; `b_keys` and `b_ops` expand to lists.
+_LOCK_STATES = (
+    select(SESSIONS.c.workspace_id, SESSIONS.c.session_id, STATES.c.desired,
+           STATES.c.pending_operation_id)
     .select_from(SESSIONS.outerjoin(STATES, and_(
         STATES.c.workspace_id == SESSIONS.c.workspace_id,
         STATES.c.session_id == SESSIONS.c.session_id)))
-    .where(*_SESSION_KEY)
+    .where(_keys(SESSIONS))
+    .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update(of=SESSIONS))
 _COMPLETED = dict(status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.APPLIED,
-                  evidence=bindparam("b_evidence"), completed_at=bindparam("b_now"),
-                  last_error=None, lease_owner=None, lease_token=None, lease_expires_at=None)
-_DISPATCHED = (OPS.c.operation_id == bindparam("b_op"),
-               OPS.c.status == OperationStatus.DISPATCHED)
-_COMPLETE = update(OPS).where(*_DISPATCHED).values(**_COMPLETED)
-_COMPLETE_HELD = (update(OPS).where(*_DISPATCHED, OPS.c.lease_token == bindparam("b_token"))
-                  .values(**_COMPLETED))
+                  completed_at=bindparam("b_now"), last_error=None,
+                  lease_owner=None, lease_token=None, lease_expires_at=None)
+_COMPLETE = (update(OPS).where(_OPS_IN, OPS.c.status == OperationStatus.DISPATCHED)
+             .values(**_COMPLETED).returning(OPS.c.operation_id))
+_COMPLETE_HELD = (update(OPS)
+                  .where(_OPS_IN, OPS.c.status == OperationStatus.DISPATCHED,
+                         OPS.c.lease_token == bindparam("b_token"))
+                  .values(**_COMPLETED).returning(OPS.c.operation_id))
+_SET_EVIDENCE = (update(OPS).where(OPS.c.operation_id == bindparam("b_op"))
+                 .values(evidence=bindparam("b_evidence")))
 _STATE_APPLIED = (update(STATES)
                   .where(*_STATE_KEY, STATES.c.pending_operation_id == bindparam("b_op"))
                   .values(observed=bindparam("b_goal"), sync_status=bindparam("b_sync"),
                           pending_operation_id=None, last_error=None))
 
 
+def complete_applied_many(session: Session, applied: list[tuple[Any, dict | None, dict | None]],
+                          now: datetime, token: str | None = None) -> set[str]:
+    """Record authoritative evidence that the agent applied each (operation, goal,
+    evidence): the sessions are locked (in key order), then a few statements cover them all.
+    With `token`, only operations still leased under it. Returns the ids completed."""
+    conn = session.connection()
+    keys = sorted({(op.workspace_id, op.session_id) for op, _goal, _evidence in applied})
+    states = {(row.workspace_id, row.session_id): row
+              for row in conn.execute(_LOCK_STATES, {"b_keys": keys})}
+    params = {"b_ops": [op.operation_id for op, _goal, _evidence in applied], "b_now": now}
+    if token is None:
+        done = set(conn.execute(_COMPLETE, params).scalars())
+    else:
+        done = set(conn.execute(_COMPLETE_HELD, {**params, "b_token": token}).scalars())
+    evidence, synced = [], []
+    for op, goal, proof in applied:
+        if op.operation_id not in done:
+            continue
+        if proof is not None:
+            evidence.append({"b_op": op.operation_id, "b_evidence": proof})
+        state = states.get((op.workspace_id, op.session_id))
+        if state is not None and state.pending_operation_id == op.operation_id:
+            sync = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+            synced.append({"b_ws": op.workspace_id, "b_sid": op.session_id,
+                           "b_op": op.operation_id, "b_goal": goal, "b_sync": sync.value})
+    if evidence:
+        conn.execute(_SET_EVIDENCE, evidence)
+    if synced:
+        conn.execute(_STATE_APPLIED, synced)
+    return done
+
+
 def complete_applied(session: Session, op: Any, goal: dict | None,
                      evidence: dict | None, now: datetime, token: str | None = None) -> bool:
     """Record authoritative evidence that the agent applied this operation's revision."""
-    conn = session.connection()
-    key = {"b_ws": op.workspace_id, "b_sid": op.session_id}
-    state = conn.execute(_LOCK_SESSION_STATE, key).first()
-    params = {"b_op": op.operation_id, "b_evidence": evidence, "b_now": now}
-    if token is None:
-        result = conn.execute(_COMPLETE, params)
-    else:
-        result = conn.execute(_COMPLETE_HELD, {**params, "b_token": token})
-    if result.rowcount != 1:
-        return False
-    if state is not None and state.pending_operation_id == op.operation_id:
-        sync = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
-        conn.execute(_STATE_APPLIED, {**key, "b_op": op.operation_id, "b_goal": goal,
-                                      "b_sync": sync.value})
-    return True
+    return op.operation_id in complete_applied_many(session, [(op, goal, evidence)], now, token)
 
 
 def _same_session(table):
@@ -284,34 +315,58 @@ def _same_session(table):
 
 
 _OP_KEY = OPS.c.operation_id == bindparam("b_op")
-_OP_LANE = select(OPS.c.workspace_id, OPS.c.session_id, OPS.c.status).where(_OP_KEY)
-# A claim's one read: the operation, its session row (locked), its goal state, and whether
-# a maintenance run holds the session.
+_LANE_COLUMNS = (OPS.c.operation_id, OPS.c.workspace_id, OPS.c.session_id, OPS.c.status,
+                 OPS.c.goal_revision)
+# Of the given operations, those open and not leased: a message for one that settled or
+# that another worker holds costs this one read.
+_OPS_LANES = select(*_LANE_COLUMNS).where(_OPS_IN, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
+                                          leases.unheld(OPS.c, bindparam("b_now")))
+# A dispatch under a backlog takes up to this many other due operations along, so one
+# message and two transactions serve several operations (adaptive batching).
+STEAL_MAX = 16
+_DUE_ANYWHERE = (select(*_LANE_COLUMNS).where(*due_operations(bindparam("b_now")))
+                 .order_by(OPS.c.next_attempt_at).limit(STEAL_MAX))
+_NEXT_DUE = (select(*_LANE_COLUMNS).where(_keys(OPS), *due_operations(bindparam("b_now")))
+             .order_by(OPS.c.goal_revision))
+# A claim's one read: the operations, their session rows (locked, in key order), goal
+# states, and whether a maintenance run holds each session.
 _CLAIM_LOOKUP = (
     select(OPS, STATES.c.revision.label("state_revision"),
            STATES.c.pending_operation_id.label("state_pending"),
            holds(OPS.c.workspace_id, OPS.c.session_id).label("held"))
     .select_from(OPS.join(SESSIONS, _same_session(SESSIONS))
                  .outerjoin(STATES, _same_session(STATES)))
-    .where(_OP_KEY)
+    .where(_OPS_IN)
+    .order_by(OPS.c.workspace_id, OPS.c.session_id)
     .with_for_update(of=SESSIONS))
-_CLAIM_OPERATION = leases.row_claim(
-    OPS, OPS.c.operation_id, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
-    status=OperationStatus.DISPATCHED, provider_phase=ProviderPhase.DISPATCHED,
-    attempt=bindparam("b_attempt"), first_dispatched_at=bindparam("b_first"))
-_STATE_APPLYING = update(STATES).where(*_STATE_KEY).values(sync_status=SyncStatus.APPLYING)
+_CLAIM = (update(OPS)
+          .where(_OPS_IN, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
+                 leases.unheld(OPS.c, bindparam("b_now")))
+          .values(lease_owner=bindparam("b_owner"), lease_token=bindparam("b_token"),
+                  lease_expires_at=bindparam("b_expires"), status=OperationStatus.DISPATCHED,
+                  provider_phase=ProviderPhase.DISPATCHED, attempt=OPS.c.attempt + 1,
+                  first_dispatched_at=func.coalesce(
+                      OPS.c.first_dispatched_at,
+                      bindparam("b_first", type_=OPS.c.first_dispatched_at.type)))
+          .returning(OPS.c.operation_id))
+_STATES_APPLYING = update(STATES).where(_keys(STATES)).values(sync_status=SyncStatus.APPLYING)
 _RESCHEDULE = update(OPS).where(_OP_KEY).values(next_attempt_at=bindparam("b_at"))
-_NEXT_DUE = (select(OPS.c.operation_id)
-             .where(OPS.c.workspace_id == bindparam("b_ws"),
-                    OPS.c.session_id == bindparam("b_sid"),
-                    *due_operations(bindparam("b_now")))
-             .order_by(OPS.c.goal_revision).limit(1))
+
+
+def _first_per_session(rows, into: dict[tuple[str, str], str] | None = None
+                       ) -> dict[tuple[str, str], str]:
+    """The lowest-revision open operation of each session among `rows`."""
+    first = {} if into is None else into
+    for row in sorted(rows, key=lambda r: r.goal_revision):
+        if row.status in OPEN_OPERATION_STATUSES:
+            first.setdefault((row.workspace_id, row.session_id), row.operation_id)
+    return first
 
 
 @dataclass
 class StepResult:
     operation_id: str
-    outcome: str  # applied, accepted, superseded, retry, failed, skipped, lane_lost
+    outcome: str  # applied, accepted, superseded, held, retry, failed, skipped, lane_lost
 
 
 @dataclass(frozen=True)
@@ -331,12 +386,22 @@ class Lane:
         return ids.lane_name(self.workspace_id, self.session_id)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What the runtime said to one claimed operation: an answer, or a fault."""
+    claim: Claim
+    answer: dict[str, Any] | None = None
+    fault: Exception | None = None
+    retryable: bool = False
+
+
 class Dispatcher:
     """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
 
-    An attempt is two short transactions around the runtime call: claim (lane + operation
-    lease, `dispatched`), then record the outcome, release the lane, check once more for due
-    work and, if there is some, claim it in that same transaction.
+    A step is two short transactions around the runtime calls: claim (lane + operation
+    lease, `dispatched`), then record the outcomes, release the lanes, check once more for
+    due work and, if there is some, claim it in that same transaction. Several lanes move
+    in lockstep, so a step costs the same few statements for one operation or sixteen.
     """
 
     def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str,
@@ -351,124 +416,172 @@ class Dispatcher:
         # preloaded); fence-made operations never do.
         self.resume_session = resume_session
 
-    # -- the lane --------------------------------------------------------------------------
+    # -- lanes -----------------------------------------------------------------------------
     def dispatch(self, operation_id: str) -> list[StepResult]:
-        """Entry point of `agent_radar.goal.dispatch`: take the operation's session lane and
-        drain it, starting with this operation."""
-        def open_lane(s: Session):
-            op = s.connection().execute(_OP_LANE, {"b_op": operation_id}).first()
-            if op is None or op.status not in OPEN_OPERATION_STATUSES:
-                return None, None
-            lane = self._take_lane(s, op.workspace_id, op.session_id)
-            if lane is None:
-                return None, None  # the holder checks once more when it releases
-            return lane, self._claim_op(s, operation_id)  # the lane is fresh: no renewal
-        lane, first = run_transaction(self.engine, open_lane)
-        return self._drain(lane, first) if lane else []
+        return self.dispatch_many([operation_id])
+
+    def dispatch_many(self, operation_ids: list[str], steal: bool = False) -> list[StepResult]:
+        """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
+        operation and drain those lanes together, starting with these operations. With
+        `steal`, a dispatch that has work also takes other due operations along."""
+        def open_lanes(s: Session) -> dict[Lane, Claim | StepResult]:
+            conn = s.connection()
+            first = _first_per_session(conn.execute(_OPS_LANES, {
+                "b_ops": list(operation_ids), "b_now": self.clock()}))
+            if first and steal:
+                _first_per_session(conn.execute(_DUE_ANYWHERE, {"b_now": self.clock()}),
+                                   into=first)
+            return self._open(s, first)
+        return self._drain(run_transaction(self.engine, open_lanes))
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
-        def open_lane(s: Session):
-            lane = self._take_lane(s, workspace_id, session_id)
-            return (None, None) if lane is None else self._release_or_next(s, lane)
-        lane, first = run_transaction(self.engine, open_lane)
-        return self._drain(lane, first) if lane else []
+        def open_lane(s: Session) -> dict[Lane, Claim | StepResult]:
+            lane = self._take_lanes(s, [(workspace_id, session_id)])
+            return self._release_or_next(s, list(lane.values()))
+        return self._drain(run_transaction(self.engine, open_lane))
 
-    def _take_lane(self, s: Session, workspace_id: str, session_id: str) -> Lane | None:
-        token = leases.claim(s, ids.lane_name(workspace_id, session_id), self.worker_id,
-                             self.lease_s, self.clock())
-        return Lane(workspace_id, session_id, token) if token else None
+    def _take_lanes(self, s: Session, keys) -> dict[tuple[str, str], Lane]:
+        """Take the lanes of these sessions that nobody holds. A held lane is not ours to
+        drain: its holder checks once more for due work when it releases."""
+        names = {ids.lane_name(*key): key for key in keys}
+        token, taken = leases.claim_many(s, sorted(names), self.worker_id, self.lease_s,
+                                         self.clock())
+        return {names[name]: Lane(*names[name], token) for name in taken}
 
-    def _drain(self, lane: Lane, current: Claim | StepResult) -> list[StepResult]:
+    def _open(self, s: Session, first: dict[tuple[str, str], str]
+              ) -> dict[Lane, Claim | StepResult]:
+        """Take the lanes of these sessions and claim each one's given operation (a fresh
+        lane needs no renewal before the claim)."""
+        lanes = self._take_lanes(s, first) if first else {}
+        if not lanes:
+            return {}
+        claims = self._claim_ops(s, [first[key] for key in lanes])
+        return {lane: claims[first[key]] for key, lane in lanes.items()}
+
+    def _drain(self, work: dict[Lane, Claim | StepResult]) -> list[StepResult]:
+        """Each step calls the runtime for every claimed operation (outside any
+        transaction); then one transaction records every outcome and moves every lane on."""
         results: list[StepResult] = []
         for _ in range(LANE_MAX_STEPS):
-            if isinstance(current, StepResult):  # nothing to call; just move the lane on
-                results.append(current)
-                if current.outcome == "lane_lost":
-                    log.warning("lost the lane of %s/%s", lane.workspace_id, lane.session_id)
-                    return results
-                record = None
-            else:
-                record = self._attempt(current)
-
-            def finish(s: Session, record=record):
-                recorded = record(s) if record is not None else None
-                return recorded, *self._release_or_next(s, lane)
-            recorded, lane, current = run_transaction(self.engine, finish)
-            if recorded is not None:
-                results.append(recorded)
-            if lane is None:
+            if not work:
                 return results
+            attempts = []
+            for current in work.values():
+                if isinstance(current, StepResult):  # nothing to call; move the lane on
+                    results.append(current)
+                else:
+                    attempts.append(self._attempt(current))
+            lanes = list(work)
+
+            def finish(s: Session, attempts=attempts, lanes=lanes):
+                return self._record(s, attempts), self._release_or_next(s, lanes)
+            recorded, work = run_transaction(self.engine, finish)
+            results += recorded
         # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
-        if isinstance(current, Claim):
-            run_transaction(self.engine, lambda s: self._unclaim(s, current))
-        run_transaction(self.engine, lambda s: leases.release(s, lane.name, lane.token))
+        def let_go(s: Session):
+            for current in work.values():
+                if isinstance(current, Claim):
+                    self._unclaim(s, current)
+            self._release(s, list(work))
+        if work:
+            run_transaction(self.engine, let_go)
         return results
 
-    def _release_or_next(self, s: Session, lane: Lane):
-        """Release the lane, then check once more for due work and take the lane back (and
-        claim that work) if there is some. Releasing first means a worker that wanted the
-        lane meanwhile either saw it held (and its operation is visible to this check) or
-        gets the lane now."""
-        leases.release(s, lane.name, lane.token)
-        next_op = s.connection().execute(_NEXT_DUE, {
-            "b_ws": lane.workspace_id, "b_sid": lane.session_id, "b_now": self.clock()}
-        ).scalar_one_or_none()
-        if next_op is None:
-            return None, None
-        new_lane = self._take_lane(s, lane.workspace_id, lane.session_id)
-        if new_lane is None:
-            return None, None
-        return new_lane, self._claim_op(s, next_op)
+    @staticmethod
+    def _release(s: Session, lanes: list[Lane]) -> None:
+        for token in {lane.token for lane in lanes}:
+            leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
 
-    # -- one operation ---------------------------------------------------------------------
+    def _release_or_next(self, s: Session, lanes: list[Lane]) -> dict[Lane, Claim | StepResult]:
+        """Release the lanes, then check once more for due work and take those lanes back
+        (and claim that work) where there is some. Releasing first means a worker that
+        wanted a lane meanwhile either saw it held (and its operation is visible to this
+        check) or gets the lane now."""
+        if not lanes:
+            return {}
+        self._release(s, lanes)
+        keys = sorted({(lane.workspace_id, lane.session_id) for lane in lanes})
+        due = s.connection().execute(_NEXT_DUE, {"b_keys": keys, "b_now": self.clock()})
+        return self._open(s, _first_per_session(due))
+
+    # -- operations ------------------------------------------------------------------------
     def _claim(self, session: Session, operation_id: str,
                lane: Lane | None = None) -> Claim | StepResult:
         if lane is not None and not leases.renew(session, lane.name, lane.token,
                                                  self.lease_s, self.clock()):
             return StepResult(operation_id, "lane_lost")
-        return self._claim_op(session, operation_id)
+        return self._claim_ops(session, [operation_id])[operation_id]
 
-    def _claim_op(self, session: Session, operation_id: str) -> Claim | StepResult:
-        """Claim one operation for an attempt now, with its session row locked, or say why
-        not. One read (operation, goal state, maintenance hold) and at most two writes."""
+    def _claim_ops(self, session: Session, operation_ids: list[str]
+                   ) -> dict[str, Claim | StepResult]:
+        """Claim these operations for an attempt now (their lanes are held), or say why
+        not: one read (operations, goal states, maintenance holds, session rows locked) and
+        two writes for all of them."""
         now = self.clock()
         conn = session.connection()
-        row = conn.execute(_CLAIM_LOOKUP, {"b_op": operation_id}).first()
+        rows = {row.operation_id: row
+                for row in conn.execute(_CLAIM_LOOKUP, {"b_ops": list(operation_ids)})}
+        verdicts: dict[str, Claim | StepResult] = {}
+        claimable: list[records.GoalOperation] = []
+        for operation_id in operation_ids:
+            row = rows.get(operation_id)
+            verdict = self._verdict(session, row, operation_id, now)
+            if verdict is not None:
+                verdicts[operation_id] = verdict
+            else:
+                claimable.append(records.from_row(records.GoalOperation, row))
+        if not claimable:
+            return verdicts
+        token = leases.new_token()
+        expires = now + timedelta(seconds=self.lease_s)
+        taken = set(conn.execute(_CLAIM, {
+            "b_ops": [op.operation_id for op in claimable], "b_now": now, "b_first": now,
+            "b_owner": self.worker_id, "b_token": token, "b_expires": expires}).scalars())
+        if taken:
+            conn.execute(_STATES_APPLYING, {"b_keys": sorted(
+                {(op.workspace_id, op.session_id) for op in claimable
+                 if op.operation_id in taken})})
+        for op in claimable:
+            if op.operation_id not in taken:
+                verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")
+                continue
+            verdicts[op.operation_id] = Claim(op=dataclasses.replace(
+                op, status=OperationStatus.DISPATCHED.value,
+                provider_phase=ProviderPhase.DISPATCHED.value, attempt=op.attempt + 1,
+                first_dispatched_at=op.first_dispatched_at or now,
+                lease_owner=self.worker_id, lease_token=token, lease_expires_at=expires),
+                token=token)
+        return verdicts
+
+    def _verdict(self, session: Session, row, operation_id: str,
+                 now: datetime) -> StepResult | None:
+        """Why an operation (its claim-lookup row) cannot be attempted now, with what that
+        implies written; None if it can."""
         if row is None or row.status not in OPEN_OPERATION_STATUSES:
             return StepResult(operation_id, "skipped")
         if row.lease_expires_at is not None and row.lease_expires_at > now:
             return StepResult(operation_id, "skipped")  # another worker is on it
-        op = records.from_row(records.GoalOperation, row)
-        if row.state_revision != op.goal_revision or row.state_pending != operation_id:
+        if row.state_revision != row.goal_revision or row.state_pending != operation_id:
             _supersede(session, operation_id, now)
             return StepResult(operation_id, "superseded")
+        conn = session.connection()
         if row.held:
             # Parked behind a maintenance run: no attempt, no budget used. The run's
             # release makes it due again; until then the sweeper leaves it alone.
             conn.execute(_RESCHEDULE, {"b_op": operation_id,
                                        "b_at": now + timedelta(seconds=HOLD_RECHECK_S)})
             return StepResult(operation_id, "held")
-        reason = budget_exhausted(op, now)
+        reason = budget_exhausted(row, now)
         if reason:
-            fail_operation(session, op, reason, now)
+            fail_operation(session, row, reason, now)
             return StepResult(operation_id, "failed")
-        if op.provider_phase == ProviderPhase.ACCEPTED:
+        if row.provider_phase == ProviderPhase.ACCEPTED:
             # Acknowledged; the applied report completes it. Wake again at the deadline.
-            conn.execute(_RESCHEDULE, {"b_op": operation_id, "b_at": op.accepted_at
+            conn.execute(_RESCHEDULE, {"b_op": operation_id, "b_at": row.accepted_at
                                        + timedelta(seconds=ACCEPTED_BUDGET_S)})
             return StepResult(operation_id, "skipped")
-        first = op.first_dispatched_at or now
-        token = leases.take_row(session, _CLAIM_OPERATION, operation_id, self.worker_id,
-                                self.lease_s, now, b_attempt=op.attempt + 1, b_first=first)
-        if token is None:
-            return StepResult(operation_id, "skipped")
-        conn.execute(_STATE_APPLYING, {"b_ws": op.workspace_id, "b_sid": op.session_id})
-        return Claim(op=dataclasses.replace(
-            op, status=OperationStatus.DISPATCHED.value,
-            provider_phase=ProviderPhase.DISPATCHED.value, attempt=op.attempt + 1,
-            first_dispatched_at=first, lease_owner=self.worker_id, lease_token=token,
-            lease_expires_at=now + timedelta(seconds=self.lease_s)), token=token)
+        return None
 
     def _unclaim(self, session: Session, claim: Claim) -> None:
         """Give back a claim that will not be attempted now; it is due again at once."""
@@ -478,15 +591,35 @@ class Dispatcher:
             attempt=GoalOperation.attempt - 1, lease_owner=None, lease_token=None,
             lease_expires_at=None))
 
-    def _attempt(self, claim: Claim) -> Callable[[Session], StepResult]:
-        """Call the runtime (outside any transaction); returns how to record the outcome."""
+    def _attempt(self, claim: Claim) -> Attempt:
+        """Call the runtime (outside any transaction)."""
         try:
-            answer = self._call_runtime(claim.op)
+            return Attempt(claim, answer=self._call_runtime(claim.op))
         except RuntimeFault as exc:
-            return lambda s, exc=exc: self._fault_outcome(s, claim, exc, exc.retryable)
+            return Attempt(claim, fault=exc, retryable=exc.retryable)
         except RuntimeDisconnected as exc:
-            return lambda s, exc=exc: self._fault_outcome(s, claim, exc, True)
-        return lambda s: self._answer_outcome(s, claim, answer)
+            return Attempt(claim, fault=exc, retryable=True)
+
+    def _record(self, s: Session, attempts: list[Attempt]) -> list[StepResult]:
+        """Record every attempt's outcome in the caller's transaction. Applied answers, the
+        common case, are recorded together; any other outcome one by one."""
+        applied = [a for a in attempts
+                   if a.answer is not None and a.answer.get("phase") == "applied"]
+        results = []
+        for token in {a.claim.token for a in applied}:
+            mine = [a for a in applied if a.claim.token == token]
+            done = complete_applied_many(
+                s, [(a.claim.op, a.answer.get("goal"), a.answer.get("evidence")) for a in mine],
+                self.clock(), token)
+            results += [StepResult(a.claim.op.operation_id,
+                                   "applied" if a.claim.op.operation_id in done else "skipped")
+                        for a in mine]
+        for a in attempts:
+            if a.fault is not None:
+                results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
+            elif a.answer.get("phase") != "applied":
+                results.append(self._answer_outcome(s, a.claim, a.answer))
+        return results
 
     def _call_runtime(self, op: records.GoalOperation) -> dict[str, Any]:
         call = dict(operation_id=op.operation_id, action=op.action, objective=op.objective,

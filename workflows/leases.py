@@ -14,18 +14,19 @@ from models.db import insert_ignore
 from models.tables import Lease
 
 LEASES = Lease.__table__
-_NAME = LEASES.c.name == bindparam("b_name")
-# Built once: every dispatch claims and releases a lane.
+_NAMES = LEASES.c.name.in_(bindparam("b_names", expanding=True))
+# Built once: every dispatch claims and releases lanes, several at a time.
 _CLAIM = (update(LEASES)
-          .where(_NAME, or_(LEASES.c.expires_at.is_(None),
-                            LEASES.c.expires_at <= bindparam("b_now")))
+          .where(_NAMES, or_(LEASES.c.expires_at.is_(None),
+                             LEASES.c.expires_at <= bindparam("b_now")))
           .values(owner=bindparam("b_owner"), token=bindparam("b_token"),
-                  expires_at=bindparam("b_expires")))
+                  expires_at=bindparam("b_expires"))
+          .returning(LEASES.c.name))
 _RENEW = (update(LEASES)
-          .where(_NAME, LEASES.c.token == bindparam("b_token"),
+          .where(LEASES.c.name == bindparam("b_name"), LEASES.c.token == bindparam("b_token"),
                  LEASES.c.expires_at > bindparam("b_now"))
           .values(expires_at=bindparam("b_expires")))
-_RELEASE = (update(LEASES).where(_NAME, LEASES.c.token == bindparam("b_token"))
+_RELEASE = (update(LEASES).where(_NAMES, LEASES.c.token == bindparam("b_token"))
             .values(owner=None, token=None, expires_at=None))
 
 
@@ -35,16 +36,25 @@ def new_token() -> str:
 
 def claim(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> str | None:
     """Take the lease if it is free or expired; returns the new token, or None if held."""
+    token, taken = claim_many(session, [name], owner, ttl_s, now)
+    return token if taken else None
+
+
+def claim_many(session: Session, names: list[str], owner: str, ttl_s: float,
+               now: datetime) -> tuple[str, set[str]]:
+    """Take each of these leases that is free or expired, all under one new token; returns
+    the token and the names taken. A held lease is skipped without waiting for it."""
     token = new_token()
     expires = now + timedelta(seconds=ttl_s)
-    result = session.connection().execute(_CLAIM, {
-        "b_name": name, "b_now": now, "b_owner": owner, "b_token": token, "b_expires": expires})
-    if result.rowcount == 1:
-        return token
-    # No free row: either it is held, or it does not exist yet (first use of this name).
-    inserted = insert_ignore(session, LEASES, {"name": name, "owner": owner, "token": token,
-                                               "expires_at": expires})
-    return token if inserted else None
+    conn = session.connection()
+    taken = set(conn.execute(_CLAIM, {"b_names": list(names), "b_now": now, "b_owner": owner,
+                                      "b_token": token, "b_expires": expires}).scalars())
+    # A name not taken is either held, or has no row yet (its first use).
+    missing = [{"name": name, "owner": owner, "token": token, "expires_at": expires}
+               for name in names if name not in taken]
+    if missing:
+        taken |= insert_ignore(session, LEASES, missing)
+    return token, taken
 
 
 def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) -> bool:
@@ -55,35 +65,19 @@ def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) 
 
 
 def release(session: Session, name: str, token: str) -> bool:
-    result = session.connection().execute(_RELEASE, {"b_name": name, "b_token": token})
-    return result.rowcount == 1
+    return release_many(session, [name], token) == 1
+
+
+def release_many(session: Session, names: list[str], token: str) -> int:
+    """Release those of these leases that this token still holds; returns how many."""
+    result = session.connection().execute(_RELEASE, {"b_names": list(names), "b_token": token})
+    return result.rowcount
 
 
 def unheld(model, now):
     """SQL condition: no live lease holds the row (never leased, released, or expired).
     `model` is a mapped class or a table's columns; `now` a datetime or a bound parameter."""
     return or_(model.lease_expires_at.is_(None), model.lease_expires_at <= now)
-
-
-def row_claim(table, key_column, *conditions, **values):
-    """An UPDATE that takes the lease columns of the row whose key is `b_key` if no live lease
-    holds it and the extra conditions hold, setting `values` too; built once by hot paths
-    and run with `take_row`."""
-    return (update(table)
-            .where(key_column == bindparam("b_key"), *conditions,
-                   unheld(table.c, bindparam("b_now")))
-            .values(lease_owner=bindparam("b_owner"), lease_token=bindparam("b_token"),
-                    lease_expires_at=bindparam("b_expires"), **values))
-
-
-def take_row(session: Session, statement, key: str, owner: str, ttl_s: float, now: datetime,
-             **params) -> str | None:
-    """Run a `row_claim` statement; returns the new token, or None if the row was not taken."""
-    token = new_token()
-    result = session.connection().execute(statement, {
-        "b_key": key, "b_now": now, "b_owner": owner, "b_token": token,
-        "b_expires": now + timedelta(seconds=ttl_s), **params})
-    return token if result.rowcount == 1 else None
 
 
 def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: float,

@@ -26,6 +26,13 @@ def check_id(name: str, value: Any) -> str:
     return value
 
 
+def check_ids(name: str, value: Any, max_items: int) -> list[str]:
+    """A non-empty list of ids, each checked as by check_id."""
+    if not isinstance(value, list) or not 1 <= len(value) <= max_items:
+        raise InvalidArgument(f"{name} must be a list of 1-{max_items} ids", field=name)
+    return [check_id(name, item) for item in value]
+
+
 def check_int(name: str, value: Any, *, minimum: int = 0, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
