@@ -187,6 +187,11 @@ BAD_MESSAGES = [
                                   "objective": "x", "client_submit_id": "c", "colour": "red"}),
     ("agent_radar.goal_control", {"workspace_id": "w", "session_id": "s", "action": "set"}),
     ("agent_radar.goal.dispatch", {"operation_id": ["not", "an", "id"]}),
+    ("agent_radar.goal.dispatch", {"operation_ids": []}),
+    ("agent_radar.goal.dispatch", {"operation_ids": "one-id"}),
+    ("agent_radar.goal.dispatch", {"operation_ids": [7]}),
+    ("agent_radar.goal.dispatch", {"operation_id": "a", "operation_ids": ["b"]}),
+    ("agent_radar.goal.dispatch", {}),
     ("agent_radar.report_activity", {"report": "not an object"}),
     ("agent_radar.report_activity", {"report": {"workspace_id": "w", "session_id": "s",
                                                 "occurred_at_ms": "yesterday"}}),
@@ -214,6 +219,8 @@ def test_ill_typed_task_messages_are_rejected_and_write_nothing(client, stack, s
     assert "workspace_id must be a string" in log
     assert "unknown goal action 'launch'" in log
     assert "unexpected keyword argument 'colour'" in log
+    assert "operation_ids must be a list of 1-64 ids" in log
+    assert "give exactly one of operation_id and operation_ids" in log
     publisher.close()
 
 

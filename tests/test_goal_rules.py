@@ -397,3 +397,69 @@ def test_malformed_turn_reports_write_nothing(client, turn):
         client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
                                 "turn": turn})
     assert row_counts(client.engine) == before
+
+
+def _lane_tokens(client, session_ids):
+    from models.tables import Lease
+    from sqlalchemy import select
+    names = [ids.lane_name(WS, sid) for sid in session_ids]
+    return run_transaction(client.engine, lambda s: dict(s.execute(
+        select(Lease.name, Lease.token).where(Lease.name.in_(names))).all()))
+
+
+def test_several_sessions_move_in_one_step(client, dispatcher, sim_control):
+    superseded = client.set_goal(WS, "batch-0", "older", client_submit_id="0")
+    ops = [client.set_goal(WS, f"batch-{i}", f"goal {i}", client_submit_id="1")
+           for i in range(5)]
+    results = dispatcher().dispatch_many([superseded.operation_id]
+                                         + [op.operation_id for op in ops])
+    assert sorted((r.operation_id, r.outcome) for r in results) == sorted(
+        (op.operation_id, "applied") for op in ops)
+    for op in ops:
+        done = client.get_goal_operation(op.operation_id)
+        assert (done.status, done.attempt, done.lease_token) == ("completed", 1, None)
+        assert done.evidence == {"applied_revision": op.goal_revision}
+        assert client.goal_state(WS, op.session_id).sync_status == "synced"
+    effects = [e["operation_id"] for e in sim_control.effects()]
+    assert sorted(effects) == sorted(op.operation_id for op in ops)
+    assert set(_lane_tokens(client, [op.session_id for op in ops]).values()) == {None}
+
+
+def test_a_dispatch_under_a_backlog_takes_other_due_operations_along(client, dispatcher,
+                                                                      sim_control, clock):
+    ops = [client.set_goal(WS, f"steal-{i}", "x", client_submit_id="1") for i in range(4)]
+    clock.advance(1)  # the dispatcher's clock started before the submits
+    alone = dispatcher().dispatch_many([ops[0].operation_id])
+    assert [(r.operation_id, r.outcome) for r in alone] == [(ops[0].operation_id, "applied")]
+    more = [client.set_goal(WS, f"steal-{i}", "x", client_submit_id="1") for i in range(4, 6)]
+    clock.advance(1)
+    results = dispatcher().dispatch_many([ops[1].operation_id], steal=True)
+    assert {r.operation_id for r in results if r.outcome == "applied"} == {
+        op.operation_id for op in ops[1:] + more}
+    # The message of an operation taken along now costs one read and does nothing.
+    assert dispatcher().dispatch_many([ops[2].operation_id], steal=True) == []
+    assert len(sim_control.effects()) == 6
+
+
+def test_a_dispatch_with_nothing_to_do_takes_nothing_along(client, dispatcher, sim_control,
+                                                          clock):
+    done = client.set_goal(WS, "done", "x", client_submit_id="1")
+    clock.advance(1)
+    dispatcher().dispatch(done.operation_id)
+    waiting = client.set_goal(WS, "waiting", "x", client_submit_id="1")
+    clock.advance(1)
+    assert dispatcher().dispatch_many([done.operation_id], steal=True) == []
+    assert client.get_goal_operation(waiting.operation_id).status == "prepared"
+
+
+def test_a_batch_skips_a_session_whose_lane_another_worker_holds(client, dispatcher, clock,
+                                                                settings):
+    from workflows import leases
+    free = client.set_goal(WS, "free", "x", client_submit_id="1")
+    busy = client.set_goal(WS, "busy", "x", client_submit_id="1")
+    token = run_transaction(client.engine, lambda s: leases.claim(
+        s, ids.lane_name(WS, "busy"), "someone-else", settings.lease_s, clock()))
+    results = dispatcher().dispatch_many([free.operation_id, busy.operation_id])
+    assert [(r.operation_id, r.outcome) for r in results] == [(free.operation_id, "applied")]
+    assert client.get_goal_operation(busy.operation_id).status == "prepared"
+    assert _lane_tokens(client, ["busy"]) == {ids.lane_name(WS, "busy"): token}
