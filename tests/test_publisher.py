@@ -12,13 +12,14 @@ TASK = "agent_radar.goal.dispatch"
 class RecordingPublisher(TaskPublisher):
     """Records instead of talking to a broker; slow, so concurrent callers pile up."""
 
-    def __init__(self, settings, fail=False):
+    def __init__(self, settings, fail=False, delay_s=0.05):
         super().__init__(settings)
         self.messages = []
         self.fail = fail
+        self.delay_s = delay_s
 
     def publish(self, task_name, kwargs=None, queue=None):
-        time.sleep(0.05)
+        time.sleep(self.delay_s)
         if self.fail:
             raise ConnectionError("broker unreachable")
         self.messages.append((task_name, kwargs))
@@ -61,3 +62,53 @@ def test_a_failed_message_reports_each_of_its_items_unpublished(settings):
     results = _publish_concurrently(publisher, 4)
     assert results == {i: False for i in range(4)}
     assert publisher.messages == []
+
+
+def _submit_in_background(publisher, item, transaction_s):
+    """A submit that spends `transaction_s` in its transaction, then publishes `item`."""
+    entered = threading.Event()
+
+    def submit():
+        with publisher.coalescing(TASK, "operation_ids") as publish:
+            entered.set()
+            time.sleep(transaction_s)
+            publish(item)
+    thread = threading.Thread(target=submit)
+    thread.start()
+    entered.wait(5)
+    return thread
+
+
+def test_a_publish_waits_briefly_for_a_submit_still_in_its_transaction(settings):
+    publisher = RecordingPublisher(settings, delay_s=0)
+    publisher.linger_s = 5.0
+    thread = _submit_in_background(publisher, "slow", transaction_s=0.1)
+    assert publisher.publish_coalesced(TASK, "operation_ids", "fast")
+    thread.join(5)
+    assert publisher.messages == [(TASK, {"operation_ids": ["fast", "slow"]})]
+
+
+def test_the_wait_for_a_submit_in_its_transaction_is_bounded(settings):
+    publisher = RecordingPublisher(settings, delay_s=0)
+    publisher.linger_s = 0.05
+    thread = _submit_in_background(publisher, "slow", transaction_s=1.0)
+    started = time.monotonic()
+    assert publisher.publish_coalesced(TASK, "operation_ids", "fast")
+    assert time.monotonic() - started < 0.9
+    thread.join(5)
+    assert publisher.messages == [(TASK, {"operation_ids": ["fast"]}),
+                                  (TASK, {"operation_ids": ["slow"]})]
+
+
+def test_a_submit_that_fails_publishes_nothing_and_holds_nobody_up(settings):
+    publisher = RecordingPublisher(settings, delay_s=0)
+    publisher.linger_s = 5.0
+    try:
+        with publisher.coalescing(TASK, "operation_ids"):
+            raise RuntimeError("the transaction failed")
+    except RuntimeError:
+        pass
+    started = time.monotonic()
+    assert publisher.publish_coalesced(TASK, "operation_ids", "next")
+    assert time.monotonic() - started < 1.0
+    assert publisher.messages == [(TASK, {"operation_ids": ["next"]})]

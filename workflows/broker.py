@@ -8,7 +8,10 @@ the client, the sweeper and the simulator share one small publisher.
 import logging
 import os
 import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,11 @@ QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE)
 # is at its prefetch limit, so the interval caps throughput: 10 ms gave 337 no-ops/s (50 ms:
 # 69/s) for 0.9 % of a core while idle.
 FILESYSTEM_POLL_S = 0.01
-# At most this many items share one coalesced message (see TaskPublisher.publish_coalesced).
+# At most this many items share one coalesced message (see TaskPublisher.coalescing).
 COALESCE_MAX_ITEMS = 64
+# A coalesced publish waits at most this long for submits of this process that are still in
+# their transaction, so that they share its message.
+COALESCE_LINGER_S = 0.005
 # Redis re-delivers an unacknowledged message after this long; it must exceed the longest
 # task (task_time_limit) or a slow task would run twice at once.
 VISIBILITY_TIMEOUT_S = 3600
@@ -125,11 +131,13 @@ class TaskPublisher:
         self._connection = None
         self._producer = None
         self._exchanges = {q.name: q for q in kombu_queues()}
-        # Coalescing: items waiting for a message, per (task, list argument), and the lock
-        # whose holder publishes them.
+        # Coalescing: items waiting for a message, per (task, list argument); how many
+        # submits are still in their transaction; and the lock whose holder publishes.
         self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
-        self._waiting_lock = threading.Lock()
+        self._submitting = 0
+        self._changed = threading.Condition()
         self._coalesce_lock = threading.Lock()
+        self.linger_s = COALESCE_LINGER_S
 
     def _ensure(self):
         if self._pid != os.getpid() or self._producer is None:
@@ -175,22 +183,47 @@ class TaskPublisher:
             self.close()
             return False
 
+    @contextmanager
+    def coalescing(self, task_name: str, list_kwarg: str) -> Iterator[Callable[[Any], None]]:
+        """Wrap a submit that may publish one item in the list argument `list_kwarg` of a
+        `task_name` message: the block commits, then calls the yielded function with its
+        item. Leaving the block publishes the item (see `publish_coalesced`); while the
+        block runs, a concurrent publish of this process waits briefly for it."""
+        mine: list[_Waiting] = []
+        with self._changed:
+            self._submitting += 1
+        try:
+            yield lambda item: mine.append(_Waiting(item))
+        finally:
+            with self._changed:
+                self._submitting -= 1
+                self._changed.notify_all()
+        if mine:
+            self._publish((task_name, list_kwarg), mine[0])
+
     def publish_coalesced(self, task_name: str, list_kwarg: str, item: Any) -> bool:
-        """Publish `item` in the list argument `list_kwarg` of a `task_name` message, sharing
-        that message with the items other threads of this process publish at the same
-        moment: a burst of concurrent submits costs a few messages, not one each, and a
-        lone submit is published at once. Returns once the message carrying `item` was
-        published (True) or failed (False, logged; the committed row is the outbox)."""
-        key = (task_name, list_kwarg)
-        mine = _Waiting(item)
-        with self._waiting_lock:
+        """Publish `item` in the list argument `list_kwarg` of a `task_name` message that it
+        shares with the items of this process's other submits at that moment — and, for at
+        most COALESCE_LINGER_S, of those still in their transaction (`coalescing`) — so a
+        burst of concurrent submits costs a few messages, not one each; a lone submit is
+        published at once. Returns once the message carrying `item` was published (True)
+        or failed (False, logged; the committed row is the outbox)."""
+        return self._publish((task_name, list_kwarg), _Waiting(item))
+
+    def _publish(self, key: tuple[str, str], mine: "_Waiting") -> bool:
+        with self._changed:
             self._waiting.setdefault(key, []).append(mine)
+            self._changed.notify_all()
         with self._coalesce_lock:
             # Whoever holds the lock publishes everything waiting, ours included if an
             # earlier holder has not already.
             if mine.published is None:
-                with self._waiting_lock:
+                deadline = time.monotonic() + self.linger_s
+                with self._changed:
+                    while self._submitting and (left := deadline - time.monotonic()) > 0:
+                        self._changed.wait(left)
                     batch = self._waiting.pop(key, [])
+                task_name, list_kwarg = key
                 for start in range(0, len(batch), COALESCE_MAX_ITEMS):
                     chunk = batch[start:start + COALESCE_MAX_ITEMS]
                     ok = self.publish_after_commit(task_name,

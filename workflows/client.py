@@ -63,10 +63,14 @@ class AgentRadar:
         A replay publishes nothing; a failed publish is left to the sweeper (the row is
         the outbox). With `coalesce_into`, `message(record)` is one item of that list
         argument, shared with concurrent submits of this process."""
+        if coalesce_into:
+            with self.publisher.coalescing(task, coalesce_into) as publish:
+                record, created = run_transaction(self.engine, work)
+                if created:
+                    publish(message(record))
+            return record
         record, created = run_transaction(self.engine, work)
-        if created and coalesce_into:
-            self.publisher.publish_coalesced(task, coalesce_into, message(record))
-        elif created:
+        if created:
             self.publisher.publish_after_commit(task, message(record))
         return record
 

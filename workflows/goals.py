@@ -6,7 +6,9 @@ short transactions around a runtime call) and a runtime port. They never import 
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -363,6 +365,20 @@ def _first_per_session(rows, into: dict[tuple[str, str], str] | None = None
     return first
 
 
+# Runtime calls of one step run on up to this many threads of the worker process.
+CALL_THREADS = 8
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _call_pool() -> ThreadPoolExecutor:
+    """This process's pool for runtime calls (a forked worker process builds its own)."""
+    pool = _pools.get(os.getpid())
+    if pool is None:
+        pool = _pools[os.getpid()] = ThreadPoolExecutor(CALL_THREADS,
+                                                         thread_name_prefix="runtime-call")
+    return pool
+
+
 @dataclass
 class StepResult:
     operation_id: str
@@ -466,12 +482,13 @@ class Dispatcher:
         for _ in range(LANE_MAX_STEPS):
             if not work:
                 return results
-            attempts = []
+            claims = []
             for current in work.values():
                 if isinstance(current, StepResult):  # nothing to call; move the lane on
                     results.append(current)
                 else:
-                    attempts.append(self._attempt(current))
+                    claims.append(current)
+            attempts = self._attempt_all(claims)
             lanes = list(work)
 
             def finish(s: Session, attempts=attempts, lanes=lanes):
@@ -590,6 +607,13 @@ class Dispatcher:
             GoalOperation.lease_token == claim.token).values(
             attempt=GoalOperation.attempt - 1, lease_owner=None, lease_token=None,
             lease_expires_at=None))
+
+    def _attempt_all(self, claims: list[Claim]) -> list[Attempt]:
+        """Call the runtime for each claim; for several, concurrently (each on its own
+        session, so no order between them matters)."""
+        if len(claims) <= 1:
+            return [self._attempt(claim) for claim in claims]
+        return list(_call_pool().map(self._attempt, claims))
 
     def _attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""
