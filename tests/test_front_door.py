@@ -41,11 +41,15 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
 def test_bench_checks_exactly_once(settings):
     env = {**os.environ, **settings.to_env()}
     proc = subprocess.run([sys.executable, "-m", "workflows.cli", "bench", "--operations", "40",
-                           "--json"], env=env, capture_output=True, text=True, timeout=300)
+                           "--settled", "2000", "--json"],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["exactly_once"] is True
     assert result["raw_noop_per_s"] > 0 and result["goal_ops_per_s"] > 0
+    sweep = result["settled_sweep"]
+    assert sweep["after"]["settled"] == sweep["before"]["settled"] + 2000
+    assert sweep["before"]["sweep_ms"] > 0 and sweep["after"]["sweep_ms"] > 0
     for phase in ("full_rate", "paced"):
         assert result["audit"][phase]["statuses"] == {"completed": 40}
         assert result["audit"][phase]["applied_twice"] == 0

@@ -12,6 +12,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from sqlalchemy import func, insert, select
+
+from models.base import utcnow
+from models.db import engine_for, run_transaction
+from models.enums import TERMINAL_OPERATION_STATUSES
+from models.tables import GoalOperation as GoalOperationRow
 from workflows.broker import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.config import Settings
@@ -132,8 +138,62 @@ class Bench:
                 and all(per_op.get(op_id) == 1 for op_id in completed)}
 
 
+# -- DESIGN 8: a sweep over a large settled history costs about what a sweep over none does --
+SWEEP_REPEATS = 25
+SETTLED_CHUNK = 10_000
+
+
+def _sweep_ms(engine) -> float:
+    """Median wall time of one sweep over this database, in ms."""
+    from beat.sweeper import sweep_once
+    times = []
+    for i in range(SWEEP_REPEATS):
+        started = time.perf_counter()
+        sweep_once(engine, lambda _task, _kwargs: True, utcnow(), owner=f"bench-sweep-{i}")
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def _settled_count(engine) -> int:
+    return run_transaction(engine, lambda s: s.execute(
+        select(func.count()).select_from(GoalOperationRow)
+        .where(GoalOperationRow.status.in_(TERMINAL_OPERATION_STATUSES))).scalar_one())
+
+
+def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
+    """Add `count` completed goal operations, as a long history leaves behind."""
+    now = utcnow()
+    for start in range(0, count, SETTLED_CHUNK):
+        rows = [{"operation_id": str(uuid.uuid4()), "workspace_id": workspace_id,
+                 "session_id": f"h{i}", "client_submit_id": "1", "origin": "client",
+                 "action": "set", "objective": "settled", "goal_revision": 1,
+                 "status": "completed", "provider_phase": "applied", "attempt": 1,
+                 "next_attempt_at": now, "first_dispatched_at": now, "completed_at": now,
+                 "created_at": now}
+                for i in range(start, min(start + SETTLED_CHUNK, count))]
+        run_transaction(engine, lambda s, rows=rows: s.connection().execute(
+            insert(GoalOperationRow.__table__), rows))
+        if (start // SETTLED_CHUNK) % 10 == 9:
+            say(f"    … {start + SETTLED_CHUNK:,} settled operations added")
+    if engine.dialect.name == "postgresql":
+        # What autovacuum's automatic analyze does soon after a bulk load.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE goal_operations")
+
+
+def settled_sweep(settings: Settings, count: int, run_id: str, say: Callable) -> dict:
+    """Sweep time over the database as it is, then with `count` more settled operations."""
+    engine = engine_for(settings.database_url)
+    before = {"settled": _settled_count(engine), "sweep_ms": _sweep_ms(engine)}
+    _add_settled(engine, f"bench-{run_id}-history", count, say)
+    after = {"settled": _settled_count(engine), "sweep_ms": _sweep_ms(engine)}
+    return {"before": {"settled": before["settled"], "sweep_ms": round(before["sweep_ms"], 2)},
+            "after": {"settled": after["settled"], "sweep_ms": round(after["sweep_ms"], 2)},
+            "ratio": round(after["sweep_ms"] / before["sweep_ms"], 2)}
+
+
 def run_bench(settings: Settings, *, operations: int = 400, concurrency: int = 2,
-              echo: Callable | None = print) -> dict:
+              settled: int = 0, echo: Callable | None = print) -> dict:
     settings = replace(settings, runtime_url=f"http://127.0.0.1:{free_port()}")
     stack = Stack(settings)
     say = echo or (lambda *_: None)
@@ -162,6 +222,13 @@ def run_bench(settings: Settings, *, operations: int = 400, concurrency: int = 2
             f"submissions/s")
         exactly_once = all(a["exactly_once"] for a in (full_audit, paced_audit, storm_audit))
         say(f"exactly once: {'yes' if exactly_once else 'NO'}")
+        sweep = None
+        if settled:
+            say(f"(d) sweep cost with {settled:,} more settled operations in history:")
+            sweep = settled_sweep(settings, settled, bench.run_id, say)
+            say(f"    {sweep['before']['sweep_ms']:.2f} ms over {sweep['before']['settled']:,} "
+                f"settled, {sweep['after']['sweep_ms']:.2f} ms over "
+                f"{sweep['after']['settled']:,} settled: ratio {sweep['ratio']:.2f}")
         return {"backend": {"database": settings.database_url.split(":", 1)[0],
                             "broker": settings.broker_url.split(":", 1)[0],
                             "worker_processes": concurrency},
@@ -172,6 +239,6 @@ def run_bench(settings: Settings, *, operations: int = 400, concurrency: int = 2
                 "latency_ms": {"p50": round(p50, 1), "p99": round(p99, 1)},
                 "storm_submissions_per_s": round(storm_rate, 1),
                 "audit": {"full_rate": full_audit, "paced": paced_audit, "storm": storm_audit},
-                "exactly_once": exactly_once}
+                "exactly_once": exactly_once, "settled_sweep": sweep}
     finally:
         stack.stop()

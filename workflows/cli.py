@@ -180,12 +180,15 @@ def demo(home: str | None, as_json: bool):
 @cli.command()
 @click.option("--operations", type=click.IntRange(10, 100000), default=400, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option("--settled", type=click.IntRange(0, 10_000_000), default=0, show_default=True,
+              help="Also time a sweep before and after adding this many settled operations "
+                   "to the database (they stay there: use a database for benchmarks).")
 @json_option
-def bench(operations: int, concurrency: int, as_json: bool):
+def bench(operations: int, concurrency: int, settled: int, as_json: bool):
     """Benchmark (DESIGN 8) on the configured database and broker."""
     from workflows.bench import run_bench
     result = run_bench(Settings.from_env(), operations=operations, concurrency=concurrency,
-                       echo=None if as_json else click.echo)
+                       settled=settled, echo=None if as_json else click.echo)
     _emit(as_json, result, "")
     sys.exit(0 if result["exactly_once"] else EXIT_FAILED)
 
