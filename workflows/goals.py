@@ -414,10 +414,11 @@ class Attempt:
 class Dispatcher:
     """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
 
-    A step is two short transactions around the runtime calls: claim (lane + operation
-    lease, `dispatched`), then record the outcomes, release the lanes, check once more for
-    due work and, if there is some, claim it in that same transaction. Several lanes move
-    in lockstep, so a step costs the same few statements for one operation or sixteen.
+    A step is a short transaction that claims (lane + operation lease, `dispatched`), the
+    runtime calls, a transaction that records the outcomes and releases the lanes, and one
+    that takes back the lanes with due work and claims it (the next step's claim). Several
+    lanes move in lockstep, so a step costs the same few statements for one operation or
+    seventeen.
     """
 
     def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str,
@@ -452,10 +453,8 @@ class Dispatcher:
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
-        def open_lane(s: Session) -> dict[Lane, Claim | StepResult]:
-            lane = self._take_lanes(s, [(workspace_id, session_id)])
-            return self._release_or_next(s, list(lane.values()))
-        return self._drain(run_transaction(self.engine, open_lane))
+        return self._drain(run_transaction(
+            self.engine, lambda s: self._next(s, [(workspace_id, session_id)])))
 
     def _take_lanes(self, s: Session, keys) -> dict[tuple[str, str], Lane]:
         """Take the lanes of these sessions that nobody holds. A held lane is not ours to
@@ -477,7 +476,8 @@ class Dispatcher:
 
     def _drain(self, work: dict[Lane, Claim | StepResult]) -> list[StepResult]:
         """Each step calls the runtime for every claimed operation (outside any
-        transaction); then one transaction records every outcome and moves every lane on."""
+        transaction); then one transaction records every outcome and releases the lanes,
+        and one more takes back the lanes that have due work and claims it."""
         results: list[StepResult] = []
         for _ in range(LANE_MAX_STEPS):
             if not work:
@@ -492,9 +492,15 @@ class Dispatcher:
             lanes = list(work)
 
             def finish(s: Session, attempts=attempts, lanes=lanes):
-                return self._record(s, attempts), self._release_or_next(s, lanes)
-            recorded, work = run_transaction(self.engine, finish)
-            results += recorded
+                recorded = self._record(s, attempts)
+                self._release(s, lanes)
+                return recorded
+            results += run_transaction(self.engine, finish)
+            # Only now, with the release committed, look for more: a worker that found one
+            # of these lanes held until the commit left its operation to this check, and one
+            # that came after it has the lane.
+            keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
+            work = run_transaction(self.engine, lambda s, keys=keys: self._next(s, keys))
         # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
         def let_go(s: Session):
             for current in work.values():
@@ -510,16 +516,12 @@ class Dispatcher:
         for token in {lane.token for lane in lanes}:
             leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
 
-    def _release_or_next(self, s: Session, lanes: list[Lane]) -> dict[Lane, Claim | StepResult]:
-        """Release the lanes, then check once more for due work and take those lanes back
-        (and claim that work) where there is some. Releasing first means a worker that
-        wanted a lane meanwhile either saw it held (and its operation is visible to this
-        check) or gets the lane now."""
-        if not lanes:
-            return {}
-        self._release(s, lanes)
-        keys = sorted({(lane.workspace_id, lane.session_id) for lane in lanes})
-        due = s.connection().execute(_NEXT_DUE, {"b_keys": keys, "b_now": self.clock()})
+    def _next(self, s: Session, keys: list[tuple[str, str]]
+              ) -> dict[Lane, Claim | StepResult]:
+        """Take the lanes of these sessions that have due work, and claim it. A lane someone
+        holds is left to its holder, who runs this check after its release commits."""
+        due = s.connection().execute(_NEXT_DUE, {"b_keys": sorted(set(keys)),
+                                                 "b_now": self.clock()})
         return self._open(s, _first_per_session(due))
 
     # -- operations ------------------------------------------------------------------------
