@@ -219,7 +219,7 @@ def test_ill_typed_task_messages_are_rejected_and_write_nothing(client, stack, s
     assert "workspace_id must be a string" in log
     assert "unknown goal action 'launch'" in log
     assert "unexpected keyword argument 'colour'" in log
-    assert "operation_ids must be a list of 1-64 ids" in log
+    assert "operation_ids must be a list of 1-16 ids" in log
     assert "give exactly one of operation_id and operation_ids" in log
     publisher.close()
 

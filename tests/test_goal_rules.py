@@ -463,3 +463,24 @@ def test_a_batch_skips_a_session_whose_lane_another_worker_holds(client, dispatc
     assert [(r.operation_id, r.outcome) for r in results] == [(free.operation_id, "applied")]
     assert client.get_goal_operation(busy.operation_id).status == "prepared"
     assert _lane_tokens(client, ["busy"]) == {ids.lane_name(WS, "busy"): token}
+
+
+def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, sim_control,
+                                                          clock):
+    from workflows.goals import MAX_LANES_PER_STEP
+    given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
+    others = [client.set_goal(WS, f"other-{i}", "x", client_submit_id="1")
+              for i in range(MAX_LANES_PER_STEP)]
+    clock.advance(1)
+    results = dispatcher().dispatch_many([op.operation_id for op in given], steal=True)
+    applied = {r.operation_id for r in results if r.outcome == "applied"}
+    assert [r.outcome for r in results] == ["applied"] * MAX_LANES_PER_STEP, [
+        client.get_goal_operation(r.operation_id).last_error for r in results
+        if r.outcome != "applied"]
+    assert {op.operation_id for op in given} <= applied
+    left = [op for op in others if op.operation_id not in applied]
+    assert len(left) == 10
+    assert {client.get_goal_operation(op.operation_id).status for op in left} == {"prepared"}
+    # Given more operations than one step takes, a dispatch runs them in several steps.
+    results = dispatcher().dispatch_many([op.operation_id for op in left] * 4)
+    assert sorted(r.operation_id for r in results) == sorted(op.operation_id for op in left)

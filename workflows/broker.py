@@ -31,7 +31,7 @@ QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE)
 # 69/s) for 0.9 % of a core while idle.
 FILESYSTEM_POLL_S = 0.01
 # At most this many items share one coalesced message (see TaskPublisher.coalescing).
-COALESCE_MAX_ITEMS = 64
+COALESCE_MAX_ITEMS = 16
 # A coalesced publish waits at most this long for submits of this process that are still in
 # their transaction, so that they share its message.
 COALESCE_LINGER_S = 0.005

@@ -323,11 +323,13 @@ _LANE_COLUMNS = (OPS.c.operation_id, OPS.c.workspace_id, OPS.c.session_id, OPS.c
 # that another worker holds costs this one read.
 _OPS_LANES = select(*_LANE_COLUMNS).where(_OPS_IN, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
                                           leases.unheld(OPS.c, bindparam("b_now")))
-# A dispatch under a backlog takes up to this many other due operations along, so one
-# message and two transactions serve several operations (adaptive batching).
-STEAL_MAX = 16
+# A step drains at most this many lanes, and calls the runtime for all of them at once, so
+# a step's calls take one call's time: below the lease, as a single call is (the lease is
+# configured longer than the runtime timeout). A dispatch under a backlog fills its step
+# with other due operations, so one message and a few transactions serve many operations.
+MAX_LANES_PER_STEP = 32
 _DUE_ANYWHERE = (select(*_LANE_COLUMNS).where(*due_operations(bindparam("b_now")))
-                 .order_by(OPS.c.next_attempt_at).limit(STEAL_MAX))
+                 .order_by(OPS.c.next_attempt_at).limit(MAX_LANES_PER_STEP))
 _NEXT_DUE = (select(*_LANE_COLUMNS).where(_keys(OPS), *due_operations(bindparam("b_now")))
              .order_by(OPS.c.goal_revision))
 # A claim's one read: the operations, their session rows (locked, in key order), goal
@@ -365,8 +367,7 @@ def _first_per_session(rows, into: dict[tuple[str, str], str] | None = None
     return first
 
 
-# Runtime calls of one step run on up to this many threads of the worker process.
-CALL_THREADS = 8
+CALL_THREADS = MAX_LANES_PER_STEP
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
@@ -417,8 +418,8 @@ class Dispatcher:
     A step is a short transaction that claims (lane + operation lease, `dispatched`), the
     runtime calls, a transaction that records the outcomes and releases the lanes, and one
     that takes back the lanes with due work and claims it (the next step's claim). Several
-    lanes move in lockstep, so a step costs the same few statements for one operation or
-    seventeen.
+    lanes (up to MAX_LANES_PER_STEP) move in lockstep, so a step costs the same few
+    statements for one operation or thirty-two.
     """
 
     def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str,
@@ -441,15 +442,23 @@ class Dispatcher:
         """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
         operation and drain those lanes together, starting with these operations. With
         `steal`, a dispatch that has work also takes other due operations along."""
-        def open_lanes(s: Session) -> dict[Lane, Claim | StepResult]:
+        def open_lanes(s: Session, wanted: list[str]) -> dict[Lane, Claim | StepResult]:
             conn = s.connection()
             first = _first_per_session(conn.execute(_OPS_LANES, {
-                "b_ops": list(operation_ids), "b_now": self.clock()}))
+                "b_ops": wanted, "b_now": self.clock()}))
             if first and steal:
-                _first_per_session(conn.execute(_DUE_ANYWHERE, {"b_now": self.clock()}),
-                                   into=first)
+                due = _first_per_session(conn.execute(_DUE_ANYWHERE, {"b_now": self.clock()}))
+                for key, operation_id in due.items():
+                    if len(first) >= MAX_LANES_PER_STEP:
+                        break
+                    first.setdefault(key, operation_id)
             return self._open(s, first)
-        return self._drain(run_transaction(self.engine, open_lanes))
+        results: list[StepResult] = []
+        for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
+            wanted = list(operation_ids[start:start + MAX_LANES_PER_STEP])
+            results += self._drain(run_transaction(
+                self.engine, lambda s, wanted=wanted: open_lanes(s, wanted)))
+        return results
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""

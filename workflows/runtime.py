@@ -52,8 +52,10 @@ def session_path(workspace_id: str, session_id: str) -> str:
 
 
 class HttpRuntime:
+    # Connections kept open to the runtime: a dispatch step calls it for up to 32 sessions
+    # at once (goals.MAX_LANES_PER_STEP).
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0,
-                 pool_size: int = 8) -> None:
+                 pool_size: int = 32) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = urllib3.Timeout(connect=min(timeout_s, 3.0), read=timeout_s)
         self.http = urllib3.PoolManager(maxsize=pool_size, retries=False)

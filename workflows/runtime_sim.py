@@ -446,14 +446,20 @@ def make_handler(sim: Simulator, token: str | None):
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # A worker calls the runtime for a whole dispatch step at once (up to 32 connections
+    # per worker process); socketserver's default listen backlog of 5 would reset some.
+    request_queue_size = 256
+    daemon_threads = True
+
+
 class SimServer:
     """The simulator on a real socket, in a background thread (or in the foreground)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
                  reporter: Reporter | None = None) -> None:
         self.sim = Simulator(reporter)
-        self.httpd = ThreadingHTTPServer((host, port), make_handler(self.sim, token))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), make_handler(self.sim, token))
         self.thread: threading.Thread | None = None
 
     @property
