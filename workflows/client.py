@@ -15,7 +15,7 @@ from workflows.activity import apply_report, parse_report
 from workflows.broker import TaskPublisher
 from workflows.config import Settings
 from workflows.errors import InvalidArgument, NotFound
-from workflows.goals import DISPATCH_TASK, GoalRequest, submit
+from workflows.goals import DISPATCH_TASK, GoalRequest, load_operation, submit
 from models.tables import GoalFence as GoalFenceRow
 from workflows.fence_apply import FENCE_APPLY_TASK
 from workflows.fences import FenceRequest, submit_fence
@@ -125,18 +125,12 @@ class AgentRadar:
         operation_id = ids.goal_operation_id(check_id("workspace_id", workspace_id),
                                              check_id("session_id", session_id),
                                              check_id("client_submit_id", client_submit_id))
-        return self._load_operation(operation_id)
+        return run_transaction(self.engine, lambda s: load_operation(s, operation_id))
 
     def get_goal_operation(self, operation_id: str) -> GoalOperation:
         return self._load(GoalOperationRow, GoalOperation,
                           check_id("operation_id", operation_id), "goal operation",
                           operation_id=operation_id)
-
-    def _load_operation(self, operation_id: str) -> GoalOperation | None:
-        def load(s):
-            row = s.get(GoalOperationRow, operation_id)
-            return None if row is None else records.from_row(GoalOperation, row)
-        return run_transaction(self.engine, load)
 
     def goal_state(self, workspace_id: str, session_id: str) -> GoalState:
         key = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))

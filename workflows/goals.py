@@ -86,24 +86,32 @@ def desired_after(action: GoalAction, objective: str | None,
 
 OPS = GoalOperation.__table__
 STATES = GoalState.__table__
-_SESSION_KEY = (SESSIONS.c.workspace_id == bindparam("b_ws"),
-                SESSIONS.c.session_id == bindparam("b_sid"))
-_STATE_KEY = (STATES.c.workspace_id == bindparam("b_ws"),
-              STATES.c.session_id == bindparam("b_sid"))
+
+
+def _key(table):
+    """`(workspace_id, session_id) = (:b_ws, :b_sid)` for a table's columns."""
+    return (table.c.workspace_id == bindparam("b_ws"),
+            table.c.session_id == bindparam("b_sid"))
+
+
+def _same_session(table, other):
+    """Join condition: two tables' rows belong to the same session."""
+    return and_(table.c.workspace_id == other.c.workspace_id,
+                table.c.session_id == other.c.session_id)
+
+
 # Submit's one read: the session row (locked), its goal state, and whether the operation
 # already exists. Statements on the hot paths are built once, with bound parameters.
 _SUBMIT_LOOKUP = (
     select(STATES.c.revision, STATES.c.desired, STATES.c.pending_operation_id,
            OPS.c.operation_id.label("existing"))
-    .select_from(SESSIONS.outerjoin(STATES, and_(
-        STATES.c.workspace_id == SESSIONS.c.workspace_id,
-        STATES.c.session_id == SESSIONS.c.session_id)).outerjoin(
+    .select_from(SESSIONS.outerjoin(STATES, _same_session(STATES, SESSIONS)).outerjoin(
         OPS, OPS.c.operation_id == bindparam("b_op")))
-    .where(*_SESSION_KEY)
+    .where(*_key(SESSIONS))
     .with_for_update(of=SESSIONS))
 _INSERT_SESSION = insert(SESSIONS)
 _INSERT_STATE = insert(STATES)
-_UPDATE_STATE = update(STATES).where(*_STATE_KEY)
+_UPDATE_STATE = update(STATES).where(*_key(STATES))
 _INSERT_OPERATION = insert(OPS)
 _LOAD_OPERATION = select(OPS).where(OPS.c.operation_id == bindparam("b_op"))
 _SUPERSEDE = (update(OPS).where(OPS.c.operation_id == bindparam("b_op"),
@@ -188,13 +196,17 @@ def _supersede(session: Session, operation_id: str, now: datetime) -> bool:
     return result.rowcount == 1
 
 
-def due_operations(now: datetime) -> tuple:
+def open_unheld(now) -> tuple:
+    """SQL conditions: the goal operation is open and no live lease holds it. `now` is a
+    datetime or a bound parameter."""
+    return (GoalOperation.status.in_(OPEN_OPERATION_STATUSES), leases.unheld(GoalOperation, now))
+
+
+def due_operations(now) -> tuple:
     """SQL conditions of a client goal operation that a worker may attempt now: open, due,
     and no live lease on it. A fence drives its own clear, so fence-made ones are left out."""
-    return (GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-            GoalOperation.origin == Origin.CLIENT,
-            GoalOperation.next_attempt_at <= now,
-            leases.unheld(GoalOperation, now))
+    return (*open_unheld(now), GoalOperation.origin == Origin.CLIENT,
+            GoalOperation.next_attempt_at <= now)
 
 
 def backoff_s(attempt: int) -> float:
@@ -250,25 +262,20 @@ _OPS_IN = OPS.c.operation_id.in_(bindparam("b_ops", expanding=True))
 _LOCK_STATES = (
     select(SESSIONS.c.workspace_id, SESSIONS.c.session_id, STATES.c.desired,
            STATES.c.pending_operation_id)
-    .select_from(SESSIONS.outerjoin(STATES, and_(
-        STATES.c.workspace_id == SESSIONS.c.workspace_id,
-        STATES.c.session_id == SESSIONS.c.session_id)))
+    .select_from(SESSIONS.outerjoin(STATES, _same_session(STATES, SESSIONS)))
     .where(_keys(SESSIONS))
     .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update(of=SESSIONS))
-_COMPLETED = dict(status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.APPLIED,
-                  completed_at=bindparam("b_now"), last_error=None,
-                  lease_owner=None, lease_token=None, lease_expires_at=None)
 _COMPLETE = (update(OPS).where(_OPS_IN, OPS.c.status == OperationStatus.DISPATCHED)
-             .values(**_COMPLETED).returning(OPS.c.operation_id))
-_COMPLETE_HELD = (update(OPS)
-                  .where(_OPS_IN, OPS.c.status == OperationStatus.DISPATCHED,
-                         OPS.c.lease_token == bindparam("b_token"))
-                  .values(**_COMPLETED).returning(OPS.c.operation_id))
+             .values(status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.APPLIED,
+                     completed_at=bindparam("b_now"), last_error=None,
+                     lease_owner=None, lease_token=None, lease_expires_at=None)
+             .returning(OPS.c.operation_id))
+_COMPLETE_HELD = _COMPLETE.where(OPS.c.lease_token == bindparam("b_token"))
 _SET_EVIDENCE = (update(OPS).where(OPS.c.operation_id == bindparam("b_op"))
                  .values(evidence=bindparam("b_evidence")))
 _STATE_APPLIED = (update(STATES)
-                  .where(*_STATE_KEY, STATES.c.pending_operation_id == bindparam("b_op"))
+                  .where(*_key(STATES), STATES.c.pending_operation_id == bindparam("b_op"))
                   .values(observed=bindparam("b_goal"), sync_status=bindparam("b_sync"),
                           pending_operation_id=None, last_error=None))
 
@@ -311,18 +318,12 @@ def complete_applied(session: Session, op: Any, goal: dict | None,
     return op.operation_id in complete_applied_many(session, [(op, goal, evidence)], now, token)
 
 
-def _same_session(table):
-    return and_(table.c.workspace_id == OPS.c.workspace_id,
-                table.c.session_id == OPS.c.session_id)
-
-
 _OP_KEY = OPS.c.operation_id == bindparam("b_op")
 _LANE_COLUMNS = (OPS.c.operation_id, OPS.c.workspace_id, OPS.c.session_id, OPS.c.status,
                  OPS.c.goal_revision)
 # Of the given operations, those open and not leased: a message for one that settled or
 # that another worker holds costs this one read.
-_OPS_LANES = select(*_LANE_COLUMNS).where(_OPS_IN, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
-                                          leases.unheld(OPS.c, bindparam("b_now")))
+_OPS_LANES = select(*_LANE_COLUMNS).where(_OPS_IN, *open_unheld(bindparam("b_now")))
 # A step drains at most this many lanes, and calls the runtime for all of them at once, so
 # a step's calls take one call's time: below the lease, as a single call is (the lease is
 # configured longer than the runtime timeout). A dispatch under a backlog fills its step
@@ -338,14 +339,13 @@ _CLAIM_LOOKUP = (
     select(OPS, STATES.c.revision.label("state_revision"),
            STATES.c.pending_operation_id.label("state_pending"),
            holds(OPS.c.workspace_id, OPS.c.session_id).label("held"))
-    .select_from(OPS.join(SESSIONS, _same_session(SESSIONS))
-                 .outerjoin(STATES, _same_session(STATES)))
+    .select_from(OPS.join(SESSIONS, _same_session(SESSIONS, OPS))
+                 .outerjoin(STATES, _same_session(STATES, OPS)))
     .where(_OPS_IN)
     .order_by(OPS.c.workspace_id, OPS.c.session_id)
     .with_for_update(of=SESSIONS))
 _CLAIM = (update(OPS)
-          .where(_OPS_IN, OPS.c.status.in_(OPEN_OPERATION_STATUSES),
-                 leases.unheld(OPS.c, bindparam("b_now")))
+          .where(_OPS_IN, *open_unheld(bindparam("b_now")))
           .values(lease_owner=bindparam("b_owner"), lease_token=bindparam("b_token"),
                   lease_expires_at=bindparam("b_expires"), status=OperationStatus.DISPATCHED,
                   provider_phase=ProviderPhase.DISPATCHED, attempt=OPS.c.attempt + 1,
@@ -357,10 +357,9 @@ _STATES_APPLYING = update(STATES).where(_keys(STATES)).values(sync_status=SyncSt
 _RESCHEDULE = update(OPS).where(_OP_KEY).values(next_attempt_at=bindparam("b_at"))
 
 
-def _first_per_session(rows, into: dict[tuple[str, str], str] | None = None
-                       ) -> dict[tuple[str, str], str]:
+def _first_per_session(rows) -> dict[tuple[str, str], str]:
     """The lowest-revision open operation of each session among `rows`."""
-    first = {} if into is None else into
+    first: dict[tuple[str, str], str] = {}
     for row in sorted(rows, key=lambda r: r.goal_revision):
         if row.status in OPEN_OPERATION_STATUSES:
             first.setdefault((row.workspace_id, row.session_id), row.operation_id)
@@ -638,8 +637,10 @@ class Dispatcher:
     def _record(self, s: Session, attempts: list[Attempt]) -> list[StepResult]:
         """Record every attempt's outcome in the caller's transaction. Applied answers, the
         common case, are recorded together; any other outcome one by one."""
-        applied = [a for a in attempts
-                   if a.answer is not None and a.answer.get("phase") == "applied"]
+        applied, others = [], []
+        for a in attempts:
+            is_applied = a.answer is not None and a.answer.get("phase") == "applied"
+            (applied if is_applied else others).append(a)
         results = []
         for token in {a.claim.token for a in applied}:
             mine = [a for a in applied if a.claim.token == token]
@@ -649,10 +650,10 @@ class Dispatcher:
             results += [StepResult(a.claim.op.operation_id,
                                    "applied" if a.claim.op.operation_id in done else "skipped")
                         for a in mine]
-        for a in attempts:
+        for a in others:
             if a.fault is not None:
                 results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
-            elif a.answer.get("phase") != "applied":
+            else:
                 results.append(self._answer_outcome(s, a.claim, a.answer))
         return results
 

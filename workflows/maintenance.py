@@ -68,18 +68,22 @@ class MaintenanceRequest:
         return ids.maintenance_run_id(self.workspace_id, self.session_id, self.client_submit_id)
 
 
+def _live(workspace_id, session_id) -> tuple:
+    """SQL conditions: a run of this session that is not terminal (recovery included)."""
+    return (MaintenanceRun.workspace_id == workspace_id,
+            MaintenanceRun.session_id == session_id,
+            MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+
+
 def live_run(session: Session, workspace_id: str, session_id: str) -> MaintenanceRun | None:
     return session.execute(select(MaintenanceRun).where(
-        MaintenanceRun.workspace_id == workspace_id, MaintenanceRun.session_id == session_id,
-        MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES)).limit(1)).scalar_one_or_none()
+        *_live(workspace_id, session_id)).limit(1)).scalar_one_or_none()
 
 
 def holds(workspace_id, session_id):
-    """SQL condition: a run that is not terminal (recovery included) holds the session
-    (DESIGN 4.7). The ids are values or columns of an enclosing query."""
-    return exists().where(MaintenanceRun.workspace_id == workspace_id,
-                          MaintenanceRun.session_id == session_id,
-                          MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+    """SQL condition: a live run holds the session (DESIGN 4.7). The ids are values or
+    columns of an enclosing query."""
+    return exists().where(*_live(workspace_id, session_id))
 
 
 def session_held(session: Session, workspace_id: str, session_id: str) -> bool:
