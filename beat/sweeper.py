@@ -16,6 +16,7 @@ from models.db import run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from models.tables import CancelOperation, GoalFence, GoalOperation
 from workflows import leases
+from workflows.broker import COALESCE_MAX_ITEMS
 from workflows.fence_apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.goals import DISPATCH_TASK, budget_exhausted, due_operations, fail_operation
 from workflows.maintenance_exec import sweep_maintenance
@@ -95,17 +96,28 @@ def sweep_goal_operations(engine: Engine, publish: Publish, now: datetime, limit
                           counts: SweepCounts) -> None:
     """Re-publish due prepared/dispatched work (the operation row is the outbox), take over
     expired leases, and fail operations whose budget ran out even if no worker runs them."""
+    reserved: list[str] = []
     for operation_id in due_goal_operations(engine, now, limit):
         try:
             action = run_transaction(engine, lambda s: _settle_or_reserve(s, operation_id, now))
             if action == "republish":
-                publish(DISPATCH_TASK, {"operation_id": operation_id})
-                counts.republished += 1
+                reserved.append(operation_id)
             elif action == "failed":
                 counts.failed += 1
         except Exception:  # noqa: BLE001 - one bad row must not stop the sweep
             counts.errors += 1
             log.exception("sweeper: goal operation %s", operation_id)
+    # A backlog goes out as messages of up to COALESCE_MAX_ITEMS ids, one dispatch step each;
+    # a message lost here is caught again once its reservation runs out.
+    for start in range(0, len(reserved), COALESCE_MAX_ITEMS):
+        chunk = reserved[start:start + COALESCE_MAX_ITEMS]
+        try:
+            publish(DISPATCH_TASK, {"operation_id": chunk[0]} if len(chunk) == 1
+                    else {"operation_ids": chunk})
+            counts.republished += len(chunk)
+        except Exception:  # noqa: BLE001 - the rest of the sweep still runs
+            counts.errors += 1
+            log.exception("sweeper: publishing dispatch for %s", ", ".join(chunk))
 
 
 def _settle_or_reserve(session, operation_id: str, now: datetime) -> str:

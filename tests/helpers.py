@@ -40,3 +40,17 @@ def eventually(predicate, timeout_s: float = 30.0, poll_s: float = 0.05, what: s
             return last
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}: {last!r}")
+
+
+def effects_by_operation(sim_control) -> dict[str, int]:
+    """How many times the simulator applied each operation."""
+    counts: dict[str, int] = {}
+    for effect in sim_control.effects():
+        counts[effect["operation_id"]] = counts.get(effect["operation_id"], 0) + 1
+    return counts
+
+
+def dispatching(client, op):
+    """The operation's row while a worker holds it mid-dispatch, else False."""
+    row = client.get_goal_operation(op.operation_id)
+    return row.status == "dispatched" and row.lease_token is not None and row

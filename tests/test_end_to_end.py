@@ -13,20 +13,13 @@ from models.db import run_transaction
 from models.tables import GoalOperation, Lease
 from workflows.broker import TaskPublisher
 from workflows.client import AgentRadar
-from tests.helpers import eventually, row_counts
+from tests.helpers import dispatching, effects_by_operation, eventually, row_counts
 
 WS = "ws-e2e"
 
 
 def settled(client, op, timeout_s=60):
     return client.wait(op, timeout=timeout_s)
-
-
-def effects_by_operation(sim_control):
-    counts = {}
-    for effect in sim_control.effects():
-        counts[effect["operation_id"]] = counts.get(effect["operation_id"], 0) + 1
-    return counts
 
 
 def test_set_pause_resume_clear(client, stack, sim_control):
@@ -111,11 +104,6 @@ def test_agent_outage_is_retried_until_it_applies(client, stack, sim_control):
     assert effects_by_operation(sim_control) == {op.operation_id: 1}
 
 
-def _dispatching(client, op):
-    row = client.get_goal_operation(op.operation_id)
-    return row.status == "dispatched" and row.lease_token is not None and row
-
-
 def test_worker_killed_mid_dispatch(client, stack, sim_control):
     """SIGKILL the whole worker while the agent call is in flight: the operation still
     completes (sweeper + a new worker) and the agent applied it once."""
@@ -123,7 +111,7 @@ def test_worker_killed_mid_dispatch(client, stack, sim_control):
     stack.start_beat()
     sim_control.latency("goal", 1500)
     op = client.set_goal(WS, "killed", "finish me", client_submit_id="1")
-    eventually(lambda: _dispatching(client, op), what="the dispatch to start")
+    eventually(lambda: dispatching(client, op), what="the dispatch to start")
     victim.kill()
     sim_control.latency("goal", 0)
     stack.start_worker(concurrency=1)
@@ -139,7 +127,7 @@ def test_a_paused_lease_holder_cannot_write(client, stack, sim_control, settings
     stack.start_beat()
     sim_control.latency("goal", 1000)
     op = client.set_goal(WS, "paused", "fence me", client_submit_id="1")
-    holder = eventually(lambda: _dispatching(client, op), what="the dispatch to start")
+    holder = eventually(lambda: dispatching(client, op), what="the dispatch to start")
     pool_pid = int(holder.lease_owner.rsplit(":", 1)[1])
     os.kill(pool_pid, signal.SIGSTOP)
     try:

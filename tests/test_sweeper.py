@@ -10,6 +10,7 @@ from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from models.db import run_transaction
 from models.tables import GoalOperation
 from workflows import leases
+from workflows.broker import COALESCE_MAX_ITEMS
 from workflows.goals import DISPATCH_TASK, Dispatcher
 from workflows.runtime import HttpRuntime
 from tests.helpers import Clock
@@ -41,6 +42,17 @@ def test_lost_publish_is_republished_once_per_interval(client):
     assert sweep_once(client.engine, pub, now + timedelta(seconds=1), owner="t").republished == 0
     later = now + timedelta(seconds=REPUBLISH_INTERVAL_S + OUTBOX_GRACE_S)
     assert sweep_once(client.engine, pub, later, owner="t").republished == 1
+
+
+def test_a_backlog_of_lost_publishes_goes_out_in_batches(client):
+    ops = [client.set_goal("ws", f"s{i}", "x", client_submit_id="a") for i in range(20)]
+    pub = RecordingPublisher()
+    now = max(op.next_attempt_at for op in ops) + timedelta(seconds=OUTBOX_GRACE_S)
+    assert sweep_once(client.engine, pub, now, owner="t").republished == 20
+    assert [(task, len(kwargs["operation_ids"])) for task, kwargs in pub.published] == \
+        [(DISPATCH_TASK, COALESCE_MAX_ITEMS), (DISPATCH_TASK, 20 - COALESCE_MAX_ITEMS)]
+    sent = [i for _, kwargs in pub.published for i in kwargs["operation_ids"]]
+    assert sorted(sent) == sorted(op.operation_id for op in ops)
 
 
 def test_a_held_operation_lease_is_not_taken_over_until_it_expires(client, settings):
