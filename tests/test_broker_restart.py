@@ -1,7 +1,8 @@
 """Redis restarts under a running fleet (DESIGN 9): this test's own redis-server, which keeps
-nothing on disk, is killed with work queued, in flight and submitted while it is down; once
-it is back, workers and beat reconnect, the sweeper re-publishes what the restart lost from
-the database, and every operation takes effect exactly once."""
+nothing on disk, is killed with goal work in flight and queued; more goal work, a compaction
+and prompts are submitted while it is down. Once it is back, workers and beat reconnect, the
+sweeper re-publishes from the database what the restart lost, and every operation takes
+effect exactly once."""
 
 import shutil
 import signal
@@ -109,6 +110,9 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(settings, own_r
     down = [client.set_goal(WS, f"down-{i}", "submitted during the outage",
                             client_submit_id="1") for i in range(3)]
     assert {op.status for op in down} == {"prepared"}
+    compaction = client.start_maintenance(WS, "down-m", client_submit_id="m1")
+    prompts = [client.submit_prompt(WS, "down-p", f"prompt {i}", client_submit_id=f"p{i}")
+               for i in range(2)]
     own_redis.start()  # empty: nothing it held survived
 
     every = before + in_flight + queued + down
@@ -116,6 +120,12 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(settings, own_r
         assert client.wait(op, timeout=120).status == "completed", op.operation_id
     assert all(w.alive() for w in workers) and beat.alive()
     assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in every}
+    assert client.wait(compaction, timeout=60).status == "completed"
+    assert len(sim_control.effects("maintenance")) == 1
+    for p in prompts:
+        eventually(lambda p=p: client.get_prompt(p.prompt_id).status == "completed",
+                   timeout_s=60, what=f"prompt {p.prompt_id}")
+    assert [e["text"] for e in sim_control.effects("prompt")] == ["prompt 0", "prompt 1"]
 
     # The fleet and the client work on the restarted server.
     after = client.set_goal(WS, "after", "business as usual", client_submit_id="1")
