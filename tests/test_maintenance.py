@@ -178,6 +178,36 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(client, executor, se
     assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]
 
 
+def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(client, executor, settings,
+                                                                   sim_control):
+    from workflows import prompts
+    runtime = HttpRuntime(settings.runtime_url)
+    sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
+
+    def pushed():
+        return prompts.sessions_with_queued_prompts(client.engine, utcnow(), 60, 100)
+
+    def turn(turn_id, phase, at_ms, **fields):
+        client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,
+                                "turn": {"turn_id": turn_id, "phase": phase, **fields}})
+
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert pushed() == []  # held: the run's release pushes the queue
+    executor.execute(run.run_id)
+    assert pushed() == [(WS, SID)]  # released; in case that push was lost
+    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
+    assert pushed() == []  # one in flight: its turn's settle pushes the queue
+    turn(client.get_prompt(p1.prompt_id).turn_id, "settled", 10, outcome="completed",
+         prompt_id=p1.prompt_id)
+    assert pushed() == [(WS, SID)]
+    turn("t-own", "running", 20, origin="goal_continuation")
+    assert pushed() == []  # the agent's own turn runs: its settle pushes the queue
+    turn("t-own", "settled", 30, outcome="completed")
+    assert pushed() == [(WS, SID)]
+
+
 def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, monkeypatch):
     """The database refuses the terminal record: the run is left in recovery with
     operation_persist_failed once the database answers, and recovery writes it again."""

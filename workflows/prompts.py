@@ -6,17 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from models.base import utcnow
 from models.db import run_transaction
 from models.enums import PromptStatus, TurnOutcome
-from models.tables import Prompt
+from models.tables import AgentSession, Prompt
 from workflows import ids
 from workflows.errors import InvalidArgument, PromptConflict, RuntimeDisconnected, RuntimeFault
-from workflows.maintenance import session_held
+from workflows.maintenance import holds, session_held
 from workflows.runtime import RuntimePort
 from workflows.sessions import lock_session
 from workflows.validation import check_id
@@ -124,8 +124,13 @@ def on_turn_settled(session: Session, prompt_id: str | None, outcome: str) -> bo
 
 def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float,
                                  limit: int) -> list[tuple[str, str]]:
-    """For the sweeper: sessions whose queue may need a push. A prompt marked dispatched
-    whose call never recorded a turn (the worker died) goes back to the queue first."""
+    """For the sweeper: sessions whose next prompt could go now but has not (its push was
+    lost). A prompt marked dispatched whose call never recorded a turn (the worker died) goes
+    back to the queue first. A session that is held, has a prompt in flight or a running
+    turn is left alone: the run's release or the turn's settle pushes it, and once that has
+    happened it qualifies here if that push was lost."""
+    in_flight = aliased(Prompt)
+
     def find(s: Session):
         s.execute(update(Prompt).where(
             Prompt.status == PromptStatus.DISPATCHED, Prompt.turn_id.is_(None),
@@ -133,5 +138,13 @@ def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float,
             .values(status=PromptStatus.QUEUED, dispatched_at=None))
         return [tuple(r) for r in s.execute(
             select(Prompt.workspace_id, Prompt.session_id)
-            .where(Prompt.status == PromptStatus.QUEUED).distinct().limit(limit)).all()]
+            .join(AgentSession, (AgentSession.workspace_id == Prompt.workspace_id)
+                  & (AgentSession.session_id == Prompt.session_id), isouter=True)
+            .where(Prompt.status == PromptStatus.QUEUED,
+                   AgentSession.active_turn_id.is_(None),
+                   ~holds(Prompt.workspace_id, Prompt.session_id),
+                   ~exists().where(in_flight.workspace_id == Prompt.workspace_id,
+                                   in_flight.session_id == Prompt.session_id,
+                                   in_flight.status == PromptStatus.DISPATCHED))
+            .distinct().limit(limit)).all()]
     return run_transaction(engine, find)
