@@ -65,12 +65,14 @@ def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
         sweep_fences(engine, publish, now, limit, counts)
         sweep_goal_operations(engine, publish, now, limit, counts)
         sweep_stale_cancels(engine, publish, now, limit, counts)
+        run_transaction(engine, lambda s: leases.prune_republish(s, now))
         maintenance = sweep_maintenance(engine, publish, now, cancel_grace_s=cancel_grace_s,
-                                        outbox_grace_s=OUTBOX_GRACE_S, limit=limit)
+                                        outbox_grace_s=OUTBOX_GRACE_S,
+                                        republish_interval_s=REPUBLISH_INTERVAL_S, limit=limit)
         counts.republished += maintenance["republished"]
         counts.details["maintenance_recovery"] = maintenance["recovery"]
-        for workspace_id, session_id in sessions_with_queued_prompts(engine, now, lease_s,
-                                                                     limit):
+        for workspace_id, session_id in sessions_with_queued_prompts(
+                engine, now, lease_s, limit, republish_interval_s=REPUBLISH_INTERVAL_S):
             publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
             counts.republished += 1
     finally:

@@ -5,12 +5,13 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
-from beat.sweeper import sweep_once
+from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from models.base import utcnow
 from models.db import run_transaction
-from models.tables import MaintenanceRun
+from models.tables import Lease, MaintenanceRun, Prompt
+from workflows import leases
 from workflows.errors import (InvalidArgument, MaintenanceBusy, MaintenanceConflict,
                               MaintenanceRecoveryRequired, RuntimeDraining, SessionBusy)
 from workflows.goals import Dispatcher
@@ -206,6 +207,34 @@ def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(client, execu
     assert pushed() == []  # the agent's own turn runs: its settle pushes the queue
     turn("t-own", "settled", 30, outcome="completed")
     assert pushed() == [(WS, SID)]
+
+
+def test_waiting_runs_and_prompt_queues_are_republished_once_per_interval(client):
+    """A run no worker has claimed yet (a busy maintenance queue) and a prompt queue whose
+    push is on the way get one message per reservation interval, not one per sweep."""
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    client.submit_prompt(WS, "other", "hello", client_submit_id="p1")
+    published = []
+
+    def sweep(at):
+        sweep_once(client.engine, lambda task, kwargs: published.append((task, kwargs)) or True,
+                   at, owner="t")
+        sent, published[:] = list(published), []
+        return sorted(task for task, _ in sent)
+
+    start = run.started_at + timedelta(seconds=OUTBOX_GRACE_S)
+    assert sweep(start) == ["agent_radar.maintenance.execute", "agent_radar.prompt.dispatch"]
+    assert sweep(start + timedelta(seconds=1)) == []
+    assert sweep(start + timedelta(seconds=REPUBLISH_INTERVAL_S - 1)) == []
+    again = start + timedelta(seconds=REPUBLISH_INTERVAL_S)
+    assert sweep(again) == ["agent_radar.maintenance.execute", "agent_radar.prompt.dispatch"]
+    # once the work is done, its expired reservations are dropped
+    run_transaction(client.engine, lambda s: (
+        s.execute(update(MaintenanceRun).values(status="completed", finished_at=again)),
+        s.execute(update(Prompt).values(status="completed"))))
+    assert sweep(again + timedelta(seconds=REPUBLISH_INTERVAL_S)) == []
+    assert run_transaction(client.engine, lambda s: s.scalars(
+        select(Lease.name).where(Lease.name.startswith(leases.REPUBLISH_PREFIX))).all()) == []
 
 
 def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, monkeypatch):

@@ -7,13 +7,17 @@ that was paused past its expiry cannot act on a lease somebody else has since cl
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, or_, update
+from sqlalchemy import bindparam, delete, or_, update
 from sqlalchemy.orm import Session
 
 from models.db import insert_ignore
 from models.tables import Lease
+from workflows import ids
 
 LEASES = Lease.__table__
+# Reservations the sweeper takes before it re-publishes work that has no row lease of its own
+# (an unclaimed maintenance run, a prompt queue): one message per reservation interval.
+REPUBLISH_PREFIX = "republish:"
 _NAMES = LEASES.c.name.in_(bindparam("b_names", expanding=True))
 # Built once: every dispatch claims and releases lanes, several at a time.
 _CLAIM = (update(LEASES)
@@ -92,3 +96,21 @@ def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: 
         .values(lease_owner=owner, lease_token=token,
                 lease_expires_at=now + timedelta(seconds=ttl_s), **values))
     return token if result.rowcount == 1 else None
+
+
+def reserve_republish(session: Session, kind: str, keys: list[tuple[str, ...]], ttl_s: float,
+                      now: datetime) -> list[tuple[str, ...]]:
+    """Of these work items of `kind`, those not re-published in the last `ttl_s` seconds;
+    each gets a reservation for that long, so a queue of waiting work is not re-published on
+    every sweep while its first message is still on the way."""
+    names = {key: REPUBLISH_PREFIX + ids.derive("republish", kind, *key) for key in keys}
+    if not names:
+        return []
+    _, taken = claim_many(session, list(names.values()), "sweeper", ttl_s, now)
+    return [key for key, name in names.items() if name in taken]
+
+
+def prune_republish(session: Session, now: datetime) -> int:
+    """Drop expired reservations, so the table holds only those of work still waiting."""
+    return session.execute(delete(Lease).where(Lease.name.startswith(REPUBLISH_PREFIX),
+                                               Lease.expires_at <= now)).rowcount

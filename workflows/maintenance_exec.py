@@ -202,10 +202,13 @@ def release_session(engine: Engine, publish: Publish, workspace_id: str, session
 
 
 def sweep_maintenance(engine: Engine, publish: Publish, now: datetime, *, cancel_grace_s: float,
-                      outbox_grace_s: float, limit: int) -> dict[str, int]:
+                      outbox_grace_s: float, republish_interval_s: float,
+                      limit: int) -> dict[str, int]:
     """Runs never claimed are re-published; a lost heartbeat is `worker_lost`; a cancel
     past its grace is `cancel_timeout` (the session stays held); runs in recovery with no
-    live worker are re-published so the executor asks the runtime for the outcome."""
+    live worker are re-published so the executor asks the runtime for the outcome. A run
+    waiting behind a busy maintenance queue is re-published once per interval, not on every
+    sweep."""
     counts = {"recovery": 0, "republished": 0}
 
     def mark(s: Session) -> int:
@@ -224,11 +227,16 @@ def sweep_maintenance(engine: Engine, publish: Publish, now: datetime, *, cancel
         return n
     counts["recovery"] = run_transaction(engine, mark)
     started_cutoff = now - timedelta(seconds=outbox_grace_s)
-    due = run_transaction(engine, lambda s: list(s.execute(select(MaintenanceRun.run_id).where(
-        or_(MaintenanceRun.status == S.RECOVERY_REQUIRED,
-            (MaintenanceRun.status == S.RUNNING) & (MaintenanceRun.started_at <= started_cutoff)),
-        leases.unheld(MaintenanceRun, now)).limit(limit)).scalars()))
-    for run_id in due:
+
+    def reserve(s: Session) -> list[tuple[str, ...]]:
+        due = s.execute(select(MaintenanceRun.run_id).where(
+            or_(MaintenanceRun.status == S.RECOVERY_REQUIRED,
+                (MaintenanceRun.status == S.RUNNING)
+                & (MaintenanceRun.started_at <= started_cutoff)),
+            leases.unheld(MaintenanceRun, now)).limit(limit)).scalars()
+        return leases.reserve_republish(s, "maintenance", [(run_id,) for run_id in due],
+                                        republish_interval_s, now)
+    for (run_id,) in run_transaction(engine, reserve):
         publish(EXECUTE_TASK, {"run_id": run_id})
         counts["republished"] += 1
     return counts

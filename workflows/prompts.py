@@ -14,7 +14,7 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.enums import PromptStatus, TurnOutcome
 from models.tables import AgentSession, Prompt
-from workflows import ids
+from workflows import ids, leases
 from workflows.errors import InvalidArgument, PromptConflict, RuntimeDisconnected, RuntimeFault
 from workflows.maintenance import holds, session_held
 from workflows.runtime import RuntimePort
@@ -122,13 +122,16 @@ def on_turn_settled(session: Session, prompt_id: str | None, outcome: str) -> bo
     return True
 
 
-def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float,
-                                 limit: int) -> list[tuple[str, str]]:
+def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float, limit: int, *,
+                                 republish_interval_s: float | None = None
+                                 ) -> list[tuple[str, str]]:
     """For the sweeper: sessions whose next prompt could go now but has not (its push was
     lost). A prompt marked dispatched whose call never recorded a turn (the worker died) goes
     back to the queue first. A session that is held, has a prompt in flight or a running
     turn is left alone: the run's release or the turn's settle pushes it, and once that has
-    happened it qualifies here if that push was lost."""
+    happened it qualifies here if that push was lost. With `republish_interval_s`, a session
+    is returned once per interval while its push is on the way (see
+    leases.reserve_republish)."""
     in_flight = aliased(Prompt)
 
     def find(s: Session):
@@ -136,7 +139,7 @@ def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float,
             Prompt.status == PromptStatus.DISPATCHED, Prompt.turn_id.is_(None),
             Prompt.dispatched_at <= now - timedelta(seconds=stale_s))
             .values(status=PromptStatus.QUEUED, dispatched_at=None))
-        return [tuple(r) for r in s.execute(
+        waiting = [tuple(r) for r in s.execute(
             select(Prompt.workspace_id, Prompt.session_id)
             .join(AgentSession, (AgentSession.workspace_id == Prompt.workspace_id)
                   & (AgentSession.session_id == Prompt.session_id), isouter=True)
@@ -147,4 +150,7 @@ def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float,
                                    in_flight.session_id == Prompt.session_id,
                                    in_flight.status == PromptStatus.DISPATCHED))
             .distinct().limit(limit)).all()]
+        if republish_interval_s is None:
+            return waiting
+        return leases.reserve_republish(s, "prompts", waiting, republish_interval_s, now)
     return run_transaction(engine, find)
