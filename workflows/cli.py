@@ -65,8 +65,11 @@ def worker(concurrency: int, queues: str, name: str | None, loglevel: str, as_js
     upgrade(settings.database_url)
     from tasks.app import app
     node = f"{name or 'radar'}-{os.getpid()}@%h"
+    # No mingle or gossip: nothing here uses revokes or worker-to-worker state (the database
+    # coordinates), mingle costs a second at every start, and gossip fails to restart after
+    # a broker reconnect. Events (-E) still feed Flower.
     app.worker_main(["worker", "-c", str(concurrency), "-Q", queues, "-n", node,
-                     "--loglevel", loglevel, "-E"])
+                     "--loglevel", loglevel, "-E", "--without-mingle", "--without-gossip"])
 
 
 @cli.command()
