@@ -1,0 +1,90 @@
+"""The embedded broker: kombu's filesystem transport with this project's fixes (workflows.broker)."""
+
+import json
+import os
+import socket
+
+import pytest
+from kombu import Connection
+from kombu.transport import filesystem
+
+from workflows.broker import (DEFAULT_QUEUE, FILESYSTEM_DRAIN_SLICE_S, TaskPublisher,
+                              broker_folders, kombu_queues, transport_options)
+from workflows.config import Settings
+
+
+def _settings(tmp_path, name) -> Settings:
+    home = tmp_path / name
+    home.mkdir()
+    return Settings(home=home, database_url=f"sqlite:///{home / 'db'}",
+                    broker_url="filesystem://")
+
+
+def _received(settings: Settings) -> list[dict]:
+    """Consume every message waiting in the default queue of this broker folder."""
+    got = []
+    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+        queue = next(q for q in kombu_queues() if q.name == DEFAULT_QUEUE)
+        with conn.Consumer([queue], accept=["json"],
+                           callbacks=[lambda body, message: (got.append(body[1]),
+                                                             message.ack())]):
+            while True:
+                try:
+                    conn.drain_events(timeout=0.5)
+                except socket.timeout:
+                    return got
+
+
+def test_each_broker_folder_gets_its_own_bindings(tmp_path):
+    """Upstream keeps one binding registry per process: after publishing to one folder, a
+    message published to a second folder (no worker bound yet) was routed nowhere."""
+    first, second = _settings(tmp_path, "a"), _settings(tmp_path, "b")
+    for settings, n in ((first, 1), (second, 2)):
+        publisher = TaskPublisher(settings)
+        publisher.publish("agent_radar.goal.dispatch", {"operation_id": f"op-{n}"})
+        publisher.close()
+    assert _received(second) == [{"operation_id": "op-2"}]
+    assert _received(first) == [{"operation_id": "op-1"}]
+
+
+def test_a_message_file_appears_whole(tmp_path, monkeypatch):
+    """A consumer takes any `.msg` file it lists, so a message is written under another name
+    and renamed into place: at the moment it appears, it is complete."""
+    settings = _settings(tmp_path, "a")
+    queue_folder = broker_folders(settings)["queue"]
+    seen = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if str(dst).endswith(".msg"):
+            assert not os.path.exists(dst)
+            with open(src, "rb") as written:
+                seen.append(json.loads(written.read())["headers"]["task"])
+        return real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+    publisher = TaskPublisher(settings)
+    publisher.publish("agent_radar.goal.dispatch", {"operation_id": "op-1"})
+    publisher.close()
+    assert seen == ["agent_radar.goal.dispatch"]
+    assert [p.suffix for p in queue_folder.iterdir() if not p.name.startswith("tmp-")] \
+        == [".msg"]
+    assert not [p for p in queue_folder.iterdir() if p.name.startswith("tmp-")]
+
+
+def test_a_wait_for_messages_is_cut_into_short_slices(tmp_path, monkeypatch):
+    """Celery's loop for this transport looks for a pending shutdown only between drains,
+    so each drain waits at most FILESYSTEM_DRAIN_SLICE_S, whatever it was asked for."""
+    settings = _settings(tmp_path, "a")
+    asked = []
+    real = filesystem.Transport.drain_events
+
+    def recording(self, connection, timeout=None):
+        asked.append(timeout)
+        return real(self, connection, timeout=timeout)
+    monkeypatch.setattr(filesystem.Transport, "drain_events", recording)
+    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+        queue = next(q for q in kombu_queues() if q.name == DEFAULT_QUEUE)
+        with conn.Consumer([queue], accept=["json"], callbacks=[]):
+            with pytest.raises(socket.timeout):
+                conn.drain_events(timeout=2.0)
+    assert asked == [FILESYSTEM_DRAIN_SLICE_S]
