@@ -20,12 +20,15 @@ def _settings(tmp_path, name) -> Settings:
                     broker_url="filesystem://")
 
 
+def _default_queue():
+    return next(q for q in kombu_queues() if q.name == DEFAULT_QUEUE)
+
+
 def _received(settings: Settings) -> list[dict]:
     """Consume every message waiting in the default queue of this broker folder."""
     got = []
     with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
-        queue = next(q for q in kombu_queues() if q.name == DEFAULT_QUEUE)
-        with conn.Consumer([queue], accept=["json"],
+        with conn.Consumer([_default_queue()], accept=["json"],
                            callbacks=[lambda body, message: (got.append(body[1]),
                                                              message.ack())]):
             while True:
@@ -83,8 +86,7 @@ def test_a_wait_for_messages_is_cut_into_short_slices(tmp_path, monkeypatch):
         return real(self, connection, timeout=timeout)
     monkeypatch.setattr(filesystem.Transport, "drain_events", recording)
     with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
-        queue = next(q for q in kombu_queues() if q.name == DEFAULT_QUEUE)
-        with conn.Consumer([queue], accept=["json"], callbacks=[]):
+        with conn.Consumer([_default_queue()], accept=["json"], callbacks=[]):
             with pytest.raises(socket.timeout):
                 conn.drain_events(timeout=2.0)
     assert asked == [FILESYSTEM_DRAIN_SLICE_S]

@@ -185,8 +185,9 @@ def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(client, execu
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
 
-    def pushed():
-        return prompts.sessions_with_queued_prompts(client.engine, utcnow(), 60, 100)
+    def pushed():  # with no re-publish interval, every call answers afresh
+        return prompts.sessions_with_queued_prompts(client.engine, utcnow(), 60, 100,
+                                                    republish_interval_s=0)
 
     def turn(turn_id, phase, at_ms, **fields):
         client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import bindparam, func, insert, select, tuple_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -27,7 +27,8 @@ from workflows.maintenance import holds
 from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
                               RuntimeDisconnected, RuntimeFault)
 from workflows.runtime import RuntimePort
-from workflows.sessions import SESSIONS, append_event, lock_session, new_session_values
+from workflows.sessions import (SESSIONS, append_event, lock_session, new_session_values,
+                                same_session)
 from workflows.validation import check_action, check_id, check_int, check_objective
 
 log = logging.getLogger(__name__)
@@ -94,18 +95,12 @@ def _key(table):
             table.c.session_id == bindparam("b_sid"))
 
 
-def _same_session(table, other):
-    """Join condition: two tables' rows belong to the same session."""
-    return and_(table.c.workspace_id == other.c.workspace_id,
-                table.c.session_id == other.c.session_id)
-
-
 # Submit's one read: the session row (locked), its goal state, and whether the operation
 # already exists. Statements on the hot paths are built once, with bound parameters.
 _SUBMIT_LOOKUP = (
     select(STATES.c.revision, STATES.c.desired, STATES.c.pending_operation_id,
            OPS.c.operation_id.label("existing"))
-    .select_from(SESSIONS.outerjoin(STATES, _same_session(STATES, SESSIONS)).outerjoin(
+    .select_from(SESSIONS.outerjoin(STATES, same_session(STATES.c, SESSIONS.c)).outerjoin(
         OPS, OPS.c.operation_id == bindparam("b_op")))
     .where(*_key(SESSIONS))
     .with_for_update(of=SESSIONS))
@@ -262,7 +257,7 @@ _OPS_IN = OPS.c.operation_id.in_(bindparam("b_ops", expanding=True))
 _LOCK_STATES = (
     select(SESSIONS.c.workspace_id, SESSIONS.c.session_id, STATES.c.desired,
            STATES.c.pending_operation_id)
-    .select_from(SESSIONS.outerjoin(STATES, _same_session(STATES, SESSIONS)))
+    .select_from(SESSIONS.outerjoin(STATES, same_session(STATES.c, SESSIONS.c)))
     .where(_keys(SESSIONS))
     .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update(of=SESSIONS))
@@ -339,8 +334,8 @@ _CLAIM_LOOKUP = (
     select(OPS, STATES.c.revision.label("state_revision"),
            STATES.c.pending_operation_id.label("state_pending"),
            holds(OPS.c.workspace_id, OPS.c.session_id).label("held"))
-    .select_from(OPS.join(SESSIONS, _same_session(SESSIONS, OPS))
-                 .outerjoin(STATES, _same_session(STATES, OPS)))
+    .select_from(OPS.join(SESSIONS, same_session(SESSIONS.c, OPS.c))
+                 .outerjoin(STATES, same_session(STATES.c, OPS.c)))
     .where(_OPS_IN)
     .order_by(OPS.c.workspace_id, OPS.c.session_id)
     .with_for_update(of=SESSIONS))

@@ -18,7 +18,7 @@ from workflows import ids, leases
 from workflows.errors import InvalidArgument, PromptConflict, RuntimeDisconnected, RuntimeFault
 from workflows.maintenance import holds, session_held
 from workflows.runtime import RuntimePort
-from workflows.sessions import lock_session
+from workflows.sessions import lock_session, same_session
 from workflows.validation import check_id
 
 PROMPT_TASK = "agent_radar.prompt.dispatch"
@@ -123,15 +123,13 @@ def on_turn_settled(session: Session, prompt_id: str | None, outcome: str) -> bo
 
 
 def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float, limit: int, *,
-                                 republish_interval_s: float | None = None
-                                 ) -> list[tuple[str, str]]:
+                                 republish_interval_s: float) -> list[tuple[str, str]]:
     """For the sweeper: sessions whose next prompt could go now but has not (its push was
     lost). A prompt marked dispatched whose call never recorded a turn (the worker died) goes
     back to the queue first. A session that is held, has a prompt in flight or a running
     turn is left alone: the run's release or the turn's settle pushes it, and once that has
-    happened it qualifies here if that push was lost. With `republish_interval_s`, a session
-    is returned once per interval while its push is on the way (see
-    leases.reserve_republish)."""
+    happened it qualifies here if that push was lost. A session is returned once per
+    `republish_interval_s` while its push is on the way (see leases.reserve_republish)."""
     in_flight = aliased(Prompt)
 
     def find(s: Session):
@@ -141,16 +139,12 @@ def sessions_with_queued_prompts(engine: Engine, now: datetime, stale_s: float, 
             .values(status=PromptStatus.QUEUED, dispatched_at=None))
         waiting = [tuple(r) for r in s.execute(
             select(Prompt.workspace_id, Prompt.session_id)
-            .join(AgentSession, (AgentSession.workspace_id == Prompt.workspace_id)
-                  & (AgentSession.session_id == Prompt.session_id), isouter=True)
+            .join(AgentSession, same_session(AgentSession, Prompt), isouter=True)
             .where(Prompt.status == PromptStatus.QUEUED,
                    AgentSession.active_turn_id.is_(None),
                    ~holds(Prompt.workspace_id, Prompt.session_id),
-                   ~exists().where(in_flight.workspace_id == Prompt.workspace_id,
-                                   in_flight.session_id == Prompt.session_id,
+                   ~exists().where(same_session(in_flight, Prompt),
                                    in_flight.status == PromptStatus.DISPATCHED))
             .distinct().limit(limit)).all()]
-        if republish_interval_s is None:
-            return waiting
         return leases.reserve_republish(s, "prompts", waiting, republish_interval_s, now)
     return run_transaction(engine, find)

@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import and_, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from models.db import insert_ignore
@@ -21,6 +21,12 @@ _NEXT_SEQUENCE = (
     .values(event_sequence=SESSIONS.c.event_sequence + 1)
     .returning(SESSIONS.c.event_sequence))
 _INSERT_EVENT = insert(EVENTS)
+
+
+def same_session(a, b):
+    """Join condition: rows of `a` and `b` belong to the same session. Each is a mapped
+    class, an alias, or a table's columns (`table.c`)."""
+    return and_(a.workspace_id == b.workspace_id, a.session_id == b.session_id)
 
 
 def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
