@@ -123,6 +123,8 @@ class MaintenanceError(StrEnum):
     SUMMARY_FAILED = "summary_failed"
     CANCELLED = "cancelled"
     NO_HISTORY = "no_history"
+    # The runtime's final answer could not be stored (ill-typed, out of range, NUL …).
+    INVALID_RUNTIME_ANSWER = "invalid_runtime_answer"
 
 
 class PromptStatus(StrEnum):

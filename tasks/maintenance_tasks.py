@@ -18,8 +18,9 @@ def start_maintenance(ctx, workspace_id, session_id, kind="compact", *, client_s
 
 
 @strict_task("agent_radar.cancel_maintenance", public=True)
-def cancel_maintenance(ctx, run_id):
-    run = _client(ctx).cancel_maintenance(run_id)
+def cancel_maintenance(ctx, workspace_id, run_id):
+    """Scoped to the caller's workspace (DESIGN 4.10): a run of another one is NotFound."""
+    run = _client(ctx).cancel_maintenance(run_id, workspace_id=workspace_id)
     return {"run_id": run.run_id, "status": run.status}
 
 
@@ -27,8 +28,6 @@ def cancel_maintenance(ctx, run_id):
 def execute(ctx, run_id):
     executor = MaintenanceExecutor(ctx.engine, ctx.runtime, **_collaborators(ctx))
     return executor.execute(check_id("run_id", run_id))
-
-
 
 
 @strict_task("agent_radar.submit_prompt", public=True)

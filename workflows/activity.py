@@ -1,7 +1,7 @@
 """Activity reports from agent hosts (DESIGN 4.4): session fields and goal-applied evidence."""
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -12,7 +12,8 @@ from workflows import cancels, prompts
 from workflows.errors import InvalidArgument
 from workflows.goals import complete_applied
 from workflows.sessions import lock_session
-from workflows.validation import check_id, check_int
+from workflows.validation import (check_choice, check_id, check_int, check_json_object,
+                                  check_report_time)
 
 SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch"}
 REPORT_PARTS = {"workspace_id", "session_id", "occurred_at_ms", "session", "turn", "goal_applied"}
@@ -38,13 +39,16 @@ def _check_dict(name: str, value: Any) -> dict[str, Any] | None:
     return value
 
 
-def parse_report(report: Any) -> Report:
+def parse_report(report: Any, now: datetime) -> Report:
+    """Parse an untrusted report into typed values (DESIGN 4.4); InvalidArgument for
+    anything else, before any write. `now` is the control plane's clock: a report dated
+    more than a minute ahead of it is refused."""
     if not isinstance(report, dict):
         raise InvalidArgument("report must be a JSON object", field="report")
     unknown = set(report) - REPORT_PARTS
     if unknown:
         raise InvalidArgument(f"unknown report fields: {sorted(unknown)}", field="report")
-    occurred_ms = check_int("occurred_at_ms", report.get("occurred_at_ms"))
+    occurred_at = check_report_time("occurred_at_ms", report.get("occurred_at_ms"), now)
     session = _check_dict("session", report.get("session"))
     if session is not None:
         extra = set(session) - SESSION_FIELDS
@@ -60,24 +64,24 @@ def parse_report(report: Any) -> Report:
     applied = _check_dict("goal_applied", report.get("goal_applied"))
     if applied is not None:
         check_id("goal_applied.operation_id", applied.get("operation_id"))
+        extra = set(applied) - {"operation_id", "revision", "goal"}
+        if extra:
+            raise InvalidArgument(f"unknown goal_applied fields: {sorted(extra)}",
+                                  field="goal_applied")
         check_int("goal_applied.revision", applied.get("revision"), minimum=1)
-        _check_dict("goal_applied.goal", applied.get("goal"))
+        check_json_object("goal_applied.goal", applied.get("goal"))
     turn = _parse_turn(report.get("turn"))
     return Report(
         workspace_id=check_id("workspace_id", report.get("workspace_id")),
         session_id=check_id("session_id", report.get("session_id")),
-        occurred_at=datetime.fromtimestamp(occurred_ms / 1000, UTC),
+        occurred_at=occurred_at,
         session=session, goal_applied=applied, turn=turn)
 
 
 def _check_choice(name: str, value: Any, choices: type) -> str | None:
     if value is None:
         return None
-    try:
-        return choices(value).value
-    except ValueError:
-        raise InvalidArgument(f"{name} must be one of {[c.value for c in choices]}",
-                              field=name) from None
+    return check_choice(name, value, {c.value for c in choices})
 
 
 def _parse_turn(value: Any) -> dict[str, Any] | None:
@@ -130,7 +134,8 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
         turn = report.turn
         wake = cancels.on_turn_settled(session, report.workspace_id, report.session_id,
                                        turn["turn_id"], turn["outcome"], now)
-        prompts.on_turn_settled(session, turn["prompt_id"], turn["outcome"])
+        prompts.on_turn_settled(session, report.workspace_id, report.session_id,
+                                turn["prompt_id"], turn["outcome"])
         wake_prompts = True  # any settled turn may let the next prompt (or a run) go
     completed: list[str] = []
     applied = report.goal_applied

@@ -200,7 +200,9 @@ def run_bench(settings: Settings, *, operations: int = 400, concurrency: int = 2
     try:
         stack.prepare()
         stack.start_sim()
-        stack.start_worker(concurrency=concurrency, name="bench-worker")
+        # Only the benchmark's own worker registers the baseline no-op task.
+        stack.start_worker(concurrency=concurrency, name="bench-worker",
+                           extra_env={"AGENT_RADAR_BENCH_TASKS": "1"})
         bench = Bench(settings, operations, echo)
         # (b) measures the goal operation path; continuation turns (and their reports) are
         # agent activity that would only add unrelated load.

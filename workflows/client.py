@@ -33,7 +33,7 @@ from workflows.records import (Fence, GoalOperation, GoalState, HistoryRow, Main
 from workflows.runtime import HttpRuntime, RuntimePort
 from workflows.session_control import (durable_fences, load_session, record_live,
                                        resume_if_offline)
-from workflows.validation import check_id
+from workflows.validation import check_id, check_limit
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05
@@ -74,10 +74,16 @@ class AgentRadar:
             self.publisher.publish_after_commit(task, message(record))
         return record
 
-    def _load(self, row_type, record_type, key, what: str, **error_attrs) -> Any:
+    def _load(self, row_type, record_type, key, what: str, workspace_id: str | None = None,
+              **error_attrs) -> Any:
+        """Load a record by id. With `workspace_id` (DESIGN 4.10), a record of another
+        workspace is NotFound, exactly as a missing one."""
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+
         def load(s):
             row = s.get(row_type, key)
-            if row is None:
+            if row is None or workspace_id is not None and row.workspace_id != workspace_id:
                 raise NotFound(f"no {what} {key}", **error_attrs)
             return (record_type.from_row(row) if hasattr(record_type, "from_row")
                     else records.from_row(record_type, row))
@@ -127,10 +133,11 @@ class AgentRadar:
                                              check_id("client_submit_id", client_submit_id))
         return run_transaction(self.engine, lambda s: load_operation(s, operation_id))
 
-    def get_goal_operation(self, operation_id: str) -> GoalOperation:
+    def get_goal_operation(self, operation_id: str, *,
+                           workspace_id: str | None = None) -> GoalOperation:
         return self._load(GoalOperationRow, GoalOperation,
                           check_id("operation_id", operation_id), "goal operation",
-                          operation_id=operation_id)
+                          workspace_id, operation_id=operation_id)
 
     def goal_state(self, workspace_id: str, session_id: str) -> GoalState:
         key = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
@@ -143,6 +150,8 @@ class AgentRadar:
         return run_transaction(self.engine, load)
 
     def list_goal_operations(self, workspace_id: str, session_id: str) -> list[GoalOperation]:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
         return run_transaction(self.engine, lambda s: [
             records.from_row(GoalOperation, row) for row in s.execute(
                 select(GoalOperationRow)
@@ -164,9 +173,9 @@ class AgentRadar:
             return Fence.from_row(row), created
         return self._accept(accept, FENCE_APPLY_TASK, lambda f: {"fence_id": f.fence_id})
 
-    def get_fence(self, fence_id: str) -> Fence:
+    def get_fence(self, fence_id: str, *, workspace_id: str | None = None) -> Fence:
         return self._load(GoalFenceRow, Fence, check_id("fence_id", fence_id), "fence",
-                          fence_id=fence_id)
+                          workspace_id, fence_id=fence_id)
 
     # -- prompts ---------------------------------------------------------------------------
     def submit_prompt(self, workspace_id: str, session_id: str, text: str, *,
@@ -180,9 +189,9 @@ class AgentRadar:
         return self._accept(queue, PROMPT_TASK, lambda p: {
             "workspace_id": p.workspace_id, "session_id": p.session_id})
 
-    def get_prompt(self, prompt_id: str) -> PromptRecord:
+    def get_prompt(self, prompt_id: str, *, workspace_id: str | None = None) -> PromptRecord:
         return self._load(PromptRow, PromptRecord, check_id("prompt_id", prompt_id), "prompt",
-                          prompt_id=prompt_id)
+                          workspace_id, prompt_id=prompt_id)
 
     def drain_session(self, workspace_id: str, session_id: str) -> SessionInfo:
         """Stop admitting maintenance on this session (RuntimeDraining from now on)."""
@@ -207,23 +216,28 @@ class AgentRadar:
             return records.from_row(MaintenanceRun, row), created
         return self._accept(admit, EXECUTE_TASK, lambda run: {"run_id": run.run_id})
 
-    def cancel_maintenance(self, run_id: str) -> MaintenanceRun:
+    def cancel_maintenance(self, run_id: str, *,
+                           workspace_id: str | None = None) -> MaintenanceRun:
         check_id("run_id", run_id)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
 
         def cancel(s):
-            row = maintenance.request_cancel(s, run_id, utcnow())
+            row = maintenance.request_cancel(s, run_id, utcnow(), workspace_id)
             if row is None:
                 raise NotFound(f"no maintenance run {run_id}", run_id=run_id)
             return records.from_row(MaintenanceRun, row)
         return run_transaction(self.engine, cancel)
 
-    def get_maintenance(self, run_id: str) -> MaintenanceRun:
+    def get_maintenance(self, run_id: str, *,
+                        workspace_id: str | None = None) -> MaintenanceRun:
         return self._load(MaintenanceRunRow, MaintenanceRun, check_id("run_id", run_id),
-                          "maintenance run", run_id=run_id)
+                          "maintenance run", workspace_id, run_id=run_id)
 
     def history(self, workspace_id: str, session_id: str, limit: int = 50) -> list[HistoryRow]:
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
+        limit = check_limit(limit)
         return run_transaction(self.engine, lambda s: session_history(
             s, workspace_id, session_id, limit))
 
@@ -243,6 +257,9 @@ class AgentRadar:
         return self.session_info(workspace_id, session_id)
 
     def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+
         def load(s):
             row = load_session(s, workspace_id, session_id)
             if row is None:
@@ -252,7 +269,7 @@ class AgentRadar:
 
     def report_activity(self, report: dict[str, Any]) -> list[str]:
         """Apply an agent host's report; returns the goal operations it completed."""
-        parsed = parse_report(report)
+        parsed = parse_report(report, utcnow())
         effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})

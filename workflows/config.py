@@ -4,6 +4,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
 
@@ -21,7 +22,16 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-@dataclass(frozen=True)
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by asterisks."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":********@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, repr=False)
 class Settings:
     home: Path
     database_url: str
@@ -44,6 +54,12 @@ class Settings:
     @property
     def is_embedded_broker(self) -> bool:
         return self.broker_url.startswith("filesystem://")
+
+    def __repr__(self) -> str:
+        # Settings reach logs and operator tools; neither may show a secret in clear text.
+        return (f"Settings(home={str(self.home)!r}, database_url={mask_url(self.database_url)!r}, "
+                f"broker_url={mask_url(self.broker_url)!r}, runtime_url={self.runtime_url!r}, "
+                f"runtime_token={'********' if self.runtime_token else None!r})")
 
     def with_home(self, home: Path) -> "Settings":
         return replace(self, home=home)

@@ -14,12 +14,13 @@ from sqlalchemy.orm import Session
 from models.enums import FenceStatus, GoalAction, Origin
 from models.tables import GoalFence, GoalOperation, GoalState
 from workflows import ids
-from workflows.errors import FenceConflict, InvalidArgument, NotFound
+from workflows.errors import FenceConflict, NotFound
 from workflows.goals import GoalRequest, submit
 from workflows.sessions import append_event, lock_session
-from workflows.validation import check_id
+from workflows.validation import check_id, check_submit_id, check_text
 
-MAX_REASON_CHARS = 1024
+# A reason is an operator's sentence, kept in the fence row and its audit event.
+MAX_REASON_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,10 @@ class FenceRequest:
     @classmethod
     def parse(cls, workspace_id: Any, session_id: Any, target_operation_id: Any, *,
               client_submit_id: Any, reason: Any = "") -> "FenceRequest":
-        if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
-            raise InvalidArgument(f"reason must be a string of at most {MAX_REASON_CHARS} "
-                                  "characters", field="reason")
         return cls(check_id("workspace_id", workspace_id), check_id("session_id", session_id),
                    check_id("target_operation_id", target_operation_id),
-                   check_id("client_submit_id", client_submit_id), reason)
+                   check_submit_id("client_submit_id", client_submit_id),
+                   check_text("reason", reason, MAX_REASON_BYTES, allow_empty=True))
 
     @property
     def fence_id(self) -> str:
@@ -78,7 +77,7 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime
             workspace_id=request.workspace_id, session_id=request.session_id,
             action=GoalAction.CLEAR, objective=None,
             client_submit_id=ids.fence_clear_submit_id(request.fence_id),
-            origin=Origin.FENCE), now)
+            origin=Origin.FENCE, fence_id=request.fence_id), now)
         clear_id = clear.operation_id
     fence = GoalFence(
         fence_id=request.fence_id, workspace_id=request.workspace_id,

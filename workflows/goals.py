@@ -29,7 +29,8 @@ from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, G
 from workflows.runtime import RuntimePort
 from workflows.sessions import (SESSIONS, append_event, lock_session, new_session_values,
                                 same_session)
-from workflows.validation import check_action, check_id, check_int, check_objective
+from workflows.validation import (check_action, check_id, check_int, check_objective,
+                                  check_submit_id)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,9 @@ class GoalRequest:
     client_submit_id: str
     expected_revision: int | None = None
     origin: Origin = Origin.CLIENT
+    # A fence-made clear names its fence; its id comes from a family of its own that no
+    # client submit ID can produce (ids.fence_clear_operation_id).
+    fence_id: str | None = None
 
     @classmethod
     def parse(cls, workspace_id: Any, session_id: Any, action: Any, objective: Any = None, *,
@@ -67,11 +71,14 @@ class GoalRequest:
             session_id=check_id("session_id", session_id),
             action=parsed_action,
             objective=check_objective(parsed_action, objective),
-            client_submit_id=check_id("client_submit_id", client_submit_id),
+            client_submit_id=check_submit_id("client_submit_id", client_submit_id),
             expected_revision=check_int("expected_revision", expected_revision, optional=True))
 
     @property
     def operation_id(self) -> str:
+        if self.fence_id is not None:
+            return ids.fence_clear_operation_id(self.workspace_id, self.session_id,
+                                                self.fence_id)
         return ids.goal_operation_id(self.workspace_id, self.session_id, self.client_submit_id)
 
 
@@ -628,6 +635,11 @@ class Dispatcher:
             return Attempt(claim, fault=exc, retryable=exc.retryable)
         except RuntimeDisconnected as exc:
             return Attempt(claim, fault=exc, retryable=True)
+        except Exception as exc:  # noqa: BLE001 - one call's failure stays that call's
+            log.exception("goal operation %s: runtime call failed", claim.op.operation_id)
+            fault = RuntimeFault(f"runtime call failed: {exc.__class__.__name__}",
+                                 code="bad_response", retryable=True, http_status=None)
+            return Attempt(claim, fault=fault, retryable=True)
 
     def _record(self, s: Session, attempts: list[Attempt]) -> list[StepResult]:
         """Record every attempt's outcome in the caller's transaction. Applied answers, the

@@ -29,6 +29,12 @@ def fence_clear_submit_id(fence: str) -> str:
     return f"goal-generation-fence:{fence}"
 
 
+def fence_clear_operation_id(workspace_id: str, session_id: str, fence: str) -> str:
+    """The clear operation a fence prepares: a family of its own, so that no client submit
+    ID can name (and so squat) it."""
+    return derive("goal_fence_clear", workspace_id, session_id, fence)
+
+
 def cancel_operation_id(workspace_id: str, session_id: str, turn_id: str) -> str:
     return derive("cancel_turn", workspace_id, session_id, turn_id)
 

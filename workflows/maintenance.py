@@ -19,7 +19,8 @@ from workflows import ids
 from workflows.errors import (InvalidArgument, MaintenanceBusy, MaintenanceConflict,
                               MaintenanceRecoveryRequired, RuntimeDraining, SessionBusy)
 from workflows.sessions import append_event, lock_session
-from workflows.validation import check_id, check_int
+from workflows.validation import (check_choice, check_id, check_int, check_submit_id,
+                                  check_text)
 
 S = MaintenanceStatus
 TERMINAL = frozenset(TERMINAL_MAINTENANCE_STATUSES)
@@ -50,9 +51,7 @@ class MaintenanceRequest:
     @classmethod
     def parse(cls, workspace_id: Any, session_id: Any, kind: Any, *, client_submit_id: Any,
               args: Any = None) -> "MaintenanceRequest":
-        if kind not in KINDS:
-            raise InvalidArgument(f"unknown maintenance kind {kind!r}; expected one of "
-                                  f"{sorted(KINDS)}", field="kind")
+        kind = check_choice("kind", kind, KINDS)
         if KINDS[kind]:
             if not isinstance(args, dict) or set(args) != {"turn"}:
                 raise InvalidArgument(f"{kind} takes args {{\"turn\": N}}", field="args")
@@ -60,7 +59,7 @@ class MaintenanceRequest:
         elif args not in (None, {}):
             raise InvalidArgument(f"{kind} takes no args", field="args")
         return cls(check_id("workspace_id", workspace_id), check_id("session_id", session_id),
-                   kind, check_id("client_submit_id", client_submit_id),
+                   kind, check_submit_id("client_submit_id", client_submit_id),
                    dict(args) if KINDS[kind] else None)
 
     @property
@@ -155,22 +154,57 @@ def transition(session: Session, run: MaintenanceRun, to: MaintenanceStatus, now
     return True
 
 
-def request_cancel(session: Session, run_id: str, now: datetime) -> MaintenanceRun | None:
-    """`cancel_maintenance`: running → cancelling; anything else is left unchanged."""
+def request_cancel(session: Session, run_id: str, now: datetime,
+                   workspace_id: str | None = None) -> MaintenanceRun | None:
+    """`cancel_maintenance`: running → cancelling; anything else is left unchanged. With
+    `workspace_id`, a run of another workspace is not found (None)."""
     run = session.get(MaintenanceRun, run_id, populate_existing=True)
+    if run is not None and workspace_id is not None and run.workspace_id != workspace_id:
+        return None
     if run is None or run.status != S.RUNNING:
         return run
     transition(session, run, S.CANCELLING, now, cancel_requested_at=now)
     return session.get(MaintenanceRun, run_id, populate_existing=True)
 
 
-def terminal_for(outcome: dict[str, Any]) -> tuple[MaintenanceStatus, dict[str, Any]]:
-    """The terminal status and fields for the runtime's final answer (DESIGN 4.6)."""
-    applied, cancelled, error = (bool(outcome.get("applied")), bool(outcome.get("cancelled")),
-                                 outcome.get("error"))
-    fields: dict[str, Any] = {"applied": applied, "input_tokens": outcome.get("input_tokens")}
+# What a run keeps of the runtime's answer: a summary is the compacted context, an error a
+# sentence; both bounded so a host cannot grow a row without limit.
+MAX_SUMMARY_BYTES = 256 * 1024
+MAX_ERROR_BYTES = 4096
+
+
+def check_outcome(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The runtime's final answer as values the database can store; InvalidArgument if
+    any is ill-typed, out of range or not storable text."""
+    checked: dict[str, Any] = {}
+    for name in ("applied", "cancelled"):
+        value = outcome.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be a boolean", field=name)
+        checked[name] = bool(value)
+    for name in ("input_tokens", "result_tokens"):
+        checked[name] = check_int(name, outcome.get(name), optional=True)
+    summary, error = outcome.get("summary"), outcome.get("error")
+    checked["summary"] = (None if summary is None
+                          else check_text("summary", summary, MAX_SUMMARY_BYTES, allow_empty=True))
+    checked["error"] = (None if error in (None, "")
+                        else check_text("error", error, MAX_ERROR_BYTES))
+    return checked
+
+
+def terminal_for(answer: dict[str, Any]) -> tuple[MaintenanceStatus, dict[str, Any]]:
+    """The terminal status and fields for the runtime's final answer (DESIGN 4.6). An
+    answer that cannot be stored ends the run `failed` (invalid_runtime_answer): asking
+    again would only get the same answer, and the session must not stay held."""
+    try:
+        outcome = check_outcome(answer)
+    except InvalidArgument as exc:
+        return S.FAILED, {"applied": False, "error_code": MaintenanceError.INVALID_RUNTIME_ANSWER,
+                          "detail": f"the runtime's outcome could not be stored: {exc}"}
+    applied, cancelled, error = outcome["applied"], outcome["cancelled"], outcome["error"]
+    fields: dict[str, Any] = {"applied": applied, "input_tokens": outcome["input_tokens"]}
     if applied:
-        fields.update(result_tokens=outcome.get("result_tokens"), summary=outcome.get("summary"))
+        fields.update(result_tokens=outcome["result_tokens"], summary=outcome["summary"])
     if not error and not cancelled and applied:
         return S.COMPLETED, fields  # even if a cancel arrived late
     if cancelled:

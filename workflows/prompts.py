@@ -15,11 +15,11 @@ from models.db import run_transaction
 from models.enums import PromptStatus, TurnOutcome
 from models.tables import AgentSession, Prompt
 from workflows import ids, leases
-from workflows.errors import InvalidArgument, PromptConflict, RuntimeDisconnected, RuntimeFault
+from workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from workflows.maintenance import holds, session_held
 from workflows.runtime import RuntimePort
 from workflows.sessions import lock_session, same_session
-from workflows.validation import check_id
+from workflows.validation import check_id, check_submit_id, check_text
 
 PROMPT_TASK = "agent_radar.prompt.dispatch"
 # Prompt text is user input for the agent; 64 KiB keeps rows and messages small.
@@ -36,12 +36,9 @@ class PromptRequest:
     @classmethod
     def parse(cls, workspace_id: Any, session_id: Any, text: Any, *,
               client_submit_id: Any) -> "PromptRequest":
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidArgument("prompt text must be a non-empty string", field="text")
-        if len(text.encode("utf-8")) > MAX_PROMPT_BYTES:
-            raise InvalidArgument(f"prompt text is over {MAX_PROMPT_BYTES} bytes", field="text")
         return cls(check_id("workspace_id", workspace_id), check_id("session_id", session_id),
-                   text, check_id("client_submit_id", client_submit_id))
+                   check_text("text", text, MAX_PROMPT_BYTES),
+                   check_submit_id("client_submit_id", client_submit_id))
 
     @property
     def prompt_id(self) -> str:
@@ -111,13 +108,16 @@ def dispatch_next(engine: Engine, runtime: RuntimePort, workspace_id: str, sessi
     return "dispatched"
 
 
-def on_turn_settled(session: Session, prompt_id: str | None, outcome: str) -> bool:
-    """The prompt's turn settled: the prompt is done. True if the queue may move on."""
+def on_turn_settled(session: Session, workspace_id: str, session_id: str,
+                    prompt_id: str | None, outcome: str) -> bool:
+    """The prompt's turn settled: the prompt is done. True if the queue may move on. Only
+    a prompt of the report's own workspace and session is touched (DESIGN 4.10)."""
     if prompt_id is None:
         return False
     status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED
     session.execute(update(Prompt).where(
-        Prompt.prompt_id == prompt_id, Prompt.status == PromptStatus.DISPATCHED)
+        Prompt.prompt_id == prompt_id, Prompt.workspace_id == workspace_id,
+        Prompt.session_id == session_id, Prompt.status == PromptStatus.DISPATCHED)
         .values(status=status))
     return True
 

@@ -101,9 +101,10 @@ class Stack:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def spawn(self, name: str, args: list[str], ready_file: Path | None = None) -> Proc:
+    def spawn(self, name: str, args: list[str], ready_file: Path | None = None,
+              extra_env: dict[str, str] | None = None) -> Proc:
         log_path = self.log_dir / f"{name}.log"
-        env = self.env()
+        env = {**self.env(), **(extra_env or {})}
         if ready_file is not None:
             env["AGENT_RADAR_READY_FILE"] = str(ready_file)
         with open(log_path, "ab") as log:
@@ -128,7 +129,7 @@ class Stack:
         return proc
 
     def start_worker(self, concurrency: int = 2, queues: str | None = None,
-                     name: str | None = None) -> Proc:
+                     name: str | None = None, extra_env: dict[str, str] | None = None) -> Proc:
         name = name or f"worker-{uuid.uuid4().hex[:6]}"
         ready = self.settings.home / "run" / f"{name}.ready"
         ready.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +137,7 @@ class Stack:
         args = ["worker", "-c", str(concurrency), "--name", name]
         if queues:
             args += ["-Q", queues]
-        proc = self.spawn(name, args, ready)
+        proc = self.spawn(name, args, ready, extra_env)
         wait_for(lambda: ready.exists() or not proc.alive() and _dead(proc), 60,
                  f"worker {name}")
         return proc
