@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install clean
+.PHONY: run test bench fuzz install clean
 
-$(STAMP): pyproject.toml
+# Exact versions from constraints.txt; the package itself declares compatible ranges.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,6 +20,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# A long hostile-input campaign (Hypothesis) on both backends; the suite runs a short one.
+fuzz: $(STAMP)
+	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} $(BIN)/python -m pytest -q --timeout=0 tests/test_fuzz.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/agent-radar bench

@@ -16,6 +16,7 @@ import inspect
 import logging
 
 from celery import Task, shared_task
+from celery.app import trace as celery_trace
 from celery.exceptions import InvalidTaskError, Reject
 from celery.worker import strategy as celery_strategy
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -24,6 +25,11 @@ from tasks.runtime_context import TaskContext
 from workflows.errors import AgentRadarError, InvalidArgument
 
 log = logging.getLogger("agent_radar.tasks")
+
+# Every rejection is logged here once, with its reason. Celery's own record of a Reject
+# repeats it with the traceback of the `raise Reject` below, which tells an operator nothing
+# and reads like a crash; keep its line, without the traceback.
+celery_trace.log_policy_reject = celery_trace.log_policy_reject._replace(traceback=0)
 
 # A public task whose database is unreachable retries with backoff until this many tries;
 # the intent is not durable yet, so it must not be dropped.

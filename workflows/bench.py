@@ -42,7 +42,7 @@ class Bench:
         self.echo = echo or (lambda *_: None)
         self.run_id = uuid.uuid4().hex[:8]
         self.client = AgentRadar(settings=settings)
-        self.sim = SimControl(settings.runtime_url)
+        self.sim = SimControl(settings.runtime_url, settings.runtime_token)
         self.publisher = TaskPublisher(settings)
 
     def raw_noops(self) -> float:

@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "default"
 MAINTENANCE_QUEUE = "maintenance"
-QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE)
+# Where a producer that follows Celery's defaults sends a task it names without a queue
+# (`send_task("agent_radar.goal_control", kwargs=…)`): workers consume it too, so such a
+# message is applied instead of waiting in a queue nobody reads (DESIGN 7.3).
+CELERY_DEFAULT_QUEUE = "celery"
+QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE, CELERY_DEFAULT_QUEUE)
+WORKER_QUEUES = ",".join(QUEUES)
 # The filesystem transport polls its folder, and also sleeps this long whenever the worker
 # is at its prefetch limit, so the interval caps throughput: 10 ms gave 337 no-ops/s (50 ms:
 # 69/s) for 0.9 % of a core while idle.

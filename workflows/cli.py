@@ -13,6 +13,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
+from workflows.broker import WORKER_QUEUES
 from workflows.config import Settings
 from workflows.errors import AgentRadarError
 from workflows.records import as_dict
@@ -53,7 +54,7 @@ def cli() -> None:
 # -- processes -------------------------------------------------------------------------------
 @cli.command()
 @click.option("-c", "--concurrency", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("-Q", "--queues", default="default,maintenance", show_default=True)
+@click.option("-Q", "--queues", default=WORKER_QUEUES, show_default=True)
 @click.option("--name", default=None, help="Node name prefix (unique per host).")
 @click.option("--loglevel", default="INFO", show_default=True)
 @json_option
@@ -88,17 +89,36 @@ def beat(schedule_file: str | None, loglevel: str, as_json: bool):
     app.start(["beat", "-s", schedule, "--loglevel", loglevel])
 
 
+# Passwords that stand in the example env file or are commonly left unchanged.
+EXAMPLE_PASSWORDS = frozenset({"change-me", "changeme", "password", "admin", "flower"})
+
+
+def flower_auth_problem(auth: str) -> str | None:
+    """Why FLOWER_BASIC_AUTH is not acceptable (comma-separated user:password pairs)."""
+    if not auth:
+        return "is not set"
+    for pair in auth.split(","):
+        user, sep, password = pair.partition(":")
+        if not sep or not user or not password:
+            return "must be user:password with a non-empty password"
+        if password.lower() in EXAMPLE_PASSWORDS:
+            return "still has the example password"
+    return None
+
+
 @cli.command()
 @click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
 @click.option("--address", default="127.0.0.1", show_default=True)
 @json_option
 def flower(port: int, address: str, as_json: bool):
     """Run Flower; FLOWER_BASIC_AUTH=user:password turns on basic auth, and is required
-    when Flower listens beyond this machine."""
+    when Flower listens beyond this machine. An empty or example password is refused."""
     auth = os.environ.get("FLOWER_BASIC_AUTH", "")
-    if address not in ("127.0.0.1", "localhost", "::1") and ":" not in auth:
-        raise click.UsageError("set FLOWER_BASIC_AUTH=user:password before exposing Flower "
-                               f"on {address}")
+    if auth or address not in ("127.0.0.1", "localhost", "::1"):
+        problem = flower_auth_problem(auth)
+        if problem:
+            raise click.UsageError(f"FLOWER_BASIC_AUTH {problem}; set user:password before "
+                                   f"running Flower on {address}")
     from tasks.app import app
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if auth:

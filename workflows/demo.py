@@ -55,7 +55,7 @@ def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
         stack.start_beat()
         say("stack up: runtime-sim, worker (2 processes), beat", database="SQLite (WAL)",
             broker="filesystem")
-        ok = _scenario(AgentRadar(settings=settings), SimControl(settings.runtime_url), stack,
+        ok = _scenario(AgentRadar(settings=settings), SimControl(settings.runtime_url, settings.runtime_token), stack,
                        worker, say)
     except (AgentRadarError, TimeoutError, RuntimeError, AssertionError) as exc:
         say("demo failed", error=f"{exc.__class__.__name__}: {exc}")

@@ -31,9 +31,13 @@ ERROR_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MAX_DETAIL_CHARS = 300
 
 
+JSON_TYPE_NAMES = {type(None): "null", list: "array", str: "string", int: "number",
+                   float: "number", bool: "boolean"}
+
+
 def bad_response(why: str, http_status: int | None = 200) -> RuntimeFault:
-    return RuntimeFault(f"runtime answered a bad response: {why}", code="bad_response",
-                        retryable=True, http_status=http_status)
+    return RuntimeFault(f"runtime answered {http_status} bad_response: {why}",
+                        code="bad_response", retryable=True, http_status=http_status)
 
 
 def _printable(text: Any) -> str:
@@ -169,14 +173,14 @@ class HttpRuntime:
             payload = {}
         if not isinstance(payload, dict):
             if 200 <= status < 300:
-                raise bad_response(f"the answer is a JSON {type(payload).__name__}, not an "
-                                   "object", status)
+                raise bad_response(f"the answer is a JSON {JSON_TYPE_NAMES[type(payload)]}, "
+                                   "not an object", status)
             payload = {}
         if 200 <= status < 300:
             return payload
         code = payload.get("error")
         if not isinstance(code, str) or not ERROR_CODE.fullmatch(code):
-            code = "rejected" if 400 <= status < 500 else "bad_response"
+            code = "bad_response"  # errors are {"error": code, ...}; anything else is not
         if status >= 500:
             code = "server_error"
         if code == "disconnected":

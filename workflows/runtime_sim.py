@@ -7,6 +7,7 @@ under `/sim/` take sessions offline or online, inject failures and latency, and 
 session to acknowledging goals (`accepted`) and applying them later.
 """
 
+import hmac
 import json
 import logging
 import re
@@ -391,6 +392,15 @@ class Simulator:
         raise SimError(404, "not_found")
 
 
+def bearer_matches(header: str | None, token: str | None) -> bool:
+    """Whether an Authorization header carries the token (always, when no token is set).
+    Compared in constant time, so the answer's timing tells nothing about the token."""
+    if not token:
+        return True
+    expected = f"Bearer {token}".encode()
+    return hmac.compare_digest((header or "").encode("utf-8", "replace"), expected)
+
+
 def make_handler(sim: Simulator, token: str | None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -419,13 +429,15 @@ def make_handler(sim: Simulator, token: str | None):
 
         def _dispatch(self, method: str) -> None:
             try:
+                # Every path needs the token, the control endpoints under /sim/ included:
+                # they can take sessions offline and list every effect.
+                if not bearer_matches(self.headers.get("Authorization"), token):
+                    return self._send(401, {"error": "unauthorized"})
                 body = self._body() if method == "POST" else {}
                 path = self.path.split("?", 1)[0]
                 if path.startswith("/sim/"):
                     result = sim.snapshot(path) if method == "GET" else sim.control(path, body)
                     return self._send(200, result)
-                if token and self.headers.get("Authorization") != f"Bearer {token}":
-                    return self._send(401, {"error": "unauthorized"})
                 match = SESSION_PATH.match(path)
                 reads = match and (match[3] == "liveness" or (
                     match[3].startswith("maintenance/") and not match[3].endswith("/cancel")))
@@ -484,9 +496,9 @@ class SimServer:
 class SimControl:
     """Client of the simulator's `/sim/` endpoints, for the demo, the tests and the bench."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         from workflows.runtime import HttpRuntime
-        self.http = HttpRuntime(url, timeout_s=10.0)
+        self.http = HttpRuntime(url, token, timeout_s=10.0)
 
     def session(self, ws: str, sid: str, **settings: Any) -> dict:
         from urllib.parse import quote

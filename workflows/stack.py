@@ -123,7 +123,7 @@ class Stack:
     def start_sim(self) -> Proc:
         port = self.sim_port or int(self.settings.runtime_url.rsplit(":", 1)[1].split("/")[0])
         proc = self.spawn("runtime-sim", ["runtime-sim", "--port", str(port)])
-        control = SimControl(self.settings.runtime_url)
+        control = SimControl(self.settings.runtime_url, self.settings.runtime_token)
         wait_for(lambda: control.healthy() or not proc.alive() and _dead(proc), 30,
                  "the runtime simulator")
         return proc

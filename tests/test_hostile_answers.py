@@ -1,0 +1,177 @@
+"""Hostile agent-host answers, over real HTTP, on both backends: an answer that is not a JSON
+object of the documented shape, or is over 1 MiB, is a `bad_response` fault for that one call
+(DESIGN 6); the rest of the step records normally; a maintenance outcome that cannot be
+stored ends the run `failed` and releases the session."""
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+import pytest
+
+from models.db import run_transaction
+from workflows import maintenance
+from workflows.goals import Dispatcher
+from workflows.maintenance_exec import MaintenanceExecutor
+from workflows.runtime import MAX_ANSWER_BYTES, HttpRuntime
+
+WS = "ws-answers"
+SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
+
+
+class HostileHost:
+    """An agent host on a real socket that answers each session as told: `answers[sid]` is
+    (status, raw body bytes) or a callable of the request body returning that."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, object] = {}
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args):
+                pass
+
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                match = SESSION.match(self.path)
+                sid, call = unquote(match[2]), match[3]
+                answer = host.answers.get((sid, call)) or host.answers.get(sid)
+                status, raw = answer(body) if callable(answer) else answer
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = _answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.httpd.server_address[1]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def host():
+    h = HostileHost()
+    yield h
+    h.close()
+
+
+def applied(body):
+    goal = {"objective": body["objective"], "status": "active"}
+    return 200, json.dumps({"phase": "applied", "goal": goal, "evidence": {"ok": 1}}).encode()
+
+
+BAD_ANSWERS = {
+    "null": (200, b"null"),
+    "list": (200, b"[]"),
+    "string": (200, b'"applied"'),
+    "number": (200, b"42"),
+    "not-json": (200, b"<html>oops</html>"),
+    "no-phase": (200, b'{"goal": null}'),
+    "phase-list": (200, b'{"phase": ["applied"]}'),
+    "goal-list": (200, b'{"phase": "applied", "goal": [1, 2]}'),
+    "goal-nul": (200, b'{"phase": "applied", "goal": {"objective": "a\\u0000b"}}'),
+    "goal-nan": (200, b'{"phase": "applied", "goal": {"x": NaN}}'),
+    "deep": (200, b'{"phase": "applied", "goal": ' + b'{"a": ' * 2000 + b'1' + b'}' * 2001),
+    "huge": (200, b'{"phase": "applied", "pad": "' + b"x" * MAX_ANSWER_BYTES + b'"}'),
+    "error-object": (409, b'{"error": {"nested": "code"}, "detail": "\\u0000"}'),
+    "error-list": (500, b"[1, 2, 3]"),
+}
+
+
+def test_bad_answers_fault_one_call_and_the_step_records_the_rest(client, settings, host):
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    good = ["good-1", "good-2"]
+    for sid in good:
+        host.answers[sid] = applied
+    host.answers.update(BAD_ANSWERS)
+    ops = {sid: client.set_goal(WS, sid, f"goal of {sid}", client_submit_id="1")
+           for sid in [*good, *BAD_ANSWERS]}
+    dispatcher = Dispatcher(client.engine, runtime, worker_id="test", lease_s=30.0)
+    results = {r.operation_id: r.outcome
+               for r in dispatcher.dispatch_many([op.operation_id for op in ops.values()])}
+    for sid in good:
+        assert results[ops[sid].operation_id] == "applied", sid
+        row = client.get_goal_operation(ops[sid].operation_id)
+        assert row.status == "completed" and row.evidence == {"ok": 1}
+        assert client.goal_state(WS, sid).sync_status == "synced"
+    for sid in BAD_ANSWERS:
+        row = client.get_goal_operation(ops[sid].operation_id)
+        assert results[row.operation_id] == "retry", (sid, results[row.operation_id])
+        assert row.status == "dispatched" and row.lease_token is None, sid
+        assert "\x00" not in (row.last_error or "")
+        state = client.goal_state(WS, sid)
+        assert state.observed is None and state.pending_operation_id == row.operation_id
+    assert "bad_response" in client.get_goal_operation(ops["null"].operation_id).last_error
+    assert "over 1048576 bytes" in client.get_goal_operation(ops["huge"].operation_id).last_error
+
+
+def test_the_adapter_turns_every_bad_shape_into_bad_response(host):
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    from workflows.errors import RuntimeFault
+    host.answers.update({
+        "live-str": (200, b'{"live": "yes"}'),
+        "epoch-huge": (200, b'{"live": true, "runtime_epoch": 4294967296}'),
+        "cancel-odd": (200, b'{"result": "maybe"}'),
+        "turn-nul": (200, b'{"turn_id": "t\\u0000"}'),
+        "state-odd": (200, b'{"state": 3}'),
+    })
+    calls = [
+        lambda: runtime.liveness(WS, "live-str"),
+        lambda: runtime.liveness(WS, "epoch-huge"),
+        lambda: runtime.cancel_turn(WS, "cancel-odd", "t1", operation_id="c", reason="",
+                                    require_live=True),
+        lambda: runtime.submit_prompt(WS, "turn-nul", prompt_id="p", text="hi"),
+        lambda: runtime.maintenance_status(WS, "state-odd", "r1"),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeFault) as caught:
+            call()
+        assert caught.value.code == "bad_response" and caught.value.retryable
+
+
+@pytest.mark.parametrize("outcome", [
+    {"input_tokens": 2**31},
+    {"summary": "a\x00b"},
+    {"result_tokens": -1},
+    {"applied": "yes"},
+    {"error": {"not": "text"}},
+    {"summary": "x" * (maintenance.MAX_SUMMARY_BYTES + 1)},
+], ids=["tokens-2^31", "summary-nul", "negative-tokens", "applied-str", "error-object",
+        "summary-huge"])
+def test_an_unstorable_maintenance_outcome_fails_the_run_and_releases_the_session(
+        client, settings, host, outcome):
+    sid = "m1"
+    done = {"state": "done", "applied": True, "cancelled": False, "error": None,
+            "input_tokens": 100, "result_tokens": 10, "summary": "ok", **outcome}
+    host.answers[(sid, "maintenance")] = (200, b'{"state": "running"}')
+    host.answers[sid] = (200, json.dumps(done).encode())
+    run = client.start_maintenance(WS, sid, client_submit_id="m-1")
+    published = []
+    executor = MaintenanceExecutor(client.engine, HttpRuntime(host.url, timeout_s=5.0),
+                                   worker_id="test", lease_s=30.0,
+                                   publish=lambda task, kwargs: published.append(task) or True,
+                                   poll_s=0.01)
+    assert executor.execute(run.run_id) == "failed"
+    final = client.get_maintenance(run.run_id)
+    assert final.status == "failed" and final.error_code == "invalid_runtime_answer"
+    assert final.summary is None and final.input_tokens is None
+    assert not run_transaction(client.engine, lambda s: maintenance.session_held(s, WS, sid))
+    assert "agent_radar.prompt.dispatch" in published  # the session's held work was woken
+    # The run's records are stored too: three of them, the last one terminal.
+    history = client.history(WS, sid)
+    assert [h.payload["record"]["status"] for h in history] == ["failed"]
