@@ -82,6 +82,13 @@ def test_flower_refuses_a_public_address_without_auth(settings):
     assert proc.returncode == 2 and "FLOWER_BASIC_AUTH" in proc.stderr
 
 
+@pytest.mark.parametrize("auth", ["admin:change-me", "admin:", "admin"])
+def test_flower_refuses_an_empty_or_example_password(settings, auth, monkeypatch):
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", auth)
+    proc = run_cli(settings, "flower", check=False)
+    assert proc.returncode == 2 and "FLOWER_BASIC_AUTH" in proc.stderr
+
+
 def _wait_line(proc, needle, timeout_s=60):
     import select
     import time
@@ -133,7 +140,7 @@ def test_flower_serves_with_basic_auth(settings, backend):
     import urllib3
     from tests.conftest import free_port
     port = free_port()
-    env = {**os.environ, **settings.to_env(), "FLOWER_BASIC_AUTH": "ops:pw"}
+    env = {**os.environ, **settings.to_env(), "FLOWER_BASIC_AUTH": "ops:pw-for-this-test"}
     proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "flower", "--port",
                              str(port)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -149,7 +156,7 @@ def test_flower_serves_with_basic_auth(settings, backend):
                 assert time.monotonic() < deadline, "Flower did not start"
                 time.sleep(0.2)
         assert anonymous.status == 401
-        auth = base64.b64encode(b"ops:pw").decode()
+        auth = base64.b64encode(b"ops:pw-for-this-test").decode()
         ok = http.request("GET", url, headers={"Authorization": f"Basic {auth}"}, timeout=5)
         assert ok.status == 200
     finally:

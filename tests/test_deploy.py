@@ -57,8 +57,7 @@ def test_dockerfile_installs_the_console_script():
     assert 'ENTRYPOINT ["agent-radar"]' in dockerfile
     for package in ("models", "workflows", "tasks", "beat"):
         assert f"COPY {package} ./{package}" in dockerfile
-    env_file = _compose()["services"]["worker"]["env_file"]
-    assert (ROOT / env_file).exists()
+    assert (ROOT / "deploy" / "example.env").exists()
 
 
 def test_resolve_rejects_an_unknown_command():
@@ -67,3 +66,58 @@ def test_resolve_rejects_an_unknown_command():
         _resolve(["launch-rockets"])
     with pytest.raises(click.UsageError):
         _resolve(["worker", "--no-such-option"])
+
+
+def test_compose_reads_a_required_untracked_env_file_and_hides_secrets():
+    compose = _compose()
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "example.env" not in text.replace("cp deploy/example.env deploy/.env", "")
+    assert "deploy/.env" in (ROOT / ".gitignore").read_text().split()
+    services = compose["services"]
+    for name, svc in services.items():
+        assert "env_file" not in svc, f"{name} would get every variable of the file"
+        for port in svc.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} publicly"
+        for key, value in (svc.get("environment") or {}).items():
+            if any(word in key for word in ("URL", "TOKEN", "PASSWORD", "AUTH", "USER", "DB")):
+                assert str(value).startswith("${") and ":?" in str(value), (name, key)
+    env = {name: set(svc.get("environment") or {}) for name, svc in services.items()}
+    assert env["flower"] == {"AGENT_RADAR_BROKER_URL", "FLOWER_BASIC_AUTH"}
+    assert "AGENT_RADAR_DATABASE_URL" not in env["runtime-sim"]
+    assert "AGENT_RADAR_RUNTIME_TOKEN" not in env["beat"] | env["flower"]
+    assert "POSTGRES_PASSWORD" not in set().union(*(env[s] for s in env if s != "postgres"))
+    assert "AGENT_RADAR_DATABASE_URL" in env["worker"]
+
+
+def test_the_example_env_is_complete_and_its_flower_password_is_refused():
+    from workflows.cli import flower_auth_problem
+    example = dict(line.split("=", 1) for line in
+                   (ROOT / "deploy" / "example.env").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    needed = set()
+    for svc in _compose()["services"].values():
+        for value in (svc.get("environment") or {}).values():
+            if str(value).startswith("${"):
+                needed.add(str(value)[2:].split(":")[0].split("}")[0])
+    assert needed <= set(example), needed - set(example)
+    assert flower_auth_problem(example["FLOWER_BASIC_AUTH"]) == "still has the example password"
+    assert flower_auth_problem("ops:" + "long-random-secret") is None
+    for bad in ("", "admin", "admin:", ":pw", "a:pw,b:"):
+        assert flower_auth_problem(bad)
+
+
+def test_dockerfile_installs_with_the_constraints_and_no_test_extras():
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "pip install -c constraints.txt ." in dockerfile
+    assert "[test]" not in dockerfile
+    pins = (ROOT / "constraints.txt").read_text()
+    for package in ("celery==", "kombu==", "redis==", "packaging==", "SQLAlchemy=="):
+        assert package in pins
+
+
+def test_the_package_declares_ranges_and_celerys_redis_extra():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"]
+    assert any(d.startswith("celery[redis]") for d in deps)
+    assert not any("==" in d for d in deps + project["optional-dependencies"]["test"])

@@ -351,7 +351,7 @@ def test_malformed_reports_write_nothing(client, report):
 
 def test_runtime_bearer_token_is_sent_and_checked(settings):
     from workflows.errors import RuntimeFault
-    from workflows.runtime_sim import SimServer
+    from workflows.runtime_sim import SimControl, SimServer
     from tests.conftest import free_port
     server = SimServer("127.0.0.1", free_port(), token="s3cret").start()
     try:
@@ -359,8 +359,26 @@ def test_runtime_bearer_token_is_sent_and_checked(settings):
         with pytest.raises(RuntimeFault) as err:
             HttpRuntime(server.url, token="wrong").liveness(WS, SID)
         assert err.value.code == "unauthorized" and err.value.retryable is False
+        # The control endpoints need the token too: they can take sessions offline and
+        # list every effect.
+        for token in (None, "wrong", "s3cre", "s3cret2"):
+            with pytest.raises(RuntimeFault) as err:
+                SimControl(server.url, token).effects()
+            assert err.value.code == "unauthorized"
+            with pytest.raises(RuntimeFault):
+                SimControl(server.url, token).session(WS, SID, live=False)
+        assert SimControl(server.url, "s3cret").effects() == []
+        assert HttpRuntime(server.url, token="s3cret").liveness(WS, SID)["live"] is True
     finally:
         server.stop()
+
+
+def test_bearer_tokens_are_compared_in_constant_time():
+    from workflows.runtime_sim import bearer_matches
+    assert bearer_matches(None, None) and bearer_matches("anything", None)
+    assert bearer_matches("Bearer tok", "tok")
+    assert not bearer_matches("Bearer tok2", "tok") and not bearer_matches(None, "tok")
+    assert not bearer_matches("Bearer t\u00f6k", "tok")
 
 
 def _turn_report(turn_id, phase, at_ms, outcome=None, **provenance):
