@@ -70,6 +70,9 @@ def check_message(message) -> None:
     args, kwargs, embed = payload
     if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
         raise InvalidTaskError("body args is not a list or kwargs is not an object")
+    if any(not name.isidentifier() or name == "self" for name in kwargs):
+        # `self` would collide with the bound task before any check of ours runs.
+        raise InvalidTaskError("body kwargs has a name that is no argument")
     if embed is not None and not (isinstance(embed, dict) and set(embed) <= EMBED_KEYS
                                   and all(v in (None, [], ()) for v in embed.values())):
         raise InvalidTaskError("body embed carries unknown keys or workflow callbacks")
