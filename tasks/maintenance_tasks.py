@@ -20,7 +20,8 @@ def start_maintenance(ctx, workspace_id, session_id, kind="compact", *, client_s
 @strict_task("agent_radar.cancel_maintenance", public=True)
 def cancel_maintenance(ctx, workspace_id, run_id):
     """Scoped to the caller's workspace (DESIGN 4.10): a run of another one is NotFound."""
-    run = _client(ctx).cancel_maintenance(run_id, workspace_id=workspace_id)
+    run = _client(ctx).cancel_maintenance(run_id,
+                                          workspace_id=check_id("workspace_id", workspace_id))
     return {"run_id": run.run_id, "status": run.status}
 
 
