@@ -1,6 +1,6 @@
 """The beat schedule: one entry, the sweeper, every `sweep_interval_s`."""
 
-from workflows.config import Settings
+from workflows.adapters.config import Settings
 
 SWEEP_TASK = "agent_radar.sweep"
 

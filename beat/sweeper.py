@@ -16,11 +16,12 @@ from models.db import run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from models.tables import CancelOperation, GoalFence, GoalOperation
 from workflows import leases
-from workflows.broker import COALESCE_MAX_ITEMS
-from workflows.fence_apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
-from workflows.goals import DISPATCH_TASK, budget_exhausted, due_operations, fail_operation
-from workflows.maintenance_exec import sweep_maintenance
-from workflows.prompts import PROMPT_TASK, sessions_with_queued_prompts
+from workflows.adapters.broker import COALESCE_MAX_ITEMS
+from workflows.fences.apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
+from workflows.goals.dispatch import DISPATCH_TASK
+from workflows.goals.operations import budget_exhausted, due_operations, fail_operation
+from workflows.maintenance.executor import sweep_maintenance
+from workflows.sessions.prompts import PROMPT_TASK, sessions_with_queued_prompts
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +45,27 @@ class SweepCounts:
     details: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"ran": self.ran, "republished": self.republished, "failed": self.failed,
-                "errors": self.errors}
+        return {
+            "ran": self.ran,
+            "republished": self.republished,
+            "failed": self.failed,
+            "errors": self.errors,
+        }
 
 
 Publish = Callable[[str, dict], bool]
 
 
-def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
-               limit: int = BATCH_LIMIT, lease_s: float = 60.0,
-               cancel_grace_s: float = 15.0) -> SweepCounts:
+def sweep_once(
+    engine: Engine,
+    publish: Publish,
+    now: datetime,
+    *,
+    owner: str,
+    limit: int = BATCH_LIMIT,
+    lease_s: float = 60.0,
+    cancel_grace_s: float = 15.0,
+) -> SweepCounts:
     """One sweep under the sweeper lease: at most one sweep runs at a time, even with two
     beats. Returns what it did; `ran` is False when another sweep held the lease."""
     token = run_transaction(engine, lambda s: leases.claim(s, SWEEPER_LEASE, owner, lease_s, now))
@@ -66,13 +78,20 @@ def sweep_once(engine: Engine, publish: Publish, now: datetime, *, owner: str,
         sweep_goal_operations(engine, publish, now, limit, counts)
         sweep_stale_cancels(engine, publish, now, limit, counts)
         run_transaction(engine, lambda s: leases.prune_republish(s, now))
-        maintenance = sweep_maintenance(engine, publish, now, cancel_grace_s=cancel_grace_s,
-                                        outbox_grace_s=OUTBOX_GRACE_S,
-                                        republish_interval_s=REPUBLISH_INTERVAL_S, limit=limit)
+        maintenance = sweep_maintenance(
+            engine,
+            publish,
+            now,
+            cancel_grace_s=cancel_grace_s,
+            outbox_grace_s=OUTBOX_GRACE_S,
+            republish_interval_s=REPUBLISH_INTERVAL_S,
+            limit=limit,
+        )
         counts.republished += maintenance["republished"]
         counts.details["maintenance_recovery"] = maintenance["recovery"]
         for workspace_id, session_id in sessions_with_queued_prompts(
-                engine, now, lease_s, limit, republish_interval_s=REPUBLISH_INTERVAL_S):
+            engine, now, lease_s, limit, republish_interval_s=REPUBLISH_INTERVAL_S
+        ):
             publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
             counts.republished += 1
     finally:
@@ -87,21 +106,33 @@ def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
     the size of history. Only a never-dispatched operation gets the outbox grace: a retry
     or an expired lease has no publish of its own on the way."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
-    return run_transaction(engine, lambda s: list(s.execute(
-        select(GoalOperation.operation_id)
-        .where(*due_operations(now),
-               or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff))
-        .order_by(GoalOperation.next_attempt_at).limit(limit)).scalars()))
+    return run_transaction(
+        engine,
+        lambda s: list(
+            s.execute(
+                select(GoalOperation.operation_id)
+                .where(
+                    *due_operations(now),
+                    or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff),
+                )
+                .order_by(GoalOperation.next_attempt_at)
+                .limit(limit)
+            ).scalars()
+        ),
+    )
 
 
-def sweep_goal_operations(engine: Engine, publish: Publish, now: datetime, limit: int,
-                          counts: SweepCounts) -> None:
+def sweep_goal_operations(
+    engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
+) -> None:
     """Re-publish due prepared/dispatched work (the operation row is the outbox), take over
     expired leases, and fail operations whose budget ran out even if no worker runs them."""
     reserved: list[str] = []
     for operation_id in due_goal_operations(engine, now, limit):
         try:
-            action = run_transaction(engine, lambda s: _settle_or_reserve(s, operation_id, now))
+            action = run_transaction(
+                engine, lambda s, op_id=operation_id: _settle_or_reserve(s, op_id, now)
+            )
             if action == "republish":
                 reserved.append(operation_id)
             elif action == "failed":
@@ -112,10 +143,12 @@ def sweep_goal_operations(engine: Engine, publish: Publish, now: datetime, limit
     # A backlog goes out as messages of up to COALESCE_MAX_ITEMS ids, one dispatch step each;
     # a message lost here is caught again once its reservation runs out.
     for start in range(0, len(reserved), COALESCE_MAX_ITEMS):
-        chunk = reserved[start:start + COALESCE_MAX_ITEMS]
+        chunk = reserved[start : start + COALESCE_MAX_ITEMS]
         try:
-            publish(DISPATCH_TASK, {"operation_id": chunk[0]} if len(chunk) == 1
-                    else {"operation_ids": chunk})
+            publish(
+                DISPATCH_TASK,
+                {"operation_id": chunk[0]} if len(chunk) == 1 else {"operation_ids": chunk},
+            )
             counts.republished += len(chunk)
         except Exception:  # noqa: BLE001 - the rest of the sweep still runs
             counts.errors += 1
@@ -131,31 +164,56 @@ def _settle_or_reserve(session, operation_id: str, now: datetime) -> str:
         return "failed" if fail_operation(session, op, reason, now) else "skip"
     result = session.execute(
         update(GoalOperation)
-        .where(GoalOperation.operation_id == operation_id,
-               GoalOperation.next_attempt_at == op.next_attempt_at,
-               leases.unheld(GoalOperation, now))
-        .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S)))
+        .where(
+            GoalOperation.operation_id == operation_id,
+            GoalOperation.next_attempt_at == op.next_attempt_at,
+            leases.unheld(GoalOperation, now),
+        )
+        .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
+    )
     return "republish" if result.rowcount == 1 else "skip"
 
 
-def _republish_due(engine: Engine, publish: Publish, now: datetime, limit: int,
-                   counts: SweepCounts, table, key, task: str, kwarg: str,
-                   statuses: tuple, grace_first_attempt: bool) -> None:
+def _republish_due(
+    engine: Engine,
+    publish: Publish,
+    now: datetime,
+    limit: int,
+    counts: SweepCounts,
+    table,
+    key,
+    task: str,
+    kwarg: str,
+    statuses: tuple,
+    grace_first_attempt: bool,
+) -> None:
     """Re-publish rows of `table` that are due and unleased, reserving each for
     REPUBLISH_INTERVAL_S with a conditional update so two sweeps never both publish it."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
-    due = [table.status.in_(statuses), table.next_attempt_at <= now,
-           leases.unheld(table, now)]
+    due = [table.status.in_(statuses), table.next_attempt_at <= now, leases.unheld(table, now)]
     if grace_first_attempt:
         due.append(or_(table.attempt > 0, table.next_attempt_at <= cutoff))
-    ids_due = run_transaction(engine, lambda s: list(s.execute(
-        select(key).where(*due).order_by(table.next_attempt_at).limit(limit)).scalars()))
+    ids_due = run_transaction(
+        engine,
+        lambda s: list(
+            s.execute(
+                select(key).where(*due).order_by(table.next_attempt_at).limit(limit)
+            ).scalars()
+        ),
+    )
     for row_id in ids_due:
         try:
-            reserved = run_transaction(engine, lambda s: s.execute(
-                update(table).where(key == row_id, *due)
-                .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
-            ).rowcount == 1)
+            reserved = run_transaction(
+                engine,
+                lambda s, row_id=row_id: (
+                    s.execute(
+                        update(table)
+                        .where(key == row_id, *due)
+                        .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
+                    ).rowcount
+                    == 1
+                ),
+            )
             if reserved:
                 publish(task, {kwarg: row_id})
                 counts.republished += 1
@@ -164,19 +222,41 @@ def _republish_due(engine: Engine, publish: Publish, now: datetime, limit: int,
             log.exception("sweeper: %s %s", table.__tablename__, row_id)
 
 
-def sweep_fences(engine: Engine, publish: Publish, now: datetime, limit: int,
-                 counts: SweepCounts) -> None:
+def sweep_fences(
+    engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
+) -> None:
     """Pending fences whose publish was lost or whose retry is due, fences waiting on a
     turn past their recheck time, and fences whose worker died mid-delivery."""
-    _republish_due(engine, publish, now, limit, counts, GoalFence, GoalFence.fence_id,
-                   FENCE_APPLY_TASK, "fence_id",
-                   (FenceStatus.PENDING, FenceStatus.PROCESSING), grace_first_attempt=True)
+    _republish_due(
+        engine,
+        publish,
+        now,
+        limit,
+        counts,
+        GoalFence,
+        GoalFence.fence_id,
+        FENCE_APPLY_TASK,
+        "fence_id",
+        (FenceStatus.PENDING, FenceStatus.PROCESSING),
+        grace_first_attempt=True,
+    )
 
 
-def sweep_stale_cancels(engine: Engine, publish: Publish, now: datetime, limit: int,
-                        counts: SweepCounts) -> None:
+def sweep_stale_cancels(
+    engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
+) -> None:
     """Cancels whose lease expired or that waited past their deadline: the worker settles
     them locally when the session is offline, or retries them with backoff."""
-    _republish_due(engine, publish, now, limit, counts, CancelOperation,
-                   CancelOperation.operation_id, CANCEL_APPLY_TASK, "operation_id",
-                   (CancelStatus.PREPARED, CancelStatus.LEASED), grace_first_attempt=False)
+    _republish_due(
+        engine,
+        publish,
+        now,
+        limit,
+        counts,
+        CancelOperation,
+        CancelOperation.operation_id,
+        CANCEL_APPLY_TASK,
+        "operation_id",
+        (CancelStatus.PREPARED, CancelStatus.LEASED),
+        grace_first_attempt=False,
+    )

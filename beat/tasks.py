@@ -13,7 +13,12 @@ SWEEPER_LEASE_MIN_S = 30
 @strict_task(SWEEP_TASK)
 def sweep(ctx):
     lease_s = max(ctx.settings.sweep_interval_s * 10, SWEEPER_LEASE_MIN_S)
-    counts = sweep_once(ctx.engine, ctx.publisher.publish_after_commit, utcnow(),
-                        owner=worker_name(), lease_s=lease_s,
-                        cancel_grace_s=ctx.settings.maintenance_cancel_grace_s)
+    counts = sweep_once(
+        ctx.engine,
+        ctx.publisher.publish_after_commit,
+        utcnow(),
+        owner=worker_name(),
+        lease_s=lease_s,
+        cancel_grace_s=ctx.settings.maintenance_cancel_grace_s,
+    )
     return counts.as_dict()

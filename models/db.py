@@ -99,8 +99,7 @@ def session_scope(engine: Engine) -> Iterator[Session]:
             yield session
 
 
-def run_transaction(engine: Engine, work: Callable[[Session], T],
-                    attempts: int | None = None) -> T:
+def run_transaction(engine: Engine, work: Callable[[Session], T], attempts: int | None = None) -> T:
     """Run `work` in its own transaction, retrying transient database faults."""
     attempts = attempts or TRANSACTION_ATTEMPTS
     for attempt in range(1, attempts + 1):
@@ -111,8 +110,11 @@ def run_transaction(engine: Engine, work: Callable[[Session], T],
             if attempt == attempts or not _is_transient(exc):
                 raise
             delay_s = min(0.05 * 2 ** (attempt - 1), 2.0) * (0.5 + random.random())
-            log.info("transient database fault (attempt %d): %s; retrying", attempt,
-                     exc.__class__.__name__)
+            log.info(
+                "transient database fault (attempt %d): %s; retrying",
+                attempt,
+                exc.__class__.__name__,
+            )
             time.sleep(delay_s)
     raise AssertionError("unreachable")
 

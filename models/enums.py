@@ -108,12 +108,20 @@ class MaintenanceStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-LIVE_MAINTENANCE_STATUSES = (MaintenanceStatus.RUNNING, MaintenanceStatus.CANCELLING,
-                             MaintenanceStatus.FINALIZING, MaintenanceStatus.RECOVERY_REQUIRED)
+LIVE_MAINTENANCE_STATUSES = (
+    MaintenanceStatus.RUNNING,
+    MaintenanceStatus.CANCELLING,
+    MaintenanceStatus.FINALIZING,
+    MaintenanceStatus.RECOVERY_REQUIRED,
+)
 TERMINAL_MAINTENANCE_STATUSES = (
-    MaintenanceStatus.COMPLETED, MaintenanceStatus.NOOP, MaintenanceStatus.CANCELLED,
-    MaintenanceStatus.PARTIALLY_COMPLETED, MaintenanceStatus.FAILED,
-    MaintenanceStatus.INTERRUPTED)
+    MaintenanceStatus.COMPLETED,
+    MaintenanceStatus.NOOP,
+    MaintenanceStatus.CANCELLED,
+    MaintenanceStatus.PARTIALLY_COMPLETED,
+    MaintenanceStatus.FAILED,
+    MaintenanceStatus.INTERRUPTED,
+)
 
 
 class MaintenanceError(StrEnum):

@@ -54,8 +54,9 @@ class LeaseColumns:
 class GoalOperation(LeaseColumns, Base):
     __tablename__ = "goal_operations"
     __table_args__ = (
-        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
-                         name="uq_goal_operations_submit"),
+        UniqueConstraint(
+            "workspace_id", "session_id", "client_submit_id", name="uq_goal_operations_submit"
+        ),
         Index("ix_goal_operations_due", "status", "next_attempt_at"),
         Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
     )
@@ -83,8 +84,9 @@ class GoalOperation(LeaseColumns, Base):
 class SessionEvent(Base):
     __tablename__ = "session_events"
     __table_args__ = (
-        UniqueConstraint("workspace_id", "session_id", "sequence",
-                         name="uq_session_events_sequence"),
+        UniqueConstraint(
+            "workspace_id", "session_id", "sequence", name="uq_session_events_sequence"
+        ),
         UniqueConstraint("idempotency_key", name="uq_session_events_idempotency_key"),
     )
 
@@ -115,8 +117,9 @@ class GoalFence(LeaseColumns, Base):
 
     __tablename__ = "goal_fences"
     __table_args__ = (
-        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
-                         name="uq_goal_fences_submit"),
+        UniqueConstraint(
+            "workspace_id", "session_id", "client_submit_id", name="uq_goal_fences_submit"
+        ),
         UniqueConstraint("target_operation_id", name="uq_goal_fences_target"),
         Index("ix_goal_fences_due", "status", "next_attempt_at"),
         Index("ix_goal_fences_session", "workspace_id", "session_id"),
@@ -157,9 +160,7 @@ class Turn(Base):
 
 class CancelOperation(LeaseColumns, Base):
     __tablename__ = "cancel_operations"
-    __table_args__ = (
-        Index("ix_cancel_operations_due", "status", "next_attempt_at"),
-    )
+    __table_args__ = (Index("ix_cancel_operations_due", "status", "next_attempt_at"),)
 
     operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     workspace_id: Mapped[str] = mapped_column(ID)
@@ -180,8 +181,9 @@ class MaintenanceRun(LeaseColumns, Base):
 
     __tablename__ = "maintenance_runs"
     __table_args__ = (
-        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
-                         name="uq_maintenance_runs_submit"),
+        UniqueConstraint(
+            "workspace_id", "session_id", "client_submit_id", name="uq_maintenance_runs_submit"
+        ),
         Index("ix_maintenance_runs_live", "status", "lease_expires_at"),
         Index("ix_maintenance_runs_session", "workspace_id", "session_id", "status"),
     )
@@ -209,8 +211,9 @@ class MaintenanceRun(LeaseColumns, Base):
 class Prompt(Base):
     __tablename__ = "prompts"
     __table_args__ = (
-        UniqueConstraint("workspace_id", "session_id", "client_submit_id",
-                         name="uq_prompts_submit"),
+        UniqueConstraint(
+            "workspace_id", "session_id", "client_submit_id", name="uq_prompts_submit"
+        ),
         Index("ix_prompts_due", "status", "workspace_id", "session_id", "position"),
     )
 

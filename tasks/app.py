@@ -4,13 +4,17 @@ import os
 from pathlib import Path
 
 from celery import Celery
-
 from celery.signals import worker_process_init, worker_ready
 
 from models.db import forget_engines
-from workflows.broker import (DEFAULT_QUEUE, MAINTENANCE_QUEUE, VISIBILITY_TIMEOUT_S,
-                              kombu_queues, transport_options)
-from workflows.config import Settings
+from workflows.adapters.broker import (
+    DEFAULT_QUEUE,
+    MAINTENANCE_QUEUE,
+    VISIBILITY_TIMEOUT_S,
+    kombu_queues,
+    transport_options,
+)
+from workflows.adapters.config import Settings
 
 # Hard and soft limits per task; below the Redis visibility timeout so a task never runs
 # twice at once because the broker re-delivered it.
@@ -19,8 +23,7 @@ TASK_TIME_LIMIT_S = 360
 assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
 
 
-TASK_MODULES = ["tasks.goal_tasks", "tasks.fence_tasks", "tasks.maintenance_tasks",
-                "beat.tasks"]
+TASK_MODULES = ["tasks.goal_tasks", "tasks.fence_tasks", "tasks.maintenance_tasks", "beat.tasks"]
 # The benchmark's baseline task is registered only in the benchmark's own workers, which
 # set this variable; a production worker does not know it.
 BENCH_TASKS_ENV = "AGENT_RADAR_BENCH_TASKS"
@@ -56,6 +59,7 @@ def celery_config(settings: Settings) -> dict:
 
 def _beat_schedule(settings: Settings) -> dict:
     from beat.schedule import beat_schedule
+
     return beat_schedule(settings)
 
 

@@ -1,23 +1,32 @@
-"""Fence and cancel tasks: thin wrappers over workflows.fences and workflows.fence_apply."""
+"""Fence and cancel tasks: thin wrappers over workflows.fences.submit and workflows.fences.apply."""
 
 from tasks.goal_tasks import _client
 from tasks.runtime_context import TaskContext
 from tasks.strict import strict_task
 from tasks.worker_id import worker_name
-from workflows.fence_apply import CancelRunner, FenceApplier
+from workflows.fences.apply import CancelRunner, FenceApplier
 from workflows.validation import check_id
 
 
 def _collaborators(ctx: TaskContext) -> dict:
-    return {"worker_id": worker_name(), "lease_s": ctx.settings.lease_s,
-            "publish": ctx.publisher.publish_after_commit}
+    return {
+        "worker_id": worker_name(),
+        "lease_s": ctx.settings.lease_s,
+        "publish": ctx.publisher.publish_after_commit,
+    }
 
 
 @strict_task("agent_radar.fence_goal_generation", public=True)
-def fence_goal_generation(ctx, workspace_id, session_id, target_operation_id, *,
-                          client_submit_id, reason=""):
-    fence = _client(ctx).fence_goal_generation(workspace_id, session_id, target_operation_id,
-                                               client_submit_id=client_submit_id, reason=reason)
+def fence_goal_generation(
+    ctx, workspace_id, session_id, target_operation_id, *, client_submit_id, reason=""
+):
+    fence = _client(ctx).fence_goal_generation(
+        workspace_id,
+        session_id,
+        target_operation_id,
+        client_submit_id=client_submit_id,
+        reason=reason,
+    )
     return {"fence_id": fence.fence_id, "status": fence.status}
 
 

@@ -1,12 +1,12 @@
-"""Goal control tasks: thin wrappers over workflows.goals and workflows.activity."""
+"""Goal control tasks: thin wrappers over the goal and activity rules."""
 
 from tasks.runtime_context import TaskContext
 from tasks.strict import strict_task
 from tasks.worker_id import worker_name
+from workflows.adapters.broker import COALESCE_MAX_ITEMS
 from workflows.client import AgentRadar
-from workflows.goals import Dispatcher
-from workflows.broker import COALESCE_MAX_ITEMS
 from workflows.errors import InvalidArgument
+from workflows.goals.dispatch import Dispatcher
 from workflows.validation import check_id, check_ids
 
 
@@ -15,11 +15,24 @@ def _client(ctx: TaskContext) -> AgentRadar:
 
 
 @strict_task("agent_radar.goal_control", public=True)
-def goal_control(ctx, workspace_id, session_id, action, objective=None, *, client_submit_id,
-                 expected_revision=None):
-    op = _client(ctx).goal_control(workspace_id, session_id, action, objective,
-                                   client_submit_id=client_submit_id,
-                                   expected_revision=expected_revision)
+def goal_control(
+    ctx,
+    workspace_id,
+    session_id,
+    action,
+    objective=None,
+    *,
+    client_submit_id,
+    expected_revision=None,
+):
+    op = _client(ctx).goal_control(
+        workspace_id,
+        session_id,
+        action,
+        objective,
+        client_submit_id=client_submit_id,
+        expected_revision=expected_revision,
+    )
     return {"operation_id": op.operation_id, "status": op.status}
 
 
@@ -28,14 +41,22 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
     """One operation (`operation_id`, as the sweeper publishes) or several submitted together
     (`operation_ids`, as a client coalesces them)."""
     if (operation_id is None) == (operation_ids is None):
-        raise InvalidArgument("give exactly one of operation_id and operation_ids",
-                              field="operation_id")
-    wanted = ([check_id("operation_id", operation_id)] if operation_id is not None
-              else check_ids("operation_ids", operation_ids, COALESCE_MAX_ITEMS))
+        raise InvalidArgument(
+            "give exactly one of operation_id and operation_ids", field="operation_id"
+        )
+    wanted = (
+        [check_id("operation_id", operation_id)]
+        if operation_id is not None
+        else check_ids("operation_ids", operation_ids, COALESCE_MAX_ITEMS)
+    )
     # The client is only needed for the rare resume of an offline session.
-    dispatcher = Dispatcher(ctx.engine, ctx.runtime, worker_id=worker_name(),
-                            lease_s=ctx.settings.lease_s,
-                            resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid))
+    dispatcher = Dispatcher(
+        ctx.engine,
+        ctx.runtime,
+        worker_id=worker_name(),
+        lease_s=ctx.settings.lease_s,
+        resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
+    )
     return [r.outcome for r in dispatcher.dispatch_many(wanted, steal=True)]
 
 

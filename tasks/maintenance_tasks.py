@@ -1,27 +1,30 @@
-"""Maintenance tasks: thin wrappers over workflows.maintenance and maintenance_exec.
+"""Maintenance tasks: thin wrappers over workflows.maintenance.runs and maintenance_exec.
 `agent_radar.maintenance.*` is routed to the `maintenance` queue (long work)."""
 
 from tasks.fence_tasks import _collaborators
 from tasks.goal_tasks import _client
 from tasks.strict import strict_task
-from workflows import prompts
-from workflows.maintenance_exec import MaintenanceExecutor
+from workflows.maintenance.executor import MaintenanceExecutor
+from workflows.sessions import prompts
 from workflows.validation import check_id
 
 
 @strict_task("agent_radar.start_maintenance", public=True)
-def start_maintenance(ctx, workspace_id, session_id, kind="compact", *, client_submit_id,
-                      args=None):
-    run = _client(ctx).start_maintenance(workspace_id, session_id, kind,
-                                         client_submit_id=client_submit_id, args=args)
+def start_maintenance(
+    ctx, workspace_id, session_id, kind="compact", *, client_submit_id, args=None
+):
+    run = _client(ctx).start_maintenance(
+        workspace_id, session_id, kind, client_submit_id=client_submit_id, args=args
+    )
     return {"run_id": run.run_id, "status": run.status}
 
 
 @strict_task("agent_radar.cancel_maintenance", public=True)
 def cancel_maintenance(ctx, workspace_id, run_id):
     """Scoped to the caller's workspace (DESIGN 4.10): a run of another one is NotFound."""
-    run = _client(ctx).cancel_maintenance(run_id,
-                                          workspace_id=check_id("workspace_id", workspace_id))
+    run = _client(ctx).cancel_maintenance(
+        run_id, workspace_id=check_id("workspace_id", workspace_id)
+    )
     return {"run_id": run.run_id, "status": run.status}
 
 
@@ -33,12 +36,17 @@ def execute(ctx, run_id):
 
 @strict_task("agent_radar.submit_prompt", public=True)
 def submit_prompt(ctx, workspace_id, session_id, text, *, client_submit_id):
-    prompt = _client(ctx).submit_prompt(workspace_id, session_id, text,
-                                        client_submit_id=client_submit_id)
+    prompt = _client(ctx).submit_prompt(
+        workspace_id, session_id, text, client_submit_id=client_submit_id
+    )
     return {"prompt_id": prompt.prompt_id, "status": prompt.status}
 
 
 @strict_task("agent_radar.prompt.dispatch")
 def dispatch_prompt(ctx, workspace_id, session_id):
-    return prompts.dispatch_next(ctx.engine, ctx.runtime, check_id("workspace_id", workspace_id),
-                                 check_id("session_id", session_id))
+    return prompts.dispatch_next(
+        ctx.engine,
+        ctx.runtime,
+        check_id("workspace_id", workspace_id),
+        check_id("session_id", session_id),
+    )

@@ -11,9 +11,9 @@ from functools import lru_cache
 from sqlalchemy.engine import Engine
 
 from models.db import engine_for
-from workflows.broker import TaskPublisher
-from workflows.config import Settings
-from workflows.runtime import HttpRuntime
+from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.config import Settings
+from workflows.adapters.runtime import HttpRuntime
 
 
 @lru_cache(maxsize=16)

@@ -55,14 +55,19 @@ def check_message(message) -> None:
         if headers.get(name) is not None and not isinstance(headers[name], str):
             raise InvalidTaskError(f"header {name!r} is not a string")
     retries = headers.get("retries", 0)
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int)
-                                or retries < 0):
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+    ):
         raise InvalidTaskError("header 'retries' is not a count")
     timelimit = headers.get("timelimit")
     if timelimit is not None and not (
-            isinstance(timelimit, (list, tuple)) and len(timelimit) == 2
-            and all(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool)
-                                  and t > 0) for t in timelimit)):
+        isinstance(timelimit, (list, tuple))
+        and len(timelimit) == 2
+        and all(
+            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0)
+            for t in timelimit
+        )
+    ):
         raise InvalidTaskError("header 'timelimit' is not [soft, hard]")
     payload = message.decode()
     if not (isinstance(payload, (list, tuple)) and len(payload) == 3):
@@ -73,8 +78,11 @@ def check_message(message) -> None:
     if any(not name.isidentifier() or name == "self" for name in kwargs):
         # `self` would collide with the bound task before any check of ours runs.
         raise InvalidTaskError("body kwargs has a name that is no argument")
-    if embed is not None and not (isinstance(embed, dict) and set(embed) <= EMBED_KEYS
-                                  and all(v in (None, [], ()) for v in embed.values())):
+    if embed is not None and not (
+        isinstance(embed, dict)
+        and set(embed) <= EMBED_KEYS
+        and all(v in (None, [], ()) for v in embed.values())
+    ):
         raise InvalidTaskError("body embed carries unknown keys or workflow callbacks")
 
 
@@ -93,10 +101,16 @@ def guarded_strategy(task, app, consumer, **kwargs):
             raise  # the consumer reconnects; the message is redelivered
         except Exception as exc:  # noqa: BLE001 - nothing in a message may stop the worker
             headers = message.headers if isinstance(message.headers, dict) else {}
-            log.error("rejected malformed %s message %s: %s: %s", task.name,
-                      str(headers.get("id"))[:64], exc.__class__.__name__, str(exc)[:200])
+            log.error(
+                "rejected malformed %s message %s: %s: %s",
+                task.name,
+                str(headers.get("id"))[:64],
+                exc.__class__.__name__,
+                str(exc)[:200],
+            )
             message.reject_log_error(log, connection_errors, requeue=False)
             return None
+
     return task_message_handler
 
 
@@ -114,6 +128,7 @@ def _connection_level(exc: DBAPIError) -> bool:
 
 def strict_task(name: str, *, public: bool = False):
     """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext."""
+
     def decorate(fn):
         signature = inspect.signature(fn)
 
@@ -137,21 +152,36 @@ def strict_task(name: str, *, public: bool = False):
                 return exc.to_dict()
             except DBAPIError as exc:
                 if not _connection_level(exc):
-                    log.error("rejected %s message %s: permanent database error %s: %s",
-                              name, self.request.id, exc.__class__.__name__,
-                              str(exc.orig)[:200])
+                    log.error(
+                        "rejected %s message %s: permanent database error %s: %s",
+                        name,
+                        self.request.id,
+                        exc.__class__.__name__,
+                        str(exc.orig)[:200],
+                    )
                     raise Reject(f"permanent database error: {exc.orig}", requeue=False) from None
                 if not public:
                     # The database row is the outbox; the sweeper re-publishes this work.
-                    log.warning("%s: database unavailable (%s); left to the sweeper", name,
-                                exc.__class__.__name__)
+                    log.warning(
+                        "%s: database unavailable (%s); left to the sweeper",
+                        name,
+                        exc.__class__.__name__,
+                    )
                     return None
-                raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30))
+                raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
             except Reject:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bug must not become a retry loop
-                log.error("rejected %s message %s: %s: %s", name, self.request.id,
-                          exc.__class__.__name__, str(exc)[:200], exc_info=True)
+                log.error(
+                    "rejected %s message %s: %s: %s",
+                    name,
+                    self.request.id,
+                    exc.__class__.__name__,
+                    str(exc)[:200],
+                    exc_info=True,
+                )
                 raise Reject(f"{exc.__class__.__name__}: {exc}", requeue=False) from None
+
         return run
+
     return decorate

@@ -16,15 +16,17 @@ from sqlalchemy import create_engine, text
 from models.base import Base
 from models.db import engine_for, forget_engines
 from models.migrate import upgrade
-from workflows.broker import TaskPublisher
+from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
-from workflows.config import Settings
-from workflows.runtime_sim import SimControl, SimServer
-from workflows.stack import Stack, free_port  # noqa: F401 - tests import it from here
+from workflows.tools.simulator import SimControl, SimServer
+from workflows.tools.stack import Stack, free_port  # noqa: F401 - tests import it from here
 
 pytest_plugins = ("celery.contrib.pytest",)
 
-PG_ADMIN_URL = os.environ.get("AGENT_RADAR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "AGENT_RADAR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_URL = os.environ.get("AGENT_RADAR_TEST_REDIS", "redis://127.0.0.1:6379/11")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -77,18 +79,27 @@ def settings(backend, tmp_path, request):
     """Settings for one test: its own home, database state, broker and simulator port."""
     home = tmp_path / "home"
     home.mkdir()
-    base = Settings(home=home, database_url=f"sqlite:///{home / 'agent-radar.db'}",
-                    broker_url="filesystem://",
-                    runtime_url=f"http://127.0.0.1:{free_port()}",
-                    sweep_interval_s=0.5, lease_s=3.0, runtime_timeout_s=2.0,
-                    maintenance_cancel_grace_s=1.0)
+    base = Settings(
+        home=home,
+        database_url=f"sqlite:///{home / 'agent-radar.db'}",
+        broker_url="filesystem://",
+        runtime_url=f"http://127.0.0.1:{free_port()}",
+        sweep_interval_s=0.5,
+        lease_s=3.0,
+        runtime_timeout_s=2.0,
+        maintenance_cancel_grace_s=1.0,
+    )
     if backend == "production":
         pg_url = request.getfixturevalue("pg_database")
         _require("Redis", "127.0.0.1", 6379)
         # Every test gets its own key prefix: no flushing, and no interference with any
         # other run that shares this Redis.
-        base = replace(base, database_url=pg_url, broker_url=REDIS_URL,
-                       broker_key_prefix=f"radar-test-{uuid.uuid4().hex[:12]}:")
+        base = replace(
+            base,
+            database_url=pg_url,
+            broker_url=REDIS_URL,
+            broker_key_prefix=f"radar-test-{uuid.uuid4().hex[:12]}:",
+        )
         engine = engine_for(pg_url)
         with engine.begin() as conn:
             tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
@@ -98,6 +109,7 @@ def settings(backend, tmp_path, request):
     yield base
     if base.broker_key_prefix:
         import redis
+
         client = redis.Redis.from_url(REDIS_URL)
         keys = list(client.scan_iter(match=f"{base.broker_key_prefix}*", count=1000))
         if keys:
@@ -110,8 +122,13 @@ def sim(settings):
     """The runtime simulator as a real HTTP server, reporting through the real broker."""
     publisher = TaskPublisher(settings)
     port = int(settings.runtime_url.rsplit(":", 1)[1])
-    server = SimServer("127.0.0.1", port, reporter=lambda report: publisher.publish(
-        "agent_radar.report_activity", {"report": report})).start()
+    server = SimServer(
+        "127.0.0.1",
+        port,
+        reporter=lambda report: publisher.publish(
+            "agent_radar.report_activity", {"report": report}
+        ),
+    ).start()
     yield server
     server.stop()
     publisher.close()

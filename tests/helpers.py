@@ -25,8 +25,12 @@ class Clock:
 
 def row_counts(engine) -> dict[str, int]:
     def count(s):
-        return {t.name: s.execute(select(func.count()).select_from(t)).scalar_one()
-                for t in Base.metadata.sorted_tables if t.name != "leases"}
+        return {
+            t.name: s.execute(select(func.count()).select_from(t)).scalar_one()
+            for t in Base.metadata.sorted_tables
+            if t.name != "leases"
+        }
+
     return run_transaction(engine, count)
 
 

@@ -14,7 +14,7 @@ import redis
 
 from tests.conftest import skip_or_fail
 from tests.helpers import dispatching, effects_by_operation, eventually
-from workflows.stack import free_port
+from workflows.tools.stack import free_port
 
 WS = "ws-restart"
 
@@ -31,9 +31,21 @@ class OwnRedis:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         probe = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:
             eventually(lambda: self._pings(probe), timeout_s=15, what="redis-server to answer")
@@ -55,8 +67,7 @@ class OwnRedis:
     def queued(self) -> int:
         probe = redis.Redis(port=self.port)
         try:
-            return sum(probe.llen(key) for key in probe.scan_iter()
-                       if probe.type(key) == b"list")
+            return sum(probe.llen(key) for key in probe.scan_iter() if probe.type(key) == b"list")
         finally:
             probe.close()
 
@@ -81,12 +92,14 @@ def settings(settings, own_redis):
     return replace(settings, broker_url=own_redis.url)
 
 
-def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(settings, own_redis, client,
-                                                                 stack, sim_control):
+def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(
+    settings, own_redis, client, stack, sim_control
+):
     workers = [stack.start_worker(concurrency=2), stack.start_worker(concurrency=1)]
     beat = stack.start_beat()
-    before = [client.set_goal(WS, f"before-{i}", "settled first", client_submit_id="1")
-              for i in range(3)]
+    before = [
+        client.set_goal(WS, f"before-{i}", "settled first", client_submit_id="1") for i in range(3)
+    ]
     for op in before:
         assert client.wait(op, timeout=60).status == "completed"
 
@@ -97,19 +110,25 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(settings, own_r
         in_flight.append(client.set_goal(WS, f"flight-{i}", "mid-call", client_submit_id="1"))
         eventually(lambda: dispatching(client, in_flight[-1]), what="a busy pool process")
     # ...so these messages wait in Redis and die with it.
-    queued = [client.set_goal(WS, f"queued-{i}", "lost with the broker", client_submit_id="1")
-              for i in range(6)]
+    queued = [
+        client.set_goal(WS, f"queued-{i}", "lost with the broker", client_submit_id="1")
+        for i in range(6)
+    ]
     eventually(lambda: own_redis.queued() > 0, timeout_s=10, what="messages waiting in Redis")
     own_redis.kill()
     sim_control.latency("goal", 0)
 
     # Submitted while the broker is down: accepted and durable; the publish fails.
-    down = [client.set_goal(WS, f"down-{i}", "submitted during the outage",
-                            client_submit_id="1") for i in range(3)]
+    down = [
+        client.set_goal(WS, f"down-{i}", "submitted during the outage", client_submit_id="1")
+        for i in range(3)
+    ]
     assert {op.status for op in down} == {"prepared"}
     compaction = client.start_maintenance(WS, "down-m", client_submit_id="m1")
-    prompts = [client.submit_prompt(WS, "down-p", f"prompt {i}", client_submit_id=f"p{i}")
-               for i in range(2)]
+    prompts = [
+        client.submit_prompt(WS, "down-p", f"prompt {i}", client_submit_id=f"p{i}")
+        for i in range(2)
+    ]
     own_redis.start()  # empty: nothing it held survived
 
     every = before + in_flight + queued + down
@@ -120,8 +139,11 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(settings, own_r
     assert client.wait(compaction, timeout=60).status == "completed"
     assert len(sim_control.effects("maintenance")) == 1
     for p in prompts:
-        eventually(lambda p=p: client.get_prompt(p.prompt_id).status == "completed",
-                   timeout_s=60, what=f"prompt {p.prompt_id}")
+        eventually(
+            lambda p=p: client.get_prompt(p.prompt_id).status == "completed",
+            timeout_s=60,
+            what=f"prompt {p.prompt_id}",
+        )
     assert [e["text"] for e in sim_control.effects("prompt")] == ["prompt 0", "prompt 1"]
 
     # The fleet and the client work on the restarted server.

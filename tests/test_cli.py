@@ -13,8 +13,13 @@ from tests.helpers import row_counts
 
 def run_cli(settings, *args, check=True):
     env = {**os.environ, **settings.to_env()}
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workflows.tools.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -22,12 +27,25 @@ def run_cli(settings, *args, check=True):
 
 def test_goal_set_show_and_status_as_json(settings, client, stack):
     stack.start_worker()
-    out = run_cli(settings, "goal", "set", "ws", "s1", "ship the release", "--submit-id", "a",
-                  "--wait", "--json")
+    out = run_cli(
+        settings,
+        "goal",
+        "set",
+        "ws",
+        "s1",
+        "ship the release",
+        "--submit-id",
+        "a",
+        "--wait",
+        "--json",
+    )
     op = json.loads(out.stdout)
     assert (op["status"], op["provider_phase"], op["goal_revision"]) == ("completed", "applied", 1)
-    again = json.loads(run_cli(settings, "goal", "set", "ws", "s1", "ship the release",
-                               "--submit-id", "a", "--json").stdout)
+    again = json.loads(
+        run_cli(
+            settings, "goal", "set", "ws", "s1", "ship the release", "--submit-id", "a", "--json"
+        ).stdout
+    )
     assert again["operation_id"] == op["operation_id"]
     state = json.loads(run_cli(settings, "goal", "show", "ws", "s1", "--json").stdout)
     assert state["sync_status"] == "synced" and state["revision"] == 1
@@ -46,16 +64,21 @@ def test_session_ensure_resumes_an_offline_session(settings, client, sim_control
     assert [e["kind"] for e in sim_control.effects(kind=None)] == ["resume"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["goal", "set", "ws", "s1", "x"], "Missing option '--submit-id'"),
-    (["goal", "set", "", "s1", "x", "--submit-id", "a"], "workspace_id must be 1-255"),
-    (["goal", "set", "ws", "s" * 256, "x", "--submit-id", "a"], "session_id must be 1-255"),
-    (["goal", "clear", "ws", "s1", "--submit-id", "a", "--expected-revision", "x"],
-     "is not a valid integer"),
-    (["goal", "pause", "ws", "s1", "--submit-id", "a"], "goal_state_absent"),
-    (["goal", "launch", "ws", "s1"], "No such command 'launch'"),
-    (["goal", "show", "ws", "nobody"], "not_found"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["goal", "set", "ws", "s1", "x"], "Missing option '--submit-id'"),
+        (["goal", "set", "", "s1", "x", "--submit-id", "a"], "workspace_id must be 1-255"),
+        (["goal", "set", "ws", "s" * 256, "x", "--submit-id", "a"], "session_id must be 1-255"),
+        (
+            ["goal", "clear", "ws", "s1", "--submit-id", "a", "--expected-revision", "x"],
+            "is not a valid integer",
+        ),
+        (["goal", "pause", "ws", "s1", "--submit-id", "a"], "goal_state_absent"),
+        (["goal", "launch", "ws", "s1"], "No such command 'launch'"),
+        (["goal", "show", "ws", "nobody"], "not_found"),
+    ],
+)
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):
     before = row_counts(client.engine)
     proc = run_cli(settings, *args, "--json", check=False)
@@ -92,6 +115,7 @@ def test_flower_refuses_an_empty_or_example_password(settings, auth, monkeypatch
 def _wait_line(proc, needle, timeout_s=60):
     import select
     import time
+
     deadline = time.monotonic() + timeout_s
     seen = ""
     while time.monotonic() < deadline:
@@ -107,17 +131,44 @@ def _wait_line(proc, needle, timeout_s=60):
 @pytest.mark.parametrize("backend", ["embedded"])  # `up` is the embedded stack
 def test_up_runs_the_stack_until_interrupted(settings, tmp_path, backend):
     import signal
+
     from tests.conftest import free_port
-    env = {**os.environ, **settings.to_env(),
-           "AGENT_RADAR_RUNTIME_URL": f"http://127.0.0.1:{free_port()}"}
-    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "up", "--json"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+
+    env = {
+        **os.environ,
+        **settings.to_env(),
+        "AGENT_RADAR_RUNTIME_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workflows.tools.cli", "up", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         up = json.loads(_wait_line(proc, '"pids"').strip().splitlines()[-1])
-        out = subprocess.run([sys.executable, "-m", "workflows.cli", "goal", "set", "ws", "up",
-                              "via up", "--submit-id", "1", "--wait", "--json"], env=env,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "workflows.tools.cli",
+                "goal",
+                "set",
+                "ws",
+                "up",
+                "via up",
+                "--submit-id",
+                "1",
+                "--wait",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert json.loads(out.stdout)["status"] == "completed", out.stderr
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
@@ -137,13 +188,20 @@ def test_flower_serves_with_basic_auth(settings, backend):
     import base64
     import signal
     import time
+
     import urllib3
+
     from tests.conftest import free_port
+
     port = free_port()
     env = {**os.environ, **settings.to_env(), "FLOWER_BASIC_AUTH": "ops:pw-for-this-test"}
-    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "flower", "--port",
-                             str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workflows.tools.cli", "flower", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     http = urllib3.PoolManager(retries=False)
     url = f"http://127.0.0.1:{port}/"
     try:
@@ -165,28 +223,55 @@ def test_flower_serves_with_basic_auth(settings, backend):
 
 
 def test_fence_command(settings, client):
-    op = json.loads(run_cli(settings, "goal", "set", "ws", "s1", "shared", "--submit-id", "a",
-                            "--json").stdout)
-    fence = json.loads(run_cli(settings, "fence", "ws", "s1", op["operation_id"],
-                               "--submit-id", "f", "--reason", "revoked", "--json").stdout)
+    op = json.loads(
+        run_cli(settings, "goal", "set", "ws", "s1", "shared", "--submit-id", "a", "--json").stdout
+    )
+    fence = json.loads(
+        run_cli(
+            settings,
+            "fence",
+            "ws",
+            "s1",
+            op["operation_id"],
+            "--submit-id",
+            "f",
+            "--reason",
+            "revoked",
+            "--json",
+        ).stdout
+    )
     assert fence["intent_accepted"] is True and fence["target_revision"] == 1
     assert fence["clear_operation_id"]
-    proc = run_cli(settings, "fence", "ws", "s1", op["operation_id"], "--submit-id", "g",
-                   check=False)
+    proc = run_cli(
+        settings, "fence", "ws", "s1", op["operation_id"], "--submit-id", "g", check=False
+    )
     assert proc.returncode == 2 and "fence_conflict" in proc.stderr
 
 
 def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
     stack.start_worker()
-    run = json.loads(run_cli(settings, "maintenance", "start", "ws", "m", "--submit-id", "r1",
-                             "--wait", "60", "--json").stdout)
+    run = json.loads(
+        run_cli(
+            settings,
+            "maintenance",
+            "start",
+            "ws",
+            "m",
+            "--submit-id",
+            "r1",
+            "--wait",
+            "60",
+            "--json",
+        ).stdout
+    )
     assert (run["status"], run["revision"]) == ("completed", 3)
     shown = json.loads(run_cli(settings, "maintenance", "show", run["run_id"], "--json").stdout)
     assert shown["status"] == "completed"
     again = json.loads(run_cli(settings, "maintenance", "cancel", run["run_id"], "--json").stdout)
     assert again["revision"] == 3  # terminal: a cancel changes nothing
-    queued = json.loads(run_cli(settings, "prompt", "ws", "m", "hello", "--submit-id", "p1",
-                                "--json").stdout)
+    queued = json.loads(
+        run_cli(settings, "prompt", "ws", "m", "hello", "--submit-id", "p1", "--json").stdout
+    )
     assert queued["position"] == 1
     rows = json.loads(run_cli(settings, "history", "ws", "m", "--json").stdout)
     assert [r["record_id"] for r in rows] == [f"maintenance:{run['run_id']}"]
@@ -195,16 +280,31 @@ def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
     assert drained["admission"] == "draining"
     proc = run_cli(settings, "maintenance", "start", "ws", "m", "--submit-id", "r2", check=False)
     assert proc.returncode == 2 and "runtime_draining" in proc.stderr
-    proc = run_cli(settings, "maintenance", "start", "ws", "m", "--kind", "defrag",
-                   "--submit-id", "r3", check=False)
+    proc = run_cli(
+        settings,
+        "maintenance",
+        "start",
+        "ws",
+        "m",
+        "--kind",
+        "defrag",
+        "--submit-id",
+        "r3",
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ")
 
 
 def test_an_unmigrated_database_is_a_one_line_error(tmp_path):
     env = {**os.environ, "AGENT_RADAR_HOME": str(tmp_path / "fresh")}
     env.pop("AGENT_RADAR_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "status"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workflows.tools.cli", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "agent-radar db upgrade" in lines[0]

@@ -14,9 +14,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from tests.helpers import dispatching, effects_by_operation, eventually
-from workflows.broker import TaskPublisher
+from workflows.adapters.broker import TaskPublisher
 from workflows.client import AgentRadar
-from workflows.stack import Stack
+from workflows.tools.stack import Stack
 
 WS = "ws-outage"
 
@@ -110,8 +110,9 @@ def proxied(settings, proxy):
     return replace(settings, database_url=url.render_as_string(hide_password=False))
 
 
-def test_a_database_outage_loses_nothing_and_applies_nothing_twice(settings, proxied, proxy,
-                                                                   sim, sim_control):
+def test_a_database_outage_loses_nothing_and_applies_nothing_twice(
+    settings, proxied, proxy, sim, sim_control
+):
     stack = Stack(proxied)  # workers and beat reach the database through the proxy only
     stack.prepare()
     observer = AgentRadar(settings=settings)  # the test's own view, always up
@@ -122,8 +123,11 @@ def test_a_database_outage_loses_nothing_and_applies_nothing_twice(settings, pro
         beat = stack.start_beat()
         # Started (beat applies migrations first; one that cannot reach the database at
         # start exits, for its supervisor to restart it).
-        eventually(lambda: "beat: Starting" in beat.log_path.read_text(), timeout_s=60,
-                   what="beat to start")
+        eventually(
+            lambda: "beat: Starting" in beat.log_path.read_text(),
+            timeout_s=60,
+            what="beat to start",
+        )
         before = through_proxy.set_goal(WS, "before", "settled first", client_submit_id="1")
         assert observer.wait(before, timeout=60).status == "completed"
 
@@ -140,32 +144,53 @@ def test_a_database_outage_loses_nothing_and_applies_nothing_twice(settings, pro
         with pytest.raises(OperationalError):
             through_proxy.set_goal(WS, "refused", "not accepted", client_submit_id="1")
         for i in range(2):
-            publisher.publish("agent_radar.goal_control", {
-                "workspace_id": WS, "session_id": f"public-{i}", "action": "set",
-                "objective": "sent during the outage", "client_submit_id": "1"})
-        eventually(lambda: len(sim_control.effects()) == 2, timeout_s=10,
-                   what="the in-flight call to reach the agent")
+            publisher.publish(
+                "agent_radar.goal_control",
+                {
+                    "workspace_id": WS,
+                    "session_id": f"public-{i}",
+                    "action": "set",
+                    "objective": "sent during the outage",
+                    "client_submit_id": "1",
+                },
+            )
+        eventually(
+            lambda: len(sim_control.effects()) == 2,
+            timeout_s=10,
+            what="the in-flight call to reach the agent",
+        )
+
         # The outage outlasts the dispatch's own retries, so its outcome is lost, and a
         # public submit has found the database away and scheduled a retry.
         def logged(pattern):
             return any(re.search(pattern, p.log_path.read_text()) for p in stack.procs)
-        eventually(lambda: logged("goal.dispatch: database unavailable"), timeout_s=60,
-                   poll_s=0.2, what="the dispatch to give its outcome up to the sweeper")
-        eventually(lambda: logged(re.compile(r"goal_control\[[-\w]+\] retry: Retry in")),
-                   timeout_s=60, poll_s=0.2, what="a public submit to retry")
+
+        eventually(
+            lambda: logged("goal.dispatch: database unavailable"),
+            timeout_s=60,
+            poll_s=0.2,
+            what="the dispatch to give its outcome up to the sweeper",
+        )
+        eventually(
+            lambda: logged(re.compile(r"goal_control\[[-\w]+\] retry: Retry in")),
+            timeout_s=60,
+            poll_s=0.2,
+            what="a public submit to retry",
+        )
         assert observer.find_goal_operation(WS, "refused", "1") is None
         proxy.restore()
 
         done = [observer.wait(in_flight, timeout=90)]
         for i in range(2):
-            submitted = eventually(lambda i=i: observer.find_goal_operation(WS, f"public-{i}",
-                                                                            "1"),
-                                   timeout_s=90, what=f"public submit {i} to be accepted")
+            submitted = eventually(
+                lambda i=i: observer.find_goal_operation(WS, f"public-{i}", "1"),
+                timeout_s=90,
+                what=f"public submit {i} to be accepted",
+            )
             done.append(observer.wait(submitted, timeout=90))
         assert [op.status for op in done] == ["completed"] * 3
         assert done[0].attempt >= 2  # the sweeper sent it again; the agent deduplicated
-        assert effects_by_operation(sim_control) == {
-            op.operation_id: 1 for op in [before, *done]}
+        assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in [before, *done]}
         assert observer.find_goal_operation(WS, "refused", "1") is None
         assert all(p.alive() for p in stack.procs)
     finally:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import yaml
 
-from workflows.cli import cli
+from workflows.tools.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +62,7 @@ def test_dockerfile_installs_the_console_script():
 
 def test_resolve_rejects_an_unknown_command():
     import pytest
+
     with pytest.raises(AssertionError):
         _resolve(["launch-rockets"])
     with pytest.raises(click.UsageError):
@@ -90,10 +91,13 @@ def test_compose_reads_a_required_untracked_env_file_and_hides_secrets():
 
 
 def test_the_example_env_is_complete_and_its_flower_password_is_refused():
-    from workflows.cli import flower_auth_problem
-    example = dict(line.split("=", 1) for line in
-                   (ROOT / "deploy" / "example.env").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    from workflows.tools.cli.services import flower_auth_problem
+
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy" / "example.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     needed = set()
     for svc in _compose()["services"].values():
         for value in (svc.get("environment") or {}).values():
@@ -117,6 +121,7 @@ def test_dockerfile_installs_with_the_constraints_and_no_test_extras():
 
 def test_the_package_declares_ranges_and_celerys_redis_extra():
     import tomllib
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = project["dependencies"]
     assert any(d.startswith("celery[redis]") for d in deps)

@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from models.db import run_transaction
 from models.tables import GoalOperation, Lease
-from workflows.broker import TaskPublisher
-from workflows.client import AgentRadar
 from tests.helpers import dispatching, effects_by_operation, eventually, row_counts
+from workflows.adapters.broker import TaskPublisher
+from workflows.client import AgentRadar
 
 WS = "ws-e2e"
 
@@ -81,8 +81,9 @@ class LosingPublisher(TaskPublisher):
         raise ConnectionError("broker unreachable")
 
 
-def test_a_publish_lost_after_commit_is_republished_by_the_sweeper(settings, sim, stack,
-                                                                  sim_control):
+def test_a_publish_lost_after_commit_is_republished_by_the_sweeper(
+    settings, sim, stack, sim_control
+):
     lossy = AgentRadar(settings=settings, publisher=LosingPublisher(settings))
     op = lossy.set_goal(WS, "outbox", "survive", client_submit_id="1")
     assert op.status == "prepared"  # accepted and durable even though publishing failed
@@ -137,8 +138,11 @@ def test_a_paused_lease_holder_cannot_write(client, stack, sim_control, settings
         assert done.attempt == 2
     finally:
         os.kill(pool_pid, signal.SIGCONT)
-    eventually(lambda: "['skipped']" in paused.log_path.read_text(), timeout_s=30,
-               what="the paused worker's refused write")
+    eventually(
+        lambda: "['skipped']" in paused.log_path.read_text(),
+        timeout_s=30,
+        what="the paused worker's refused write",
+    )
     assert client.get_goal_operation(op.operation_id) == done
     assert effects_by_operation(sim_control) == {op.operation_id: 1}
 
@@ -167,12 +171,31 @@ def test_accepted_goals_complete_from_the_agents_report(client, stack, sim_contr
 
 
 BAD_MESSAGES = [
-    ("agent_radar.goal_control", {"workspace_id": 7, "session_id": "s", "action": "set",
-                                  "objective": "x", "client_submit_id": "c"}),
-    ("agent_radar.goal_control", {"workspace_id": "w", "session_id": "s", "action": "launch",
-                                  "client_submit_id": "c"}),
-    ("agent_radar.goal_control", {"workspace_id": "w", "session_id": "s", "action": "set",
-                                  "objective": "x", "client_submit_id": "c", "colour": "red"}),
+    (
+        "agent_radar.goal_control",
+        {
+            "workspace_id": 7,
+            "session_id": "s",
+            "action": "set",
+            "objective": "x",
+            "client_submit_id": "c",
+        },
+    ),
+    (
+        "agent_radar.goal_control",
+        {"workspace_id": "w", "session_id": "s", "action": "launch", "client_submit_id": "c"},
+    ),
+    (
+        "agent_radar.goal_control",
+        {
+            "workspace_id": "w",
+            "session_id": "s",
+            "action": "set",
+            "objective": "x",
+            "client_submit_id": "c",
+            "colour": "red",
+        },
+    ),
     ("agent_radar.goal_control", {"workspace_id": "w", "session_id": "s", "action": "set"}),
     ("agent_radar.goal.dispatch", {"operation_id": ["not", "an", "id"]}),
     ("agent_radar.goal.dispatch", {"operation_ids": []}),
@@ -181,8 +204,10 @@ BAD_MESSAGES = [
     ("agent_radar.goal.dispatch", {"operation_id": "a", "operation_ids": ["b"]}),
     ("agent_radar.goal.dispatch", {}),
     ("agent_radar.report_activity", {"report": "not an object"}),
-    ("agent_radar.report_activity", {"report": {"workspace_id": "w", "session_id": "s",
-                                                "occurred_at_ms": "yesterday"}}),
+    (
+        "agent_radar.report_activity",
+        {"report": {"workspace_id": "w", "session_id": "s", "occurred_at_ms": "yesterday"}},
+    ),
 ]
 
 
@@ -193,13 +218,23 @@ def test_ill_typed_task_messages_are_rejected_and_write_nothing(client, stack, s
     for task, kwargs in BAD_MESSAGES:
         publisher.publish(task, kwargs)
     # a good message after the bad ones proves the worker went through all of them
-    publisher.publish("agent_radar.goal_control", {
-        "workspace_id": WS, "session_id": "good", "action": "set", "objective": "fine",
-        "client_submit_id": "1"})
+    publisher.publish(
+        "agent_radar.goal_control",
+        {
+            "workspace_id": WS,
+            "session_id": "good",
+            "action": "set",
+            "objective": "fine",
+            "client_submit_id": "1",
+        },
+    )
     op = eventually(lambda: client.find_goal_operation(WS, "good", "1"))
     settled(client, op)
-    eventually(lambda: worker.log_path.read_text().count("rejected agent_radar.") >= len(
-        BAD_MESSAGES), timeout_s=30, what="every bad message to be rejected")
+    eventually(
+        lambda: worker.log_path.read_text().count("rejected agent_radar.") >= len(BAD_MESSAGES),
+        timeout_s=30,
+        what="every bad message to be rejected",
+    )
     after = row_counts(client.engine)
     assert after["goal_operations"] == before["goal_operations"] + 1
     assert after["goal_states"] == before["goal_states"] + 1
@@ -216,13 +251,26 @@ def test_ill_typed_task_messages_are_rejected_and_write_nothing(client, stack, s
 def test_public_goal_control_task_is_idempotent(client, stack, settings, sim_control, action):
     stack.start_worker()
     publisher = TaskPublisher(settings)
-    message = {"workspace_id": WS, "session_id": "task", "action": action,
-               "objective": "via the broker", "client_submit_id": "t-1"}
+    message = {
+        "workspace_id": WS,
+        "session_id": "task",
+        "action": action,
+        "objective": "via the broker",
+        "client_submit_id": "t-1",
+    }
     for _ in range(5):
         publisher.publish("agent_radar.goal_control", message)
     op = eventually(lambda: client.find_goal_operation(WS, "task", "t-1"))
     assert settled(client, op).status == "completed"
-    eventually(lambda: not run_transaction(client.engine, lambda s: s.execute(
-        select(GoalOperation).where(GoalOperation.status == "prepared")).first()))
+    eventually(
+        lambda: (
+            not run_transaction(
+                client.engine,
+                lambda s: s.execute(
+                    select(GoalOperation).where(GoalOperation.status == "prepared")
+                ).first(),
+            )
+        )
+    )
     assert effects_by_operation(sim_control) == {op.operation_id: 1}
     publisher.close()

@@ -6,20 +6,25 @@ from datetime import timedelta
 import pytest
 
 from beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from tests.helpers import row_counts
 from workflows import ids
 from workflows.errors import FenceConflict, InvalidArgument, NotFound
-from tests.helpers import row_counts
 
 WS, SID = "ws-fence", "shared"
 
 
 def test_fence_of_the_current_generation_prepares_a_clear(client):
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
-    fence = client.fence_goal_generation(WS, SID, target.operation_id,
-                                         client_submit_id="revoke-1", reason="binding revoked")
+    fence = client.fence_goal_generation(
+        WS, SID, target.operation_id, client_submit_id="revoke-1", reason="binding revoked"
+    )
     assert fence.fence_id == str(uuid.uuid5(ids.NAMESPACE, f"fence\0{WS}\0{SID}\0revoke-1"))
     assert (fence.status, fence.target_revision, fence.intent_accepted, fence.settled) == (
-        "pending", 1, True, False)
+        "pending",
+        1,
+        True,
+        False,
+    )
     clear = client.get_goal_operation(fence.clear_operation_id)
     assert (clear.action, clear.origin, clear.goal_revision) == ("clear", "fence", 2)
     assert clear.client_submit_id == f"goal-generation-fence:{fence.fence_id}"
@@ -32,8 +37,7 @@ def test_fence_of_the_current_generation_prepares_a_clear(client):
 def test_fence_never_touches_a_newer_owner_goal(client):
     shared = client.set_goal(WS, SID, "shared goal", client_submit_id="shared-1")
     client.set_goal(WS, SID, "owner's own goal", client_submit_id="owner-2")
-    fence = client.fence_goal_generation(WS, SID, shared.operation_id,
-                                         client_submit_id="revoke-1")
+    fence = client.fence_goal_generation(WS, SID, shared.operation_id, client_submit_id="revoke-1")
     assert fence.clear_operation_id is None and fence.target_revision == 1
     state = client.goal_state(WS, SID)
     assert state.revision == 2 and not state.tombstoned
@@ -63,8 +67,9 @@ def test_fence_target_must_belong_to_the_session(client):
     with pytest.raises(InvalidArgument):
         client.fence_goal_generation(WS, SID, "", client_submit_id="f-1")
     with pytest.raises(InvalidArgument):
-        client.fence_goal_generation(WS, SID, other_session.operation_id,
-                                     client_submit_id="f-1", reason=7)
+        client.fence_goal_generation(
+            WS, SID, other_session.operation_id, client_submit_id="f-1", reason=7
+        )
     assert row_counts(client.engine) == before
 
 
@@ -73,8 +78,9 @@ def test_the_generic_sweep_leaves_a_fence_clear_to_its_fence(client):
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     published = []
     later = fence.created_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
-    sweep_once(client.engine, lambda task, kwargs: published.append(kwargs) or True, later,
-               owner="t")
+    sweep_once(
+        client.engine, lambda task, kwargs: published.append(kwargs) or True, later, owner="t"
+    )
     assert {"operation_id": fence.clear_operation_id} not in published
 
 
@@ -87,21 +93,26 @@ def test_ensure_session_resumes_with_every_fence_and_reinstalls_them(client, sim
     client.ensure_session(WS, SID)
     effects = sim_control.effects(kind=None)
     resume = next(e for e in effects if e["kind"] == "resume")
-    expected = [{"target_operation_id": first.operation_id, "target_revision": 1},
-                {"target_operation_id": second.operation_id, "target_revision": 2}]
+    expected = [
+        {"target_operation_id": first.operation_id, "target_revision": 1},
+        {"target_operation_id": second.operation_id, "target_revision": 2},
+    ]
     assert resume["fences"] == expected
     state = sim_control.session(WS, SID)
     assert sorted(map(tuple, state["fences"])) == sorted(
-        (f["target_operation_id"], f["target_revision"]) for f in expected)
+        (f["target_operation_id"], f["target_revision"]) for f in expected
+    )
 
 
 def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settings):
-    from workflows.goals import Dispatcher
-    from workflows.runtime import HttpRuntime
+    from workflows.adapters.runtime import HttpRuntime
+    from workflows.goals.dispatch import Dispatcher
+
     op = client.set_goal(WS, SID, "one", client_submit_id="1")
     sim_control.session(WS, SID)  # the agent host knows the session
     HttpRuntime(settings.runtime_url).install_fence(
-        WS, SID, target_operation_id=op.operation_id, target_revision=1, require_live=True)
+        WS, SID, target_operation_id=op.operation_id, target_revision=1, require_live=True
+    )
     d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="w", lease_s=5)
     assert [r.outcome for r in d.dispatch(op.operation_id)] == ["failed"]
     assert sim_control.effects() == []
@@ -110,53 +121,75 @@ def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settin
 def test_cancel_replay_and_conflict(client):
     from models.base import utcnow
     from models.db import run_transaction
-    from workflows import cancels
     from workflows.errors import CancelConflict
-    first = run_transaction(client.engine, lambda s: cancels.prepare(
-        s, WS, SID, "turn-1", "fence", utcnow()))
+    from workflows.fences import cancels
+
+    first = run_transaction(
+        client.engine, lambda s: cancels.prepare(s, WS, SID, "turn-1", "fence", utcnow())
+    )
     assert first.operation_id == ids.cancel_operation_id(WS, SID, "turn-1")
     before = row_counts(client.engine)
-    again = run_transaction(client.engine, lambda s: cancels.prepare(
-        s, WS, SID, "turn-1", "fence", utcnow()))
+    again = run_transaction(
+        client.engine, lambda s: cancels.prepare(s, WS, SID, "turn-1", "fence", utcnow())
+    )
     assert again.operation_id == first.operation_id
     with pytest.raises(CancelConflict):
-        run_transaction(client.engine, lambda s: cancels.prepare(
-            s, WS, SID, "turn-1", "another reason", utcnow()))
+        run_transaction(
+            client.engine,
+            lambda s: cancels.prepare(s, WS, SID, "turn-1", "another reason", utcnow()),
+        )
     assert row_counts(client.engine) == before
 
 
 def _leased_cancel(client, clock_now):
     from models.db import run_transaction
-    from workflows import cancels
-    from workflows.activity import apply_turn
-    from workflows.sessions import lock_session
+    from workflows.fences import cancels
+    from workflows.sessions.activity import apply_turn
+    from workflows.sessions.rows import lock_session
 
     def seed(s):
         row = lock_session(s, WS, SID)
         row.live = True
-        apply_turn(s, row, {"turn_id": "turn-9", "phase": "running", "outcome": None,
-                            "origin": "goal_continuation", "source_goal_operation_id": None,
-                            "source_goal_revision": None, "prompt_id": None}, clock_now)
+        apply_turn(
+            s,
+            row,
+            {
+                "turn_id": "turn-9",
+                "phase": "running",
+                "outcome": None,
+                "origin": "goal_continuation",
+                "source_goal_operation_id": None,
+                "source_goal_revision": None,
+                "prompt_id": None,
+            },
+            clock_now,
+        )
         cancel = cancels.prepare(s, WS, SID, "turn-9", "fence", clock_now)
         cancels.claim(s, cancel, "dead-worker", 1, clock_now)
         return cancel.operation_id
+
     return run_transaction(client.engine, seed)
 
 
-def test_a_stale_cancel_of_a_known_offline_session_settles_without_any_call(client,
-                                                                           sim_control):
+def test_a_stale_cancel_of_a_known_offline_session_settles_without_any_call(client, sim_control):
     from models.db import run_transaction
     from models.tables import AgentSession, CancelOperation, Turn
     from tests.helpers import Clock
-    from workflows.fence_apply import CancelRunner
-    from workflows.runtime import HttpRuntime
+    from workflows.adapters.runtime import HttpRuntime
+    from workflows.fences.apply import CancelRunner
+
     clock = Clock()
     op_id = _leased_cancel(client, clock.now)
-    run_transaction(client.engine, lambda s: setattr(
-        s.get(AgentSession, (WS, SID)), "live", False))
+    run_transaction(client.engine, lambda s: setattr(s.get(AgentSession, (WS, SID)), "live", False))
     clock.advance(5)  # the dead worker's lease is long gone
-    runner = CancelRunner(client.engine, HttpRuntime(sim_control.http.base_url),
-                          worker_id="w", lease_s=3, publish=lambda *a: True, clock=clock)
+    runner = CancelRunner(
+        client.engine,
+        HttpRuntime(sim_control.http.base_url),
+        worker_id="w",
+        lease_s=3,
+        publish=lambda *a: True,
+        clock=clock,
+    )
     assert runner.apply(op_id) == "interrupted"
     cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
     turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "turn-9")))
@@ -169,14 +202,21 @@ def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_co
     from models.db import run_transaction
     from models.tables import CancelOperation
     from tests.helpers import Clock
-    from workflows.fence_apply import CancelRunner
-    from workflows.runtime import HttpRuntime
+    from workflows.adapters.runtime import HttpRuntime
+    from workflows.fences.apply import CancelRunner
+
     clock = Clock()
     op_id = _leased_cancel(client, clock.now)
     clock.advance(5)
     sim_control.fault("turns/turn-9/cancel", status=503, count=1)
-    runner = CancelRunner(client.engine, HttpRuntime(sim_control.http.base_url),
-                          worker_id="w", lease_s=3, publish=lambda *a: True, clock=clock)
+    runner = CancelRunner(
+        client.engine,
+        HttpRuntime(sim_control.http.base_url),
+        worker_id="w",
+        lease_s=3,
+        publish=lambda *a: True,
+        clock=clock,
+    )
     assert runner.apply(op_id) == "retry"
     cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
     assert cancel.status == "leased" and cancel.lease_token is None

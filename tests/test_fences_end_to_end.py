@@ -17,9 +17,17 @@ WS = "ws-fences"
 
 def fenced_turn(client, sid, op):
     def find():
-        return run_transaction(client.engine, lambda s: s.execute(select(Turn).where(
-            Turn.workspace_id == WS, Turn.session_id == sid,
-            Turn.source_goal_operation_id == op.operation_id)).scalar_one_or_none())
+        return run_transaction(
+            client.engine,
+            lambda s: s.execute(
+                select(Turn).where(
+                    Turn.workspace_id == WS,
+                    Turn.session_id == sid,
+                    Turn.source_goal_operation_id == op.operation_id,
+                )
+            ).scalar_one_or_none(),
+        )
+
     return find
 
 
@@ -45,16 +53,19 @@ def test_fence_clears_only_its_generation(client, stack, sim_control):
     sim_control.session(WS, "s1", live=False)
     client.ensure_session(WS, "s1")
     resume = [e for e in sim_control.effects(kind=None) if e["kind"] == "resume"]
-    assert resume[-1]["fences"] == [{"target_operation_id": target.operation_id,
-                                     "target_revision": 1}]
+    assert resume[-1]["fences"] == [
+        {"target_operation_id": target.operation_id, "target_revision": 1}
+    ]
 
 
 def test_fence_never_clears_a_newer_owner_goal(client, stack, sim_control):
     stack.start_worker()
     shared = client.wait(client.set_goal(WS, "s2", "shared goal", client_submit_id="1"))
     client.wait(client.set_goal(WS, "s2", "owner goal", client_submit_id="2"))
-    fence = client.wait(client.fence_goal_generation(WS, "s2", shared.operation_id,
-                                                     client_submit_id="f"), timeout=60)
+    fence = client.wait(
+        client.fence_goal_generation(WS, "s2", shared.operation_id, client_submit_id="f"),
+        timeout=60,
+    )
     assert fence.clear_operation_id is None
     state = client.goal_state(WS, "s2")
     assert state.revision == 2 and state.desired["objective"] == "owner goal"
@@ -75,8 +86,9 @@ def test_acceptance_survives_an_agent_failure(client, stack, sim_control):
     assert goal_actions(sim_control, "s3") == ["set", "clear"]
 
 
-def test_a_prepared_target_fenced_before_dispatch_never_reaches_the_agent(client, stack,
-                                                                         sim_control):
+def test_a_prepared_target_fenced_before_dispatch_never_reaches_the_agent(
+    client, stack, sim_control
+):
     target = client.set_goal(WS, "s4", "never sent", client_submit_id="1")
     fence = client.fence_goal_generation(WS, "s4", target.operation_id, client_submit_id="f")
     stack.start_worker()
@@ -85,14 +97,15 @@ def test_a_prepared_target_fenced_before_dispatch_never_reaches_the_agent(client
     assert goal_actions(sim_control, "s4") == ["clear"]
 
 
-def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, stack,
-                                                                      sim_control):
+def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, stack, sim_control):
     stack.start_worker()
     stack.start_beat()
     target = client.wait(client.set_goal(WS, "s5", "shared", client_submit_id="1"))
     sim_control.session(WS, "s5", live=False)
-    fence = client.wait(client.fence_goal_generation(WS, "s5", target.operation_id,
-                                                     client_submit_id="f"), timeout=60)
+    fence = client.wait(
+        client.fence_goal_generation(WS, "s5", target.operation_id, client_submit_id="f"),
+        timeout=60,
+    )
     clear = client.get_goal_operation(fence.clear_operation_id)
     assert (clear.status, clear.provider_phase) == ("completed", "unknown")
     state = client.goal_state(WS, "s5")
@@ -109,15 +122,20 @@ def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, s
 
 
 def test_the_fenced_turn_is_cancelled_and_a_vanished_host_settles_it_as_interrupted(
-        client, stack, sim_control):
+    client, stack, sim_control
+):
     stack.start_worker()
     stack.start_beat()
     sim_control.session(WS, "s6", turn_duration_ms=0, cancel_mode="ignore")
     target = client.wait(client.set_goal(WS, "s6", "shared", client_submit_id="1"))
     turn = eventually(fenced_turn(client, "s6", target), what="the continuation turn")
     fence = client.fence_goal_generation(WS, "s6", target.operation_id, client_submit_id="f")
-    eventually(lambda: client.get_fence(fence.fence_id).last_error
-               == "waiting for the fenced turn to settle", what="the fence to wait")
+    eventually(
+        lambda: (
+            client.get_fence(fence.fence_id).last_error == "waiting for the fenced turn to settle"
+        ),
+        what="the fence to wait",
+    )
     sim_control.session(WS, "s6", live=False)  # the agent host disappears
     done = client.wait(fence, timeout=90)
     cancel_id = ids.cancel_operation_id(WS, "s6", turn.turn_id)
@@ -132,12 +150,13 @@ def test_the_fenced_turn_is_cancelled_and_a_vanished_host_settles_it_as_interrup
 
 def test_the_fence_waits_for_the_cancelled_turn_to_settle(client, stack, sim_control):
     stack.start_worker()
-    sim_control.session(WS, "s7", turn_duration_ms=0, cancel_mode="accepted",
-                        cancel_delay_ms=300)
+    sim_control.session(WS, "s7", turn_duration_ms=0, cancel_mode="accepted", cancel_delay_ms=300)
     target = client.wait(client.set_goal(WS, "s7", "shared", client_submit_id="1"))
     eventually(fenced_turn(client, "s7", target), what="the continuation turn")
-    fence = client.wait(client.fence_goal_generation(WS, "s7", target.operation_id,
-                                                     client_submit_id="f"), timeout=60)
+    fence = client.wait(
+        client.fence_goal_generation(WS, "s7", target.operation_id, client_submit_id="f"),
+        timeout=60,
+    )
     turn = fenced_turn(client, "s7", target)()
     assert (turn.phase, turn.outcome) == ("settled", "canceled")
     assert fence.cancel_operation_id == ids.cancel_operation_id(WS, "s7", turn.turn_id)
@@ -147,13 +166,16 @@ def test_the_fence_waits_for_the_cancelled_turn_to_settle(client, stack, sim_con
 def test_a_turn_of_another_generation_is_never_cancelled(client, stack, sim_control):
     stack.start_worker()
     old = client.wait(client.set_goal(WS, "s8", "old", client_submit_id="1"))
-    eventually(lambda: (fenced_turn(client, "s8", old)() or Turn()).phase == "settled",
-               what="the old generation's turn to end")
+    eventually(
+        lambda: (fenced_turn(client, "s8", old)() or Turn()).phase == "settled",
+        what="the old generation's turn to end",
+    )
     sim_control.session(WS, "s8", turn_duration_ms=0)
     new = client.wait(client.set_goal(WS, "s8", "new", client_submit_id="2"))
     eventually(fenced_turn(client, "s8", new), what="the new generation's turn")
-    client.wait(client.fence_goal_generation(WS, "s8", old.operation_id,
-                                             client_submit_id="f"), timeout=60)
+    client.wait(
+        client.fence_goal_generation(WS, "s8", old.operation_id, client_submit_id="f"), timeout=60
+    )
     assert calls(sim_control, "turns/", "s8") == []
     assert fenced_turn(client, "s8", new)().phase == "running"
 
@@ -165,8 +187,10 @@ def test_a_disconnect_between_install_and_cancel(client, stack, sim_control):
     eventually(fenced_turn(client, "s9", target), what="the continuation turn")
     # the fence installs, then the session is gone when the cancel is about to go out
     sim_control.fault("liveness", status=409, error="disconnected", count=1, session_id="s9")
-    fence = client.wait(client.fence_goal_generation(WS, "s9", target.operation_id,
-                                                     client_submit_id="f"), timeout=60)
+    fence = client.wait(
+        client.fence_goal_generation(WS, "s9", target.operation_id, client_submit_id="f"),
+        timeout=60,
+    )
     assert calls(sim_control, "turns/", "s9") == []
     assert calls(sim_control, "resume", "s9") == []
     assert client.session_info(WS, "s9").live is False
@@ -180,8 +204,10 @@ def test_worker_killed_while_applying_a_fence(client, stack, sim_control):
     target = client.wait(client.set_goal(WS, "s10", "shared", client_submit_id="1"))
     sim_control.latency("goal", 1500)
     fence = client.fence_goal_generation(WS, "s10", target.operation_id, client_submit_id="f")
-    eventually(lambda: client.get_goal_operation(fence.clear_operation_id).lease_token,
-               what="the clear to be in flight")
+    eventually(
+        lambda: client.get_goal_operation(fence.clear_operation_id).lease_token,
+        what="the clear to be in flight",
+    )
     victim.kill()
     sim_control.latency("goal", 0)
     stack.start_worker(concurrency=1)

@@ -1,4 +1,5 @@
-"""The embedded broker: kombu's filesystem transport with this project's fixes (workflows.broker)."""
+"""The embedded broker: kombu's filesystem transport with this project's fixes
+(workflows.adapters.broker)."""
 
 import json
 import os
@@ -8,16 +9,21 @@ import pytest
 from kombu import Connection
 from kombu.transport import filesystem
 
-from workflows.broker import (DEFAULT_QUEUE, FILESYSTEM_DRAIN_SLICE_S, TaskPublisher,
-                              broker_folders, kombu_queues, transport_options)
-from workflows.config import Settings
+from workflows.adapters.broker import (
+    DEFAULT_QUEUE,
+    FILESYSTEM_DRAIN_SLICE_S,
+    TaskPublisher,
+    broker_folders,
+    kombu_queues,
+    transport_options,
+)
+from workflows.adapters.config import Settings
 
 
 def _settings(tmp_path, name) -> Settings:
     home = tmp_path / name
     home.mkdir()
-    return Settings(home=home, database_url=f"sqlite:///{home / 'db'}",
-                    broker_url="filesystem://")
+    return Settings(home=home, database_url=f"sqlite:///{home / 'db'}", broker_url="filesystem://")
 
 
 def _default_queue():
@@ -28,13 +34,15 @@ def _received(settings: Settings) -> list[dict]:
     """Consume every message waiting in the default queue of this broker folder."""
     got = []
     with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
-        with conn.Consumer([_default_queue()], accept=["json"],
-                           callbacks=[lambda body, message: (got.append(body[1]),
-                                                             message.ack())]):
+        with conn.Consumer(
+            [_default_queue()],
+            accept=["json"],
+            callbacks=[lambda body, message: (got.append(body[1]), message.ack())],
+        ):
             while True:
                 try:
                     conn.drain_events(timeout=0.5)
-                except socket.timeout:
+                except TimeoutError:
                     return got
 
 
@@ -64,13 +72,13 @@ def test_a_message_file_appears_whole(tmp_path, monkeypatch):
             with open(src, "rb") as written:
                 seen.append(json.loads(written.read())["headers"]["task"])
         return real_rename(src, dst)
+
     monkeypatch.setattr(os, "rename", rename)
     publisher = TaskPublisher(settings)
     publisher.publish("agent_radar.goal.dispatch", {"operation_id": "op-1"})
     publisher.close()
     assert seen == ["agent_radar.goal.dispatch"]
-    assert [p.suffix for p in queue_folder.iterdir() if not p.name.startswith("tmp-")] \
-        == [".msg"]
+    assert [p.suffix for p in queue_folder.iterdir() if not p.name.startswith("tmp-")] == [".msg"]
     assert not [p for p in queue_folder.iterdir() if p.name.startswith("tmp-")]
 
 
@@ -84,6 +92,7 @@ def test_a_wait_for_messages_is_cut_into_short_slices(tmp_path, monkeypatch):
     def recording(self, connection, timeout=None):
         asked.append(timeout)
         return real(self, connection, timeout=timeout)
+
     monkeypatch.setattr(filesystem.Transport, "drain_events", recording)
     with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
         with conn.Consumer([_default_queue()], accept=["json"], callbacks=[]):

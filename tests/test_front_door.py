@@ -10,27 +10,49 @@ import pytest
 
 def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RADAR_")}
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "demo", "--home",
-                           str(tmp_path / "demo"), "--json"], env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workflows.tools.cli",
+            "demo",
+            "--home",
+            str(tmp_path / "demo"),
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ok"] is True
     events = [line["event"] for line in result["timeline"]]
     assert "same submit ID sent again: the same operation comes back" in events
     assert "finished after the crash" in events
-    parked = next(line for line in result["timeline"] if line["event"].startswith(
-        "compaction done; the parked prompts"))
+    parked = next(
+        line
+        for line in result["timeline"]
+        if line["event"].startswith("compaction done; the parked prompts")
+    )
     assert parked["sent"] == ["summarise the diff", "open a pull request"]
     effects = next(line for line in result["timeline"] if line["event"] == "agent effects")
     assert effects["applied_twice"] == 0
-    owner = next(line for line in result["timeline"]
-                 if line["event"] == "fence delivered; the owner's goal is untouched")
+    owner = next(
+        line
+        for line in result["timeline"]
+        if line["event"] == "fence delivered; the owner's goal is untouched"
+    )
     assert owner["desired"] == "owner's own plan"
-    offline = next(line for line in result["timeline"]
-                   if line["event"] == "fence completed locally, no resume")
+    offline = next(
+        line for line in result["timeline"] if line["event"] == "fence completed locally, no resume"
+    )
     assert (offline["fence"], offline["clear_phase"], offline["resumes"]) == (
-        "completed", "unknown", 0)
+        "completed",
+        "unknown",
+        0,
+    )
     # sim, two workers (one killed), beat: each its own process group, all gone now
     assert len(result["process_groups"]) == 4
     for group in result["process_groups"]:
@@ -40,9 +62,23 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
 
 def test_bench_checks_exactly_once(settings):
     env = {**os.environ, **settings.to_env()}
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "bench", "--operations", "40",
-                           "--settled", "2000", "--json"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workflows.tools.cli",
+            "bench",
+            "--operations",
+            "40",
+            "--settled",
+            "2000",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["exactly_once"] is True

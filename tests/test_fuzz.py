@@ -17,39 +17,72 @@ import uuid
 from itertools import count
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from kombu import Connection
 
 from tests.helpers import eventually, row_counts
 from tests.test_hostile_answers import HostileHost, applied
 from tests.test_hostile_messages import raw_publish, task_headers
-from workflows import maintenance
-from workflows.broker import kombu_queues, transport_options
+from workflows.adapters.broker import kombu_queues, transport_options
+from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
-from workflows.goals import Dispatcher
-from workflows.maintenance_exec import MaintenanceExecutor
-from workflows.runtime import HttpRuntime
+from workflows.goals.dispatch import Dispatcher
+from workflows.maintenance import runs
+from workflows.maintenance.executor import MaintenanceExecutor
 
 CAMPAIGN = "AGENT_RADAR_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("AGENT_RADAR_FUZZ_EXAMPLES") or 100)
-FUZZ = hsettings(max_examples=EXAMPLES, deadline=None, database=None,
-                 derandomize=not CAMPAIGN,
-                 suppress_health_check=list(HealthCheck))
+FUZZ = hsettings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=not CAMPAIGN,
+    suppress_health_check=list(HealthCheck),
+)
 pytestmark = pytest.mark.timeout(0 if CAMPAIGN else 600)
 
 # -- values ------------------------------------------------------------------------------
-HOSTILE_TEXT = st.sampled_from([
-    "", " ", "\x00", "a\x00b", "\ud800", "x\udfffy", "\t", "\n", "\u202e", "é" * 200,
-    "x" * 256, "x" * (17 * 1024), "o" * (65 * 1024), "goal-generation-fence:x", "../../etc",
-    "NaN", "null", "{}", "%s%n", "\\u0000", "💥" * 70])
+HOSTILE_TEXT = st.sampled_from(
+    [
+        "",
+        " ",
+        "\x00",
+        "a\x00b",
+        "\ud800",
+        "x\udfffy",
+        "\t",
+        "\n",
+        "\u202e",
+        "é" * 200,
+        "x" * 256,
+        "x" * (17 * 1024),
+        "o" * (65 * 1024),
+        "goal-generation-fence:x",
+        "../../etc",
+        "NaN",
+        "null",
+        "{}",
+        "%s%n",
+        "\\u0000",
+        "💥" * 70,
+    ]
+)
 ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=()), max_size=40) | HOSTILE_TEXT
-SCALARS = (st.none() | st.booleans()
-           | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.sampled_from([2**31 - 1, 2**31, -1, 0, 2**63, -(2**63) - 1])
-           | st.floats(allow_nan=True, allow_infinity=True) | ANY_TEXT)
-ANY_JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                        | st.dictionaries(ANY_TEXT, inner, max_size=4), max_leaves=8)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([2**31 - 1, 2**31, -1, 0, 2**63, -(2**63) - 1])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | ANY_TEXT
+)
+ANY_JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ANY_TEXT, inner, max_size=4),
+    max_leaves=8,
+)
 IDS = st.sampled_from(["w1", "s1", "s2", "c-1", "x"])
 
 
@@ -60,6 +93,7 @@ def maybe(valid):
 
 class Tally:
     """Inputs tried per family, printed at the end of the test session."""
+
     counts: dict[str, int] = {}
 
     @classmethod
@@ -91,29 +125,53 @@ def client_calls():
     ws, sid = maybe(IDS), maybe(IDS)
     submit = maybe(IDS)
     return st.one_of(
-        st.tuples(st.just("goal_control"), st.tuples(ws, sid, maybe(st.sampled_from(
-            ["set", "clear", "pause", "resume"])), maybe(st.sampled_from(["ship it", None]))),
-            st.fixed_dictionaries({"client_submit_id": submit,
-                                   "expected_revision": maybe(st.none() | st.integers(0, 3))})),
-        st.tuples(st.just("fence_goal_generation"), st.tuples(ws, sid, maybe(IDS)),
-                  st.fixed_dictionaries({"client_submit_id": submit,
-                                         "reason": maybe(st.just(""))})),
-        st.tuples(st.just("start_maintenance"), st.tuples(ws, sid, maybe(st.sampled_from(
-            ["compact", "summarize_up_to", "summarize_from"]))),
-            st.fixed_dictionaries({"client_submit_id": submit,
-                                   "args": maybe(st.none() | st.just({"turn": 2}))})),
-        st.tuples(st.just("submit_prompt"), st.tuples(ws, sid, maybe(st.just("hello"))),
-                  st.fixed_dictionaries({"client_submit_id": submit})),
-        st.tuples(st.just("cancel_maintenance"), st.tuples(maybe(IDS)),
-                  st.fixed_dictionaries({"workspace_id": maybe(st.none() | IDS)})),
-        st.tuples(st.sampled_from(["get_goal_operation", "get_fence", "get_maintenance",
-                                   "get_prompt"]), st.tuples(maybe(IDS)),
-                  st.fixed_dictionaries({"workspace_id": maybe(st.none() | IDS)})),
-        st.tuples(st.just("history"), st.tuples(ws, sid, maybe(st.integers(1, 5))),
-                  st.just({})),
+        st.tuples(
+            st.just("goal_control"),
+            st.tuples(
+                ws,
+                sid,
+                maybe(st.sampled_from(["set", "clear", "pause", "resume"])),
+                maybe(st.sampled_from(["ship it", None])),
+            ),
+            st.fixed_dictionaries(
+                {
+                    "client_submit_id": submit,
+                    "expected_revision": maybe(st.none() | st.integers(0, 3)),
+                }
+            ),
+        ),
+        st.tuples(
+            st.just("fence_goal_generation"),
+            st.tuples(ws, sid, maybe(IDS)),
+            st.fixed_dictionaries({"client_submit_id": submit, "reason": maybe(st.just(""))}),
+        ),
+        st.tuples(
+            st.just("start_maintenance"),
+            st.tuples(
+                ws, sid, maybe(st.sampled_from(["compact", "summarize_up_to", "summarize_from"]))
+            ),
+            st.fixed_dictionaries(
+                {"client_submit_id": submit, "args": maybe(st.none() | st.just({"turn": 2}))}
+            ),
+        ),
+        st.tuples(
+            st.just("submit_prompt"),
+            st.tuples(ws, sid, maybe(st.just("hello"))),
+            st.fixed_dictionaries({"client_submit_id": submit}),
+        ),
+        st.tuples(
+            st.just("cancel_maintenance"),
+            st.tuples(maybe(IDS)),
+            st.fixed_dictionaries({"workspace_id": maybe(st.none() | IDS)}),
+        ),
+        st.tuples(
+            st.sampled_from(["get_goal_operation", "get_fence", "get_maintenance", "get_prompt"]),
+            st.tuples(maybe(IDS)),
+            st.fixed_dictionaries({"workspace_id": maybe(st.none() | IDS)}),
+        ),
+        st.tuples(st.just("history"), st.tuples(ws, sid, maybe(st.integers(1, 5))), st.just({})),
         st.tuples(st.just("find_goal_operation"), st.tuples(ws, sid, submit), st.just({})),
-        st.tuples(st.sampled_from(["goal_state", "session_info"]), st.tuples(ws, sid),
-                  st.just({})),
+        st.tuples(st.sampled_from(["goal_state", "session_info"]), st.tuples(ws, sid), st.just({})),
     )
 
 
@@ -127,29 +185,48 @@ def test_client_methods(client, backend):
         Tally.add("client methods", backend)
         if error is not None:
             assert row_counts(client.engine) == before, (method, args, kwargs, error)
+
     one()
 
 
 # -- activity reports ---------------------------------------------------------------------
 def reports():
-    now_ms = st.integers(-10**3, 10**3).map(lambda d: int(time.time() * 1000) + d)
-    session = st.fixed_dictionaries({}, optional={
-        "live": maybe(st.booleans()), "runtime_epoch": maybe(st.integers(0, 5)),
-        "provider": maybe(st.just("claude")), "provider_session_id": maybe(IDS)})
-    turn = st.fixed_dictionaries({"turn_id": maybe(IDS), "phase": maybe(st.sampled_from(
-        ["submitted", "running", "settled"]))}, optional={
-        "outcome": maybe(st.sampled_from(["completed", "failed", "canceled", "interrupted"])),
-        "origin": maybe(st.sampled_from(["user_prompt", "goal_continuation"])),
-        "source_goal_operation_id": maybe(IDS), "source_goal_revision": maybe(st.integers(1, 4)),
-        "prompt_id": maybe(IDS)})
-    applied_goal = st.fixed_dictionaries({"operation_id": maybe(IDS),
-                                          "revision": maybe(st.integers(1, 4))},
-                                         optional={"goal": maybe(st.just({"objective": "o"}))})
+    now_ms = st.integers(-(10**3), 10**3).map(lambda d: int(time.time() * 1000) + d)
+    session = st.fixed_dictionaries(
+        {},
+        optional={
+            "live": maybe(st.booleans()),
+            "runtime_epoch": maybe(st.integers(0, 5)),
+            "provider": maybe(st.just("claude")),
+            "provider_session_id": maybe(IDS),
+        },
+    )
+    turn = st.fixed_dictionaries(
+        {
+            "turn_id": maybe(IDS),
+            "phase": maybe(st.sampled_from(["submitted", "running", "settled"])),
+        },
+        optional={
+            "outcome": maybe(st.sampled_from(["completed", "failed", "canceled", "interrupted"])),
+            "origin": maybe(st.sampled_from(["user_prompt", "goal_continuation"])),
+            "source_goal_operation_id": maybe(IDS),
+            "source_goal_revision": maybe(st.integers(1, 4)),
+            "prompt_id": maybe(IDS),
+        },
+    )
+    applied_goal = st.fixed_dictionaries(
+        {"operation_id": maybe(IDS), "revision": maybe(st.integers(1, 4))},
+        optional={"goal": maybe(st.just({"objective": "o"}))},
+    )
     report = st.fixed_dictionaries(
-        {"workspace_id": maybe(IDS), "session_id": maybe(IDS),
-         "occurred_at_ms": maybe(now_ms)},
-        optional={"session": maybe(session), "turn": maybe(turn),
-                  "goal_applied": maybe(applied_goal), "colour": ANY_JSON})
+        {"workspace_id": maybe(IDS), "session_id": maybe(IDS), "occurred_at_ms": maybe(now_ms)},
+        optional={
+            "session": maybe(session),
+            "turn": maybe(turn),
+            "goal_applied": maybe(applied_goal),
+            "colour": ANY_JSON,
+        },
+    )
     return st.one_of(report, report, report, ANY_JSON)
 
 
@@ -162,18 +239,26 @@ def test_activity_reports(client, backend):
         Tally.add("activity reports", backend)
         if error is not None:
             assert row_counts(client.engine) == before, (report, error)
+
     one()
 
 
 # -- agent host answers -------------------------------------------------------------------
 def answers():
-    body = st.one_of(ANY_JSON.map(lambda v: json.dumps(v).encode()),
-                     st.fixed_dictionaries({"phase": maybe(st.sampled_from(
-                         ["applied", "accepted"]))}, optional={
-                         "goal": ANY_JSON, "evidence": ANY_JSON, "error": ANY_JSON,
-                         "detail": ANY_JSON, "current_revision": ANY_JSON}).map(
-                         lambda v: json.dumps(v).encode()),
-                     st.binary(max_size=64))
+    body = st.one_of(
+        ANY_JSON.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries(
+            {"phase": maybe(st.sampled_from(["applied", "accepted"]))},
+            optional={
+                "goal": ANY_JSON,
+                "evidence": ANY_JSON,
+                "error": ANY_JSON,
+                "detail": ANY_JSON,
+                "current_revision": ANY_JSON,
+            },
+        ).map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=64),
+    )
     return st.tuples(st.sampled_from([200, 200, 200, 404, 409, 422, 500]), body)
 
 
@@ -197,14 +282,16 @@ def test_runtime_answers_through_the_dispatcher(client, backend, host):
         host.answers[sid] = answer
         op = client.set_goal("w-ans", sid, "objective", client_submit_id="1")
         good = client.set_goal("w-ans", "good", f"good {sid}", client_submit_id=sid)
-        outcomes = {r.operation_id: r.outcome
-                    for r in dispatcher.dispatch_many([op.operation_id, good.operation_id])}
+        outcomes = {
+            r.operation_id: r.outcome
+            for r in dispatcher.dispatch_many([op.operation_id, good.operation_id])
+        }
         Tally.add("host answers (dispatch)", backend)
         assert outcomes[good.operation_id] == "applied"
-        assert outcomes[op.operation_id] in {"applied", "accepted", "retry", "failed",
-                                             "superseded"}
+        assert outcomes[op.operation_id] in {"applied", "accepted", "retry", "failed", "superseded"}
         row = client.get_goal_operation(op.operation_id)
         assert row.lease_token is None and "\x00" not in (row.last_error or "")
+
     one()
 
 
@@ -213,10 +300,12 @@ def test_runtime_answers_to_every_call(host, backend):
     calls = [
         lambda sid: runtime.liveness("w", sid),
         lambda sid: runtime.resume("w", sid, []),
-        lambda sid: runtime.install_fence("w", sid, target_operation_id="o", target_revision=1,
-                                          require_live=True),
-        lambda sid: runtime.cancel_turn("w", sid, "t", operation_id="c", reason="",
-                                        require_live=True),
+        lambda sid: runtime.install_fence(
+            "w", sid, target_operation_id="o", target_revision=1, require_live=True
+        ),
+        lambda sid: runtime.cancel_turn(
+            "w", sid, "t", operation_id="c", reason="", require_live=True
+        ),
         lambda sid: runtime.submit_prompt("w", sid, prompt_id="p", text="hi"),
         lambda sid: runtime.start_maintenance("w", sid, run_id="r", kind="compact", args=None),
         lambda sid: runtime.maintenance_status("w", sid, "r"),
@@ -235,21 +324,34 @@ def test_runtime_answers_to_every_call(host, backend):
         else:
             assert isinstance(result, dict)
         Tally.add("host answers (every call)", backend)
+
     one()
 
 
 def outcomes():
-    return st.fixed_dictionaries({"state": st.just("done")}, optional={
-        "applied": maybe(st.booleans()), "cancelled": maybe(st.booleans()),
-        "error": maybe(st.none() | st.just("boom")),
-        "input_tokens": maybe(st.integers(0, 10**6)),
-        "result_tokens": maybe(st.integers(0, 10**6)), "summary": maybe(st.just("short"))})
+    return st.fixed_dictionaries(
+        {"state": st.just("done")},
+        optional={
+            "applied": maybe(st.booleans()),
+            "cancelled": maybe(st.booleans()),
+            "error": maybe(st.none() | st.just("boom")),
+            "input_tokens": maybe(st.integers(0, 10**6)),
+            "result_tokens": maybe(st.integers(0, 10**6)),
+            "summary": maybe(st.just("short")),
+        },
+    )
 
 
 def test_maintenance_outcomes_are_stored_or_fail_the_run(client, backend, host):
     runtime = HttpRuntime(host.url, timeout_s=5.0)
-    executor = MaintenanceExecutor(client.engine, runtime, worker_id="fuzz", lease_s=30.0,
-                                   publish=lambda *_: True, poll_s=0.001)
+    executor = MaintenanceExecutor(
+        client.engine,
+        runtime,
+        worker_id="fuzz",
+        lease_s=30.0,
+        publish=lambda *_: True,
+        poll_s=0.001,
+    )
     sessions = count()
 
     @FUZZ
@@ -261,21 +363,36 @@ def test_maintenance_outcomes_are_stored_or_fail_the_run(client, backend, host):
         run = client.start_maintenance("w-m", sid, client_submit_id="m")
         status = executor.execute(run.run_id)
         Tally.add("maintenance outcomes", backend)
-        assert status in maintenance.TERMINAL, status
+        assert status in runs.TERMINAL, status
         assert client.get_maintenance(run.run_id).status == status
+
     one()
 
 
 # -- raw broker messages of every public task --------------------------------------------
 def bad_id():
-    return st.one_of(st.integers(), st.none(), st.booleans(), st.lists(st.just("a")),
-                     st.just(""), st.just("x" * 256), st.just("a\x00b"), st.just("\ud800"),
-                     st.just("tab\there"))
+    return st.one_of(
+        st.integers(),
+        st.none(),
+        st.booleans(),
+        st.lists(st.just("a")),
+        st.just(""),
+        st.just("x" * 256),
+        st.just("a\x00b"),
+        st.just("\ud800"),
+        st.just("tab\there"),
+    )
 
 
 def bad_text():
-    return st.one_of(st.integers(), st.just(""), st.just("a\x00"), st.just("\udc00"),
-                     st.just("x" * (70 * 1024)), st.lists(st.just("a")))
+    return st.one_of(
+        st.integers(),
+        st.just(""),
+        st.just("a\x00"),
+        st.just("\udc00"),
+        st.just("x" * (70 * 1024)),
+        st.lists(st.just("a")),
+    )
 
 
 def good_kwargs(task: str, n: int) -> dict:
@@ -286,9 +403,13 @@ def good_kwargs(task: str, n: int) -> dict:
         "agent_radar.start_maintenance": {**base, "kind": "compact"},
         "agent_radar.cancel_maintenance": {"workspace_id": "w-broker", "run_id": "r"},
         "agent_radar.submit_prompt": {**base, "text": "hi"},
-        "agent_radar.report_activity": {"report": {"workspace_id": "w-broker",
-                                                   "session_id": f"b-{n}",
-                                                   "occurred_at_ms": int(time.time() * 1000)}},
+        "agent_radar.report_activity": {
+            "report": {
+                "workspace_id": "w-broker",
+                "session_id": f"b-{n}",
+                "occurred_at_ms": int(time.time() * 1000),
+            }
+        },
         "agent_radar.goal.dispatch": {"operation_id": str(uuid.uuid4())},
         "agent_radar.fence.apply": {"fence_id": str(uuid.uuid4())},
         "agent_radar.cancel.apply": {"operation_id": str(uuid.uuid4())},
@@ -297,16 +418,28 @@ def good_kwargs(task: str, n: int) -> dict:
     }[task]
 
 
-BAD_FIELD = {"workspace_id": bad_id(), "session_id": bad_id(), "client_submit_id": bad_id(),
-             "target_operation_id": bad_id(), "run_id": bad_id(), "operation_id": bad_id(),
-             "fence_id": bad_id(), "objective": bad_text(), "text": bad_text(),
-             "reason": bad_text(), "action": st.one_of(st.integers(), st.just("launch"),
-                                                        st.lists(st.just("set"))),
-             "kind": st.one_of(st.just("defrag"), st.lists(st.just("compact")),
-                               st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
-             "report": st.one_of(ANY_JSON.filter(lambda v: not isinstance(v, dict)),
-                                 st.just({"workspace_id": "w", "session_id": "s",
-                                          "occurred_at_ms": 10**30}))}
+BAD_FIELD = {
+    "workspace_id": bad_id(),
+    "session_id": bad_id(),
+    "client_submit_id": bad_id(),
+    "target_operation_id": bad_id(),
+    "run_id": bad_id(),
+    "operation_id": bad_id(),
+    "fence_id": bad_id(),
+    "objective": bad_text(),
+    "text": bad_text(),
+    "reason": bad_text(),
+    "action": st.one_of(st.integers(), st.just("launch"), st.lists(st.just("set"))),
+    "kind": st.one_of(
+        st.just("defrag"),
+        st.lists(st.just("compact")),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    ),
+    "report": st.one_of(
+        ANY_JSON.filter(lambda v: not isinstance(v, dict)),
+        st.just({"workspace_id": "w", "session_id": "s", "occurred_at_ms": 10**30}),
+    ),
+}
 
 
 @st.composite
@@ -314,12 +447,25 @@ def broker_messages(draw, serial=count()):
     """A message of a public or internal task that is invalid by construction: a field with
     a bad value, a missing field, an unknown field, or a body of the wrong shape."""
     n = next(serial)
-    task = draw(st.sampled_from(sorted({
-        "agent_radar.goal_control", "agent_radar.fence_goal_generation",
-        "agent_radar.start_maintenance", "agent_radar.cancel_maintenance",
-        "agent_radar.submit_prompt", "agent_radar.report_activity",
-        "agent_radar.goal.dispatch", "agent_radar.fence.apply", "agent_radar.cancel.apply",
-        "agent_radar.maintenance.execute", "agent_radar.prompt.dispatch"})))
+    task = draw(
+        st.sampled_from(
+            sorted(
+                {
+                    "agent_radar.goal_control",
+                    "agent_radar.fence_goal_generation",
+                    "agent_radar.start_maintenance",
+                    "agent_radar.cancel_maintenance",
+                    "agent_radar.submit_prompt",
+                    "agent_radar.report_activity",
+                    "agent_radar.goal.dispatch",
+                    "agent_radar.fence.apply",
+                    "agent_radar.cancel.apply",
+                    "agent_radar.maintenance.execute",
+                    "agent_radar.prompt.dispatch",
+                }
+            )
+        )
+    )
     kwargs = good_kwargs(task, n)
     how = draw(st.sampled_from(["bad value", "bad value", "missing", "unknown", "shape"]))
     if how == "bad value":
@@ -330,11 +476,17 @@ def broker_messages(draw, serial=count()):
     elif how == "unknown":
         kwargs[draw(st.sampled_from(["colour", "__class__", "ctx", "self"]))] = draw(ANY_JSON)
     if how == "shape":
-        body = draw(st.one_of(ANY_JSON.filter(lambda v: not (isinstance(v, list) and len(v) == 3)),
-                              st.tuples(ANY_JSON.filter(lambda v: not isinstance(v, list)),
-                                        st.just(kwargs), st.none()).map(list),
-                              st.tuples(st.just([]), st.just(kwargs),
-                                        ANY_JSON.filter(lambda v: v not in (None, {}))).map(list)))
+        body = draw(
+            st.one_of(
+                ANY_JSON.filter(lambda v: not (isinstance(v, list) and len(v) == 3)),
+                st.tuples(
+                    ANY_JSON.filter(lambda v: not isinstance(v, list)), st.just(kwargs), st.none()
+                ).map(list),
+                st.tuples(
+                    st.just([]), st.just(kwargs), ANY_JSON.filter(lambda v: v not in (None, {}))
+                ).map(list),
+            )
+        )
     else:
         body = [[], kwargs, None]
     return task, json.dumps(body).encode()
@@ -358,16 +510,32 @@ def test_raw_broker_messages(client, stack, settings, sim_control, backend):
         task, body = message
         raw_publish(settings, body, headers=task_headers(task))
         Tally.add("raw broker messages", backend)
+
     one()
 
     def good(submit_id):
-        raw_publish(settings, [[], {"workspace_id": "w-broker", "session_id": "good",
-                                    "action": "set", "objective": f"after {submit_id}",
-                                    "client_submit_id": submit_id}, None],
-                    headers=task_headers())
-        op = eventually(lambda: client.find_goal_operation("w-broker", "good", submit_id),
-                        timeout_s=300, what="the good message after the hostile ones")
+        raw_publish(
+            settings,
+            [
+                [],
+                {
+                    "workspace_id": "w-broker",
+                    "session_id": "good",
+                    "action": "set",
+                    "objective": f"after {submit_id}",
+                    "client_submit_id": submit_id,
+                },
+                None,
+            ],
+            headers=task_headers(),
+        )
+        op = eventually(
+            lambda: client.find_goal_operation("w-broker", "good", submit_id),
+            timeout_s=300,
+            what="the good message after the hostile ones",
+        )
         return client.wait(op, timeout=60)
+
     good("good-1")
     eventually(lambda: queue_depth(settings) == 0, timeout_s=300, what="an empty queue")
     good("good-2")  # published after the queue drained: every hostile one was handled

@@ -7,12 +7,17 @@ from datetime import timedelta
 import pytest
 
 from models.db import run_transaction
-from workflows import ids
-from workflows.errors import (GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent,
-                              InvalidArgument)
-from workflows.goals import DISPATCH_MAX_ATTEMPTS, Dispatcher
-from workflows.runtime import HttpRuntime
 from tests.helpers import Clock, row_counts
+from workflows import ids
+from workflows.adapters.runtime import HttpRuntime
+from workflows.errors import (
+    GoalGenerationSuperseded,
+    GoalOperationConflict,
+    GoalStateAbsent,
+    InvalidArgument,
+)
+from workflows.goals.dispatch import Dispatcher
+from workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
 
 WS, SID = "ws-rules", "session-1"
 
@@ -25,9 +30,15 @@ def clock():
 @pytest.fixture
 def dispatcher(client, settings, clock):
     def make(worker_id="worker-a"):
-        return Dispatcher(client.engine, HttpRuntime(settings.runtime_url, timeout_s=2),
-                          worker_id=worker_id, lease_s=settings.lease_s, clock=clock,
-                          resume_session=lambda ws, sid: client.ensure_session(ws, sid))
+        return Dispatcher(
+            client.engine,
+            HttpRuntime(settings.runtime_url, timeout_s=2),
+            worker_id=worker_id,
+            lease_s=settings.lease_s,
+            clock=clock,
+            resume_session=lambda ws, sid: client.ensure_session(ws, sid),
+        )
+
     return make
 
 
@@ -141,8 +152,12 @@ def test_accepted_then_exact_goal_applied_report_completes(client, dispatcher, s
     current = client.get_goal_operation(op.operation_id)
     assert (current.status, current.provider_phase) == ("dispatched", "accepted")
     goal = {"objective": "ship it", "status": "active"}
-    report = {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
-              "goal_applied": {"operation_id": op.operation_id, "revision": 2, "goal": goal}}
+    report = {
+        "workspace_id": WS,
+        "session_id": SID,
+        "occurred_at_ms": 1,
+        "goal_applied": {"operation_id": op.operation_id, "revision": 2, "goal": goal},
+    }
     assert client.report_activity(report) == []  # wrong revision: ignored
     report["goal_applied"]["revision"] = 1
     assert client.report_activity({**report, "session_id": "other"}) == []
@@ -172,10 +187,12 @@ def test_stale_revision_from_the_runtime_supersedes(client, dispatcher, sim):
     assert client.get_goal_operation(op.operation_id).status == "superseded"
 
 
-@pytest.mark.parametrize("status,error", [(503, "server_error"), (404, "session_not_found"),
-                                          (409, "busy")])
-def test_retryable_answers_back_off_exponentially(client, dispatcher, sim_control, clock,
-                                                  status, error):
+@pytest.mark.parametrize(
+    "status,error", [(503, "server_error"), (404, "session_not_found"), (409, "busy")]
+)
+def test_retryable_answers_back_off_exponentially(
+    client, dispatcher, sim_control, clock, status, error
+):
     sim_control.fault("goal", status=status, error=error, count=3)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     expected_backoffs = [1, 2, 4]
@@ -191,7 +208,8 @@ def test_retryable_answers_back_off_exponentially(client, dispatcher, sim_contro
 
 
 def test_backoff_is_capped_at_256_seconds():
-    from workflows.goals import backoff_s
+    from workflows.goals.operations import backoff_s
+
     assert [backoff_s(a) for a in (1, 2, 3, 9, 10, 20)] == [1, 2, 4, 256, 256, 256]
 
 
@@ -248,8 +266,10 @@ def test_a_lane_holder_serializes_the_session(client, dispatcher, clock, setting
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     lane = ids.lane_name(WS, SID)
     from workflows import leases
-    token = run_transaction(client.engine, lambda s: leases.claim(
-        s, lane, "someone-else", settings.lease_s, clock()))
+
+    token = run_transaction(
+        client.engine, lambda s: leases.claim(s, lane, "someone-else", settings.lease_s, clock())
+    )
     assert token
     assert dispatcher().dispatch(op.operation_id) == []  # the holder will drain it
     run_transaction(client.engine, lambda s: leases.release(s, lane, token))
@@ -290,15 +310,30 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("bad", BAD_INPUTS, ids=lambda b: next(iter(b)) + "=" + repr(
-    next(iter(b.values())))[:20])
+@pytest.mark.parametrize(
+    "bad", BAD_INPUTS, ids=lambda b: next(iter(b)) + "=" + repr(next(iter(b.values())))[:20]
+)
 def test_bad_input_is_a_typed_error_and_writes_nothing(client, bad):
     before = row_counts(client.engine)
-    args = dict(workspace_id=WS, session_id=SID, action="set", objective="ok",
-                client_submit_id="s-1", expected_revision=None) | bad
+    args = (
+        dict(
+            workspace_id=WS,
+            session_id=SID,
+            action="set",
+            objective="ok",
+            client_submit_id="s-1",
+            expected_revision=None,
+        )
+        | bad
+    )
     with pytest.raises(InvalidArgument):
-        client.goal_control(args.pop("workspace_id"), args.pop("session_id"),
-                            args.pop("action"), args.pop("objective"), **args)
+        client.goal_control(
+            args.pop("workspace_id"),
+            args.pop("session_id"),
+            args.pop("action"),
+            args.pop("objective"),
+            **args,
+        )
     assert row_counts(client.engine) == before
 
 
@@ -314,6 +349,7 @@ def test_clear_takes_no_objective(client):
 
 def test_unknown_records_are_not_found(client):
     from workflows.errors import NotFound
+
     with pytest.raises(NotFound):
         client.get_goal_operation(str(uuid.uuid4()))
     with pytest.raises(NotFound):
@@ -322,9 +358,18 @@ def test_unknown_records_are_not_found(client):
 
 def test_session_fields_from_an_older_report_are_ignored(client):
     def report(at_ms, live, epoch):
-        return {"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,
-                "session": {"provider": "claude-code", "provider_session_id": "p-1",
-                            "live": live, "runtime_epoch": epoch}}
+        return {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": at_ms,
+            "session": {
+                "provider": "claude-code",
+                "provider_session_id": "p-1",
+                "live": live,
+                "runtime_epoch": epoch,
+            },
+        }
+
     client.report_activity(report(2_000, True, 3))
     client.report_activity(report(1_000, False, 2))  # arrived late: older facts
     info = client.session_info(WS, SID)
@@ -334,14 +379,21 @@ def test_session_fields_from_an_older_report_are_ignored(client):
     assert (info.live, info.runtime_epoch) == (False, 4)
 
 
-@pytest.mark.parametrize("report", [
-    "not a dict",
-    {"workspace_id": WS, "session_id": SID},
-    {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "extra": 1},
-    {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "session": {"live": "yes"}},
-    {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
-     "goal_applied": {"operation_id": "x", "revision": 0}},
-])
+@pytest.mark.parametrize(
+    "report",
+    [
+        "not a dict",
+        {"workspace_id": WS, "session_id": SID},
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "extra": 1},
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "session": {"live": "yes"}},
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": 1,
+            "goal_applied": {"operation_id": "x", "revision": 0},
+        },
+    ],
+)
 def test_malformed_reports_write_nothing(client, report):
     before = row_counts(client.engine)
     with pytest.raises(InvalidArgument):
@@ -350,9 +402,10 @@ def test_malformed_reports_write_nothing(client, report):
 
 
 def test_runtime_bearer_token_is_sent_and_checked(settings):
-    from workflows.errors import RuntimeFault
-    from workflows.runtime_sim import SimControl, SimServer
     from tests.conftest import free_port
+    from workflows.errors import RuntimeFault
+    from workflows.tools.simulator import SimControl, SimServer
+
     server = SimServer("127.0.0.1", free_port(), token="s3cret").start()
     try:
         assert HttpRuntime(server.url, token="s3cret").liveness(WS, SID)["live"] is True
@@ -374,7 +427,8 @@ def test_runtime_bearer_token_is_sent_and_checked(settings):
 
 
 def test_bearer_tokens_are_compared_in_constant_time():
-    from workflows.runtime_sim import bearer_matches
+    from workflows.tools.simulator import bearer_matches
+
     assert bearer_matches(None, None) and bearer_matches("anything", None)
     assert bearer_matches("Bearer tok", "tok")
     assert not bearer_matches("Bearer tok2", "tok") and not bearer_matches(None, "tok")
@@ -382,13 +436,23 @@ def test_bearer_tokens_are_compared_in_constant_time():
 
 
 def _turn_report(turn_id, phase, at_ms, outcome=None, **provenance):
-    return {"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,
-            "turn": {"turn_id": turn_id, "phase": phase, "outcome": outcome,
-                     "origin": "goal_continuation", **provenance}}
+    return {
+        "workspace_id": WS,
+        "session_id": SID,
+        "occurred_at_ms": at_ms,
+        "turn": {
+            "turn_id": turn_id,
+            "phase": phase,
+            "outcome": outcome,
+            "origin": "goal_continuation",
+            **provenance,
+        },
+    }
 
 
 def test_turn_phases_only_move_forward(client):
     from models.tables import Turn
+
     provenance = {"source_goal_operation_id": "op-1", "source_goal_revision": 1}
     client.report_activity(_turn_report("t1", "running", 1_000, **provenance))
     assert client.session_info(WS, SID).active_turn_id == "t1"
@@ -401,38 +465,49 @@ def test_turn_phases_only_move_forward(client):
     assert client.session_info(WS, SID).active_turn_id is None
 
 
-@pytest.mark.parametrize("turn", [
-    {"turn_id": "t", "phase": "flying"},
-    {"turn_id": "t"},
-    {"turn_id": "t", "phase": "settled"},
-    {"turn_id": "", "phase": "running"},
-    {"turn_id": "t", "phase": "running", "source_goal_revision": 0},
-    {"turn_id": "t", "phase": "running", "colour": "red"},
-])
+@pytest.mark.parametrize(
+    "turn",
+    [
+        {"turn_id": "t", "phase": "flying"},
+        {"turn_id": "t"},
+        {"turn_id": "t", "phase": "settled"},
+        {"turn_id": "", "phase": "running"},
+        {"turn_id": "t", "phase": "running", "source_goal_revision": 0},
+        {"turn_id": "t", "phase": "running", "colour": "red"},
+    ],
+)
 def test_malformed_turn_reports_write_nothing(client, turn):
     before = row_counts(client.engine)
     with pytest.raises(InvalidArgument):
-        client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1,
-                                "turn": turn})
+        client.report_activity(
+            {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "turn": turn}
+        )
     assert row_counts(client.engine) == before
 
 
 def _lane_tokens(client, session_ids):
-    from models.tables import Lease
     from sqlalchemy import select
+
+    from models.tables import Lease
+
     names = [ids.lane_name(WS, sid) for sid in session_ids]
-    return run_transaction(client.engine, lambda s: dict(s.execute(
-        select(Lease.name, Lease.token).where(Lease.name.in_(names))).all()))
+    return run_transaction(
+        client.engine,
+        lambda s: dict(
+            s.execute(select(Lease.name, Lease.token).where(Lease.name.in_(names))).all()
+        ),
+    )
 
 
 def test_several_sessions_move_in_one_step(client, dispatcher, sim_control):
     superseded = client.set_goal(WS, "batch-0", "older", client_submit_id="0")
-    ops = [client.set_goal(WS, f"batch-{i}", f"goal {i}", client_submit_id="1")
-           for i in range(5)]
-    results = dispatcher().dispatch_many([superseded.operation_id]
-                                         + [op.operation_id for op in ops])
+    ops = [client.set_goal(WS, f"batch-{i}", f"goal {i}", client_submit_id="1") for i in range(5)]
+    results = dispatcher().dispatch_many(
+        [superseded.operation_id] + [op.operation_id for op in ops]
+    )
     assert sorted((r.operation_id, r.outcome) for r in results) == sorted(
-        (op.operation_id, "applied") for op in ops)
+        (op.operation_id, "applied") for op in ops
+    )
     for op in ops:
         done = client.get_goal_operation(op.operation_id)
         assert (done.status, done.attempt, done.lease_token) == ("completed", 1, None)
@@ -443,8 +518,9 @@ def test_several_sessions_move_in_one_step(client, dispatcher, sim_control):
     assert set(_lane_tokens(client, [op.session_id for op in ops]).values()) == {None}
 
 
-def test_a_dispatch_under_a_backlog_takes_other_due_operations_along(client, dispatcher,
-                                                                      sim_control, clock):
+def test_a_dispatch_under_a_backlog_takes_other_due_operations_along(
+    client, dispatcher, sim_control, clock
+):
     ops = [client.set_goal(WS, f"steal-{i}", "x", client_submit_id="1") for i in range(4)]
     clock.advance(1)  # the dispatcher's clock started before the submits
     alone = dispatcher().dispatch_many([ops[0].operation_id])
@@ -453,14 +529,14 @@ def test_a_dispatch_under_a_backlog_takes_other_due_operations_along(client, dis
     clock.advance(1)
     results = dispatcher().dispatch_many([ops[1].operation_id], steal=True)
     assert {r.operation_id for r in results if r.outcome == "applied"} == {
-        op.operation_id for op in ops[1:] + more}
+        op.operation_id for op in ops[1:] + more
+    }
     # The message of an operation taken along now costs one read and does nothing.
     assert dispatcher().dispatch_many([ops[2].operation_id], steal=True) == []
     assert len(sim_control.effects()) == 6
 
 
-def test_a_dispatch_with_nothing_to_do_takes_nothing_along(client, dispatcher, sim_control,
-                                                          clock):
+def test_a_dispatch_with_nothing_to_do_takes_nothing_along(client, dispatcher, sim_control, clock):
     done = client.set_goal(WS, "done", "x", client_submit_id="1")
     clock.advance(1)
     dispatcher().dispatch(done.operation_id)
@@ -470,31 +546,41 @@ def test_a_dispatch_with_nothing_to_do_takes_nothing_along(client, dispatcher, s
     assert client.get_goal_operation(waiting.operation_id).status == "prepared"
 
 
-def test_a_batch_skips_a_session_whose_lane_another_worker_holds(client, dispatcher, clock,
-                                                                settings):
+def test_a_batch_skips_a_session_whose_lane_another_worker_holds(
+    client, dispatcher, clock, settings
+):
     from workflows import leases
+
     free = client.set_goal(WS, "free", "x", client_submit_id="1")
     busy = client.set_goal(WS, "busy", "x", client_submit_id="1")
-    token = run_transaction(client.engine, lambda s: leases.claim(
-        s, ids.lane_name(WS, "busy"), "someone-else", settings.lease_s, clock()))
+    token = run_transaction(
+        client.engine,
+        lambda s: leases.claim(
+            s, ids.lane_name(WS, "busy"), "someone-else", settings.lease_s, clock()
+        ),
+    )
     results = dispatcher().dispatch_many([free.operation_id, busy.operation_id])
     assert [(r.operation_id, r.outcome) for r in results] == [(free.operation_id, "applied")]
     assert client.get_goal_operation(busy.operation_id).status == "prepared"
     assert _lane_tokens(client, ["busy"]) == {ids.lane_name(WS, "busy"): token}
 
 
-def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, sim_control,
-                                                          clock):
-    from workflows.goals import MAX_LANES_PER_STEP
+def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, sim_control, clock):
+    from workflows.goals.dispatch import MAX_LANES_PER_STEP
+
     given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
-    others = [client.set_goal(WS, f"other-{i}", "x", client_submit_id="1")
-              for i in range(MAX_LANES_PER_STEP)]
+    others = [
+        client.set_goal(WS, f"other-{i}", "x", client_submit_id="1")
+        for i in range(MAX_LANES_PER_STEP)
+    ]
     clock.advance(1)
     results = dispatcher().dispatch_many([op.operation_id for op in given], steal=True)
     applied = {r.operation_id for r in results if r.outcome == "applied"}
     assert [r.outcome for r in results] == ["applied"] * MAX_LANES_PER_STEP, [
-        client.get_goal_operation(r.operation_id).last_error for r in results
-        if r.outcome != "applied"]
+        client.get_goal_operation(r.operation_id).last_error
+        for r in results
+        if r.outcome != "applied"
+    ]
     assert {op.operation_id for op in given} <= applied
     left = [op for op in others if op.operation_id not in applied]
     assert len(left) == 10

@@ -12,10 +12,10 @@ from urllib.parse import unquote
 import pytest
 
 from models.db import run_transaction
-from workflows import maintenance
-from workflows.goals import Dispatcher
-from workflows.maintenance_exec import MaintenanceExecutor
-from workflows.runtime import MAX_ANSWER_BYTES, HttpRuntime
+from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
+from workflows.goals.dispatch import Dispatcher
+from workflows.maintenance import runs
+from workflows.maintenance.executor import MaintenanceExecutor
 
 WS = "ws-answers"
 SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
@@ -56,7 +56,7 @@ class HostileHost:
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -86,7 +86,7 @@ BAD_ANSWERS = {
     "goal-list": (200, b'{"phase": "applied", "goal": [1, 2]}'),
     "goal-nul": (200, b'{"phase": "applied", "goal": {"objective": "a\\u0000b"}}'),
     "goal-nan": (200, b'{"phase": "applied", "goal": {"x": NaN}}'),
-    "deep": (200, b'{"phase": "applied", "goal": ' + b'{"a": ' * 2000 + b'1' + b'}' * 2001),
+    "deep": (200, b'{"phase": "applied", "goal": ' + b'{"a": ' * 2000 + b"1" + b"}" * 2001),
     "huge": (200, b'{"phase": "applied", "pad": "' + b"x" * MAX_ANSWER_BYTES + b'"}'),
     "error-object": (409, b'{"error": {"nested": "code"}, "detail": "\\u0000"}'),
     "error-list": (500, b"[1, 2, 3]"),
@@ -99,11 +99,15 @@ def test_bad_answers_fault_one_call_and_the_step_records_the_rest(client, settin
     for sid in good:
         host.answers[sid] = applied
     host.answers.update(BAD_ANSWERS)
-    ops = {sid: client.set_goal(WS, sid, f"goal of {sid}", client_submit_id="1")
-           for sid in [*good, *BAD_ANSWERS]}
+    ops = {
+        sid: client.set_goal(WS, sid, f"goal of {sid}", client_submit_id="1")
+        for sid in [*good, *BAD_ANSWERS]
+    }
     dispatcher = Dispatcher(client.engine, runtime, worker_id="test", lease_s=30.0)
-    results = {r.operation_id: r.outcome
-               for r in dispatcher.dispatch_many([op.operation_id for op in ops.values()])}
+    results = {
+        r.operation_id: r.outcome
+        for r in dispatcher.dispatch_many([op.operation_id for op in ops.values()])
+    }
     for sid in good:
         assert results[ops[sid].operation_id] == "applied", sid
         row = client.get_goal_operation(ops[sid].operation_id)
@@ -123,18 +127,22 @@ def test_bad_answers_fault_one_call_and_the_step_records_the_rest(client, settin
 def test_the_adapter_turns_every_bad_shape_into_bad_response(host):
     runtime = HttpRuntime(host.url, timeout_s=5.0)
     from workflows.errors import RuntimeFault
-    host.answers.update({
-        "live-str": (200, b'{"live": "yes"}'),
-        "epoch-huge": (200, b'{"live": true, "runtime_epoch": 4294967296}'),
-        "cancel-odd": (200, b'{"result": "maybe"}'),
-        "turn-nul": (200, b'{"turn_id": "t\\u0000"}'),
-        "state-odd": (200, b'{"state": 3}'),
-    })
+
+    host.answers.update(
+        {
+            "live-str": (200, b'{"live": "yes"}'),
+            "epoch-huge": (200, b'{"live": true, "runtime_epoch": 4294967296}'),
+            "cancel-odd": (200, b'{"result": "maybe"}'),
+            "turn-nul": (200, b'{"turn_id": "t\\u0000"}'),
+            "state-odd": (200, b'{"state": 3}'),
+        }
+    )
     calls = [
         lambda: runtime.liveness(WS, "live-str"),
         lambda: runtime.liveness(WS, "epoch-huge"),
-        lambda: runtime.cancel_turn(WS, "cancel-odd", "t1", operation_id="c", reason="",
-                                    require_live=True),
+        lambda: runtime.cancel_turn(
+            WS, "cancel-odd", "t1", operation_id="c", reason="", require_live=True
+        ),
         lambda: runtime.submit_prompt(WS, "turn-nul", prompt_id="p", text="hi"),
         lambda: runtime.maintenance_status(WS, "state-odd", "r1"),
     ]
@@ -144,33 +152,56 @@ def test_the_adapter_turns_every_bad_shape_into_bad_response(host):
         assert caught.value.code == "bad_response" and caught.value.retryable
 
 
-@pytest.mark.parametrize("outcome", [
-    {"input_tokens": 2**31},
-    {"summary": "a\x00b"},
-    {"result_tokens": -1},
-    {"applied": "yes"},
-    {"error": {"not": "text"}},
-    {"summary": "x" * (maintenance.MAX_SUMMARY_BYTES + 1)},
-], ids=["tokens-2^31", "summary-nul", "negative-tokens", "applied-str", "error-object",
-        "summary-huge"])
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        {"input_tokens": 2**31},
+        {"summary": "a\x00b"},
+        {"result_tokens": -1},
+        {"applied": "yes"},
+        {"error": {"not": "text"}},
+        {"summary": "x" * (runs.MAX_SUMMARY_BYTES + 1)},
+    ],
+    ids=[
+        "tokens-2^31",
+        "summary-nul",
+        "negative-tokens",
+        "applied-str",
+        "error-object",
+        "summary-huge",
+    ],
+)
 def test_an_unstorable_maintenance_outcome_fails_the_run_and_releases_the_session(
-        client, settings, host, outcome):
+    client, settings, host, outcome
+):
     sid = "m1"
-    done = {"state": "done", "applied": True, "cancelled": False, "error": None,
-            "input_tokens": 100, "result_tokens": 10, "summary": "ok", **outcome}
+    done = {
+        "state": "done",
+        "applied": True,
+        "cancelled": False,
+        "error": None,
+        "input_tokens": 100,
+        "result_tokens": 10,
+        "summary": "ok",
+        **outcome,
+    }
     host.answers[(sid, "maintenance")] = (200, b'{"state": "running"}')
     host.answers[sid] = (200, json.dumps(done).encode())
     run = client.start_maintenance(WS, sid, client_submit_id="m-1")
     published = []
-    executor = MaintenanceExecutor(client.engine, HttpRuntime(host.url, timeout_s=5.0),
-                                   worker_id="test", lease_s=30.0,
-                                   publish=lambda task, kwargs: published.append(task) or True,
-                                   poll_s=0.01)
+    executor = MaintenanceExecutor(
+        client.engine,
+        HttpRuntime(host.url, timeout_s=5.0),
+        worker_id="test",
+        lease_s=30.0,
+        publish=lambda task, kwargs: published.append(task) or True,
+        poll_s=0.01,
+    )
     assert executor.execute(run.run_id) == "failed"
     final = client.get_maintenance(run.run_id)
     assert final.status == "failed" and final.error_code == "invalid_runtime_answer"
     assert final.summary is None and final.input_tokens is None
-    assert not run_transaction(client.engine, lambda s: maintenance.session_held(s, WS, sid))
+    assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, sid))
     assert "agent_radar.prompt.dispatch" in published  # the session's held work was woken
     # The run's records are stored too: three of them, the last one terminal.
     history = client.history(WS, sid)

@@ -8,8 +8,9 @@ import pytest
 from sqlalchemy.exc import DataError, OperationalError
 
 from tests.helpers import row_counts
-from workflows import ids, prompts
+from workflows import ids
 from workflows.errors import InvalidArgument, NotFound
+from workflows.sessions import prompts
 from workflows.validation import MAX_INT, MAX_REPORT_SKEW_S
 
 WS, SID = "ws-input", "s1"
@@ -25,28 +26,32 @@ def report(**parts):
 
 BAD_CALLS = {
     "objective with NUL": lambda c: c.set_goal(WS, SID, "a\x00b", client_submit_id="1"),
-    "objective with a lone surrogate": lambda c: c.set_goal(WS, SID, "a\ud800",
-                                                            client_submit_id="1"),
-    "expected revision 2^31": lambda c: c.set_goal(WS, SID, "x", client_submit_id="1",
-                                                   expected_revision=MAX_INT + 1),
+    "objective with a lone surrogate": lambda c: c.set_goal(
+        WS, SID, "a\ud800", client_submit_id="1"
+    ),
+    "expected revision 2^31": lambda c: c.set_goal(
+        WS, SID, "x", client_submit_id="1", expected_revision=MAX_INT + 1
+    ),
     "unhashable action": lambda c: c.goal_control(WS, SID, ["set"], "x", client_submit_id="1"),
-    "reserved submit id": lambda c: c.clear_goal(WS, SID,
-                                                 client_submit_id="goal-generation-fence:x"),
-    "unhashable kind": lambda c: c.start_maintenance(WS, SID, ["compact"],
-                                                     client_submit_id="m"),
+    "reserved submit id": lambda c: c.clear_goal(
+        WS, SID, client_submit_id="goal-generation-fence:x"
+    ),
+    "unhashable kind": lambda c: c.start_maintenance(WS, SID, ["compact"], client_submit_id="m"),
     "dict kind": lambda c: c.start_maintenance(WS, SID, {"k": 1}, client_submit_id="m"),
-    "turn 2^31": lambda c: c.start_maintenance(WS, SID, "summarize_up_to", client_submit_id="m",
-                                               args={"turn": MAX_INT + 1}),
+    "turn 2^31": lambda c: c.start_maintenance(
+        WS, SID, "summarize_up_to", client_submit_id="m", args={"turn": MAX_INT + 1}
+    ),
     "prompt with NUL": lambda c: c.submit_prompt(WS, SID, "hi\x00", client_submit_id="p"),
-    "prompt with a lone surrogate": lambda c: c.submit_prompt(WS, SID, "\udfff",
-                                                              client_submit_id="p"),
+    "prompt with a lone surrogate": lambda c: c.submit_prompt(
+        WS, SID, "\udfff", client_submit_id="p"
+    ),
     "prompt not text": lambda c: c.submit_prompt(WS, SID, b"bytes", client_submit_id="p"),
-    "fence reason with NUL": lambda c: c.fence_goal_generation(WS, SID, "op",
-                                                               client_submit_id="f",
-                                                               reason="\x00"),
-    "fence reason not text": lambda c: c.fence_goal_generation(WS, SID, "op",
-                                                               client_submit_id="f",
-                                                               reason=7),
+    "fence reason with NUL": lambda c: c.fence_goal_generation(
+        WS, SID, "op", client_submit_id="f", reason="\x00"
+    ),
+    "fence reason not text": lambda c: c.fence_goal_generation(
+        WS, SID, "op", client_submit_id="f", reason=7
+    ),
     "history limit text": lambda c: c.history(WS, SID, limit="abc"),
     "history limit -1": lambda c: c.history(WS, SID, limit=-1),
     "history limit 0": lambda c: c.history(WS, SID, limit=0),
@@ -54,28 +59,35 @@ BAD_CALLS = {
     "history limit float": lambda c: c.history(WS, SID, limit=1.5),
     "by-id with a bad workspace": lambda c: c.get_goal_operation("x", workspace_id=""),
     "by-id with a list": lambda c: c.get_fence(["x"]),
-    "report dated year 9999": lambda c: c.report_activity(report(
-        occurred_at_ms=253402300799000, session={"live": False})),
-    "report dated 2 minutes ahead": lambda c: c.report_activity(report(
-        occurred_at_ms=now_ms(120), session={"live": False})),
+    "report dated year 9999": lambda c: c.report_activity(
+        report(occurred_at_ms=253402300799000, session={"live": False})
+    ),
+    "report dated 2 minutes ahead": lambda c: c.report_activity(
+        report(occurred_at_ms=now_ms(120), session={"live": False})
+    ),
     "report timestamp 10^30": lambda c: c.report_activity(report(occurred_at_ms=10**30)),
     "report timestamp negative": lambda c: c.report_activity(report(occurred_at_ms=-1)),
     "report timestamp float": lambda c: c.report_activity(report(occurred_at_ms=1.5)),
     "report epoch 2^31": lambda c: c.report_activity(report(session={"runtime_epoch": 2**31})),
-    "report revision 2^31": lambda c: c.report_activity(report(goal_applied={
-        "operation_id": "x", "revision": 2**31})),
-    "report goal with NUL": lambda c: c.report_activity(report(goal_applied={
-        "operation_id": "x", "revision": 1, "goal": {"objective": "\x00"}})),
-    "report goal with NaN": lambda c: c.report_activity(report(goal_applied={
-        "operation_id": "x", "revision": 1, "goal": {"n": float("nan")}})),
-    "report goal with int keys": lambda c: c.report_activity(report(goal_applied={
-        "operation_id": "x", "revision": 1, "goal": {1: "a"}})),
-    "report goal_applied extra field": lambda c: c.report_activity(report(goal_applied={
-        "operation_id": "x", "revision": 1, "pwned": True})),
-    "report turn phase unhashable": lambda c: c.report_activity(report(turn={
-        "turn_id": "t", "phase": ["running"]})),
-    "report provider with NUL": lambda c: c.report_activity(report(session={
-        "provider": "a\x00"})),
+    "report revision 2^31": lambda c: c.report_activity(
+        report(goal_applied={"operation_id": "x", "revision": 2**31})
+    ),
+    "report goal with NUL": lambda c: c.report_activity(
+        report(goal_applied={"operation_id": "x", "revision": 1, "goal": {"objective": "\x00"}})
+    ),
+    "report goal with NaN": lambda c: c.report_activity(
+        report(goal_applied={"operation_id": "x", "revision": 1, "goal": {"n": float("nan")}})
+    ),
+    "report goal with int keys": lambda c: c.report_activity(
+        report(goal_applied={"operation_id": "x", "revision": 1, "goal": {1: "a"}})
+    ),
+    "report goal_applied extra field": lambda c: c.report_activity(
+        report(goal_applied={"operation_id": "x", "revision": 1, "pwned": True})
+    ),
+    "report turn phase unhashable": lambda c: c.report_activity(
+        report(turn={"turn_id": "t", "phase": ["running"]})
+    ),
+    "report provider with NUL": lambda c: c.report_activity(report(session={"provider": "a\x00"})),
 }
 
 
@@ -91,8 +103,11 @@ def test_bad_input_is_a_typed_error_and_writes_nothing(client, name):
 def test_a_report_slightly_ahead_is_accepted_and_a_rejected_one_freezes_nothing(client):
     with pytest.raises(InvalidArgument):
         client.report_activity(report(occurred_at_ms=253402300799000, session={"live": False}))
-    client.report_activity(report(occurred_at_ms=now_ms(MAX_REPORT_SKEW_S / 2),
-                                  session={"live": True, "runtime_epoch": 3}))
+    client.report_activity(
+        report(
+            occurred_at_ms=now_ms(MAX_REPORT_SKEW_S / 2), session={"live": True, "runtime_epoch": 3}
+        )
+    )
     info = client.session_info(WS, SID)
     assert info.live is True and info.runtime_epoch == 3
 
@@ -101,18 +116,44 @@ def test_a_report_cannot_touch_another_workspaces_prompt(client, sim_control):
     prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p-1")
     assert prompts.dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     turn_id = client.get_prompt(prompt.prompt_id).turn_id
-    client.report_activity({"workspace_id": "ws-attacker", "session_id": SID,
-                            "occurred_at_ms": now_ms(), "turn": {
-                                "turn_id": turn_id, "phase": "settled", "outcome": "failed",
-                                "prompt_id": prompt.prompt_id}})
+    client.report_activity(
+        {
+            "workspace_id": "ws-attacker",
+            "session_id": SID,
+            "occurred_at_ms": now_ms(),
+            "turn": {
+                "turn_id": turn_id,
+                "phase": "settled",
+                "outcome": "failed",
+                "prompt_id": prompt.prompt_id,
+            },
+        }
+    )
     assert client.get_prompt(prompt.prompt_id).status == "dispatched"
-    client.report_activity({"workspace_id": WS, "session_id": "another-session",
-                            "occurred_at_ms": now_ms(), "turn": {
-                                "turn_id": turn_id, "phase": "settled", "outcome": "failed",
-                                "prompt_id": prompt.prompt_id}})
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": "another-session",
+            "occurred_at_ms": now_ms(),
+            "turn": {
+                "turn_id": turn_id,
+                "phase": "settled",
+                "outcome": "failed",
+                "prompt_id": prompt.prompt_id,
+            },
+        }
+    )
     assert client.get_prompt(prompt.prompt_id).status == "dispatched"
-    client.report_activity(report(turn={"turn_id": turn_id, "phase": "settled",
-                                        "outcome": "completed", "prompt_id": prompt.prompt_id}))
+    client.report_activity(
+        report(
+            turn={
+                "turn_id": turn_id,
+                "phase": "settled",
+                "outcome": "completed",
+                "prompt_id": prompt.prompt_id,
+            }
+        )
+    )
     assert client.get_prompt(prompt.prompt_id).status == "completed"
 
 
@@ -141,8 +182,10 @@ def test_a_client_cannot_squat_a_fences_clear(client):
     op = client.set_goal(WS, SID, "shared goal", client_submit_id="g-1")
     fence_id = ids.fence_id(WS, SID, "revoke-1")
     squat = f"goal-generation-fence:{fence_id}"
-    for call in (lambda: client.clear_goal(WS, SID, client_submit_id=squat),
-                 lambda: client.set_goal(WS, SID, "mine now", client_submit_id=squat)):
+    for call in (
+        lambda: client.clear_goal(WS, SID, client_submit_id=squat),
+        lambda: client.set_goal(WS, SID, "mine now", client_submit_id=squat),
+    ):
         with pytest.raises(InvalidArgument):
             call()
     fence = client.fence_goal_generation(WS, SID, op.operation_id, client_submit_id="revoke-1")
@@ -166,11 +209,13 @@ def test_public_tasks_retry_only_connection_level_database_errors(backend, monke
         class Client:
             def goal_control(self, *args, **kwargs):
                 raise error
+
         return lambda ctx: Client()
 
     task = app.tasks["agent_radar.goal_control"]
-    kwargs = dict(workspace_id=WS, session_id=SID, action="set", objective="x",
-                  client_submit_id="1")
+    kwargs = dict(
+        workspace_id=WS, session_id=SID, action="set", objective="x", client_submit_id="1"
+    )
     permanent = DataError("INSERT …", {}, Exception("invalid byte sequence"))
     monkeypatch.setattr(goal_tasks, "_client", failing(permanent))
     with pytest.raises(Reject):

@@ -13,34 +13,57 @@ import pytest
 from kombu import Connection
 
 from tests.helpers import effects_by_operation, eventually, row_counts
-from workflows.broker import kombu_queues, transport_options
+from workflows.adapters.broker import kombu_queues, transport_options
 
 WS = "ws-hostile"
 
 
-def raw_publish(settings, body, *, headers=None, content_type="application/json",
-                queue: str = "default") -> None:
+def raw_publish(
+    settings, body, *, headers=None, content_type="application/json", queue: str = "default"
+) -> None:
     """Publish `body` as it is: bytes go out untouched, anything else as JSON."""
     target = next(q for q in kombu_queues() if q.name == queue)
     if not isinstance(body, bytes):
         body = json.dumps(body).encode()
     with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
-        conn.Producer().publish(body, exchange=target.exchange, routing_key=target.routing_key,
-                                content_type=content_type, content_encoding="utf-8",
-                                headers=headers if headers is not None else {}, declare=[target])
+        conn.Producer().publish(
+            body,
+            exchange=target.exchange,
+            routing_key=target.routing_key,
+            content_type=content_type,
+            content_encoding="utf-8",
+            headers=headers if headers is not None else {},
+            declare=[target],
+        )
 
 
 def task_headers(task: str = "agent_radar.goal_control", **override) -> dict:
     task_id = str(uuid.uuid4())
-    headers = {"lang": "py", "task": task, "id": task_id, "root_id": task_id,
-               "parent_id": None, "group": None, "retries": 0, "eta": None,
-               "expires": None, "timelimit": [None, None], "argsrepr": "", "kwargsrepr": ""}
+    headers = {
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "timelimit": [None, None],
+        "argsrepr": "",
+        "kwargsrepr": "",
+    }
     headers.update(override)
     return headers
 
 
-GOOD_KWARGS = {"workspace_id": WS, "session_id": "s", "action": "set",
-               "objective": "x", "client_submit_id": "c"}
+GOOD_KWARGS = {
+    "workspace_id": WS,
+    "session_id": "s",
+    "action": "set",
+    "objective": "x",
+    "client_submit_id": "c",
+}
 # (what it is, body, headers, content type)
 MALFORMED = [
     ("a JSON string body", "just a string", task_headers(), "application/json"),
@@ -48,45 +71,81 @@ MALFORMED = [
     ("kwargs not an object", [[], ["a"], {}], task_headers(), "application/json"),
     ("args not a list", ["a", GOOD_KWARGS, None], task_headers(), "application/json"),
     ("embed not an object", [[], GOOD_KWARGS, "embed"], task_headers(), "application/json"),
-    ("a callback in embed", [[], GOOD_KWARGS, {"callbacks": [{"task": "agent_radar.sweep"}]}],
-     task_headers(), "application/json"),
+    (
+        "a callback in embed",
+        [[], GOOD_KWARGS, {"callbacks": [{"task": "agent_radar.sweep"}]}],
+        task_headers(),
+        "application/json",
+    ),
     ("bad JSON", b"{not json", task_headers(), "application/json"),
     ("invalid UTF-8", b"\xff\xfe[[],{},{}]", task_headers(), "application/json"),
     ("a pickle", b"\x80\x04N.", task_headers(), "application/x-python-serialize"),
     ("no headers at all", [[], GOOD_KWARGS, None], {}, "application/json"),
-    ("no task id", [[], GOOD_KWARGS, None], {"task": "agent_radar.goal_control"},
-     "application/json"),
-    ("a task id that is a number", [[], GOOD_KWARGS, None], task_headers(id=7),
-     "application/json"),
-    ("a bad eta", [[], GOOD_KWARGS, None], task_headers(eta="the day after"),
-     "application/json"),
-    ("a bad time limit", [[], GOOD_KWARGS, None], task_headers(timelimit="soon"),
-     "application/json"),
-    ("a negative retry count", [[], GOOD_KWARGS, None], task_headers(retries=-3),
-     "application/json"),
-    ("a protocol 1 body with args not a list", {"task": "agent_radar.goal_control",
-                                                 "id": "p1", "args": "x", "kwargs": {}},
-     {}, "application/json"),
-    ("a body over the size limit", [[], dict(GOOD_KWARGS, objective="o" * (2 << 20)), None],
-     task_headers(), "application/json"),
-    ("an unknown task", [[], {}, None], task_headers(task="agent_radar.no_such_task"),
-     "application/json"),
-    ("a Celery built-in with a bad body", "x", task_headers(task="celery.chord_unlock"),
-     "application/json"),
+    (
+        "no task id",
+        [[], GOOD_KWARGS, None],
+        {"task": "agent_radar.goal_control"},
+        "application/json",
+    ),
+    ("a task id that is a number", [[], GOOD_KWARGS, None], task_headers(id=7), "application/json"),
+    ("a bad eta", [[], GOOD_KWARGS, None], task_headers(eta="the day after"), "application/json"),
+    (
+        "a bad time limit",
+        [[], GOOD_KWARGS, None],
+        task_headers(timelimit="soon"),
+        "application/json",
+    ),
+    (
+        "a negative retry count",
+        [[], GOOD_KWARGS, None],
+        task_headers(retries=-3),
+        "application/json",
+    ),
+    (
+        "a protocol 1 body with args not a list",
+        {"task": "agent_radar.goal_control", "id": "p1", "args": "x", "kwargs": {}},
+        {},
+        "application/json",
+    ),
+    (
+        "a body over the size limit",
+        [[], dict(GOOD_KWARGS, objective="o" * (2 << 20)), None],
+        task_headers(),
+        "application/json",
+    ),
+    (
+        "an unknown task",
+        [[], {}, None],
+        task_headers(task="agent_radar.no_such_task"),
+        "application/json",
+    ),
+    (
+        "a Celery built-in with a bad body",
+        "x",
+        task_headers(task="celery.chord_unlock"),
+        "application/json",
+    ),
 ]
 
 
-def test_malformed_messages_are_rejected_and_the_worker_goes_on(client, stack, settings,
-                                                               sim_control):
+def test_malformed_messages_are_rejected_and_the_worker_goes_on(
+    client, stack, settings, sim_control
+):
     worker = stack.start_worker(concurrency=1)
     pool_before = worker.children()
     before = row_counts(client.engine)
     for _what, body, headers, content_type in MALFORMED:
         raw_publish(settings, body, headers=headers, content_type=content_type)
-    raw_publish(settings, [[], dict(GOOD_KWARGS, session_id="good", client_submit_id="ok"),
-                           None], headers=task_headers())
-    op = eventually(lambda: client.find_goal_operation(WS, "good", "ok"), timeout_s=60,
-                    what="the good message after the bad ones")
+    raw_publish(
+        settings,
+        [[], dict(GOOD_KWARGS, session_id="good", client_submit_id="ok"), None],
+        headers=task_headers(),
+    )
+    op = eventually(
+        lambda: client.find_goal_operation(WS, "good", "ok"),
+        timeout_s=60,
+        what="the good message after the bad ones",
+    )
     assert client.wait(op, timeout=60).status == "completed"
     assert effects_by_operation(sim_control) == {op.operation_id: 1}
     # The same main process took every message: it never died or restarted.
@@ -100,25 +159,35 @@ def test_malformed_messages_are_rejected_and_the_worker_goes_on(client, stack, s
     assert after["goal_states"] == before["goal_states"] + 1
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    (dict(GOOD_KWARGS, objective="null \x00 byte"), "objective must not contain NUL"),
-    (dict(GOOD_KWARGS, objective="lone \ud800 surrogate"), "not valid Unicode"),
-    (dict(GOOD_KWARGS, action=["set"]), "goal action must be a string"),
-    (dict(GOOD_KWARGS, expected_revision=2**31), "expected_revision must be between"),
-    (dict(GOOD_KWARGS, client_submit_id="goal-generation-fence:abc"), "reserved"),
-])
-def test_values_the_database_cannot_store_are_rejected_not_retried(client, stack, settings,
-                                                                  kwargs, expected):
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(GOOD_KWARGS, objective="null \x00 byte"), "objective must not contain NUL"),
+        (dict(GOOD_KWARGS, objective="lone \ud800 surrogate"), "not valid Unicode"),
+        (dict(GOOD_KWARGS, action=["set"]), "goal action must be a string"),
+        (dict(GOOD_KWARGS, expected_revision=2**31), "expected_revision must be between"),
+        (dict(GOOD_KWARGS, client_submit_id="goal-generation-fence:abc"), "reserved"),
+    ],
+)
+def test_values_the_database_cannot_store_are_rejected_not_retried(
+    client, stack, settings, kwargs, expected
+):
     worker = stack.start_worker(concurrency=1)
     before = row_counts(client.engine)
     body = json.dumps([[], kwargs, None], ensure_ascii=True).encode()
     raw_publish(settings, body, headers=task_headers())
-    raw_publish(settings, [[], dict(GOOD_KWARGS, session_id="after", client_submit_id="ok"),
-                           None], headers=task_headers())
+    raw_publish(
+        settings,
+        [[], dict(GOOD_KWARGS, session_id="after", client_submit_id="ok"), None],
+        headers=task_headers(),
+    )
     op = eventually(lambda: client.find_goal_operation(WS, "after", "ok"), timeout_s=60)
     client.wait(op, timeout=60)
-    eventually(lambda: expected in worker.log_path.read_text(), timeout_s=30,
-               what=f"the rejection {expected!r}")
+    eventually(
+        lambda: expected in worker.log_path.read_text(),
+        timeout_s=30,
+        what=f"the rejection {expected!r}",
+    )
     log = worker.log_path.read_text()
     assert "Retry in" not in log, log[-3000:]
     after = row_counts(client.engine)
@@ -130,19 +199,40 @@ def test_reports_out_of_range_are_rejected_by_the_public_task(client, stack, set
     before = row_counts(client.engine)
     now_ms = int(__import__("time").time() * 1000)
     bad_reports = [
-        {"workspace_id": WS, "session_id": "r", "occurred_at_ms": now_ms,
-         "session": {"runtime_epoch": 2**31}},
-        {"workspace_id": WS, "session_id": "r", "occurred_at_ms": 253402300799000,
-         "session": {"live": False}},
+        {
+            "workspace_id": WS,
+            "session_id": "r",
+            "occurred_at_ms": now_ms,
+            "session": {"runtime_epoch": 2**31},
+        },
+        {
+            "workspace_id": WS,
+            "session_id": "r",
+            "occurred_at_ms": 253402300799000,
+            "session": {"live": False},
+        },
         {"workspace_id": WS, "session_id": "r", "occurred_at_ms": 10**30},
-        {"workspace_id": WS, "session_id": "r", "occurred_at_ms": now_ms,
-         "goal_applied": {"operation_id": "x", "revision": 1, "goal": {"a": "\x00"}}},
+        {
+            "workspace_id": WS,
+            "session_id": "r",
+            "occurred_at_ms": now_ms,
+            "goal_applied": {"operation_id": "x", "revision": 1, "goal": {"a": "\x00"}},
+        },
     ]
     for report in bad_reports:
-        raw_publish(settings, [[], {"report": report}, None],
-                    headers=task_headers("agent_radar.report_activity"))
-    eventually(lambda: worker.log_path.read_text().count("rejected agent_radar.report_activity")
-               >= len(bad_reports), timeout_s=30, what="every report to be rejected")
+        raw_publish(
+            settings,
+            [[], {"report": report}, None],
+            headers=task_headers("agent_radar.report_activity"),
+        )
+    eventually(
+        lambda: (
+            worker.log_path.read_text().count("rejected agent_radar.report_activity")
+            >= len(bad_reports)
+        ),
+        timeout_s=30,
+        what="every report to be rejected",
+    )
     assert "Retry in" not in worker.log_path.read_text()
     assert row_counts(client.engine) == before
 
@@ -150,8 +240,11 @@ def test_reports_out_of_range_are_rejected_by_the_public_task(client, stack, set
 def test_the_bench_task_is_not_registered_in_a_production_worker(client, stack, settings):
     worker = stack.start_worker(concurrency=1)
     target = settings.home / "bench"
-    raw_publish(settings, [[], {"run_id": "../../escape", "index": 1}, None],
-                headers=task_headers("agent_radar.bench.noop"))
+    raw_publish(
+        settings,
+        [[], {"run_id": "../../escape", "index": 1}, None],
+        headers=task_headers("agent_radar.bench.noop"),
+    )
     eventually(lambda: "agent_radar.bench.noop" in worker.log_path.read_text(), timeout_s=30)
     assert "unregistered task" in worker.log_path.read_text().lower()
     assert not target.exists() and not (settings.home.parent / "escape").exists()
@@ -162,10 +255,16 @@ def test_the_bench_task_checks_its_arguments(client, stack, settings):
     worker = stack.start_worker(concurrency=1, extra_env={"AGENT_RADAR_BENCH_TASKS": "1"})
     (settings.home / "bench").mkdir()
     for run_id in ("../../escape", "ABC", "a" * 33, 7):
-        raw_publish(settings, [[], {"run_id": run_id, "index": 1}, None],
-                    headers=task_headers("agent_radar.bench.noop"))
-    raw_publish(settings, [[], {"run_id": "beef", "index": 1}, None],
-                headers=task_headers("agent_radar.bench.noop"))
+        raw_publish(
+            settings,
+            [[], {"run_id": run_id, "index": 1}, None],
+            headers=task_headers("agent_radar.bench.noop"),
+        )
+    raw_publish(
+        settings,
+        [[], {"run_id": "beef", "index": 1}, None],
+        headers=task_headers("agent_radar.bench.noop"),
+    )
     eventually(lambda: list((settings.home / "bench").glob("beef-*.done")), timeout_s=30)
     log = worker.log_path.read_text()
     assert log.count("rejected agent_radar.bench.noop message") == 4
@@ -183,17 +282,34 @@ def test_inspect_conf_shows_no_secret(backend, settings, stack):
     text. PostgreSQL here trusts local connections, so a password in the URL is harmless
     to the connection and still a secret to hide."""
     from dataclasses import replace
-    secret = replace(settings,
-                     database_url=settings.database_url.replace("postgres@",
-                                                                f"postgres:{SECRET_PASSWORD}@"),
-                     runtime_token=SECRET_TOKEN)
+
+    secret = replace(
+        settings,
+        database_url=settings.database_url.replace("postgres@", f"postgres:{SECRET_PASSWORD}@"),
+        runtime_token=SECRET_TOKEN,
+    )
     assert SECRET_PASSWORD in secret.database_url
     stack.settings = secret
     stack.start_worker(concurrency=1, name="secretive")
     env = {**os.environ, **secret.to_env()}
-    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks.app", "inspect", "conf",
-                           "--json", "--timeout", "10"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "inspect",
+            "conf",
+            "--json",
+            "--timeout",
+            "10",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "secretive" in proc.stdout
     assert "broker_url" in proc.stdout
@@ -219,21 +335,37 @@ PLAIN_PRODUCER = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("backend", ["production"])
-def test_a_plain_celery_producer_is_applied_with_or_without_a_queue(backend, client, stack,
-                                                                   settings, sim_control,
-                                                                   tmp_path):
+def test_a_plain_celery_producer_is_applied_with_or_without_a_queue(
+    backend, client, stack, settings, sim_control, tmp_path
+):
     stack.start_worker()
     script = tmp_path / "producer.py"
     script.write_text(PLAIN_PRODUCER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RADAR_")}
     env["PYTHONPATH"] = ""
     for queue, submit_id in (("-", "default-queue"), ("default", "named-queue")):
-        subprocess.run([sys.executable, str(script), settings.broker_url, queue, submit_id,
-                        settings.broker_key_prefix], env=env, cwd=tmp_path, check=True,
-                       timeout=60)
-    ops = [eventually(lambda sid=sid: client.find_goal_operation("ws-plain", f"s-{sid}", sid),
-                      timeout_s=60, what=f"the {sid} operation")
-           for sid in ("default-queue", "named-queue")]
+        subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                settings.broker_url,
+                queue,
+                submit_id,
+                settings.broker_key_prefix,
+            ],
+            env=env,
+            cwd=tmp_path,
+            check=True,
+            timeout=60,
+        )
+    ops = [
+        eventually(
+            lambda sid=sid: client.find_goal_operation("ws-plain", f"s-{sid}", sid),
+            timeout_s=60,
+            what=f"the {sid} operation",
+        )
+        for sid in ("default-queue", "named-queue")
+    ]
     for op in ops:
         assert client.wait(op, timeout=60).status == "completed"
     assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in ops}

@@ -11,13 +11,19 @@ from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import Lease, MaintenanceRun, Prompt
-from workflows import leases
-from workflows.errors import (InvalidArgument, MaintenanceBusy, MaintenanceConflict,
-                              MaintenanceRecoveryRequired, RuntimeDraining, SessionBusy)
-from workflows.goals import Dispatcher
-from workflows.maintenance_exec import MaintenanceExecutor
-from workflows.runtime import HttpRuntime
 from tests.helpers import eventually, row_counts
+from workflows import leases
+from workflows.adapters.runtime import HttpRuntime
+from workflows.errors import (
+    InvalidArgument,
+    MaintenanceBusy,
+    MaintenanceConflict,
+    MaintenanceRecoveryRequired,
+    RuntimeDraining,
+    SessionBusy,
+)
+from workflows.goals.dispatch import Dispatcher
+from workflows.maintenance.executor import MaintenanceExecutor
 
 WS, SID = "ws-maint", "s1"
 
@@ -31,8 +37,14 @@ class Published(list):
 @pytest.fixture
 def executor(client, settings):
     published = Published()
-    ex = MaintenanceExecutor(client.engine, HttpRuntime(settings.runtime_url), worker_id="w",
-                             lease_s=settings.lease_s, publish=published, poll_s=0.02)
+    ex = MaintenanceExecutor(
+        client.engine,
+        HttpRuntime(settings.runtime_url),
+        worker_id="w",
+        lease_s=settings.lease_s,
+        publish=published,
+        poll_s=0.02,
+    )
     ex.published = published
     return ex
 
@@ -45,11 +57,20 @@ def records_of(client, run_id):
 
 def statuses(client, run_id):
     from sqlalchemy import select
+
     from models.tables import SessionEvent
-    return run_transaction(client.engine, lambda s: [
-        (e.revision, e.payload["record"]["status"]) for e in s.execute(
-            select(SessionEvent).where(SessionEvent.record_id == f"maintenance:{run_id}")
-            .order_by(SessionEvent.sequence)).scalars()])
+
+    return run_transaction(
+        client.engine,
+        lambda s: [
+            (e.revision, e.payload["record"]["status"])
+            for e in s.execute(
+                select(SessionEvent)
+                .where(SessionEvent.record_id == f"maintenance:{run_id}")
+                .order_by(SessionEvent.sequence)
+            ).scalars()
+        ],
+    )
 
 
 def test_admission_rules(client):
@@ -59,8 +80,9 @@ def test_admission_rules(client):
     assert client.start_maintenance(WS, SID, client_submit_id="m1") == run
     before = row_counts(client.engine)
     with pytest.raises(MaintenanceConflict):
-        client.start_maintenance(WS, SID, "summarize_up_to", client_submit_id="m1",
-                                 args={"turn": 3})
+        client.start_maintenance(
+            WS, SID, "summarize_up_to", client_submit_id="m1", args={"turn": 3}
+        )
     with pytest.raises(MaintenanceBusy) as busy:
         client.start_maintenance(WS, SID, client_submit_id="m2")
     assert busy.value.run_id == run.run_id
@@ -71,15 +93,25 @@ def test_admission_recovery_draining_and_busy_turn(client):
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     later = utcnow() + timedelta(hours=1)
     # seed the point where the executing worker stopped heartbeating
-    run_transaction(client.engine, lambda s: s.execute(
-        update(MaintenanceRun).values(lease_owner="gone", lease_expires_at=utcnow())))
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun).values(lease_owner="gone", lease_expires_at=utcnow())
+        ),
+    )
     sweep_once(client.engine, lambda *a: True, later, owner="t")
     assert client.get_maintenance(run.run_id).status == "recovery_required"
     with pytest.raises(MaintenanceRecoveryRequired) as err:
         client.start_maintenance(WS, SID, client_submit_id="m2")
     assert err.value.run_id == run.run_id
-    client.report_activity({"workspace_id": WS, "session_id": "busy", "occurred_at_ms": 1,
-                            "turn": {"turn_id": "t1", "phase": "running"}})
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": "busy",
+            "occurred_at_ms": 1,
+            "turn": {"turn_id": "t1", "phase": "running"},
+        }
+    )
     with pytest.raises(SessionBusy):
         client.start_maintenance(WS, "busy", client_submit_id="m1")
     client.drain_session(WS, "drained")
@@ -91,14 +123,18 @@ def test_admission_recovery_draining_and_busy_turn(client):
         client.start_maintenance(WS, "other", "summarize_from", client_submit_id="m1")
 
 
-@pytest.mark.parametrize("outcome,status,error_code", [
-    ("applied", "completed", None),
-    ("noop", "noop", "no_history"),
-    ("error:model overloaded", "failed", "summary_failed"),
-    ("cancelled", "cancelled", "cancelled"),
-])
-def test_a_run_that_ends_on_its_own_writes_three_records(client, executor, sim_control,
-                                                         outcome, status, error_code):
+@pytest.mark.parametrize(
+    "outcome,status,error_code",
+    [
+        ("applied", "completed", None),
+        ("noop", "noop", "no_history"),
+        ("error:model overloaded", "failed", "summary_failed"),
+        ("cancelled", "cancelled", "cancelled"),
+    ],
+)
+def test_a_run_that_ends_on_its_own_writes_three_records(
+    client, executor, sim_control, outcome, status, error_code
+):
     sim_control.session(WS, SID, maintenance_duration_ms=50, maintenance_outcome=outcome)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     assert executor.execute(run.run_id) == status
@@ -116,8 +152,9 @@ def test_a_run_that_ends_on_its_own_writes_three_records(client, executor, sim_c
 def test_cancel_during_the_work_writes_four_records(client, executor, sim_control):
     sim_control.session(WS, SID, maintenance_duration_ms=5000)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    worker = threading.Thread(target=lambda: setattr(worker, "result",
-                                                     executor.execute(run.run_id)))
+    worker = threading.Thread(
+        target=lambda: setattr(worker, "result", executor.execute(run.run_id))
+    )
     worker.start()
     eventually(lambda: client.get_maintenance(run.run_id).lease_token, what="the run to start")
     cancelling = client.cancel_maintenance(run.run_id)
@@ -127,21 +164,28 @@ def test_cancel_during_the_work_writes_four_records(client, executor, sim_contro
     assert replace(again, lease_expires_at=None) == replace(cancelling, lease_expires_at=None)
     worker.join(10)
     assert worker.result == "cancelled"
-    assert statuses(client, run.run_id) == [(1, "running"), (2, "cancelling"),
-                                            (3, "finalizing"), (4, "cancelled")]
+    assert statuses(client, run.run_id) == [
+        (1, "running"),
+        (2, "cancelling"),
+        (3, "finalizing"),
+        (4, "cancelled"),
+    ]
     assert client.cancel_maintenance(run.run_id).revision == 4  # terminal: unchanged
 
 
 def test_a_late_cancel_never_reopens_finalizing(client, sim_control):
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    run_transaction(client.engine, lambda s: s.execute(update(MaintenanceRun).values(
-        status="finalizing", revision=2)))
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(update(MaintenanceRun).values(status="finalizing", revision=2)),
+    )
     assert client.cancel_maintenance(run.run_id).status == "finalizing"
     assert client.get_maintenance(run.run_id).cancel_requested_at is None
 
 
-def test_goal_operations_wait_for_the_run_without_using_budget(client, executor, settings,
-                                                                 sim_control):
+def test_goal_operations_wait_for_the_run_without_using_budget(
+    client, executor, settings, sim_control
+):
     sim_control.session(WS, SID, maintenance_duration_ms=50)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     first = client.set_goal(WS, SID, "after maintenance", client_submit_id="g1")
@@ -150,15 +194,16 @@ def test_goal_operations_wait_for_the_run_without_using_budget(client, executor,
     held = client.get_goal_operation(first.operation_id)
     assert (held.status, held.attempt, held.first_dispatched_at) == ("prepared", 0, None)
     assert executor.execute(run.run_id) == "completed"
-    assert ("agent_radar.goal.dispatch", {"operation_id": first.operation_id}) in \
-        executor.published
+    assert ("agent_radar.goal.dispatch", {"operation_id": first.operation_id}) in executor.published
     assert [r.outcome for r in d.dispatch(first.operation_id)] == ["applied"]
     assert sim_control.effects()[0]["revision"] == 1
 
 
-def test_prompts_wait_for_maintenance_then_go_one_at_a_time(client, executor, settings,
-                                                             sim_control):
-    from workflows import prompts
+def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
+    client, executor, settings, sim_control
+):
+    from workflows.sessions import prompts
+
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
@@ -171,27 +216,46 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(client, executor, se
     assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "busy"
     turn_id = client.get_prompt(p1.prompt_id).turn_id
-    client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": 10,
-                            "turn": {"turn_id": turn_id, "phase": "settled",
-                                     "outcome": "completed", "prompt_id": p1.prompt_id}})
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": 10,
+            "turn": {
+                "turn_id": turn_id,
+                "phase": "settled",
+                "outcome": "completed",
+                "prompt_id": p1.prompt_id,
+            },
+        }
+    )
     assert client.get_prompt(p1.prompt_id).status == "completed"
     assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]
 
 
-def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(client, executor, settings,
-                                                                   sim_control):
-    from workflows import prompts
+def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(
+    client, executor, settings, sim_control
+):
+    from workflows.sessions import prompts
+
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
 
     def pushed():  # with no re-publish interval, every call answers afresh
-        return prompts.sessions_with_queued_prompts(client.engine, utcnow(), 60, 100,
-                                                    republish_interval_s=0)
+        return prompts.sessions_with_queued_prompts(
+            client.engine, utcnow(), 60, 100, republish_interval_s=0
+        )
 
     def turn(turn_id, phase, at_ms, **fields):
-        client.report_activity({"workspace_id": WS, "session_id": SID, "occurred_at_ms": at_ms,
-                                "turn": {"turn_id": turn_id, "phase": phase, **fields}})
+        client.report_activity(
+            {
+                "workspace_id": WS,
+                "session_id": SID,
+                "occurred_at_ms": at_ms,
+                "turn": {"turn_id": turn_id, "phase": phase, **fields},
+            }
+        )
 
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
@@ -201,8 +265,13 @@ def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(client, execu
     assert pushed() == [(WS, SID)]  # released; in case that push was lost
     assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert pushed() == []  # one in flight: its turn's settle pushes the queue
-    turn(client.get_prompt(p1.prompt_id).turn_id, "settled", 10, outcome="completed",
-         prompt_id=p1.prompt_id)
+    turn(
+        client.get_prompt(p1.prompt_id).turn_id,
+        "settled",
+        10,
+        outcome="completed",
+        prompt_id=p1.prompt_id,
+    )
     assert pushed() == [(WS, SID)]
     turn("t-own", "running", 20, origin="goal_continuation")
     assert pushed() == []  # the agent's own turn runs: its settle pushes the queue
@@ -218,8 +287,12 @@ def test_waiting_runs_and_prompt_queues_are_republished_once_per_interval(client
     published = []
 
     def sweep(at):
-        sweep_once(client.engine, lambda task, kwargs: published.append((task, kwargs)) or True,
-                   at, owner="t")
+        sweep_once(
+            client.engine,
+            lambda task, kwargs: published.append((task, kwargs)) or True,
+            at,
+            owner="t",
+        )
         sent, published[:] = list(published), []
         return sorted(task for task, _ in sent)
 
@@ -230,30 +303,44 @@ def test_waiting_runs_and_prompt_queues_are_republished_once_per_interval(client
     again = start + timedelta(seconds=REPUBLISH_INTERVAL_S)
     assert sweep(again) == ["agent_radar.maintenance.execute", "agent_radar.prompt.dispatch"]
     # once the work is done, its expired reservations are dropped
-    run_transaction(client.engine, lambda s: (
-        s.execute(update(MaintenanceRun).values(status="completed", finished_at=again)),
-        s.execute(update(Prompt).values(status="completed"))))
+    run_transaction(
+        client.engine,
+        lambda s: (
+            s.execute(update(MaintenanceRun).values(status="completed", finished_at=again)),
+            s.execute(update(Prompt).values(status="completed")),
+        ),
+    )
     assert sweep(again + timedelta(seconds=REPUBLISH_INTERVAL_S)) == []
-    assert run_transaction(client.engine, lambda s: s.scalars(
-        select(Lease.name).where(Lease.name.startswith(leases.REPUBLISH_PREFIX))).all()) == []
+    assert (
+        run_transaction(
+            client.engine,
+            lambda s: s.scalars(
+                select(Lease.name).where(Lease.name.startswith(leases.REPUBLISH_PREFIX))
+            ).all(),
+        )
+        == []
+    )
 
 
 def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, monkeypatch):
     """The database refuses the terminal record: the run is left in recovery with
     operation_persist_failed once the database answers, and recovery writes it again."""
     from sqlalchemy.exc import OperationalError
+
     from models import db
-    from workflows import maintenance
+    from workflows.maintenance import runs
+
     monkeypatch.setattr(db, "TRANSACTION_ATTEMPTS", 2)
-    real = maintenance.transition
+    real = runs.transition
     failures = []
 
     def flaky(session, run, to, now, token=None, **fields):
-        if to in maintenance.TERMINAL and len(failures) < 2:
+        if to in runs.TERMINAL and len(failures) < 2:
             failures.append(to)
             raise OperationalError("UPDATE maintenance_runs", {}, Exception("database gone"))
         return real(session, run, to, now, token=token, **fields)
-    monkeypatch.setattr(maintenance, "transition", flaky)
+
+    monkeypatch.setattr(runs, "transition", flaky)
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     assert executor.execute(run.run_id) == "persist_failed"
@@ -263,20 +350,32 @@ def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, mon
         client.start_maintenance(WS, SID, client_submit_id="m2")  # still held
     assert executor.execute(run.run_id) == "completed"  # recovery asks the runtime again
     assert [s for _, s in statuses(client, run.run_id)] == [
-        "running", "finalizing", "recovery_required", "finalizing", "completed"]
+        "running",
+        "finalizing",
+        "recovery_required",
+        "finalizing",
+        "completed",
+    ]
 
 
-def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(client, executor, settings,
-                                                                    sim_control):
-    from workflows.fence_apply import FenceApplier
+def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
+    client, executor, settings, sim_control
+):
+    from workflows.fences.apply import FenceApplier
+
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
     d.dispatch(target.operation_id)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
-    applier = FenceApplier(client.engine, HttpRuntime(settings.runtime_url), worker_id="a",
-                           lease_s=5, publish=lambda *a: True)
+    applier = FenceApplier(
+        client.engine,
+        HttpRuntime(settings.runtime_url),
+        worker_id="a",
+        lease_s=5,
+        publish=lambda *a: True,
+    )
     assert applier.apply(fence.fence_id) == "retry"
     waiting = client.get_fence(fence.fence_id)
     assert waiting.status == "pending" and not waiting.settled

@@ -15,23 +15,35 @@ def test_an_agent_that_ignores_the_cancel(client, stack, sim_control):
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     eventually(lambda: client.get_maintenance(run.run_id).lease_token, what="the run to start")
     client.cancel_maintenance(run.run_id)
-    prompts = [client.submit_prompt(WS, SID, f"prompt {i}", client_submit_id=f"p{i}")
-               for i in range(3)]
-    stuck = eventually(lambda: (lambda r: r.status == "recovery_required" and r)(
-        client.get_maintenance(run.run_id)), what="the cancel grace to pass")
+    prompts = [
+        client.submit_prompt(WS, SID, f"prompt {i}", client_submit_id=f"p{i}") for i in range(3)
+    ]
+    stuck = eventually(
+        lambda: (lambda r: r.status == "recovery_required" and r)(
+            client.get_maintenance(run.run_id)
+        ),
+        what="the cancel grace to pass",
+    )
     assert stuck.error_code == "cancel_timeout"
     assert all(client.get_prompt(p.prompt_id).status == "queued" for p in prompts)
     done = client.wait(run, timeout=30)
     assert done.status == "completed"  # the work finished applied: a late cancel loses
     for p in prompts:
-        eventually(lambda p=p: client.get_prompt(p.prompt_id).status == "completed",
-                   what=f"{p.text} to complete")
+        eventually(
+            lambda p=p: client.get_prompt(p.prompt_id).status == "completed",
+            what=f"{p.text} to complete",
+        )
     sent = [e["text"] for e in sim_control.effects("prompt")]
     assert sent == ["prompt 0", "prompt 1", "prompt 2"]
     session = run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)))
     assert session.active_turn_id is None
     assert [s for _, s in statuses(client, run.run_id)] == [
-        "running", "cancelling", "recovery_required", "finalizing", "completed"]
+        "running",
+        "cancelling",
+        "recovery_required",
+        "finalizing",
+        "completed",
+    ]
 
 
 def test_worker_killed_mid_run_is_recovered_from_the_agents_answer(client, stack, sim_control):

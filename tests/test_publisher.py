@@ -4,7 +4,7 @@ item is in exactly one message (or reported unpublished, for the sweeper)."""
 import threading
 import time
 
-from workflows.broker import TaskPublisher
+from workflows.adapters.broker import TaskPublisher
 
 TASK = "agent_radar.goal.dispatch"
 
@@ -33,6 +33,7 @@ def _publish_concurrently(publisher, count):
     def submit(i):
         barrier.wait()
         results[i] = publisher.publish_coalesced(TASK, "operation_ids", f"op-{i}")
+
     threads = [threading.Thread(target=submit, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
@@ -73,6 +74,7 @@ def _submit_in_background(publisher, item, transaction_s):
             entered.set()
             time.sleep(transaction_s)
             publish(item)
+
     thread = threading.Thread(target=submit)
     thread.start()
     entered.wait(5)
@@ -96,8 +98,10 @@ def test_the_wait_for_a_submit_in_its_transaction_is_bounded(settings):
     assert publisher.publish_coalesced(TASK, "operation_ids", "fast")
     assert time.monotonic() - started < 0.9
     thread.join(5)
-    assert publisher.messages == [(TASK, {"operation_ids": ["fast"]}),
-                                  (TASK, {"operation_ids": ["slow"]})]
+    assert publisher.messages == [
+        (TASK, {"operation_ids": ["fast"]}),
+        (TASK, {"operation_ids": ["slow"]}),
+    ]
 
 
 def test_a_submit_that_fails_publishes_nothing_and_holds_nobody_up(settings):

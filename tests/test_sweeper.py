@@ -9,11 +9,11 @@ from sqlalchemy import update
 from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from models.db import run_transaction
 from models.tables import GoalOperation
-from workflows import leases
-from workflows.broker import COALESCE_MAX_ITEMS
-from workflows.goals import DISPATCH_TASK, Dispatcher
-from workflows.runtime import HttpRuntime
 from tests.helpers import Clock
+from workflows import leases
+from workflows.adapters.broker import COALESCE_MAX_ITEMS
+from workflows.adapters.runtime import HttpRuntime
+from workflows.goals.dispatch import DISPATCH_TASK, Dispatcher
 
 
 class RecordingPublisher:
@@ -49,8 +49,10 @@ def test_a_backlog_of_lost_publishes_goes_out_in_batches(client):
     pub = RecordingPublisher()
     now = max(op.next_attempt_at for op in ops) + timedelta(seconds=OUTBOX_GRACE_S)
     assert sweep_once(client.engine, pub, now, owner="t").republished == 20
-    assert [(task, len(kwargs["operation_ids"])) for task, kwargs in pub.published] == \
-        [(DISPATCH_TASK, COALESCE_MAX_ITEMS), (DISPATCH_TASK, 20 - COALESCE_MAX_ITEMS)]
+    assert [(task, len(kwargs["operation_ids"])) for task, kwargs in pub.published] == [
+        (DISPATCH_TASK, COALESCE_MAX_ITEMS),
+        (DISPATCH_TASK, 20 - COALESCE_MAX_ITEMS),
+    ]
     sent = [i for _, kwargs in pub.published for i in kwargs["operation_ids"]]
     assert sorted(sent) == sorted(op.operation_id for op in ops)
 
@@ -58,8 +60,13 @@ def test_a_backlog_of_lost_publishes_goes_out_in_batches(client):
 def test_a_held_operation_lease_is_not_taken_over_until_it_expires(client, settings):
     clock = Clock()
     op = client.set_goal("ws", "s", "x", client_submit_id="a")
-    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="w",
-                   lease_s=settings.lease_s, clock=clock)
+    d = Dispatcher(
+        client.engine,
+        HttpRuntime(settings.runtime_url),
+        worker_id="w",
+        lease_s=settings.lease_s,
+        clock=clock,
+    )
     claim = run_transaction(client.engine, lambda s: d._claim(s, op.operation_id))
     assert claim.token
     pub = RecordingPublisher()
@@ -72,8 +79,14 @@ def test_a_held_operation_lease_is_not_taken_over_until_it_expires(client, setti
 def test_sweeper_enforces_budgets_without_a_worker(client):
     op = client.set_goal("ws", "s", "x", client_submit_id="a")
     # seed the row at the point where a worker used its last attempt and then died
-    run_transaction(client.engine, lambda s: s.execute(update(GoalOperation).values(
-        status="dispatched", attempt=24, first_dispatched_at=op.created_at)))
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalOperation).values(
+                status="dispatched", attempt=24, first_dispatched_at=op.created_at
+            )
+        ),
+    )
     pub = RecordingPublisher()
     counts = sweep_once(client.engine, pub, op.created_at + timedelta(seconds=5), owner="t")
     assert counts.failed == 1 and pub.published == []
@@ -85,8 +98,9 @@ def test_sweeper_enforces_budgets_without_a_worker(client):
 def test_only_one_sweep_runs_at_a_time(client):
     for i in range(5):
         client.set_goal("ws", f"s{i}", "x", client_submit_id="a")
-    now = client.get_goal_operation(client.find_goal_operation("ws", "s0", "a").operation_id
-                                    ).next_attempt_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
+    now = client.get_goal_operation(
+        client.find_goal_operation("ws", "s0", "a").operation_id
+    ).next_attempt_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
     inside = threading.Event()
     release = threading.Event()
 
@@ -94,9 +108,13 @@ def test_only_one_sweep_runs_at_a_time(client):
         inside.set()
         release.wait(10)
         return True
+
     results = {}
-    first = threading.Thread(target=lambda: results.setdefault(
-        "a", sweep_once(client.engine, slow_publish, now, owner="beat-a")))
+    first = threading.Thread(
+        target=lambda: results.setdefault(
+            "a", sweep_once(client.engine, slow_publish, now, owner="beat-a")
+        )
+    )
     first.start()
     assert inside.wait(10)
     second = sweep_once(client.engine, RecordingPublisher(), now, owner="beat-b")
@@ -112,11 +130,13 @@ def test_only_one_sweep_runs_at_a_time(client):
 def test_publishing_into_a_second_embedded_broker_before_any_worker(tmp_path):
     """One process, two broker folders: the second must get its own bindings, or a message
     published before a worker binds there is routed nowhere."""
-    from workflows.broker import TaskPublisher
-    from workflows.config import Settings
+    from workflows.adapters.broker import TaskPublisher
+    from workflows.adapters.config import Settings
+
     for name in ("first", "second"):
-        settings = Settings(home=tmp_path / name, database_url="sqlite://",
-                            broker_url="filesystem://")
+        settings = Settings(
+            home=tmp_path / name, database_url="sqlite://", broker_url="filesystem://"
+        )
         publisher = TaskPublisher(settings)
         publisher.publish("agent_radar.fence.apply", {"fence_id": name})
         publisher.close()

@@ -8,31 +8,37 @@ from sqlalchemy import select
 
 from models.base import utcnow
 from models.db import engine_for, run_transaction
+from models.tables import GoalFence as GoalFenceRow
 from models.tables import GoalOperation as GoalOperationRow
 from models.tables import GoalState as GoalStateRow
-from workflows import ids, records
-from workflows.activity import apply_report, parse_report
-from workflows.broker import TaskPublisher
-from workflows.config import Settings
-from workflows.errors import InvalidArgument, NotFound
-from workflows.goals import DISPATCH_TASK, GoalRequest, load_operation, submit
-from models.tables import GoalFence as GoalFenceRow
-from workflows.fence_apply import FENCE_APPLY_TASK
-from workflows.fences import FenceRequest, submit_fence
 from models.tables import MaintenanceRun as MaintenanceRunRow
-from workflows import maintenance
-from workflows.history import session_history
 from models.tables import Prompt as PromptRow
-from workflows import prompts
-from workflows.maintenance_exec import EXECUTE_TASK
-from workflows.prompts import PROMPT_TASK, PromptRequest
+from workflows import ids, records
+from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.config import Settings
+from workflows.adapters.runtime import HttpRuntime, RuntimePort
+from workflows.errors import InvalidArgument, NotFound
+from workflows.fences.apply import FENCE_APPLY_TASK
+from workflows.fences.submit import FenceRequest, submit_fence
+from workflows.goals.dispatch import DISPATCH_TASK
+from workflows.goals.submit import GoalRequest, load_operation, submit
+from workflows.maintenance import runs
+from workflows.maintenance.executor import EXECUTE_TASK
+from workflows.records import (
+    Fence,
+    GoalOperation,
+    GoalState,
+    HistoryRow,
+    MaintenanceRun,
+    SessionInfo,
+)
 from workflows.records import Prompt as PromptRecord
-from workflows.sessions import lock_session
-from workflows.records import (Fence, GoalOperation, GoalState, HistoryRow, MaintenanceRun,
-                               SessionInfo)
-from workflows.runtime import HttpRuntime, RuntimePort
-from workflows.session_control import (durable_fences, load_session, record_live,
-                                       resume_if_offline)
+from workflows.sessions import prompts
+from workflows.sessions.activity import apply_report, parse_report
+from workflows.sessions.control import durable_fences, load_session, record_live, resume_if_offline
+from workflows.sessions.history import session_history
+from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
+from workflows.sessions.rows import lock_session
 from workflows.validation import check_id, check_limit
 
 # How often `wait` looks at the database; the database is the source of truth.
@@ -40,19 +46,28 @@ WAIT_POLL_S = 0.05
 
 
 class AgentRadar:
-    def __init__(self, database_url: str | None = None, broker_url: str | None = None, *,
-                 settings: Settings | None = None, runtime: RuntimePort | None = None,
-                 publisher: TaskPublisher | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        runtime: RuntimePort | None = None,
+        publisher: TaskPublisher | None = None,
+    ) -> None:
         base = settings or Settings.from_env()
-        self.settings = replace(base, database_url=database_url or base.database_url,
-                                broker_url=broker_url or base.broker_url)
+        self.settings = replace(
+            base,
+            database_url=database_url or base.database_url,
+            broker_url=broker_url or base.broker_url,
+        )
         if self.settings.database_url.startswith("sqlite"):
             self.settings.home.mkdir(parents=True, exist_ok=True)
         self.engine = engine_for(self.settings.database_url)
         self.publisher = publisher or TaskPublisher(self.settings)
-        self.runtime = runtime or HttpRuntime(self.settings.runtime_url,
-                                              self.settings.runtime_token,
-                                              self.settings.runtime_timeout_s)
+        self.runtime = runtime or HttpRuntime(
+            self.settings.runtime_url, self.settings.runtime_token, self.settings.runtime_timeout_s
+        )
 
     @classmethod
     def from_env(cls) -> "AgentRadar":
@@ -74,8 +89,9 @@ class AgentRadar:
             self.publisher.publish_after_commit(task, message(record))
         return record
 
-    def _load(self, row_type, record_type, key, what: str, workspace_id: str | None = None,
-              **error_attrs) -> Any:
+    def _load(
+        self, row_type, record_type, key, what: str, workspace_id: str | None = None, **error_attrs
+    ) -> Any:
         """Load a record by id. With `workspace_id` (DESIGN 4.10), a record of another
         workspace is NotFound, exactly as a missing one."""
         if workspace_id is not None:
@@ -85,59 +101,109 @@ class AgentRadar:
             row = s.get(row_type, key)
             if row is None or workspace_id is not None and row.workspace_id != workspace_id:
                 raise NotFound(f"no {what} {key}", **error_attrs)
-            return (record_type.from_row(row) if hasattr(record_type, "from_row")
-                    else records.from_row(record_type, row))
+            return (
+                record_type.from_row(row)
+                if hasattr(record_type, "from_row")
+                else records.from_row(record_type, row)
+            )
+
         return run_transaction(self.engine, load)
 
     def close(self) -> None:
         self.publisher.close()
 
     # -- goal control ----------------------------------------------------------------------
-    def goal_control(self, workspace_id: str, session_id: str, action: str,
-                     objective: str | None = None, *, client_submit_id: str,
-                     expected_revision: int | None = None) -> GoalOperation:
-        request = GoalRequest.parse(workspace_id, session_id, action, objective,
-                                    client_submit_id=client_submit_id,
-                                    expected_revision=expected_revision)
-        return self._accept(lambda s: submit(s, request, utcnow()), DISPATCH_TASK,
-                            lambda op: op.operation_id, coalesce_into="operation_ids")
+    def goal_control(
+        self,
+        workspace_id: str,
+        session_id: str,
+        action: str,
+        objective: str | None = None,
+        *,
+        client_submit_id: str,
+        expected_revision: int | None = None,
+    ) -> GoalOperation:
+        request = GoalRequest.parse(
+            workspace_id,
+            session_id,
+            action,
+            objective,
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
+        return self._accept(
+            lambda s: submit(s, request, utcnow()),
+            DISPATCH_TASK,
+            lambda op: op.operation_id,
+            coalesce_into="operation_ids",
+        )
 
-    def set_goal(self, workspace_id, session_id, objective, *, client_submit_id,
-                 expected_revision=None) -> GoalOperation:
-        return self.goal_control(workspace_id, session_id, "set", objective,
-                                 client_submit_id=client_submit_id,
-                                 expected_revision=expected_revision)
+    def set_goal(
+        self, workspace_id, session_id, objective, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "set",
+            objective,
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
 
-    def clear_goal(self, workspace_id, session_id, *, client_submit_id,
-                   expected_revision=None) -> GoalOperation:
-        return self.goal_control(workspace_id, session_id, "clear",
-                                 client_submit_id=client_submit_id,
-                                 expected_revision=expected_revision)
+    def clear_goal(
+        self, workspace_id, session_id, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "clear",
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
 
-    def pause_goal(self, workspace_id, session_id, *, client_submit_id,
-                   expected_revision=None) -> GoalOperation:
-        return self.goal_control(workspace_id, session_id, "pause",
-                                 client_submit_id=client_submit_id,
-                                 expected_revision=expected_revision)
+    def pause_goal(
+        self, workspace_id, session_id, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "pause",
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
 
-    def resume_goal(self, workspace_id, session_id, *, client_submit_id,
-                    expected_revision=None) -> GoalOperation:
-        return self.goal_control(workspace_id, session_id, "resume",
-                                 client_submit_id=client_submit_id,
-                                 expected_revision=expected_revision)
+    def resume_goal(
+        self, workspace_id, session_id, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "resume",
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
 
-    def find_goal_operation(self, workspace_id: str, session_id: str,
-                            client_submit_id: str) -> GoalOperation | None:
-        operation_id = ids.goal_operation_id(check_id("workspace_id", workspace_id),
-                                             check_id("session_id", session_id),
-                                             check_id("client_submit_id", client_submit_id))
+    def find_goal_operation(
+        self, workspace_id: str, session_id: str, client_submit_id: str
+    ) -> GoalOperation | None:
+        operation_id = ids.goal_operation_id(
+            check_id("workspace_id", workspace_id),
+            check_id("session_id", session_id),
+            check_id("client_submit_id", client_submit_id),
+        )
         return run_transaction(self.engine, lambda s: load_operation(s, operation_id))
 
-    def get_goal_operation(self, operation_id: str, *,
-                           workspace_id: str | None = None) -> GoalOperation:
-        return self._load(GoalOperationRow, GoalOperation,
-                          check_id("operation_id", operation_id), "goal operation",
-                          workspace_id, operation_id=operation_id)
+    def get_goal_operation(
+        self, operation_id: str, *, workspace_id: str | None = None
+    ) -> GoalOperation:
+        return self._load(
+            GoalOperationRow,
+            GoalOperation,
+            check_id("operation_id", operation_id),
+            "goal operation",
+            workspace_id,
+            operation_id=operation_id,
+        )
 
     def goal_state(self, workspace_id: str, session_id: str) -> GoalState:
         key = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
@@ -147,51 +213,90 @@ class AgentRadar:
             if row is None:
                 raise NotFound(f"session {workspace_id}/{session_id} has no goal state")
             return records.from_row(GoalState, row)
+
         return run_transaction(self.engine, load)
 
     def list_goal_operations(self, workspace_id: str, session_id: str) -> list[GoalOperation]:
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
-        return run_transaction(self.engine, lambda s: [
-            records.from_row(GoalOperation, row) for row in s.execute(
-                select(GoalOperationRow)
-                .where(GoalOperationRow.workspace_id == workspace_id,
-                       GoalOperationRow.session_id == session_id)
-                .order_by(GoalOperationRow.goal_revision)).scalars()])
+        return run_transaction(
+            self.engine,
+            lambda s: [
+                records.from_row(GoalOperation, row)
+                for row in s.execute(
+                    select(GoalOperationRow)
+                    .where(
+                        GoalOperationRow.workspace_id == workspace_id,
+                        GoalOperationRow.session_id == session_id,
+                    )
+                    .order_by(GoalOperationRow.goal_revision)
+                ).scalars()
+            ],
+        )
 
     # -- fences ----------------------------------------------------------------------------
-    def fence_goal_generation(self, workspace_id: str, session_id: str,
-                              target_operation_id: str, *, client_submit_id: str,
-                              reason: str = "") -> Fence:
+    def fence_goal_generation(
+        self,
+        workspace_id: str,
+        session_id: str,
+        target_operation_id: str,
+        *,
+        client_submit_id: str,
+        reason: str = "",
+    ) -> Fence:
         """Forbid one exact goal generation forever, and clear it if it is still current.
         The returned fence is accepted (durable); delivery to the agent follows."""
-        request = FenceRequest.parse(workspace_id, session_id, target_operation_id,
-                                     client_submit_id=client_submit_id, reason=reason)
+        request = FenceRequest.parse(
+            workspace_id,
+            session_id,
+            target_operation_id,
+            client_submit_id=client_submit_id,
+            reason=reason,
+        )
 
         def accept(s):
             row, created = submit_fence(s, request, utcnow())
             return Fence.from_row(row), created
+
         return self._accept(accept, FENCE_APPLY_TASK, lambda f: {"fence_id": f.fence_id})
 
     def get_fence(self, fence_id: str, *, workspace_id: str | None = None) -> Fence:
-        return self._load(GoalFenceRow, Fence, check_id("fence_id", fence_id), "fence",
-                          workspace_id, fence_id=fence_id)
+        return self._load(
+            GoalFenceRow,
+            Fence,
+            check_id("fence_id", fence_id),
+            "fence",
+            workspace_id,
+            fence_id=fence_id,
+        )
 
     # -- prompts ---------------------------------------------------------------------------
-    def submit_prompt(self, workspace_id: str, session_id: str, text: str, *,
-                      client_submit_id: str) -> PromptRecord:
-        request = PromptRequest.parse(workspace_id, session_id, text,
-                                      client_submit_id=client_submit_id)
+    def submit_prompt(
+        self, workspace_id: str, session_id: str, text: str, *, client_submit_id: str
+    ) -> PromptRecord:
+        request = PromptRequest.parse(
+            workspace_id, session_id, text, client_submit_id=client_submit_id
+        )
 
         def queue(s):
             row, created = prompts.submit(s, request, utcnow())
             return records.from_row(PromptRecord, row), created
-        return self._accept(queue, PROMPT_TASK, lambda p: {
-            "workspace_id": p.workspace_id, "session_id": p.session_id})
+
+        return self._accept(
+            queue,
+            PROMPT_TASK,
+            lambda p: {"workspace_id": p.workspace_id, "session_id": p.session_id},
+        )
 
     def get_prompt(self, prompt_id: str, *, workspace_id: str | None = None) -> PromptRecord:
-        return self._load(PromptRow, PromptRecord, check_id("prompt_id", prompt_id), "prompt",
-                          workspace_id, prompt_id=prompt_id)
+        return self._load(
+            PromptRow,
+            PromptRecord,
+            check_id("prompt_id", prompt_id),
+            "prompt",
+            workspace_id,
+            prompt_id=prompt_id,
+        )
 
     def drain_session(self, workspace_id: str, session_id: str) -> SessionInfo:
         """Stop admitting maintenance on this session (RuntimeDraining from now on)."""
@@ -200,46 +305,61 @@ class AgentRadar:
 
         def drain(s):
             lock_session(s, workspace_id, session_id).admission = "draining"
+
         run_transaction(self.engine, drain)
         return self.session_info(workspace_id, session_id)
 
     # -- maintenance -----------------------------------------------------------------------
-    def start_maintenance(self, workspace_id: str, session_id: str, kind: str = "compact", *,
-                          client_submit_id: str, args: dict | None = None) -> MaintenanceRun:
+    def start_maintenance(
+        self,
+        workspace_id: str,
+        session_id: str,
+        kind: str = "compact",
+        *,
+        client_submit_id: str,
+        args: dict | None = None,
+    ) -> MaintenanceRun:
         """Admit an exclusive maintenance run; its first record is durable on return."""
-        request = maintenance.MaintenanceRequest.parse(workspace_id, session_id, kind,
-                                                       client_submit_id=client_submit_id,
-                                                       args=args)
+        request = runs.MaintenanceRequest.parse(
+            workspace_id, session_id, kind, client_submit_id=client_submit_id, args=args
+        )
 
         def admit(s):
-            row, created = maintenance.start(s, request, utcnow())
+            row, created = runs.start(s, request, utcnow())
             return records.from_row(MaintenanceRun, row), created
+
         return self._accept(admit, EXECUTE_TASK, lambda run: {"run_id": run.run_id})
 
-    def cancel_maintenance(self, run_id: str, *,
-                           workspace_id: str | None = None) -> MaintenanceRun:
+    def cancel_maintenance(self, run_id: str, *, workspace_id: str | None = None) -> MaintenanceRun:
         check_id("run_id", run_id)
         if workspace_id is not None:
             check_id("workspace_id", workspace_id)
 
         def cancel(s):
-            row = maintenance.request_cancel(s, run_id, utcnow(), workspace_id)
+            row = runs.request_cancel(s, run_id, utcnow(), workspace_id)
             if row is None:
                 raise NotFound(f"no maintenance run {run_id}", run_id=run_id)
             return records.from_row(MaintenanceRun, row)
+
         return run_transaction(self.engine, cancel)
 
-    def get_maintenance(self, run_id: str, *,
-                        workspace_id: str | None = None) -> MaintenanceRun:
-        return self._load(MaintenanceRunRow, MaintenanceRun, check_id("run_id", run_id),
-                          "maintenance run", workspace_id, run_id=run_id)
+    def get_maintenance(self, run_id: str, *, workspace_id: str | None = None) -> MaintenanceRun:
+        return self._load(
+            MaintenanceRunRow,
+            MaintenanceRun,
+            check_id("run_id", run_id),
+            "maintenance run",
+            workspace_id,
+            run_id=run_id,
+        )
 
     def history(self, workspace_id: str, session_id: str, limit: int = 50) -> list[HistoryRow]:
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
         limit = check_limit(limit)
-        return run_transaction(self.engine, lambda s: session_history(
-            s, workspace_id, session_id, limit))
+        return run_transaction(
+            self.engine, lambda s: session_history(s, workspace_id, session_id, limit)
+        )
 
     # -- sessions --------------------------------------------------------------------------
     def ensure_session(self, workspace_id: str, session_id: str) -> SessionInfo:
@@ -247,11 +367,11 @@ class AgentRadar:
         then wake its prepared goal operations."""
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
-        fences = run_transaction(self.engine,
-                                 lambda s: durable_fences(s, workspace_id, session_id))
+        fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
         _resumed, epoch = resume_if_offline(self.runtime, workspace_id, session_id, fences)
-        wake = run_transaction(self.engine, lambda s: record_live(
-            s, workspace_id, session_id, epoch, utcnow()))
+        wake = run_transaction(
+            self.engine, lambda s: record_live(s, workspace_id, session_id, epoch, utcnow())
+        )
         for operation_id in wake:
             self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
         return self.session_info(workspace_id, session_id)
@@ -265,6 +385,7 @@ class AgentRadar:
             if row is None:
                 raise NotFound(f"unknown session {workspace_id}/{session_id}")
             return records.from_row(SessionInfo, row)
+
         return run_transaction(self.engine, load)
 
     def report_activity(self, report: dict[str, Any]) -> list[str]:
@@ -274,21 +395,26 @@ class AgentRadar:
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
         if effects.wake_prompts:
-            self.publisher.publish_after_commit(PROMPT_TASK, {
-                "workspace_id": parsed.workspace_id, "session_id": parsed.session_id})
+            self.publisher.publish_after_commit(
+                PROMPT_TASK, {"workspace_id": parsed.workspace_id, "session_id": parsed.session_id}
+            )
         return effects.completed
 
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, record: Any, timeout: float = 30.0) -> Any:
         """Poll until the record reaches a terminal status; TimeoutError otherwise."""
         if isinstance(record, GoalOperation):
-            reload, name = (lambda: self.get_goal_operation(record.operation_id),
-                            f"goal operation {record.operation_id}")
+            reload, name = (
+                lambda: self.get_goal_operation(record.operation_id),
+                f"goal operation {record.operation_id}",
+            )
         elif isinstance(record, Fence):
             reload, name = lambda: self.get_fence(record.fence_id), f"fence {record.fence_id}"
         elif isinstance(record, MaintenanceRun):
-            reload, name = (lambda: self.get_maintenance(record.run_id),
-                            f"maintenance run {record.run_id}")
+            reload, name = (
+                lambda: self.get_maintenance(record.run_id),
+                f"maintenance run {record.run_id}",
+            )
         else:
             raise InvalidArgument(f"cannot wait on {type(record).__name__}")
         deadline = time.monotonic() + timeout

@@ -21,8 +21,12 @@ class AgentRadarError(Exception):
         return (_restore, (self.__class__.__name__, self.message, self.attrs))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"error": self.code, "type": self.__class__.__name__, "message": self.message,
-                **self.attrs}
+        return {
+            "error": self.code,
+            "type": self.__class__.__name__,
+            "message": self.message,
+            **self.attrs,
+        }
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> "AgentRadarError":
@@ -103,8 +107,25 @@ def _restore(type_name: str, message: str, attrs: dict[str, Any]) -> AgentRadarE
     return cls(message, **attrs)
 
 
-_BY_NAME = {c.__name__: c for c in (
-    AgentRadarError, InvalidArgument, NotFound, Conflict, GoalOperationConflict, FenceConflict,
-    MaintenanceConflict, PromptConflict, CancelConflict, GoalGenerationSuperseded,
-    GoalStateAbsent, MaintenanceBusy, MaintenanceRecoveryRequired, RuntimeDraining,
-    SessionBusy, RuntimeDisconnected, RuntimeFault)}
+_BY_NAME = {
+    c.__name__: c
+    for c in (
+        AgentRadarError,
+        InvalidArgument,
+        NotFound,
+        Conflict,
+        GoalOperationConflict,
+        FenceConflict,
+        MaintenanceConflict,
+        PromptConflict,
+        CancelConflict,
+        GoalGenerationSuperseded,
+        GoalStateAbsent,
+        MaintenanceBusy,
+        MaintenanceRecoveryRequired,
+        RuntimeDraining,
+        SessionBusy,
+        RuntimeDisconnected,
+        RuntimeFault,
+    )
+}

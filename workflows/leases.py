@@ -20,18 +20,28 @@ LEASES = Lease.__table__
 REPUBLISH_PREFIX = "republish:"
 _NAMES = LEASES.c.name.in_(bindparam("b_names", expanding=True))
 # Built once: every dispatch claims and releases lanes, several at a time.
-_CLAIM = (update(LEASES)
-          .where(_NAMES, or_(LEASES.c.expires_at.is_(None),
-                             LEASES.c.expires_at <= bindparam("b_now")))
-          .values(owner=bindparam("b_owner"), token=bindparam("b_token"),
-                  expires_at=bindparam("b_expires"))
-          .returning(LEASES.c.name))
-_RENEW = (update(LEASES)
-          .where(LEASES.c.name == bindparam("b_name"), LEASES.c.token == bindparam("b_token"),
-                 LEASES.c.expires_at > bindparam("b_now"))
-          .values(expires_at=bindparam("b_expires")))
-_RELEASE = (update(LEASES).where(_NAMES, LEASES.c.token == bindparam("b_token"))
-            .values(owner=None, token=None, expires_at=None))
+_CLAIM = (
+    update(LEASES)
+    .where(_NAMES, or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now")))
+    .values(
+        owner=bindparam("b_owner"), token=bindparam("b_token"), expires_at=bindparam("b_expires")
+    )
+    .returning(LEASES.c.name)
+)
+_RENEW = (
+    update(LEASES)
+    .where(
+        LEASES.c.name == bindparam("b_name"),
+        LEASES.c.token == bindparam("b_token"),
+        LEASES.c.expires_at > bindparam("b_now"),
+    )
+    .values(expires_at=bindparam("b_expires"))
+)
+_RELEASE = (
+    update(LEASES)
+    .where(_NAMES, LEASES.c.token == bindparam("b_token"))
+    .values(owner=None, token=None, expires_at=None)
+)
 
 
 def new_token() -> str:
@@ -44,27 +54,47 @@ def claim(session: Session, name: str, owner: str, ttl_s: float, now: datetime) 
     return token if taken else None
 
 
-def claim_many(session: Session, names: list[str], owner: str, ttl_s: float,
-               now: datetime) -> tuple[str, set[str]]:
+def claim_many(
+    session: Session, names: list[str], owner: str, ttl_s: float, now: datetime
+) -> tuple[str, set[str]]:
     """Take each of these leases that is free or expired, all under one new token; returns
     the token and the names taken. A held lease is skipped without waiting for it."""
     token = new_token()
     expires = now + timedelta(seconds=ttl_s)
     conn = session.connection()
-    taken = set(conn.execute(_CLAIM, {"b_names": list(names), "b_now": now, "b_owner": owner,
-                                      "b_token": token, "b_expires": expires}).scalars())
+    taken = set(
+        conn.execute(
+            _CLAIM,
+            {
+                "b_names": list(names),
+                "b_now": now,
+                "b_owner": owner,
+                "b_token": token,
+                "b_expires": expires,
+            },
+        ).scalars()
+    )
     # A name not taken is either held, or has no row yet (its first use).
-    missing = [{"name": name, "owner": owner, "token": token, "expires_at": expires}
-               for name in names if name not in taken]
+    missing = [
+        {"name": name, "owner": owner, "token": token, "expires_at": expires}
+        for name in names
+        if name not in taken
+    ]
     if missing:
         taken |= insert_ignore(session, LEASES, missing)
     return token, taken
 
 
 def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) -> bool:
-    result = session.connection().execute(_RENEW, {
-        "b_name": name, "b_token": token, "b_now": now,
-        "b_expires": now + timedelta(seconds=ttl_s)})
+    result = session.connection().execute(
+        _RENEW,
+        {
+            "b_name": name,
+            "b_token": token,
+            "b_now": now,
+            "b_expires": now + timedelta(seconds=ttl_s),
+        },
+    )
     return result.rowcount == 1
 
 
@@ -84,8 +114,17 @@ def unheld(model, now):
     return or_(model.lease_expires_at.is_(None), model.lease_expires_at <= now)
 
 
-def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: float,
-              now: datetime, *conditions, **values) -> str | None:
+def claim_row(
+    session: Session,
+    model,
+    key_column,
+    key: str,
+    owner: str,
+    ttl_s: float,
+    now: datetime,
+    *conditions,
+    **values,
+) -> str | None:
     """Take the lease columns of one row (LeaseColumns) if no live lease holds it and the
     extra conditions hold, setting `values` in the same update; returns the token or None.
     Every later write by the holder is conditional on this token."""
@@ -93,13 +132,19 @@ def claim_row(session: Session, model, key_column, key: str, owner: str, ttl_s: 
     result = session.execute(
         update(model)
         .where(key_column == key, *conditions, unheld(model, now))
-        .values(lease_owner=owner, lease_token=token,
-                lease_expires_at=now + timedelta(seconds=ttl_s), **values))
+        .values(
+            lease_owner=owner,
+            lease_token=token,
+            lease_expires_at=now + timedelta(seconds=ttl_s),
+            **values,
+        )
+    )
     return token if result.rowcount == 1 else None
 
 
-def reserve_republish(session: Session, kind: str, keys: list[tuple[str, ...]], ttl_s: float,
-                      now: datetime) -> list[tuple[str, ...]]:
+def reserve_republish(
+    session: Session, kind: str, keys: list[tuple[str, ...]], ttl_s: float, now: datetime
+) -> list[tuple[str, ...]]:
     """Of these work items of `kind`, those not re-published in the last `ttl_s` seconds;
     each gets a reservation for that long, so a queue of waiting work is not re-published on
     every sweep while its first message is still on the way."""
@@ -112,5 +157,6 @@ def reserve_republish(session: Session, kind: str, keys: list[tuple[str, ...]], 
 
 def prune_republish(session: Session, now: datetime) -> int:
     """Drop expired reservations, so the table holds only those of work still waiting."""
-    return session.execute(delete(Lease).where(Lease.name.startswith(REPUBLISH_PREFIX),
-                                               Lease.expires_at <= now)).rowcount
+    return session.execute(
+        delete(Lease).where(Lease.name.startswith(REPUBLISH_PREFIX), Lease.expires_at <= now)
+    ).rowcount

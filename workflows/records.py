@@ -5,21 +5,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from models.enums import (TERMINAL_MAINTENANCE_STATUSES, TERMINAL_OPERATION_STATUSES,
-                          FenceStatus)
+from models.enums import TERMINAL_MAINTENANCE_STATUSES, TERMINAL_OPERATION_STATUSES, FenceStatus
 
 R = TypeVar("R")
 
 
 def from_row(cls: type[R], row: Any, **extra: Any) -> R:
-    values = {f.name: getattr(row, f.name) for f in dataclasses.fields(cls)
-              if f.name not in extra}
+    values = {f.name: getattr(row, f.name) for f in dataclasses.fields(cls) if f.name not in extra}
     return cls(**values, **extra)
 
 
 def as_dict(record: Any) -> dict[str, Any]:
     def convert(value):
         return value.isoformat() if isinstance(value, datetime) else value
+
     return {k: convert(v) for k, v in dataclasses.asdict(record).items()}
 
 
@@ -105,8 +104,7 @@ class Fence:
 
     @classmethod
     def from_row(cls, row) -> "Fence":
-        return from_row(cls, row, intent_accepted=True,
-                        settled=row.status == FenceStatus.COMPLETED)
+        return from_row(cls, row, intent_accepted=True, settled=row.status == FenceStatus.COMPLETED)
 
 
 @dataclass(frozen=True)
@@ -142,6 +140,7 @@ class MaintenanceRun:
 class HistoryRow:
     """One row per record (record_id) at the position of its first event, holding its
     latest revision; a record that is not terminal yet shows as pending."""
+
     sequence: int
     kind: str
     record_id: str

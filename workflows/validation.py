@@ -35,11 +35,11 @@ MAX_LIMIT = 1000
 
 def check_id(name: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}",
-                              field=name)
+        raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}", field=name)
     if not 1 <= len(value) <= MAX_ID_CHARS:
-        raise InvalidArgument(f"{name} must be 1-{MAX_ID_CHARS} characters, got {len(value)}",
-                              field=name)
+        raise InvalidArgument(
+            f"{name} must be 1-{MAX_ID_CHARS} characters, got {len(value)}", field=name
+        )
     # isprintable() also refuses NUL, control characters and lone surrogates.
     if not value.isprintable():
         raise InvalidArgument(f"{name} must contain printable characters only", field=name)
@@ -50,9 +50,11 @@ def check_submit_id(name: str, value: Any) -> str:
     """A client submit ID: an id that no product-made operation can use."""
     value = check_id(name, value)
     if value.startswith(RESERVED_SUBMIT_PREFIXES):
-        raise InvalidArgument(f"{name} may not start with {value.split(':', 1)[0]!r}: that "
-                              "prefix is reserved for operations the product makes",
-                              field=name)
+        raise InvalidArgument(
+            f"{name} may not start with {value.split(':', 1)[0]!r}: that "
+            "prefix is reserved for operations the product makes",
+            field=name,
+        )
     return value
 
 
@@ -63,13 +65,13 @@ def check_ids(name: str, value: Any, max_items: int) -> list[str]:
     return [check_id(name, item) for item in value]
 
 
-def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int = MAX_INT,
-              optional: bool = False) -> int | None:
+def check_int(
+    name: str, value: Any, *, minimum: int = 0, maximum: int = MAX_INT, optional: bool = False
+) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}",
-                              field=name)
+        raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}", field=name)
     if not minimum <= value <= maximum:
         raise InvalidArgument(f"{name} must be between {minimum} and {maximum}", field=name)
     return value
@@ -82,8 +84,7 @@ def check_limit(value: Any) -> int:
 def check_text(name: str, value: Any, max_bytes: int, *, allow_empty: bool = False) -> str:
     """Free text (an objective, a prompt, a reason): valid UTF-8, no NUL, bounded."""
     if not isinstance(value, str):
-        raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}",
-                              field=name)
+        raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}", field=name)
     if not allow_empty and not value.strip():
         raise InvalidArgument(f"{name} must not be empty", field=name)
     if "\x00" in value:
@@ -91,8 +92,7 @@ def check_text(name: str, value: Any, max_bytes: int, *, allow_empty: bool = Fal
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidArgument(f"{name} is not valid Unicode (lone surrogate)",
-                              field=name) from None
+        raise InvalidArgument(f"{name} is not valid Unicode (lone surrogate)", field=name) from None
     if size > max_bytes:
         raise InvalidArgument(f"{name} is {size} bytes; the limit is {max_bytes}", field=name)
     return value
@@ -103,8 +103,7 @@ def check_json(name: str, value: Any, *, max_bytes: int = MAX_JSON_BYTES) -> Any
     lone surrogates, finite numbers, bounded depth and size."""
     size = _check_json_value(name, value, 0)
     if size > max_bytes:
-        raise InvalidArgument(f"{name} is about {size} bytes; the limit is {max_bytes}",
-                              field=name)
+        raise InvalidArgument(f"{name} is about {size} bytes; the limit is {max_bytes}", field=name)
     return value
 
 
@@ -151,28 +150,33 @@ def check_report_time(name: str, value_ms: Any, now: datetime) -> datetime:
     latest_ms = int((now + timedelta(seconds=MAX_REPORT_SKEW_S)).timestamp() * 1000)
     ms = check_int(name, value_ms, maximum=2**63 - 1)
     if ms > latest_ms:
-        raise InvalidArgument(f"{name} is more than {MAX_REPORT_SKEW_S} s ahead of the "
-                              "control plane's clock", field=name)
+        raise InvalidArgument(
+            f"{name} is more than {MAX_REPORT_SKEW_S} s ahead of the control plane's clock",
+            field=name,
+        )
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def check_action(value: Any) -> GoalAction:
     if not isinstance(value, str):
-        raise InvalidArgument(f"goal action must be a string, got {type(value).__name__}",
-                              field="action")
+        raise InvalidArgument(
+            f"goal action must be a string, got {type(value).__name__}", field="action"
+        )
     try:
         return GoalAction(value)
     except ValueError:
         choices = ", ".join(a.value for a in GoalAction)
-        raise InvalidArgument(f"unknown goal action {value!r}; expected one of {choices}",
-                              field="action") from None
+        raise InvalidArgument(
+            f"unknown goal action {value!r}; expected one of {choices}", field="action"
+        ) from None
 
 
 def check_choice(name: str, value: Any, choices) -> str:
     """One of `choices` (strings); a value of any other type is refused, not hashed."""
     if not isinstance(value, str) or value not in choices:
-        raise InvalidArgument(f"{name} must be one of {sorted(choices)}, got {value!r:.80}",
-                              field=name)
+        raise InvalidArgument(
+            f"{name} must be one of {sorted(choices)}, got {value!r:.80}", field=name
+        )
     return value
 
 

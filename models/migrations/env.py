@@ -10,8 +10,11 @@ config = context.config
 
 
 def _run(connection) -> None:
-    context.configure(connection=connection, target_metadata=Base.metadata,
-                      render_as_batch=connection.dialect.name == "sqlite")
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
             # Workers, beat and `up` all upgrade on start; this lock makes them take turns.

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.migrate import upgrade
-from workflows.broker import clean_embedded_broker
-from workflows.config import Settings
-from workflows.runtime_sim import SimControl
+from workflows.adapters.broker import clean_embedded_broker
+from workflows.adapters.config import Settings
+from workflows.tools.simulator import SimControl
 
 STOP_GRACE_S = 10.0
 
@@ -54,8 +54,9 @@ class Proc:
     def children(self) -> list[int]:
         """Pids of this process's direct children (a prefork worker's pool processes)."""
         try:
-            out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True,
-                                 text=True, check=False).stdout
+            out = subprocess.run(
+                ["pgrep", "-P", str(self.pid)], capture_output=True, text=True, check=False
+            ).stdout
         except FileNotFoundError:
             return []
         return [int(p) for p in out.split()]
@@ -101,16 +102,26 @@ class Stack:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def spawn(self, name: str, args: list[str], ready_file: Path | None = None,
-              extra_env: dict[str, str] | None = None) -> Proc:
+    def spawn(
+        self,
+        name: str,
+        args: list[str],
+        ready_file: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         env = {**self.env(), **(extra_env or {})}
         if ready_file is not None:
             env["AGENT_RADAR_READY_FILE"] = str(ready_file)
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen([sys.executable, "-m", "workflows.cli", *args], env=env,
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "workflows.tools.cli", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         proc = Proc(name, popen, log_path, ready_file)
         self.procs.append(proc)
         return proc
@@ -124,12 +135,20 @@ class Stack:
         port = self.sim_port or int(self.settings.runtime_url.rsplit(":", 1)[1].split("/")[0])
         proc = self.spawn("runtime-sim", ["runtime-sim", "--port", str(port)])
         control = SimControl(self.settings.runtime_url, self.settings.runtime_token)
-        wait_for(lambda: control.healthy() or not proc.alive() and _dead(proc), 30,
-                 "the runtime simulator")
+        wait_for(
+            lambda: control.healthy() or not proc.alive() and _dead(proc),
+            30,
+            "the runtime simulator",
+        )
         return proc
 
-    def start_worker(self, concurrency: int = 2, queues: str | None = None,
-                     name: str | None = None, extra_env: dict[str, str] | None = None) -> Proc:
+    def start_worker(
+        self,
+        concurrency: int = 2,
+        queues: str | None = None,
+        name: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> Proc:
         name = name or f"worker-{uuid.uuid4().hex[:6]}"
         ready = self.settings.home / "run" / f"{name}.ready"
         ready.parent.mkdir(parents=True, exist_ok=True)
@@ -138,13 +157,13 @@ class Stack:
         if queues:
             args += ["-Q", queues]
         proc = self.spawn(name, args, ready, extra_env)
-        wait_for(lambda: ready.exists() or not proc.alive() and _dead(proc), 60,
-                 f"worker {name}")
+        wait_for(lambda: ready.exists() or not proc.alive() and _dead(proc), 60, f"worker {name}")
         return proc
 
     def start_beat(self, name: str = "beat") -> Proc:
-        return self.spawn(name, ["beat", "--schedule-file",
-                                 str(self.settings.home / "run" / f"{name}-schedule")])
+        return self.spawn(
+            name, ["beat", "--schedule-file", str(self.settings.home / "run" / f"{name}-schedule")]
+        )
 
     def stop(self) -> None:
         # Ask every process first, then wait: shutdowns overlap instead of adding up.
@@ -157,5 +176,7 @@ class Stack:
 
 
 def _dead(proc: Proc) -> bool:
-    raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}; "
-                       f"see {proc.log_path}:\n{proc.log_path.read_text()[-2000:]}")
+    raise RuntimeError(
+        f"{proc.name} exited with {proc.popen.returncode}; "
+        f"see {proc.log_path}:\n{proc.log_path.read_text()[-2000:]}"
+    )

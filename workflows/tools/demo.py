@@ -10,11 +10,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
-from workflows.config import Settings
 from workflows.errors import AgentRadarError, GoalGenerationSuperseded
-from workflows.runtime_sim import SimControl
-from workflows.stack import Stack, free_port, wait_for
+from workflows.tools.simulator import SimControl
+from workflows.tools.stack import Stack, free_port, wait_for
 
 WS = "acme"
 # Short leases so that recovery after the killed worker shows within seconds.
@@ -39,11 +39,15 @@ class Timeline:
 
 def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
     home = home or Path(tempfile.mkdtemp(prefix="agent-radar-demo-"))
-    settings = Settings(home=home.resolve(), database_url=f"sqlite:///{home.resolve() / 'demo.db'}",
-                        broker_url="filesystem://",
-                        runtime_url=f"http://127.0.0.1:{free_port()}",
-                        sweep_interval_s=DEMO_SWEEP_INTERVAL_S, lease_s=DEMO_LEASE_S,
-                        runtime_timeout_s=DEMO_RUNTIME_TIMEOUT_S)
+    settings = Settings(
+        home=home.resolve(),
+        database_url=f"sqlite:///{home.resolve() / 'demo.db'}",
+        broker_url="filesystem://",
+        runtime_url=f"http://127.0.0.1:{free_port()}",
+        sweep_interval_s=DEMO_SWEEP_INTERVAL_S,
+        lease_s=DEMO_LEASE_S,
+        runtime_timeout_s=DEMO_RUNTIME_TIMEOUT_S,
+    )
     say = Timeline(quiet=as_json)
     stack = Stack(settings)
     ok = False
@@ -53,10 +57,18 @@ def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
         stack.start_sim()
         worker = stack.start_worker(concurrency=2, name="worker-1")
         stack.start_beat()
-        say("stack up: runtime-sim, worker (2 processes), beat", database="SQLite (WAL)",
-            broker="filesystem")
-        ok = _scenario(AgentRadar(settings=settings), SimControl(settings.runtime_url, settings.runtime_token), stack,
-                       worker, say)
+        say(
+            "stack up: runtime-sim, worker (2 processes), beat",
+            database="SQLite (WAL)",
+            broker="filesystem",
+        )
+        ok = _scenario(
+            AgentRadar(settings=settings),
+            SimControl(settings.runtime_url, settings.runtime_token),
+            stack,
+            worker,
+            say,
+        )
     except (AgentRadarError, TimeoutError, RuntimeError, AssertionError) as exc:
         say("demo failed", error=f"{exc.__class__.__name__}: {exc}")
     finally:
@@ -65,8 +77,11 @@ def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
         stack.stop()
     say("done" if ok else "done, with failures", logs=str(stack.log_dir))
     if as_json:
-        print(json.dumps({"ok": ok, "home": str(home), "timeline": say.lines,
-                          "process_groups": started}))
+        print(
+            json.dumps(
+                {"ok": ok, "home": str(home), "timeline": say.lines, "process_groups": started}
+            )
+        )
     return ok
 
 
@@ -76,23 +91,37 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     say("goal set submitted", operation=op.operation_id[:8], revision=op.goal_revision)
     op = client.wait(op)
     say("goal applied by the agent", status=op.status, phase=op.provider_phase)
-    again = client.set_goal(WS, "session-a", "refactor the billing module", client_submit_id="req-1")
-    say("same submit ID sent again: the same operation comes back",
-        same_operation=again.operation_id == op.operation_id, status=again.status)
+    again = client.set_goal(
+        WS, "session-a", "refactor the billing module", client_submit_id="req-1"
+    )
+    say(
+        "same submit ID sent again: the same operation comes back",
+        same_operation=again.operation_id == op.operation_id,
+        status=again.status,
+    )
 
     # 2. clear it; then an expected-revision conflict
     cleared = client.wait(client.clear_goal(WS, "session-a", client_submit_id="req-2"))
     state = client.goal_state(WS, "session-a")
-    say("goal cleared", status=cleared.status, revision=state.revision,
-        tombstoned=state.tombstoned, sync=state.sync_status)
+    say(
+        "goal cleared",
+        status=cleared.status,
+        revision=state.revision,
+        tombstoned=state.tombstoned,
+        sync=state.sync_status,
+    )
     try:
-        client.set_goal(WS, "session-a", "stale writer", client_submit_id="req-3",
-                        expected_revision=1)
+        client.set_goal(
+            WS, "session-a", "stale writer", client_submit_id="req-3", expected_revision=1
+        )
         say("expected-revision check did not fire")
         return False
     except GoalGenerationSuperseded as exc:
-        say("stale expected revision refused, nothing written",
-            error=exc.code, current_revision=exc.current_revision)
+        say(
+            "stale expected revision refused, nothing written",
+            error=exc.code,
+            current_revision=exc.current_revision,
+        )
 
     # 3. the agent host fails three calls in a row: backoff retries until it applies
     sim.fault("goal", status=503, count=3, session_id="session-b")
@@ -104,8 +133,9 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     # 4. a worker is SIGKILLed while its agent call is in flight; the sweeper finishes
     sim.latency("goal", 1500)
     op = client.set_goal(WS, "session-c", "write release notes", client_submit_id="req-5")
-    wait_for(lambda: client.get_goal_operation(op.operation_id).lease_token, 30,
-             "the dispatch to start")
+    wait_for(
+        lambda: client.get_goal_operation(op.operation_id).lease_token, 30, "the dispatch to start"
+    )
     say("dispatch in flight; killing the worker with SIGKILL", pid=worker.pid)
     worker.kill()
     sim.latency("goal", 0)
@@ -115,58 +145,98 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     say("finished after the crash", status=op.status, attempts=op.attempt)
 
     # 5. fences: a shared goal revoked next to a newer owner goal, and a current one
-    shared = client.wait(client.set_goal(WS, "session-d", "follow the shared runbook",
-                                         client_submit_id="binding-7"))
+    shared = client.wait(
+        client.set_goal(WS, "session-d", "follow the shared runbook", client_submit_id="binding-7")
+    )
     client.wait(client.set_goal(WS, "session-d", "owner's own plan", client_submit_id="req-6"))
-    fence = client.fence_goal_generation(WS, "session-d", shared.operation_id,
-                                         client_submit_id="revoke-binding-7",
-                                         reason="shared binding revoked")
-    say("shared goal fenced after the owner set a newer one",
-        intent_accepted=fence.intent_accepted, clear=fence.clear_operation_id is not None)
+    fence = client.fence_goal_generation(
+        WS,
+        "session-d",
+        shared.operation_id,
+        client_submit_id="revoke-binding-7",
+        reason="shared binding revoked",
+    )
+    say(
+        "shared goal fenced after the owner set a newer one",
+        intent_accepted=fence.intent_accepted,
+        clear=fence.clear_operation_id is not None,
+    )
     fence = client.wait(fence)
     state = client.goal_state(WS, "session-d")
-    say("fence delivered; the owner's goal is untouched", fence=fence.status,
-        revision=state.revision, desired=state.desired["objective"])
-    shared = client.wait(client.set_goal(WS, "session-e", "follow the shared runbook",
-                                         client_submit_id="binding-8"))
-    fence = client.wait(client.fence_goal_generation(WS, "session-e", shared.operation_id,
-                                                     client_submit_id="revoke-binding-8"))
+    say(
+        "fence delivered; the owner's goal is untouched",
+        fence=fence.status,
+        revision=state.revision,
+        desired=state.desired["objective"],
+    )
+    shared = client.wait(
+        client.set_goal(WS, "session-e", "follow the shared runbook", client_submit_id="binding-8")
+    )
+    fence = client.wait(
+        client.fence_goal_generation(
+            WS, "session-e", shared.operation_id, client_submit_id="revoke-binding-8"
+        )
+    )
     state = client.goal_state(WS, "session-e")
-    say("a current shared goal fenced: cleared at the agent", fence=fence.status,
-        revision=state.revision, tombstoned=state.tombstoned, sync=state.sync_status)
+    say(
+        "a current shared goal fenced: cleared at the agent",
+        fence=fence.status,
+        revision=state.revision,
+        tombstoned=state.tombstoned,
+        sync=state.sync_status,
+    )
 
     # 6. a fence against an offline session completes without resuming it
-    offline = client.wait(client.set_goal(WS, "session-f", "nightly triage",
-                                          client_submit_id="binding-9"))
+    offline = client.wait(
+        client.set_goal(WS, "session-f", "nightly triage", client_submit_id="binding-9")
+    )
     sim.session(WS, "session-f", live=False)
     say("session-f's agent host goes offline")
-    fence = client.wait(client.fence_goal_generation(WS, "session-f", offline.operation_id,
-                                                     client_submit_id="revoke-binding-9"))
+    fence = client.wait(
+        client.fence_goal_generation(
+            WS, "session-f", offline.operation_id, client_submit_id="revoke-binding-9"
+        )
+    )
     clear = client.get_goal_operation(fence.clear_operation_id)
     resumes = [c for c in sim.calls("resume") if c["session_id"] == "session-f"]
-    say("fence completed locally, no resume", fence=fence.status, clear_phase=clear.provider_phase,
-        sync=client.goal_state(WS, "session-f").sync_status, resumes=len(resumes))
+    say(
+        "fence completed locally, no resume",
+        fence=fence.status,
+        clear_phase=clear.provider_phase,
+        sync=client.goal_state(WS, "session-f").sync_status,
+        resumes=len(resumes),
+    )
     info = client.ensure_session(WS, "session-f")
-    say("the user brings session-f back: resumed with the fence preloaded",
-        live=info.live, epoch=info.runtime_epoch)
+    say(
+        "the user brings session-f back: resumed with the fence preloaded",
+        live=info.live,
+        epoch=info.runtime_epoch,
+    )
 
     # 7. maintenance: a compaction, a cancelled one, and prompts parked behind one
     run = client.wait(client.start_maintenance(WS, "session-g", client_submit_id="compact-1"))
-    say("compaction finished", status=run.status, records=run.revision,
-        result_tokens=run.result_tokens)
+    say(
+        "compaction finished",
+        status=run.status,
+        records=run.revision,
+        result_tokens=run.result_tokens,
+    )
     sim.session(WS, "session-h", maintenance_duration_ms=5000)
     run = client.start_maintenance(WS, "session-h", client_submit_id="compact-2")
     wait_for(lambda: client.get_maintenance(run.run_id).lease_token, 30, "the run to start")
     client.cancel_maintenance(run.run_id)
     run = client.wait(run)
-    say("compaction cancelled", status=run.status, error_code=run.error_code,
-        records=run.revision)
+    say("compaction cancelled", status=run.status, error_code=run.error_code, records=run.revision)
     sim.session(WS, "session-i", maintenance_duration_ms=1500)
     run = client.start_maintenance(WS, "session-i", client_submit_id="compact-3")
-    queued = [client.submit_prompt(WS, "session-i", text, client_submit_id=f"prompt-{n}")
-              for n, text in enumerate(("summarise the diff", "open a pull request"))]
-    say("two prompts submitted while the compaction holds the session",
-        statuses=[client.get_prompt(p.prompt_id).status for p in queued])
+    queued = [
+        client.submit_prompt(WS, "session-i", text, client_submit_id=f"prompt-{n}")
+        for n, text in enumerate(("summarise the diff", "open a pull request"))
+    ]
+    say(
+        "two prompts submitted while the compaction holds the session",
+        statuses=[client.get_prompt(p.prompt_id).status for p in queued],
+    )
     run = client.wait(run)
     for p in queued:
         wait_for(lambda p=p: client.get_prompt(p.prompt_id).settled, 60, "the prompts")
@@ -176,12 +246,19 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     # 8. the audit: every operation applied at most once
     effects = sim.effects()
     per_op = Counter(e["operation_id"] for e in effects)
-    say("agent effects", total=len(effects),
-        applied_twice=sum(1 for n in per_op.values() if n > 1))
+    say("agent effects", total=len(effects), applied_twice=sum(1 for n in per_op.values() if n > 1))
     for sid in ("session-a", "session-b", "session-c", "session-d", "session-e", "session-f"):
         s = client.goal_state(WS, sid)
-        say(f"goal state {sid}", revision=s.revision, sync=s.sync_status,
-            desired=(s.desired or {}).get("objective"))
+        say(
+            f"goal state {sid}",
+            revision=s.revision,
+            sync=s.sync_status,
+            desired=(s.desired or {}).get("objective"),
+        )
     # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set)
-    return (all(n == 1 for n in per_op.values()) and len(per_op) == 9
-            and not resumes and sent == ["summarise the diff", "open a pull request"])
+    return (
+        all(n == 1 for n in per_op.values())
+        and len(per_op) == 9
+        and not resumes
+        and sent == ["summarise the diff", "open a pull request"]
+    )

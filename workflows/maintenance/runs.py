@@ -12,15 +12,24 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from models.enums import (LIVE_MAINTENANCE_STATUSES, TERMINAL_MAINTENANCE_STATUSES,
-                          MaintenanceError, MaintenanceStatus)
+from models.enums import (
+    LIVE_MAINTENANCE_STATUSES,
+    TERMINAL_MAINTENANCE_STATUSES,
+    MaintenanceError,
+    MaintenanceStatus,
+)
 from models.tables import MaintenanceRun
 from workflows import ids
-from workflows.errors import (InvalidArgument, MaintenanceBusy, MaintenanceConflict,
-                              MaintenanceRecoveryRequired, RuntimeDraining, SessionBusy)
-from workflows.sessions import append_event, lock_session
-from workflows.validation import (check_choice, check_id, check_int, check_submit_id,
-                                  check_text)
+from workflows.errors import (
+    InvalidArgument,
+    MaintenanceBusy,
+    MaintenanceConflict,
+    MaintenanceRecoveryRequired,
+    RuntimeDraining,
+    SessionBusy,
+)
+from workflows.sessions.rows import append_event, lock_session
+from workflows.validation import check_choice, check_id, check_int, check_submit_id, check_text
 
 S = MaintenanceStatus
 TERMINAL = frozenset(TERMINAL_MAINTENANCE_STATUSES)
@@ -36,8 +45,20 @@ ALLOWED: dict[str | None, frozenset] = {
 }
 KINDS = {"compact": False, "summarize_up_to": True, "summarize_from": True}  # needs {"turn"}
 RECORD_TYPE = "session-maintenance-v1"
-RECORD_FIELDS = ("run_id", "kind", "args", "status", "error_code", "detail", "revision",
-                 "runtime_epoch", "applied", "input_tokens", "result_tokens", "summary")
+RECORD_FIELDS = (
+    "run_id",
+    "kind",
+    "args",
+    "status",
+    "error_code",
+    "detail",
+    "revision",
+    "runtime_epoch",
+    "applied",
+    "input_tokens",
+    "result_tokens",
+    "summary",
+)
 
 
 @dataclass(frozen=True)
@@ -49,18 +70,29 @@ class MaintenanceRequest:
     args: dict[str, Any] | None
 
     @classmethod
-    def parse(cls, workspace_id: Any, session_id: Any, kind: Any, *, client_submit_id: Any,
-              args: Any = None) -> "MaintenanceRequest":
+    def parse(
+        cls,
+        workspace_id: Any,
+        session_id: Any,
+        kind: Any,
+        *,
+        client_submit_id: Any,
+        args: Any = None,
+    ) -> "MaintenanceRequest":
         kind = check_choice("kind", kind, KINDS)
         if KINDS[kind]:
             if not isinstance(args, dict) or set(args) != {"turn"}:
-                raise InvalidArgument(f"{kind} takes args {{\"turn\": N}}", field="args")
+                raise InvalidArgument(f'{kind} takes args {{"turn": N}}', field="args")
             check_int("args.turn", args["turn"], minimum=1)
         elif args not in (None, {}):
             raise InvalidArgument(f"{kind} takes no args", field="args")
-        return cls(check_id("workspace_id", workspace_id), check_id("session_id", session_id),
-                   kind, check_submit_id("client_submit_id", client_submit_id),
-                   dict(args) if KINDS[kind] else None)
+        return cls(
+            check_id("workspace_id", workspace_id),
+            check_id("session_id", session_id),
+            kind,
+            check_submit_id("client_submit_id", client_submit_id),
+            dict(args) if KINDS[kind] else None,
+        )
 
     @property
     def run_id(self) -> str:
@@ -69,14 +101,17 @@ class MaintenanceRequest:
 
 def _live(workspace_id, session_id) -> tuple:
     """SQL conditions: a run of this session that is not terminal (recovery included)."""
-    return (MaintenanceRun.workspace_id == workspace_id,
-            MaintenanceRun.session_id == session_id,
-            MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+    return (
+        MaintenanceRun.workspace_id == workspace_id,
+        MaintenanceRun.session_id == session_id,
+        MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES),
+    )
 
 
 def live_run(session: Session, workspace_id: str, session_id: str) -> MaintenanceRun | None:
-    return session.execute(select(MaintenanceRun).where(
-        *_live(workspace_id, session_id)).limit(1)).scalar_one_or_none()
+    return session.execute(
+        select(MaintenanceRun).where(*_live(workspace_id, session_id)).limit(1)
+    ).scalar_one_or_none()
 
 
 def holds(workspace_id, session_id):
@@ -91,16 +126,23 @@ def session_held(session: Session, workspace_id: str, session_id: str) -> bool:
 
 def _record(session: Session, run: MaintenanceRun, now: datetime) -> None:
     lock_session(session, run.workspace_id, run.session_id)
-    append_event(session, run.workspace_id, run.session_id, kind="diagnostic",
-                 record_id=f"maintenance:{run.run_id}",
-                 idempotency_key=f"session-maintenance:{run.run_id}:{run.revision}",
-                 revision=run.revision, optional=True, now=now,
-                 payload={"type": RECORD_TYPE,
-                          "record": {f: getattr(run, f) for f in RECORD_FIELDS}})
+    append_event(
+        session,
+        run.workspace_id,
+        run.session_id,
+        kind="diagnostic",
+        record_id=f"maintenance:{run.run_id}",
+        idempotency_key=f"session-maintenance:{run.run_id}:{run.revision}",
+        revision=run.revision,
+        optional=True,
+        now=now,
+        payload={"type": RECORD_TYPE, "record": {f: getattr(run, f) for f in RECORD_FIELDS}},
+    )
 
 
-def start(session: Session, request: MaintenanceRequest, now: datetime
-          ) -> tuple[MaintenanceRun, bool]:
+def start(
+    session: Session, request: MaintenanceRequest, now: datetime
+) -> tuple[MaintenanceRun, bool]:
     """Admission (one transaction, session row locked). Returns (run, created)."""
     row = lock_session(session, request.workspace_id, request.session_id)
     existing = session.get(MaintenanceRun, request.run_id, populate_existing=True)
@@ -108,7 +150,9 @@ def start(session: Session, request: MaintenanceRequest, now: datetime
         if (existing.kind, existing.args) != (request.kind, request.args):
             raise MaintenanceConflict(
                 f"client_submit_id {request.client_submit_id!r} was used for {existing.kind} "
-                f"{existing.args}", run_id=existing.run_id)
+                f"{existing.args}",
+                run_id=existing.run_id,
+            )
         return existing, False
     if row.admission == "draining":
         raise RuntimeDraining(f"session {request.workspace_id}/{request.session_id} is draining")
@@ -116,37 +160,58 @@ def start(session: Session, request: MaintenanceRequest, now: datetime
     if current is not None:
         if current.status == S.RECOVERY_REQUIRED:
             raise MaintenanceRecoveryRequired(
-                f"run {current.run_id} needs recovery first", run_id=current.run_id)
+                f"run {current.run_id} needs recovery first", run_id=current.run_id
+            )
         raise MaintenanceBusy(f"run {current.run_id} is {current.status}", run_id=current.run_id)
     if row.active_turn_id is not None:
-        raise SessionBusy(f"cannot {request.kind} while a turn is running",
-                          turn_id=row.active_turn_id)
+        raise SessionBusy(
+            f"cannot {request.kind} while a turn is running", turn_id=row.active_turn_id
+        )
     run = MaintenanceRun(
-        run_id=request.run_id, workspace_id=request.workspace_id,
-        session_id=request.session_id, client_submit_id=request.client_submit_id,
-        kind=request.kind, args=request.args, status=S.RUNNING, revision=1,
-        runtime_epoch=row.runtime_epoch or 0, started_at=now)
+        run_id=request.run_id,
+        workspace_id=request.workspace_id,
+        session_id=request.session_id,
+        client_submit_id=request.client_submit_id,
+        kind=request.kind,
+        args=request.args,
+        status=S.RUNNING,
+        revision=1,
+        runtime_epoch=row.runtime_epoch or 0,
+        started_at=now,
+    )
     session.add(run)
     session.flush()
     _record(session, run, now)
     return run, True
 
 
-def transition(session: Session, run: MaintenanceRun, to: MaintenanceStatus, now: datetime,
-               token: str | None = None, **fields: Any) -> bool:
+def transition(
+    session: Session,
+    run: MaintenanceRun,
+    to: MaintenanceStatus,
+    now: datetime,
+    token: str | None = None,
+    **fields: Any,
+) -> bool:
     """One guarded status change and its record; False if the row moved meanwhile."""
     if to not in ALLOWED.get(run.status, frozenset()):
         return False
-    conditions = [MaintenanceRun.run_id == run.run_id, MaintenanceRun.status == run.status,
-                  MaintenanceRun.revision == run.revision]
+    conditions = [
+        MaintenanceRun.run_id == run.run_id,
+        MaintenanceRun.status == run.status,
+        MaintenanceRun.revision == run.revision,
+    ]
     if token is not None:
         conditions.append(MaintenanceRun.lease_token == token)
     values = dict(fields, status=to, revision=run.revision + 1)
     if to in TERMINAL:
-        values.update(finished_at=now, lease_owner=None, lease_token=None,
-                      lease_expires_at=None)
-    result = session.execute(update(MaintenanceRun).where(*conditions).values(**values)
-                             .execution_options(synchronize_session="fetch"))
+        values.update(finished_at=now, lease_owner=None, lease_token=None, lease_expires_at=None)
+    result = session.execute(
+        update(MaintenanceRun)
+        .where(*conditions)
+        .values(**values)
+        .execution_options(synchronize_session="fetch")
+    )
     if result.rowcount != 1:
         return False
     fresh = session.get(MaintenanceRun, run.run_id, populate_existing=True)
@@ -154,8 +219,9 @@ def transition(session: Session, run: MaintenanceRun, to: MaintenanceStatus, now
     return True
 
 
-def request_cancel(session: Session, run_id: str, now: datetime,
-                   workspace_id: str | None = None) -> MaintenanceRun | None:
+def request_cancel(
+    session: Session, run_id: str, now: datetime, workspace_id: str | None = None
+) -> MaintenanceRun | None:
     """`cancel_maintenance`: running → cancelling; anything else is left unchanged. With
     `workspace_id`, a run of another workspace is not found (None)."""
     run = session.get(MaintenanceRun, run_id, populate_existing=True)
@@ -185,10 +251,12 @@ def check_outcome(outcome: dict[str, Any]) -> dict[str, Any]:
     for name in ("input_tokens", "result_tokens"):
         checked[name] = check_int(name, outcome.get(name), optional=True)
     summary, error = outcome.get("summary"), outcome.get("error")
-    checked["summary"] = (None if summary is None
-                          else check_text("summary", summary, MAX_SUMMARY_BYTES, allow_empty=True))
-    checked["error"] = (None if error in (None, "")
-                        else check_text("error", error, MAX_ERROR_BYTES))
+    checked["summary"] = (
+        None
+        if summary is None
+        else check_text("summary", summary, MAX_SUMMARY_BYTES, allow_empty=True)
+    )
+    checked["error"] = None if error in (None, "") else check_text("error", error, MAX_ERROR_BYTES)
     return checked
 
 
@@ -199,8 +267,11 @@ def terminal_for(answer: dict[str, Any]) -> tuple[MaintenanceStatus, dict[str, A
     try:
         outcome = check_outcome(answer)
     except InvalidArgument as exc:
-        return S.FAILED, {"applied": False, "error_code": MaintenanceError.INVALID_RUNTIME_ANSWER,
-                          "detail": f"the runtime's outcome could not be stored: {exc}"}
+        return S.FAILED, {
+            "applied": False,
+            "error_code": MaintenanceError.INVALID_RUNTIME_ANSWER,
+            "detail": f"the runtime's outcome could not be stored: {exc}",
+        }
     applied, cancelled, error = outcome["applied"], outcome["cancelled"], outcome["error"]
     fields: dict[str, Any] = {"applied": applied, "input_tokens": outcome["input_tokens"]}
     if applied:
@@ -211,6 +282,5 @@ def terminal_for(answer: dict[str, Any]) -> tuple[MaintenanceStatus, dict[str, A
         status = S.PARTIALLY_COMPLETED if applied else S.CANCELLED
         return status, dict(fields, error_code=MaintenanceError.CANCELLED)
     if error:
-        return S.FAILED, dict(fields, error_code=MaintenanceError.SUMMARY_FAILED,
-                              detail=str(error))
+        return S.FAILED, dict(fields, error_code=MaintenanceError.SUMMARY_FAILED, detail=str(error))
     return S.NOOP, dict(fields, error_code=MaintenanceError.NO_HISTORY)

@@ -8,17 +8,30 @@ from sqlalchemy.orm import Session
 
 from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutcome, TurnPhase
 from models.tables import GoalOperation, Turn
-from workflows import cancels, prompts
 from workflows.errors import InvalidArgument
-from workflows.goals import complete_applied
-from workflows.sessions import lock_session
-from workflows.validation import (check_choice, check_id, check_int, check_json_object,
-                                  check_report_time)
+from workflows.fences import cancels
+from workflows.goals.operations import complete_applied
+from workflows.sessions import prompts
+from workflows.sessions.rows import lock_session
+from workflows.validation import (
+    check_choice,
+    check_id,
+    check_int,
+    check_json_object,
+    check_report_time,
+)
 
 SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch"}
 REPORT_PARTS = {"workspace_id", "session_id", "occurred_at_ms", "session", "turn", "goal_applied"}
-TURN_FIELDS = {"turn_id", "phase", "outcome", "origin", "source_goal_operation_id",
-               "source_goal_revision", "prompt_id"}
+TURN_FIELDS = {
+    "turn_id",
+    "phase",
+    "outcome",
+    "origin",
+    "source_goal_operation_id",
+    "source_goal_revision",
+    "prompt_id",
+}
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,9 @@ def parse_report(report: Any, now: datetime) -> Report:
         check_id("goal_applied.operation_id", applied.get("operation_id"))
         extra = set(applied) - {"operation_id", "revision", "goal"}
         if extra:
-            raise InvalidArgument(f"unknown goal_applied fields: {sorted(extra)}",
-                                  field="goal_applied")
+            raise InvalidArgument(
+                f"unknown goal_applied fields: {sorted(extra)}", field="goal_applied"
+            )
         check_int("goal_applied.revision", applied.get("revision"), minimum=1)
         check_json_object("goal_applied.goal", applied.get("goal"))
     turn = _parse_turn(report.get("turn"))
@@ -75,7 +89,10 @@ def parse_report(report: Any, now: datetime) -> Report:
         workspace_id=check_id("workspace_id", report.get("workspace_id")),
         session_id=check_id("session_id", report.get("session_id")),
         occurred_at=occurred_at,
-        session=session, goal_applied=applied, turn=turn)
+        session=session,
+        goal_applied=applied,
+        turn=turn,
+    )
 
 
 def _check_choice(name: str, value: Any, choices: type) -> str | None:
@@ -96,7 +113,9 @@ def _parse_turn(value: Any) -> dict[str, Any] | None:
         "phase": _check_choice("turn.phase", turn.get("phase"), TurnPhase),
         "outcome": _check_choice("turn.outcome", turn.get("outcome"), TurnOutcome),
         "origin": _check_choice("turn.origin", turn.get("origin"), TurnOrigin),
-        "source_goal_operation_id": None, "source_goal_revision": None, "prompt_id": None,
+        "source_goal_operation_id": None,
+        "source_goal_revision": None,
+        "prompt_id": None,
     }
     if parsed["phase"] is None:
         raise InvalidArgument("turn.phase is required", field="turn.phase")
@@ -105,9 +124,9 @@ def _parse_turn(value: Any) -> dict[str, Any] | None:
     for key in ("source_goal_operation_id", "prompt_id"):
         if turn.get(key) is not None:
             parsed[key] = check_id(f"turn.{key}", turn[key])
-    parsed["source_goal_revision"] = check_int("turn.source_goal_revision",
-                                               turn.get("source_goal_revision"), minimum=1,
-                                               optional=True)
+    parsed["source_goal_revision"] = check_int(
+        "turn.source_goal_revision", turn.get("source_goal_revision"), minimum=1, optional=True
+    )
     return parsed
 
 
@@ -122,7 +141,8 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     """Apply one report in the caller's transaction."""
     row = lock_session(session, report.workspace_id, report.session_id)
     if report.session is not None and (
-            row.last_report_at is None or report.occurred_at >= row.last_report_at):
+        row.last_report_at is None or report.occurred_at >= row.last_report_at
+    ):
         # Older session facts than the last applied ones are ignored: reports can arrive
         # out of order through the broker.
         for key, value in report.session.items():
@@ -132,22 +152,26 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     wake_prompts = False
     if report.turn is not None and apply_turn(session, row, report.turn, report.occurred_at):
         turn = report.turn
-        wake = cancels.on_turn_settled(session, report.workspace_id, report.session_id,
-                                       turn["turn_id"], turn["outcome"], now)
-        prompts.on_turn_settled(session, report.workspace_id, report.session_id,
-                                turn["prompt_id"], turn["outcome"])
+        wake = cancels.on_turn_settled(
+            session, report.workspace_id, report.session_id, turn["turn_id"], turn["outcome"], now
+        )
+        prompts.on_turn_settled(
+            session, report.workspace_id, report.session_id, turn["prompt_id"], turn["outcome"]
+        )
         wake_prompts = True  # any settled turn may let the next prompt (or a run) go
     completed: list[str] = []
     applied = report.goal_applied
     if applied is not None:
         op = session.get(GoalOperation, applied["operation_id"], populate_existing=True)
         # Only a report naming exactly this operation and revision counts as evidence.
-        if (op is not None and op.workspace_id == report.workspace_id
-                and op.session_id == report.session_id
-                and op.goal_revision == applied["revision"]
-                and op.status == OperationStatus.DISPATCHED
-                and complete_applied(session, op, applied.get("goal"),
-                                     {"report": "goal_applied"}, now)):
+        if (
+            op is not None
+            and op.workspace_id == report.workspace_id
+            and op.session_id == report.session_id
+            and op.goal_revision == applied["revision"]
+            and op.status == OperationStatus.DISPATCHED
+            and complete_applied(session, op, applied.get("goal"), {"report": "goal_applied"}, now)
+        ):
             completed.append(op.operation_id)
     return ReportEffects(completed=completed, wake_fences=wake, wake_prompts=wake_prompts)
 
@@ -159,11 +183,17 @@ def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetim
     current = session.get(Turn, key, populate_existing=True)
     phase = turn["phase"]
     if current is None:
-        current = Turn(workspace_id=key[0], session_id=key[1], turn_id=key[2], phase=phase,
-                       origin=turn["origin"],
-                       source_goal_operation_id=turn["source_goal_operation_id"],
-                       source_goal_revision=turn["source_goal_revision"],
-                       prompt_id=turn["prompt_id"], started_at=occurred_at)
+        current = Turn(
+            workspace_id=key[0],
+            session_id=key[1],
+            turn_id=key[2],
+            phase=phase,
+            origin=turn["origin"],
+            source_goal_operation_id=turn["source_goal_operation_id"],
+            source_goal_revision=turn["source_goal_revision"],
+            prompt_id=turn["prompt_id"],
+            started_at=occurred_at,
+        )
         session.add(current)
     elif TURN_PHASE_ORDER[TurnPhase(phase)] <= TURN_PHASE_ORDER[TurnPhase(current.phase)]:
         return False  # a late or repeated report: turns never move backwards

@@ -17,12 +17,14 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, MaintenanceError, MaintenanceStatus, Origin
 from models.tables import GoalOperation, MaintenanceRun
-from workflows import cancels, leases, maintenance
+from workflows import leases
+from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fence_apply import FENCE_APPLY_TASK
-from workflows.goals import DISPATCH_TASK
-from workflows.prompts import PROMPT_TASK
-from workflows.runtime import RuntimePort
+from workflows.fences import cancels
+from workflows.fences.apply import FENCE_APPLY_TASK
+from workflows.goals.dispatch import DISPATCH_TASK
+from workflows.maintenance import runs
+from workflows.sessions.prompts import PROMPT_TASK
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,18 @@ class RunClaim:
 
 
 class MaintenanceExecutor:
-    def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str, lease_s: float,
-                 publish: Publish, clock: Callable[[], datetime] = utcnow,
-                 poll_s: float = POLL_S, max_wait_s: float = 3000.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        worker_id: str,
+        lease_s: float,
+        publish: Publish,
+        clock: Callable[[], datetime] = utcnow,
+        poll_s: float = POLL_S,
+        max_wait_s: float = 3000.0,
+    ) -> None:
         self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
         self.lease_s, self.publish, self.clock = lease_s, publish, clock
         self.poll_s, self.max_wait_s = poll_s, max_wait_s
@@ -59,8 +70,13 @@ class MaintenanceExecutor:
         if claim is None:
             return "skipped"
         try:
-            self.runtime.start_maintenance(claim.workspace_id, claim.session_id,
-                                           run_id=claim.run_id, kind=claim.kind, args=claim.args)
+            self.runtime.start_maintenance(
+                claim.workspace_id,
+                claim.session_id,
+                run_id=claim.run_id,
+                kind=claim.kind,
+                args=claim.args,
+            )
             outcome = self._poll(claim)
         except (RuntimeFault, RuntimeDisconnected) as exc:
             # Unreachable: let go; an expired lease sends it through recovery, which asks the
@@ -75,28 +91,39 @@ class MaintenanceExecutor:
     def _claim(self, s: Session, run_id: str) -> RunClaim | None:
         now = self.clock()
         run = s.get(MaintenanceRun, run_id, populate_existing=True)
-        if run is None or run.status not in maintenance.ALLOWED:
+        if run is None or run.status not in runs.ALLOWED:
             return None
-        token = leases.claim_row(s, MaintenanceRun, MaintenanceRun.run_id, run_id,
-                                 self.worker_id, self.lease_s, now,
-                                 MaintenanceRun.status == run.status)
+        token = leases.claim_row(
+            s,
+            MaintenanceRun,
+            MaintenanceRun.run_id,
+            run_id,
+            self.worker_id,
+            self.lease_s,
+            now,
+            MaintenanceRun.status == run.status,
+        )
         if token is None:
             return None
         return RunClaim(run.run_id, run.workspace_id, run.session_id, run.kind, run.args, token)
 
     def _heartbeat(self, s: Session, claim: RunClaim) -> MaintenanceRun | None:
         now = self.clock()
-        result = s.execute(update(MaintenanceRun).where(
-            MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
-            .values(lease_expires_at=now + timedelta(seconds=self.lease_s)))
+        result = s.execute(
+            update(MaintenanceRun)
+            .where(MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
+            .values(lease_expires_at=now + timedelta(seconds=self.lease_s))
+        )
         if result.rowcount != 1:
             return None
         return s.get(MaintenanceRun, claim.run_id, populate_existing=True)
 
     def _release(self, s: Session, claim: RunClaim) -> None:
-        s.execute(update(MaintenanceRun).where(
-            MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
-            .values(lease_owner=None, lease_token=None, lease_expires_at=None))
+        s.execute(
+            update(MaintenanceRun)
+            .where(MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
+            .values(lease_owner=None, lease_token=None, lease_expires_at=None)
+        )
 
     def _poll(self, claim: RunClaim) -> dict | None:
         cancel_sent = False
@@ -106,65 +133,83 @@ class MaintenanceExecutor:
             if run is None:
                 return None  # our lease is gone: another worker owns the run now
             if run.cancel_requested_at is not None and not cancel_sent:
-                self.runtime.cancel_maintenance(claim.workspace_id, claim.session_id,
-                                                claim.run_id)
+                self.runtime.cancel_maintenance(claim.workspace_id, claim.session_id, claim.run_id)
                 cancel_sent = True
-            state = self.runtime.maintenance_status(claim.workspace_id, claim.session_id,
-                                                    claim.run_id)
+            state = self.runtime.maintenance_status(
+                claim.workspace_id, claim.session_id, claim.run_id
+            )
             if state.get("state") == "done":
                 return state
             time.sleep(self.poll_s)
-        raise RuntimeFault(f"maintenance {claim.run_id} did not finish in {self.max_wait_s} s",
-                           code="timeout", retryable=True, http_status=None)
+        raise RuntimeFault(
+            f"maintenance {claim.run_id} did not finish in {self.max_wait_s} s",
+            code="timeout",
+            retryable=True,
+            http_status=None,
+        )
 
     def finish(self, claim: RunClaim, outcome: dict) -> str:
         """finalizing (durable on its own: no cancel after this point), then the terminal
         record in a second transaction."""
+
         def finalizing(s: Session) -> str | None:
             run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
-            if run.status in maintenance.TERMINAL or run.status == S.FINALIZING:
+            if run.status in runs.TERMINAL or run.status == S.FINALIZING:
                 return run.status
-            ok = maintenance.transition(s, run, S.FINALIZING, self.clock(), token=claim.token)
+            ok = runs.transition(s, run, S.FINALIZING, self.clock(), token=claim.token)
             return S.FINALIZING if ok else None
 
         def terminal(s: Session) -> str | None:
             run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
-            status, fields = maintenance.terminal_for(outcome)
-            ok = maintenance.transition(s, run, status, self.clock(), token=claim.token,
-                                        **fields)
+            status, fields = runs.terminal_for(outcome)
+            ok = runs.transition(s, run, status, self.clock(), token=claim.token, **fields)
             return status if ok else None
 
         state = run_transaction(self.engine, finalizing)
         if state is None:
             return "lost_lease"
-        if state in maintenance.TERMINAL:
+        if state in runs.TERMINAL:
             return state
         try:
             status = run_transaction(self.engine, terminal)
         except SQLAlchemyError as exc:
-            log.warning("maintenance %s: terminal record not written (%s)", claim.run_id,
-                        exc.__class__.__name__)
+            log.warning(
+                "maintenance %s: terminal record not written (%s)",
+                claim.run_id,
+                exc.__class__.__name__,
+            )
             return self._persist_failed(claim)
         if status is None:
             return "lost_lease"
-        release_session(self.engine, self.publish, claim.workspace_id, claim.session_id,
-                        self.clock())
+        release_session(
+            self.engine, self.publish, claim.workspace_id, claim.session_id, self.clock()
+        )
         return status
 
     def _persist_failed(self, claim: RunClaim) -> str:
         """The terminal write failed: once the database answers again, leave the run in
         recovery (`operation_persist_failed`) and let go; recovery asks the runtime for the
         outcome and writes it again. The session stays held meanwhile."""
+
         def mark(s: Session) -> bool:
             run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
-            ok = maintenance.transition(
-                s, run, S.RECOVERY_REQUIRED, self.clock(), token=claim.token,
-                error_code=MaintenanceError.OPERATION_PERSIST_FAILED)
-            s.execute(update(MaintenanceRun).where(
-                MaintenanceRun.run_id == claim.run_id,
-                MaintenanceRun.lease_token == claim.token).values(
-                lease_owner=None, lease_token=None, lease_expires_at=None))
+            ok = runs.transition(
+                s,
+                run,
+                S.RECOVERY_REQUIRED,
+                self.clock(),
+                token=claim.token,
+                error_code=MaintenanceError.OPERATION_PERSIST_FAILED,
+            )
+            s.execute(
+                update(MaintenanceRun)
+                .where(
+                    MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token
+                )
+                .values(lease_owner=None, lease_token=None, lease_expires_at=None)
+            )
             return ok
+
         deadline = time.monotonic() + PERSIST_RETRY_S
         while time.monotonic() < deadline:
             try:
@@ -176,34 +221,55 @@ class MaintenanceExecutor:
         return "persist_failed"
 
 
-def release_session(engine: Engine, publish: Publish, workspace_id: str, session_id: str,
-                    now: datetime) -> None:
+def release_session(
+    engine: Engine, publish: Publish, workspace_id: str, session_id: str, now: datetime
+) -> None:
     """The run settled: held goal operations become due now and drain in revision order;
     the next queued prompt may go (DESIGN 4.7)."""
+
     def wake(s: Session) -> list[str]:
-        ops = list(s.execute(select(GoalOperation.operation_id).where(
-            GoalOperation.workspace_id == workspace_id, GoalOperation.session_id == session_id,
-            GoalOperation.origin == Origin.CLIENT,
-            GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
-            .order_by(GoalOperation.goal_revision)).scalars())
+        ops = list(
+            s.execute(
+                select(GoalOperation.operation_id)
+                .where(
+                    GoalOperation.workspace_id == workspace_id,
+                    GoalOperation.session_id == session_id,
+                    GoalOperation.origin == Origin.CLIENT,
+                    GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+                )
+                .order_by(GoalOperation.goal_revision)
+            ).scalars()
+        )
         if ops:
-            s.execute(update(GoalOperation).where(GoalOperation.operation_id.in_(ops))
-                      .values(next_attempt_at=now))
+            s.execute(
+                update(GoalOperation)
+                .where(GoalOperation.operation_id.in_(ops))
+                .values(next_attempt_at=now)
+            )
         return ops
+
     operations = run_transaction(engine, wake)
     if operations:
         # One dispatch drains the session's lane in revision order.
         publish(DISPATCH_TASK, {"operation_id": operations[0]})
     # Their clears were held too.
-    for fence_id in run_transaction(engine, lambda s: cancels.wake_pending_fences(
-            s, workspace_id, session_id, now)):
+    for fence_id in run_transaction(
+        engine, lambda s: cancels.wake_pending_fences(s, workspace_id, session_id, now)
+    ):
         publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
     publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
 
 
-def sweep_maintenance(engine: Engine, publish: Publish, now: datetime, *, cancel_grace_s: float,
-                      outbox_grace_s: float, republish_interval_s: float,
-                      limit: int) -> dict[str, int]:
+def sweep_maintenance(
+    engine: Engine,
+    publish: Publish,
+    now: datetime,
+    *,
+    cancel_grace_s: float,
+    outbox_grace_s: float,
+    republish_interval_s: float,
+    limit: int,
+) -> dict[str, int]:
     """Runs never claimed are re-published; a lost heartbeat is `worker_lost`; a cancel
     past its grace is `cancel_timeout` (the session stays held); runs in recovery with no
     live worker are re-published so the executor asks the runtime for the outcome. A run
@@ -213,29 +279,51 @@ def sweep_maintenance(engine: Engine, publish: Publish, now: datetime, *, cancel
 
     def mark(s: Session) -> int:
         n = 0
-        for run in s.execute(select(MaintenanceRun).where(
+        for run in s.execute(
+            select(MaintenanceRun)
+            .where(
                 MaintenanceRun.status.in_((S.RUNNING, S.CANCELLING, S.FINALIZING)),
-                MaintenanceRun.lease_expires_at <= now).limit(limit)).scalars():
-            n += maintenance.transition(s, run, S.RECOVERY_REQUIRED, now,
-                                        error_code=MaintenanceError.WORKER_LOST)
+                MaintenanceRun.lease_expires_at <= now,
+            )
+            .limit(limit)
+        ).scalars():
+            n += runs.transition(
+                s, run, S.RECOVERY_REQUIRED, now, error_code=MaintenanceError.WORKER_LOST
+            )
         grace_cutoff = now - timedelta(seconds=cancel_grace_s)
-        for run in s.execute(select(MaintenanceRun).where(
+        for run in s.execute(
+            select(MaintenanceRun)
+            .where(
                 MaintenanceRun.status.in_((S.RUNNING, S.CANCELLING)),
-                MaintenanceRun.cancel_requested_at <= grace_cutoff).limit(limit)).scalars():
-            n += maintenance.transition(s, run, S.RECOVERY_REQUIRED, now,
-                                        error_code=MaintenanceError.CANCEL_TIMEOUT)
+                MaintenanceRun.cancel_requested_at <= grace_cutoff,
+            )
+            .limit(limit)
+        ).scalars():
+            n += runs.transition(
+                s, run, S.RECOVERY_REQUIRED, now, error_code=MaintenanceError.CANCEL_TIMEOUT
+            )
         return n
+
     counts["recovery"] = run_transaction(engine, mark)
     started_cutoff = now - timedelta(seconds=outbox_grace_s)
 
     def reserve(s: Session) -> list[tuple[str, ...]]:
-        due = s.execute(select(MaintenanceRun.run_id).where(
-            or_(MaintenanceRun.status == S.RECOVERY_REQUIRED,
-                (MaintenanceRun.status == S.RUNNING)
-                & (MaintenanceRun.started_at <= started_cutoff)),
-            leases.unheld(MaintenanceRun, now)).limit(limit)).scalars()
-        return leases.reserve_republish(s, "maintenance", [(run_id,) for run_id in due],
-                                        republish_interval_s, now)
+        due = s.execute(
+            select(MaintenanceRun.run_id)
+            .where(
+                or_(
+                    MaintenanceRun.status == S.RECOVERY_REQUIRED,
+                    (MaintenanceRun.status == S.RUNNING)
+                    & (MaintenanceRun.started_at <= started_cutoff),
+                ),
+                leases.unheld(MaintenanceRun, now),
+            )
+            .limit(limit)
+        ).scalars()
+        return leases.reserve_republish(
+            s, "maintenance", [(run_id,) for run_id in due], republish_interval_s, now
+        )
+
     for (run_id,) in run_transaction(engine, reserve):
         publish(EXECUTE_TASK, {"run_id": run_id})
         counts["republished"] += 1

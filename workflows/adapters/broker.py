@@ -19,7 +19,7 @@ import kombu.transport
 from kombu import Connection, Exchange, Queue
 from kombu.transport import filesystem, virtual
 
-from workflows.config import Settings
+from workflows.adapters.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,7 @@ kombu.transport.TRANSPORT_ALIASES["filesystem"] = f"{__name__}:Transport"
 
 def broker_folders(settings: Settings) -> dict[str, Path]:
     root = settings.broker_folder
-    return {"queue": root / "queue", "processed": root / "processed",
-            "control": root / "control"}
+    return {"queue": root / "queue", "processed": root / "processed", "control": root / "control"}
 
 
 def transport_options(settings: Settings) -> dict[str, Any]:
@@ -113,9 +112,14 @@ def transport_options(settings: Settings) -> dict[str, Any]:
             folder.mkdir(parents=True, exist_ok=True)
         # Processed messages are moved (renamed) within one filesystem: the rename is what
         # makes exactly one consumer win a message.
-        return {"data_folder_in": str(folders["queue"]), "data_folder_out": str(folders["queue"]),
-                "processed_folder": str(folders["processed"]), "store_processed": True,
-                "control_folder": str(folders["control"]), "polling_interval": FILESYSTEM_POLL_S}
+        return {
+            "data_folder_in": str(folders["queue"]),
+            "data_folder_out": str(folders["queue"]),
+            "processed_folder": str(folders["processed"]),
+            "store_processed": True,
+            "control_folder": str(folders["control"]),
+            "polling_interval": FILESYSTEM_POLL_S,
+        }
     options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     if settings.broker_key_prefix:
         options["global_keyprefix"] = settings.broker_key_prefix
@@ -156,34 +160,58 @@ class TaskPublisher:
 
     def _ensure(self):
         if self._pid != os.getpid() or self._producer is None:
-            self._connection = Connection(self.settings.broker_url,
-                                          transport_options=transport_options(self.settings))
+            self._connection = Connection(
+                self.settings.broker_url, transport_options=transport_options(self.settings)
+            )
             self._producer = self._connection.Producer()
             self._pid = os.getpid()
         return self._producer
 
-    def publish(self, task_name: str, kwargs: dict[str, Any] | None = None,
-                queue: str | None = None) -> str:
+    def publish(
+        self, task_name: str, kwargs: dict[str, Any] | None = None, queue: str | None = None
+    ) -> str:
         kwargs = kwargs or {}
         queue_name = queue or queue_for(task_name)
         target = self._exchanges[queue_name]
         task_id = str(uuid.uuid4())
         headers = {
-            "lang": "py", "task": task_name, "id": task_id, "shadow": None, "eta": None,
-            "expires": None, "group": None, "group_index": None, "retries": 0,
-            "timelimit": [None, None], "root_id": task_id, "parent_id": None,
-            "argsrepr": "()", "kwargsrepr": repr(kwargs)[:1024], "origin": "agent-radar",
+            "lang": "py",
+            "task": task_name,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": "()",
+            "kwargsrepr": repr(kwargs)[:1024],
+            "origin": "agent-radar",
             "ignore_result": True,
         }
         body = ([], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
         with self._lock:
             producer = self._ensure()
             producer.publish(
-                body, exchange=target.exchange, routing_key=target.routing_key,
-                serializer="json", headers=headers, correlation_id=task_id,
-                delivery_mode=2, declare=[target], retry=True,
-                retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5,
-                              "interval_max": 2})
+                body,
+                exchange=target.exchange,
+                routing_key=target.routing_key,
+                serializer="json",
+                headers=headers,
+                correlation_id=task_id,
+                delivery_mode=2,
+                declare=[target],
+                retry=True,
+                retry_policy={
+                    "max_retries": 3,
+                    "interval_start": 0.1,
+                    "interval_step": 0.5,
+                    "interval_max": 2,
+                },
+            )
         return task_id
 
     def publish_after_commit(self, task_name: str, kwargs: dict[str, Any]) -> bool:
@@ -193,8 +221,9 @@ class TaskPublisher:
             self.publish(task_name, kwargs)
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault leaves it to the sweeper
-            log.warning("publish of %s %s failed (%s); the sweeper will publish it",
-                        task_name, kwargs, exc)
+            log.warning(
+                "publish of %s %s failed (%s); the sweeper will publish it", task_name, kwargs, exc
+            )
             self.close()
             return False
 
@@ -240,9 +269,8 @@ class TaskPublisher:
                     batch = self._waiting.pop(key, [])
                 task_name, list_kwarg = key
                 for start in range(0, len(batch), COALESCE_MAX_ITEMS):
-                    chunk = batch[start:start + COALESCE_MAX_ITEMS]
-                    ok = self.publish_after_commit(task_name,
-                                                   {list_kwarg: [w.item for w in chunk]})
+                    chunk = batch[start : start + COALESCE_MAX_ITEMS]
+                    ok = self.publish_after_commit(task_name, {list_kwarg: [w.item for w in chunk]})
                     for waiting in chunk:
                         waiting.published = ok
         return bool(mine.published)

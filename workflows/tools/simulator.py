@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 SESSION_PATH = re.compile(
     r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|prompts"
-    r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$")
+    r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$"
+)
 Reporter = Callable[[dict[str, Any]], Any]
 
 
@@ -82,9 +83,19 @@ class SimTurn:
     prompt_id: str | None = None
 
 
-SESSION_SETTINGS = ("live", "missing", "goal_mode", "apply_delay_ms", "continuation_turns",
-                    "turn_duration_ms", "cancel_mode", "cancel_delay_ms",
-                    "maintenance_duration_ms", "maintenance_outcome", "ignore_cancel")
+SESSION_SETTINGS = (
+    "live",
+    "missing",
+    "goal_mode",
+    "apply_delay_ms",
+    "continuation_turns",
+    "turn_duration_ms",
+    "cancel_mode",
+    "cancel_delay_ms",
+    "maintenance_duration_ms",
+    "maintenance_outcome",
+    "ignore_cancel",
+)
 
 
 @dataclass
@@ -122,8 +133,15 @@ class Simulator:
     # -- protocol --------------------------------------------------------------------------
     def handle(self, call: str, ws: str, sid: str, body: dict) -> dict:
         with self.lock:
-            self.calls.append({"call": call, "workspace_id": ws, "session_id": sid,
-                               "operation_id": body.get("operation_id"), "at": time.time()})
+            self.calls.append(
+                {
+                    "call": call,
+                    "workspace_id": ws,
+                    "session_id": sid,
+                    "operation_id": body.get("operation_id"),
+                    "at": time.time(),
+                }
+            )
             self._inject_fault(call, ws, sid)
             delay_ms = self.latency_ms.get(call, 0)
         if delay_ms:
@@ -148,8 +166,12 @@ class Simulator:
 
     def _inject_fault(self, call: str, ws: str, sid: str) -> None:
         for fault in self.faults:
-            if fault.remaining > 0 and fault.call in (call, "*") and (
-                    fault.workspace_id in (None, ws)) and fault.session_id in (None, sid):
+            if (
+                fault.remaining > 0
+                and fault.call in (call, "*")
+                and (fault.workspace_id in (None, ws))
+                and fault.session_id in (None, sid)
+            ):
                 fault.remaining -= 1
                 raise SimError(fault.status, fault.code)
 
@@ -158,8 +180,15 @@ class Simulator:
         if not sess.live:
             sess.live = True
             sess.epoch += 1
-            self.effects.append({"kind": "resume", "workspace_id": ws, "session_id": sid,
-                                 "fences": fences, "runtime_epoch": sess.epoch})
+            self.effects.append(
+                {
+                    "kind": "resume",
+                    "workspace_id": ws,
+                    "session_id": sid,
+                    "fences": fences,
+                    "runtime_epoch": sess.epoch,
+                }
+            )
         sess.fences |= {(f["target_operation_id"], f["target_revision"]) for f in fences}
         return {"live": True, "runtime_epoch": sess.epoch}
 
@@ -192,20 +221,33 @@ class Simulator:
         elif sess.goal is not None:
             sess.goal = {**sess.goal, "status": "paused" if action == "pause" else "active"}
         sess.applied_revision = revision
-        self.effects.append({"kind": "goal", "workspace_id": ws, "session_id": sid,
-                             "operation_id": body["operation_id"], "action": action,
-                             "revision": revision, "objective": body.get("objective"),
-                             "at": time.time()})
+        self.effects.append(
+            {
+                "kind": "goal",
+                "workspace_id": ws,
+                "session_id": sid,
+                "operation_id": body["operation_id"],
+                "action": action,
+                "revision": revision,
+                "objective": body.get("objective"),
+                "at": time.time(),
+            }
+        )
         if action == "set" and sess.continuation_turns:
             self._start_turn(ws, sid, sess, body["operation_id"], revision)
         return sess.goal
 
     # -- turns, fences and cancels -----------------------------------------------------------
-    def _start_turn(self, ws: str, sid: str, sess: SimSession, operation_id: str,
-                    revision: int) -> None:
+    def _start_turn(
+        self, ws: str, sid: str, sess: SimSession, operation_id: str, revision: int
+    ) -> None:
         sess.turn_seq += 1
-        turn = SimTurn(turn_id=f"turn-{sess.turn_seq}", origin="goal_continuation",
-                       source_goal_operation_id=operation_id, source_goal_revision=revision)
+        turn = SimTurn(
+            turn_id=f"turn-{sess.turn_seq}",
+            origin="goal_continuation",
+            source_goal_operation_id=operation_id,
+            source_goal_revision=revision,
+        )
         sess.turns[turn.turn_id] = turn
         self._report_turn_later(ws, sid, turn, 0)
         if sess.turn_duration_ms:
@@ -217,19 +259,38 @@ class Simulator:
             if turn is None or turn.phase == "settled":
                 return
             turn.phase, turn.outcome = "settled", outcome
-            self.effects.append({"kind": "turn_settled", "workspace_id": ws, "session_id": sid,
-                                 "turn_id": turn_id, "outcome": outcome, "at": time.time()})
+            self.effects.append(
+                {
+                    "kind": "turn_settled",
+                    "workspace_id": ws,
+                    "session_id": sid,
+                    "turn_id": turn_id,
+                    "outcome": outcome,
+                    "at": time.time(),
+                }
+            )
         self._report_turn_later(ws, sid, turn, 0)
 
     def _report_turn_later(self, ws: str, sid: str, turn: SimTurn, delay_ms: int) -> None:
-        snapshot = {"turn_id": turn.turn_id, "phase": turn.phase, "outcome": turn.outcome,
-                    "origin": turn.origin,
-                    "source_goal_operation_id": turn.source_goal_operation_id,
-                    "source_goal_revision": turn.source_goal_revision,
-                    "prompt_id": turn.prompt_id}
-        self._later(delay_ms, self.report, {
-            "workspace_id": ws, "session_id": sid,
-            "occurred_at_ms": int(time.time() * 1000), "turn": snapshot})
+        snapshot = {
+            "turn_id": turn.turn_id,
+            "phase": turn.phase,
+            "outcome": turn.outcome,
+            "origin": turn.origin,
+            "source_goal_operation_id": turn.source_goal_operation_id,
+            "source_goal_revision": turn.source_goal_revision,
+            "prompt_id": turn.prompt_id,
+        }
+        self._later(
+            delay_ms,
+            self.report,
+            {
+                "workspace_id": ws,
+                "session_id": sid,
+                "occurred_at_ms": int(time.time() * 1000),
+                "turn": snapshot,
+            },
+        )
 
     @staticmethod
     def _later(delay_ms: int, fn, *args) -> None:
@@ -243,32 +304,54 @@ class Simulator:
         prompt_id = body["prompt_id"]
         if prompt_id not in sess.prompt_turns:
             sess.turn_seq += 1
-            turn = SimTurn(turn_id=f"turn-{sess.turn_seq}", origin="user_prompt",
-                           source_goal_operation_id=None, source_goal_revision=None,
-                           prompt_id=prompt_id)
+            turn = SimTurn(
+                turn_id=f"turn-{sess.turn_seq}",
+                origin="user_prompt",
+                source_goal_operation_id=None,
+                source_goal_revision=None,
+                prompt_id=prompt_id,
+            )
             sess.turns[turn.turn_id] = turn
             sess.prompt_turns[prompt_id] = turn.turn_id
-            self.effects.append({"kind": "prompt", "workspace_id": ws, "session_id": sid,
-                                 "prompt_id": prompt_id, "turn_id": turn.turn_id,
-                                 "text": body.get("text"), "at": time.time()})
+            self.effects.append(
+                {
+                    "kind": "prompt",
+                    "workspace_id": ws,
+                    "session_id": sid,
+                    "prompt_id": prompt_id,
+                    "turn_id": turn.turn_id,
+                    "text": body.get("text"),
+                    "at": time.time(),
+                }
+            )
             self._report_turn_later(ws, sid, turn, 0)
             if sess.turn_duration_ms:
-                self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id,
-                            "completed")
+                self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id, "completed")
         return {"turn_id": sess.prompt_turns[prompt_id]}
 
-    def _maintenance(self, ws: str, sid: str, sess: SimSession, parts: list[str],
-                     body: dict) -> dict:
+    def _maintenance(
+        self, ws: str, sid: str, sess: SimSession, parts: list[str], body: dict
+    ) -> dict:
         if len(parts) == 1:  # start, idempotent by run_id
             if not sess.live:
                 raise SimError(409, "disconnected")
             run_id = body["run_id"]
             if run_id not in sess.runs:
-                sess.runs[run_id] = SimRun(run_id, time.time() + sess.maintenance_duration_ms
-                                           / 1000, sess.maintenance_outcome)
-                self.effects.append({"kind": "maintenance", "workspace_id": ws,
-                                     "session_id": sid, "run_id": run_id,
-                                     "maintenance_kind": body.get("kind"), "at": time.time()})
+                sess.runs[run_id] = SimRun(
+                    run_id,
+                    time.time() + sess.maintenance_duration_ms / 1000,
+                    sess.maintenance_outcome,
+                )
+                self.effects.append(
+                    {
+                        "kind": "maintenance",
+                        "workspace_id": ws,
+                        "session_id": sid,
+                        "run_id": run_id,
+                        "maintenance_kind": body.get("kind"),
+                        "at": time.time(),
+                    }
+                )
             return {"state": "running"}
         run = sess.runs.get(unquote(parts[1]))
         if run is None:
@@ -282,10 +365,15 @@ class Simulator:
         applied = run.outcome == "applied" and not run.cancelled
         error = run.outcome.split(":", 1)[1] if run.outcome.startswith("error:") else None
         cancelled = run.cancelled or run.outcome == "cancelled"  # the agent gave up by itself
-        return {"state": "done", "applied": applied, "cancelled": cancelled,
-                "error": None if run.cancelled else error, "input_tokens": 12000,
-                "result_tokens": 800 if applied else None,
-                "summary": "conversation compacted" if applied else None}
+        return {
+            "state": "done",
+            "applied": applied,
+            "cancelled": cancelled,
+            "error": None if run.cancelled else error,
+            "input_tokens": 12000,
+            "result_tokens": 800 if applied else None,
+            "summary": "conversation compacted" if applied else None,
+        }
 
     def _install_fence(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
         if body.get("require_live") and not sess.live:
@@ -293,13 +381,19 @@ class Simulator:
         fence = (body["target_operation_id"], int(body["target_revision"]))
         if fence not in sess.fences:
             sess.fences.add(fence)
-            self.effects.append({"kind": "fence", "workspace_id": ws, "session_id": sid,
-                                 "target_operation_id": fence[0], "target_revision": fence[1],
-                                 "at": time.time()})
+            self.effects.append(
+                {
+                    "kind": "fence",
+                    "workspace_id": ws,
+                    "session_id": sid,
+                    "target_operation_id": fence[0],
+                    "target_revision": fence[1],
+                    "at": time.time(),
+                }
+            )
         return {}
 
-    def _cancel_turn(self, ws: str, sid: str, sess: SimSession, turn_id: str,
-                     body: dict) -> dict:
+    def _cancel_turn(self, ws: str, sid: str, sess: SimSession, turn_id: str, body: dict) -> dict:
         if body.get("require_live") and not sess.live:
             raise SimError(409, "disconnected")
         op_id = body["operation_id"]
@@ -308,8 +402,16 @@ class Simulator:
         turn = sess.turns.get(turn_id)
         if turn is None:
             raise SimError(404, "not_found")
-        self.effects.append({"kind": "cancel", "workspace_id": ws, "session_id": sid,
-                             "turn_id": turn_id, "operation_id": op_id, "at": time.time()})
+        self.effects.append(
+            {
+                "kind": "cancel",
+                "workspace_id": ws,
+                "session_id": sid,
+                "turn_id": turn_id,
+                "operation_id": op_id,
+                "at": time.time(),
+            }
+        )
         if turn.phase == "settled":
             answer = {"result": "already_settled"}
         elif sess.cancel_mode == "immediate":
@@ -329,10 +431,18 @@ class Simulator:
             if int(body["revision"]) <= sess.applied_revision:
                 return  # a newer revision got there first; this one is stale now
             goal = self._apply(ws, sid, sess, body)
-        self.report({"workspace_id": ws, "session_id": sid,
-                     "occurred_at_ms": int(time.time() * 1000),
-                     "goal_applied": {"operation_id": body["operation_id"],
-                                      "revision": int(body["revision"]), "goal": goal}})
+        self.report(
+            {
+                "workspace_id": ws,
+                "session_id": sid,
+                "occurred_at_ms": int(time.time() * 1000),
+                "goal_applied": {
+                    "operation_id": body["operation_id"],
+                    "revision": int(body["revision"]),
+                    "goal": goal,
+                },
+            }
+        )
 
     def report(self, report: dict) -> None:
         if self.reporter is None:
@@ -354,21 +464,33 @@ class Simulator:
                 for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
-                return {"live": sess.live, "runtime_epoch": sess.epoch,
-                        "goal": sess.goal, "applied_revision": sess.applied_revision,
-                        "fences": sorted(sess.fences),
-                        "turns": {t.turn_id: {"phase": t.phase, "outcome": t.outcome,
-                                              "source_goal_operation_id":
-                                                  t.source_goal_operation_id,
-                                              "source_goal_revision": t.source_goal_revision}
-                                  for t in sess.turns.values()}}
+                return {
+                    "live": sess.live,
+                    "runtime_epoch": sess.epoch,
+                    "goal": sess.goal,
+                    "applied_revision": sess.applied_revision,
+                    "fences": sorted(sess.fences),
+                    "turns": {
+                        t.turn_id: {
+                            "phase": t.phase,
+                            "outcome": t.outcome,
+                            "source_goal_operation_id": t.source_goal_operation_id,
+                            "source_goal_revision": t.source_goal_revision,
+                        }
+                        for t in sess.turns.values()
+                    },
+                }
             if path == "/sim/faults":
-                self.faults.append(Fault(call=body.get("call", "*"),
-                                         status=int(body.get("status", 503)),
-                                         code=body.get("error", "server_error"),
-                                         remaining=int(body.get("count", 1)),
-                                         workspace_id=body.get("workspace_id"),
-                                         session_id=body.get("session_id")))
+                self.faults.append(
+                    Fault(
+                        call=body.get("call", "*"),
+                        status=int(body.get("status", 503)),
+                        code=body.get("error", "server_error"),
+                        remaining=int(body.get("count", 1)),
+                        workspace_id=body.get("workspace_id"),
+                        session_id=body.get("session_id"),
+                    )
+                )
                 return {}
             if path == "/sim/defaults":
                 unknown = set(body) - set(SESSION_SETTINGS)
@@ -439,8 +561,10 @@ def make_handler(sim: Simulator, token: str | None):
                     result = sim.snapshot(path) if method == "GET" else sim.control(path, body)
                     return self._send(200, result)
                 match = SESSION_PATH.match(path)
-                reads = match and (match[3] == "liveness" or (
-                    match[3].startswith("maintenance/") and not match[3].endswith("/cancel")))
+                reads = match and (
+                    match[3] == "liveness"
+                    or (match[3].startswith("maintenance/") and not match[3].endswith("/cancel"))
+                )
                 expected = "GET" if reads else "POST"
                 if not match or method != expected:
                     return self._send(404, {"error": "not_found"})
@@ -455,6 +579,7 @@ def make_handler(sim: Simulator, token: str | None):
 
         def do_POST(self):
             self._dispatch("POST")
+
     return Handler
 
 
@@ -468,8 +593,13 @@ class _Server(ThreadingHTTPServer):
 class SimServer:
     """The simulator on a real socket, in a background thread (or in the foreground)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8765, token: str | None = None,
-                 reporter: Reporter | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        token: str | None = None,
+        reporter: Reporter | None = None,
+    ) -> None:
         self.sim = Simulator(reporter)
         self.httpd = _Server((host, port), make_handler(self.sim, token))
         self.thread: threading.Thread | None = None
@@ -480,8 +610,9 @@ class SimServer:
         return f"http://{host}:{port}"
 
     def start(self) -> "SimServer":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
-                                       name="runtime-sim")
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, daemon=True, name="runtime-sim"
+        )
         self.thread.start()
         return self
 
@@ -497,19 +628,38 @@ class SimControl:
     """Client of the simulator's `/sim/` endpoints, for the demo, the tests and the bench."""
 
     def __init__(self, url: str, token: str | None = None) -> None:
-        from workflows.runtime import HttpRuntime
+        from workflows.adapters.runtime import HttpRuntime
+
         self.http = HttpRuntime(url, token, timeout_s=10.0)
 
     def session(self, ws: str, sid: str, **settings: Any) -> dict:
         from urllib.parse import quote
+
         path = f"/sim/sessions/{quote(ws, safe='')}/{quote(sid, safe='')}"
         return self.http.request("POST", path, settings)
 
-    def fault(self, call: str = "*", *, status: int = 503, error: str = "server_error",
-              count: int = 1, workspace_id: str | None = None, session_id: str | None = None):
-        return self.http.request("POST", "/sim/faults", {
-            "call": call, "status": status, "error": error, "count": count,
-            "workspace_id": workspace_id, "session_id": session_id})
+    def fault(
+        self,
+        call: str = "*",
+        *,
+        status: int = 503,
+        error: str = "server_error",
+        count: int = 1,
+        workspace_id: str | None = None,
+        session_id: str | None = None,
+    ):
+        return self.http.request(
+            "POST",
+            "/sim/faults",
+            {
+                "call": call,
+                "status": status,
+                "error": error,
+                "count": count,
+                "workspace_id": workspace_id,
+                "session_id": session_id,
+            },
+        )
 
     def defaults(self, **settings: Any) -> dict:
         """Settings for sessions the simulator has not seen yet."""

@@ -57,9 +57,11 @@ class Settings:
 
     def __repr__(self) -> str:
         # Settings reach logs and operator tools; neither may show a secret in clear text.
-        return (f"Settings(home={str(self.home)!r}, database_url={mask_url(self.database_url)!r}, "
-                f"broker_url={mask_url(self.broker_url)!r}, runtime_url={self.runtime_url!r}, "
-                f"runtime_token={'********' if self.runtime_token else None!r})")
+        return (
+            f"Settings(home={str(self.home)!r}, database_url={mask_url(self.database_url)!r}, "
+            f"broker_url={mask_url(self.broker_url)!r}, runtime_url={self.runtime_url!r}, "
+            f"runtime_token={'********' if self.runtime_token else None!r})"
+        )
 
     def with_home(self, home: Path) -> "Settings":
         return replace(self, home=home)
@@ -71,7 +73,8 @@ class Settings:
         timeout_s = _float(env, "AGENT_RADAR_RUNTIME_TIMEOUT_S", 10.0)
         return cls(
             home=home,
-            database_url=env.get("AGENT_RADAR_DATABASE_URL") or f"sqlite:///{home / 'agent-radar.db'}",
+            database_url=env.get("AGENT_RADAR_DATABASE_URL")
+            or f"sqlite:///{home / 'agent-radar.db'}",
             broker_url=env.get("AGENT_RADAR_BROKER_URL") or "filesystem://",
             runtime_url=env.get("AGENT_RADAR_RUNTIME_URL") or DEFAULT_RUNTIME_URL,
             runtime_token=env.get("AGENT_RADAR_RUNTIME_TOKEN") or None,

@@ -15,14 +15,24 @@ from sqlalchemy.orm import Session
 
 from models.base import utcnow
 from models.db import run_transaction
-from models.enums import (OPEN_OPERATION_STATUSES, CancelResult, CancelStatus, FenceStatus,
-                          OperationStatus, ProviderPhase, SyncStatus, TurnPhase)
+from models.enums import (
+    OPEN_OPERATION_STATUSES,
+    CancelResult,
+    CancelStatus,
+    FenceStatus,
+    OperationStatus,
+    ProviderPhase,
+    SyncStatus,
+    TurnPhase,
+)
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation, GoalState, Turn
-from workflows import cancels, ids, leases
+from workflows import ids, leases
+from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.goals import Claim, Dispatcher, backoff_s
-from workflows.runtime import RuntimePort
-from workflows.sessions import lock_session
+from workflows.fences import cancels
+from workflows.goals.dispatch import Claim, Dispatcher
+from workflows.goals.operations import backoff_s
+from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +75,16 @@ class FenceClaim:
 class CancelRunner:
     """Requests and retries durable turn cancels."""
 
-    def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str, lease_s: float,
-                 publish: Publish, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        worker_id: str,
+        lease_s: float,
+        publish: Publish,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
         self.lease_s, self.publish, self.clock = lease_s, publish, clock
 
@@ -87,14 +105,20 @@ class CancelRunner:
             if cancel.status == CancelStatus.COMPLETED:
                 return cancel, None
             return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
+
         cancel, token = run_transaction(self.engine, prepare_and_claim)
         if cancel.status == CancelStatus.COMPLETED:
             return "settled"
         if token is None:
             return "waiting"  # already requested; its answer or report is on the way
-        answer = self.runtime.cancel_turn(workspace_id, session_id, turn_id,
-                                          operation_id=cancel.operation_id, reason=reason,
-                                          require_live=True)
+        answer = self.runtime.cancel_turn(
+            workspace_id,
+            session_id,
+            turn_id,
+            operation_id=cancel.operation_id,
+            reason=reason,
+            require_live=True,
+        )
         return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
 
     def _record(self, s: Session, cancel: CancelOperation, token: str, answer: dict) -> str:
@@ -109,28 +133,38 @@ class CancelRunner:
         """`agent_radar.cancel.apply`: the stale-cancel path. A session known or found
         offline settles the turn locally as interrupted (no cancel call, no resume); a live
         one gets the cancel retried with backoff."""
+
         def claim(s: Session):
             cancel = s.get(CancelOperation, operation_id, populate_existing=True)
             if cancel is None or cancel.status not in cancels.OPEN_CANCEL_STATUSES:
                 return None, None, False
             token = cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
             return cancel, token, _known_offline(s, cancel.workspace_id, cancel.session_id)
+
         cancel, token, offline = run_transaction(self.engine, claim)
         if token is None:
             return "skipped"
         try:
-            if offline or not self.runtime.liveness(cancel.workspace_id,
-                                                    cancel.session_id).get("live"):
+            if offline or not self.runtime.liveness(cancel.workspace_id, cancel.session_id).get(
+                "live"
+            ):
                 return self._interrupted(cancel, token)
             answer = self.runtime.cancel_turn(
-                cancel.workspace_id, cancel.session_id, cancel.turn_id,
-                operation_id=cancel.operation_id, reason=cancel.reason, require_live=True)
+                cancel.workspace_id,
+                cancel.session_id,
+                cancel.turn_id,
+                operation_id=cancel.operation_id,
+                reason=cancel.reason,
+                require_live=True,
+            )
         except RuntimeDisconnected:
             return self._interrupted(cancel, token)
         except RuntimeFault as exc:
             error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
-            run_transaction(self.engine, lambda s: cancels.retry_later(
-                s, cancel, token, error, delay, self.clock()))
+            run_transaction(
+                self.engine,
+                lambda s: cancels.retry_later(s, cancel, token, error, delay, self.clock()),
+            )
             return "retry"
         outcome = run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
         if outcome == "settled":
@@ -141,15 +175,21 @@ class CancelRunner:
         def settle(s: Session):
             mark_offline(s, cancel.workspace_id, cancel.session_id)
             cancels.complete(s, cancel, CancelResult.INTERRUPTED, self.clock(), token)
-            return cancels.waiting_fences(s, cancel.workspace_id, cancel.session_id,
-                                          cancel.turn_id, self.clock())
+            return cancels.waiting_fences(
+                s, cancel.workspace_id, cancel.session_id, cancel.turn_id, self.clock()
+            )
+
         for fence_id in run_transaction(self.engine, settle):
             self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
         return "interrupted"
 
     def _wake(self, cancel: CancelOperation) -> None:
-        fence_ids = run_transaction(self.engine, lambda s: cancels.waiting_fences(
-            s, cancel.workspace_id, cancel.session_id, cancel.turn_id, self.clock()))
+        fence_ids = run_transaction(
+            self.engine,
+            lambda s: cancels.waiting_fences(
+                s, cancel.workspace_id, cancel.session_id, cancel.turn_id, self.clock()
+            ),
+        )
         for fence_id in fence_ids:
             self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
 
@@ -158,15 +198,25 @@ class FenceApplier:
     """Delivers a fence under the session's lane: install, cancel the fenced turn, drive the
     clear, complete — or settle locally when the session is offline."""
 
-    def __init__(self, engine: Engine, runtime: RuntimePort, *, worker_id: str, lease_s: float,
-                 publish: Publish, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        worker_id: str,
+        lease_s: float,
+        publish: Publish,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
         self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
         self.lease_s, self.publish, self.clock = lease_s, publish, clock
-        self.cancels = CancelRunner(engine, runtime, worker_id=worker_id, lease_s=lease_s,
-                                    publish=publish, clock=clock)
+        self.cancels = CancelRunner(
+            engine, runtime, worker_id=worker_id, lease_s=lease_s, publish=publish, clock=clock
+        )
         # Fence-made clears never resume a session: no resume callback.
-        self.dispatcher = Dispatcher(engine, runtime, worker_id=worker_id, lease_s=lease_s,
-                                     clock=clock)
+        self.dispatcher = Dispatcher(
+            engine, runtime, worker_id=worker_id, lease_s=lease_s, clock=clock
+        )
 
     def apply(self, fence_id: str) -> str:
         claim = run_transaction(self.engine, lambda s: self._claim(s, fence_id))
@@ -178,8 +228,10 @@ class FenceApplier:
             outcome = run_transaction(self.engine, lambda s: self._settle_locally(s, claim))
         except RuntimeFault as exc:
             error = str(exc)
-            outcome = run_transaction(self.engine, lambda s: self._back_to_pending(
-                s, claim, error, backoff_s(claim.attempt)))
+            outcome = run_transaction(
+                self.engine,
+                lambda s: self._back_to_pending(s, claim, error, backoff_s(claim.attempt)),
+            )
         # The lane is free again: goal operations that found it busy are drained now.
         self.dispatcher.drain_lane(claim.workspace_id, claim.session_id)
         return outcome
@@ -191,57 +243,102 @@ class FenceApplier:
             return "skipped"
         if fence.lease_expires_at is not None and fence.lease_expires_at > now:
             return "skipped"  # another worker is delivering it
-        lane_token = leases.claim(s, ids.lane_name(fence.workspace_id, fence.session_id),
-                                  self.worker_id, self.lease_s, now)
+        lane_token = leases.claim(
+            s,
+            ids.lane_name(fence.workspace_id, fence.session_id),
+            self.worker_id,
+            self.lease_s,
+            now,
+        )
         if lane_token is None:
             return "lane_busy"  # still due: the sweeper publishes it again shortly
         token = leases.new_token()
-        s.execute(update(GoalFence).where(GoalFence.fence_id == fence_id).values(
-            status=FenceStatus.PROCESSING, attempt=GoalFence.attempt + 1, lease_owner=self.worker_id,
-            lease_token=token, lease_expires_at=now + timedelta(seconds=self.lease_s)))
+        s.execute(
+            update(GoalFence)
+            .where(GoalFence.fence_id == fence_id)
+            .values(
+                status=FenceStatus.PROCESSING,
+                attempt=GoalFence.attempt + 1,
+                lease_owner=self.worker_id,
+                lease_token=token,
+                lease_expires_at=now + timedelta(seconds=self.lease_s),
+            )
+        )
         return FenceClaim(
-            fence_id=fence.fence_id, workspace_id=fence.workspace_id,
-            session_id=fence.session_id, target_operation_id=fence.target_operation_id,
-            target_revision=fence.target_revision, clear_operation_id=fence.clear_operation_id,
-            attempt=fence.attempt, token=token, lane_token=lane_token,
-            known_offline=_known_offline(s, fence.workspace_id, fence.session_id))
+            fence_id=fence.fence_id,
+            workspace_id=fence.workspace_id,
+            session_id=fence.session_id,
+            target_operation_id=fence.target_operation_id,
+            target_revision=fence.target_revision,
+            clear_operation_id=fence.clear_operation_id,
+            attempt=fence.attempt,
+            token=token,
+            lane_token=lane_token,
+            known_offline=_known_offline(s, fence.workspace_id, fence.session_id),
+        )
 
     def _deliver(self, claim: FenceClaim) -> str:
         if claim.known_offline:
             raise RuntimeDisconnected("the session is known to be offline")
-        self.runtime.install_fence(claim.workspace_id, claim.session_id,
-                                   target_operation_id=claim.target_operation_id,
-                                   target_revision=claim.target_revision, require_live=True)
+        self.runtime.install_fence(
+            claim.workspace_id,
+            claim.session_id,
+            target_operation_id=claim.target_operation_id,
+            target_revision=claim.target_revision,
+            require_live=True,
+        )
         turn_id = run_transaction(self.engine, lambda s: self._fenced_turn(s, claim))
         cancel_id = None
         if turn_id is not None:
             # Only a turn with exactly this provenance is cancelled; the active turn is never
             # a stand-in for it.
             cancel_id = ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id)
-            state = self.cancels.request(claim.workspace_id, claim.session_id, turn_id,
-                                         reason=f"goal-generation-fence:{claim.fence_id}")
+            state = self.cancels.request(
+                claim.workspace_id,
+                claim.session_id,
+                turn_id,
+                reason=f"goal-generation-fence:{claim.fence_id}",
+            )
             if state == "waiting":
-                return run_transaction(self.engine, lambda s: self._back_to_pending(
-                    s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id))
+                return run_transaction(
+                    self.engine,
+                    lambda s: self._back_to_pending(
+                        s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
+                    ),
+                )
         if claim.clear_operation_id and not self._drive_clear(claim):
-            return run_transaction(self.engine, lambda s: self._back_to_pending(
-                s, claim, "the clear is waiting to be retried", backoff_s(claim.attempt),
-                cancel_id))
+            return run_transaction(
+                self.engine,
+                lambda s: self._back_to_pending(
+                    s,
+                    claim,
+                    "the clear is waiting to be retried",
+                    backoff_s(claim.attempt),
+                    cancel_id,
+                ),
+            )
         return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
 
     def _fenced_turn(self, s: Session, claim: FenceClaim) -> str | None:
         """The session's turn started by exactly the fenced generation, if it has one that
         is not settled; a settled one whose cancel is recorded counts as handled."""
-        return s.execute(select(Turn.turn_id).where(
-            Turn.workspace_id == claim.workspace_id, Turn.session_id == claim.session_id,
-            Turn.source_goal_operation_id == claim.target_operation_id,
-            Turn.source_goal_revision == claim.target_revision,
-            Turn.phase != TurnPhase.SETTLED).limit(1)).scalar_one_or_none()
+        return s.execute(
+            select(Turn.turn_id)
+            .where(
+                Turn.workspace_id == claim.workspace_id,
+                Turn.session_id == claim.session_id,
+                Turn.source_goal_operation_id == claim.target_operation_id,
+                Turn.source_goal_revision == claim.target_revision,
+                Turn.phase != TurnPhase.SETTLED,
+            )
+            .limit(1)
+        ).scalar_one_or_none()
 
     def _drive_clear(self, claim: FenceClaim) -> bool:
         """Apply the fence's clear (require_live, never resume). True once it is settled."""
-        current = run_transaction(self.engine, lambda s: self.dispatcher._claim(
-            s, claim.clear_operation_id))
+        current = run_transaction(
+            self.engine, lambda s: self.dispatcher._claim(s, claim.clear_operation_id)
+        )
         if not isinstance(current, Claim):
             if current.outcome in ("held", "lane_lost"):
                 return False  # a maintenance run holds the session: the clear waits
@@ -249,41 +346,64 @@ class FenceApplier:
         op = current.op
         try:
             answer = self.runtime.apply_goal(
-                op.workspace_id, op.session_id, operation_id=op.operation_id, action=op.action,
-                objective=op.objective, revision=op.goal_revision,
-                client_submit_id=op.client_submit_id, require_live=True)
+                op.workspace_id,
+                op.session_id,
+                operation_id=op.operation_id,
+                action=op.action,
+                objective=op.objective,
+                revision=op.goal_revision,
+                client_submit_id=op.client_submit_id,
+                require_live=True,
+            )
         except RuntimeFault as exc:
             fault = exc
-            result = run_transaction(self.engine, lambda s: self.dispatcher._fault_outcome(
-                s, current, fault, fault.retryable))
+            result = run_transaction(
+                self.engine,
+                lambda s: self.dispatcher._fault_outcome(s, current, fault, fault.retryable),
+            )
             return result.outcome != "retry"
-        run_transaction(self.engine, lambda s: self.dispatcher._answer_outcome(
-            s, current, answer))
+        run_transaction(self.engine, lambda s: self.dispatcher._answer_outcome(s, current, answer))
         return True
 
     def _clear_settled(self, claim: FenceClaim) -> bool:
-        op = run_transaction(self.engine, lambda s: s.get(GoalOperation,
-                                                          claim.clear_operation_id))
+        op = run_transaction(self.engine, lambda s: s.get(GoalOperation, claim.clear_operation_id))
         return op is None or op.status not in OPEN_OPERATION_STATUSES
 
     # -- fence transitions, each conditional on the fence's lease token -------------------
     def _finish_fence(self, s: Session, claim: FenceClaim, **values) -> bool:
-        result = s.execute(update(GoalFence).where(
-            GoalFence.fence_id == claim.fence_id, GoalFence.lease_token == claim.token).values(
-            lease_owner=None, lease_token=None, lease_expires_at=None, **values))
+        result = s.execute(
+            update(GoalFence)
+            .where(GoalFence.fence_id == claim.fence_id, GoalFence.lease_token == claim.token)
+            .values(lease_owner=None, lease_token=None, lease_expires_at=None, **values)
+        )
         leases.release(s, claim.lane, claim.lane_token)
         return result.rowcount == 1
 
     def _complete(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
         values = {"cancel_operation_id": cancel_id} if cancel_id else {}  # keep a recorded one
-        ok = self._finish_fence(s, claim, status=FenceStatus.COMPLETED,
-                                completed_at=self.clock(), last_error=None, **values)
+        ok = self._finish_fence(
+            s,
+            claim,
+            status=FenceStatus.COMPLETED,
+            completed_at=self.clock(),
+            last_error=None,
+            **values,
+        )
         return "completed" if ok else "skipped"
 
-    def _back_to_pending(self, s: Session, claim: FenceClaim, error: str, delay_s: float,
-                         cancel_id: str | None = None) -> str:
-        values = {"status": FenceStatus.PENDING, "last_error": error,
-                  "next_attempt_at": self.clock() + timedelta(seconds=delay_s)}
+    def _back_to_pending(
+        self,
+        s: Session,
+        claim: FenceClaim,
+        error: str,
+        delay_s: float,
+        cancel_id: str | None = None,
+    ) -> str:
+        values = {
+            "status": FenceStatus.PENDING,
+            "last_error": error,
+            "next_attempt_at": self.clock() + timedelta(seconds=delay_s),
+        }
         if cancel_id is not None:
             values["cancel_operation_id"] = cancel_id
         ok = self._finish_fence(s, claim, **values)
@@ -296,23 +416,39 @@ class FenceApplier:
         now = self.clock()
         mark_offline(s, claim.workspace_id, claim.session_id)
         if claim.clear_operation_id:
-            done = s.execute(update(GoalOperation).where(
-                GoalOperation.operation_id == claim.clear_operation_id,
-                GoalOperation.status.in_(OPEN_OPERATION_STATUSES)).values(
-                status=OperationStatus.COMPLETED, provider_phase=ProviderPhase.UNKNOWN,
-                completed_at=now, lease_owner=None, lease_token=None, lease_expires_at=None))
+            done = s.execute(
+                update(GoalOperation)
+                .where(
+                    GoalOperation.operation_id == claim.clear_operation_id,
+                    GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+                )
+                .values(
+                    status=OperationStatus.COMPLETED,
+                    provider_phase=ProviderPhase.UNKNOWN,
+                    completed_at=now,
+                    lease_owner=None,
+                    lease_token=None,
+                    lease_expires_at=None,
+                )
+            )
             if done.rowcount == 1:
-                s.execute(update(GoalState).where(
-                    GoalState.workspace_id == claim.workspace_id,
-                    GoalState.session_id == claim.session_id,
-                    GoalState.pending_operation_id == claim.clear_operation_id).values(
-                    sync_status=SyncStatus.UNKNOWN, pending_operation_id=None))
+                s.execute(
+                    update(GoalState)
+                    .where(
+                        GoalState.workspace_id == claim.workspace_id,
+                        GoalState.session_id == claim.session_id,
+                        GoalState.pending_operation_id == claim.clear_operation_id,
+                    )
+                    .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
+                )
         fence = s.get(GoalFence, claim.fence_id)
-        cancel = (s.get(CancelOperation, fence.cancel_operation_id)
-                  if fence.cancel_operation_id else None)
+        cancel = (
+            s.get(CancelOperation, fence.cancel_operation_id) if fence.cancel_operation_id else None
+        )
         if cancel is not None and cancel.status in cancels.OPEN_CANCEL_STATUSES:
             # The turn it waited on went down with the host: settled locally as interrupted.
             cancels.complete(s, cancel, CancelResult.INTERRUPTED, now)
-        ok = self._finish_fence(s, claim, status=FenceStatus.COMPLETED, completed_at=now,
-                                last_error=None)
+        ok = self._finish_fence(
+            s, claim, status=FenceStatus.COMPLETED, completed_at=now, last_error=None
+        )
         return "completed_offline" if ok else "skipped"

@@ -16,10 +16,12 @@ EVENTS = SessionEvent.__table__
 # than executing a cached one.
 _NEXT_SEQUENCE = (
     update(SESSIONS)
-    .where(SESSIONS.c.workspace_id == bindparam("b_ws"),
-           SESSIONS.c.session_id == bindparam("b_sid"))
+    .where(
+        SESSIONS.c.workspace_id == bindparam("b_ws"), SESSIONS.c.session_id == bindparam("b_sid")
+    )
     .values(event_sequence=SESSIONS.c.event_sequence + 1)
-    .returning(SESSIONS.c.event_sequence))
+    .returning(SESSIONS.c.event_sequence)
+)
 _INSERT_EVENT = insert(EVENTS)
 
 
@@ -30,8 +32,13 @@ def same_session(a, b):
 
 
 def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
-    return {"workspace_id": workspace_id, "session_id": session_id, "runtime_epoch": 0,
-            "admission": "open", "event_sequence": 0}
+    return {
+        "workspace_id": workspace_id,
+        "session_id": session_id,
+        "runtime_epoch": 0,
+        "admission": "open",
+        "event_sequence": 0,
+    }
 
 
 def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentSession:
@@ -40,11 +47,12 @@ def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentS
     Every transaction that changes a session's goal, operations or events takes this lock
     first, so writers of one session take turns in one order and never deadlock.
     """
-    query = (select(AgentSession)
-             .where(AgentSession.workspace_id == workspace_id,
-                    AgentSession.session_id == session_id)
-             .with_for_update()
-             .execution_options(populate_existing=True))
+    query = (
+        select(AgentSession)
+        .where(AgentSession.workspace_id == workspace_id, AgentSession.session_id == session_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
     row = session.execute(query).scalar_one_or_none()
     if row is None:
         insert_ignore(session, SESSIONS, new_session_values(workspace_id, session_id))
@@ -52,19 +60,40 @@ def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentS
     return row
 
 
-def append_event(session: Session, workspace_id: str, session_id: str, *, kind: str,
-                 record_id: str, idempotency_key: str, now: datetime,
-                 revision: int | None = None, payload: dict[str, Any] | None = None,
-                 optional: bool = False) -> int:
+def append_event(
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    *,
+    kind: str,
+    record_id: str,
+    idempotency_key: str,
+    now: datetime,
+    revision: int | None = None,
+    payload: dict[str, Any] | None = None,
+    optional: bool = False,
+) -> int:
     """Append one event at the next gap-free sequence of a session whose row this
     transaction has locked; returns the sequence. The counter is bumped in the database,
     never from a loaded row, so it is right whatever the caller loaded before. The
     idempotency key is unique: callers append only for a record they just created."""
     conn = session.connection()
-    sequence = conn.execute(_NEXT_SEQUENCE, {"b_ws": workspace_id, "b_sid": session_id}
-                            ).scalar_one()
-    conn.execute(_INSERT_EVENT, {
-        "workspace_id": workspace_id, "session_id": session_id, "sequence": sequence,
-        "kind": kind, "record_id": record_id, "revision": revision, "payload": payload,
-        "optional": optional, "idempotency_key": idempotency_key, "created_at": now})
+    sequence = conn.execute(
+        _NEXT_SEQUENCE, {"b_ws": workspace_id, "b_sid": session_id}
+    ).scalar_one()
+    conn.execute(
+        _INSERT_EVENT,
+        {
+            "workspace_id": workspace_id,
+            "session_id": session_id,
+            "sequence": sequence,
+            "kind": kind,
+            "record_id": record_id,
+            "revision": revision,
+            "payload": payload,
+            "optional": optional,
+            "idempotency_key": idempotency_key,
+            "created_at": now,
+        },
+    )
     return sequence

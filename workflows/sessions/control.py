@@ -7,9 +7,9 @@ from sqlalchemy.orm import Session
 
 from models.enums import OPEN_OPERATION_STATUSES, Origin
 from models.tables import AgentSession, GoalOperation
-from workflows.fences import session_fences
-from workflows.runtime import RuntimePort
-from workflows.sessions import lock_session
+from workflows.adapters.runtime import RuntimePort
+from workflows.fences.submit import session_fences
+from workflows.sessions.rows import lock_session
 
 
 def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[dict]:
@@ -17,8 +17,9 @@ def durable_fences(session: Session, workspace_id: str, session_id: str) -> list
     return session_fences(session, workspace_id, session_id)
 
 
-def resume_if_offline(runtime: RuntimePort, workspace_id: str, session_id: str,
-                      fences: list[dict]) -> tuple[bool, int]:
+def resume_if_offline(
+    runtime: RuntimePort, workspace_id: str, session_id: str, fences: list[dict]
+) -> tuple[bool, int]:
     """Resume an offline session with its fences preloaded. Returns (resumed, epoch).
     Only user-triggered paths call this: background work never resumes a session."""
     liveness = runtime.liveness(workspace_id, session_id)
@@ -32,19 +33,25 @@ def resume_if_offline(runtime: RuntimePort, workspace_id: str, session_id: str,
     return True, int(answer.get("runtime_epoch") or 0)
 
 
-def record_live(session: Session, workspace_id: str, session_id: str, epoch: int,
-                now: datetime) -> list[str]:
+def record_live(
+    session: Session, workspace_id: str, session_id: str, epoch: int, now: datetime
+) -> list[str]:
     """Mark the session live after a resume; returns its open goal operations to wake."""
     row = lock_session(session, workspace_id, session_id)
     row.live = True
     row.runtime_epoch = max(row.runtime_epoch or 0, epoch)
-    return list(session.execute(
-        select(GoalOperation.operation_id)
-        .where(GoalOperation.workspace_id == workspace_id,
-               GoalOperation.session_id == session_id,
-               GoalOperation.origin == Origin.CLIENT,
-               GoalOperation.status.in_(OPEN_OPERATION_STATUSES))
-        .order_by(GoalOperation.goal_revision)).scalars())
+    return list(
+        session.execute(
+            select(GoalOperation.operation_id)
+            .where(
+                GoalOperation.workspace_id == workspace_id,
+                GoalOperation.session_id == session_id,
+                GoalOperation.origin == Origin.CLIENT,
+                GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            )
+            .order_by(GoalOperation.goal_revision)
+        ).scalars()
+    )
 
 
 def load_session(session: Session, workspace_id: str, session_id: str) -> AgentSession | None:

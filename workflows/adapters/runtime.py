@@ -1,0 +1,364 @@
+"""The runtime port (DESIGN 6) and its HTTP adapter.
+
+Rules talk to agent hosts only through `RuntimePort`; `HttpRuntime` speaks the JSON protocol.
+Every failure becomes RuntimeDisconnected (the session is known offline) or RuntimeFault with
+`code`, `http_status` and `retryable`.
+
+An agent host's answer is untrusted: one that is not a JSON object of the documented shape, or
+is larger than MAX_ANSWER_BYTES, is a retryable `bad_response` fault for that one call
+(DESIGN 6), so one misbehaving host never breaks a step that serves other sessions. Values
+that the rules store are checked again where they are stored (validation.check_json …).
+"""
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import urllib3
+
+from workflows.errors import InvalidArgument, RuntimeDisconnected, RuntimeFault
+from workflows.validation import MAX_INT, check_id, check_json_object
+
+# Runtime answers that a goal dispatch retries with backoff; everything else is final.
+RETRYABLE_CODES = frozenset(
+    {
+        "disconnected",
+        "session_not_found",
+        "timeout",
+        "unreachable",
+        "server_error",
+        "busy",
+        "bad_response",
+    }
+)
+# DESIGN 6: a larger answer is a bad_response.
+MAX_ANSWER_BYTES = 1024 * 1024
+# An error code is a short word; an error detail is kept (in last_error) only this long.
+ERROR_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+MAX_DETAIL_CHARS = 300
+
+
+JSON_TYPE_NAMES = {
+    type(None): "null",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+}
+
+
+def bad_response(why: str, http_status: int | None = 200) -> RuntimeFault:
+    return RuntimeFault(
+        f"runtime answered {http_status} bad_response: {why}",
+        code="bad_response",
+        retryable=True,
+        http_status=http_status,
+    )
+
+
+def _printable(text: Any) -> str:
+    """Untrusted text made safe to log and store: printable, bounded."""
+    return "".join(ch if ch.isprintable() else "?" for ch in str(text)[:MAX_DETAIL_CHARS])
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_epoch(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT
+
+
+def _one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and v in choices
+
+
+def _json_object_or_none(v: Any) -> bool:
+    try:
+        check_json_object("answer", v)
+        return True
+    except InvalidArgument:
+        return False
+
+
+def _id_or_none(v: Any) -> bool:
+    try:
+        return v is None or bool(check_id("answer", v))
+    except InvalidArgument:
+        return False
+
+
+def shaped(
+    answer: dict[str, Any],
+    required: dict[str, Callable[[Any], bool]],
+    optional: dict[str, Callable[[Any], bool]] | None = None,
+) -> dict[str, Any]:
+    """The answer if its documented fields have the documented types, else bad_response.
+    Unknown fields are allowed (a newer host may add some) and ignored."""
+    for name, ok in required.items():
+        if name not in answer or not ok(answer[name]):
+            raise bad_response(f"field {name!r} is missing or ill-typed")
+    for name, ok in (optional or {}).items():
+        if answer.get(name) is not None and not ok(answer[name]):
+            raise bad_response(f"field {name!r} is ill-typed")
+    return answer
+
+
+class RuntimePort(Protocol):
+    def liveness(self, workspace_id: str, session_id: str) -> dict[str, Any]: ...
+
+    def resume(
+        self, workspace_id: str, session_id: str, fences: list[dict[str, Any]]
+    ) -> dict[str, Any]: ...
+
+    def apply_goal(
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        operation_id: str,
+        action: str,
+        objective: str | None,
+        revision: int,
+        client_submit_id: str,
+        require_live: bool,
+    ) -> dict[str, Any]: ...
+
+    def install_fence(
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        target_operation_id: str,
+        target_revision: int,
+        require_live: bool,
+    ) -> dict[str, Any]: ...
+
+    def cancel_turn(
+        self,
+        workspace_id: str,
+        session_id: str,
+        turn_id: str,
+        *,
+        operation_id: str,
+        reason: str,
+        require_live: bool,
+    ) -> dict[str, Any]: ...
+
+    def start_maintenance(
+        self, workspace_id: str, session_id: str, *, run_id: str, kind: str, args: dict | None
+    ) -> dict[str, Any]: ...
+
+    def maintenance_status(
+        self, workspace_id: str, session_id: str, run_id: str
+    ) -> dict[str, Any]: ...
+
+    def cancel_maintenance(
+        self, workspace_id: str, session_id: str, run_id: str
+    ) -> dict[str, Any]: ...
+
+    def submit_prompt(
+        self, workspace_id: str, session_id: str, *, prompt_id: str, text: str
+    ) -> dict[str, Any]: ...
+
+
+def session_path(workspace_id: str, session_id: str) -> str:
+    return f"/v1/workspaces/{quote(workspace_id, safe='')}/sessions/{quote(session_id, safe='')}"
+
+
+def _read_bounded(response) -> bytes:
+    """At most MAX_ANSWER_BYTES + 1 bytes of the answer. A connection with unread data left
+    (or a failed read) is closed rather than given back to the pool."""
+    try:
+        raw = response.read(MAX_ANSWER_BYTES + 1)
+    except BaseException:
+        response.close()
+        raise
+    if len(raw) > MAX_ANSWER_BYTES:
+        response.close()
+    else:
+        response.release_conn()
+    return raw
+
+
+class HttpRuntime:
+    # Connections kept open to the runtime: a dispatch step calls it for up to 32 sessions
+    # at once (goals.MAX_LANES_PER_STEP).
+    def __init__(
+        self, base_url: str, token: str | None = None, timeout_s: float = 10.0, pool_size: int = 32
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = urllib3.Timeout(connect=min(timeout_s, 3.0), read=timeout_s)
+        self.http = urllib3.PoolManager(maxsize=pool_size, retries=False)
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.base_url + path
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            response = self.http.request(
+                method,
+                url,
+                body=data,
+                headers=self.headers,
+                timeout=self.timeout,
+                preload_content=False,
+            )
+            raw = _read_bounded(response)
+        except urllib3.exceptions.TimeoutError as exc:
+            raise RuntimeFault(
+                f"runtime timed out: {exc}", code="timeout", retryable=True, http_status=None
+            ) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise RuntimeFault(
+                f"runtime unreachable: {exc}", code="unreachable", retryable=True, http_status=None
+            ) from None
+        return self._decode(response.status, raw)
+
+    @staticmethod
+    def _decode(status: int, raw: bytes) -> dict[str, Any]:
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise bad_response(f"the answer is over {MAX_ANSWER_BYTES} bytes", status)
+        try:
+            payload = json.loads(raw or b"{}")
+        except (ValueError, RecursionError):
+            if 200 <= status < 300:
+                raise bad_response("the answer is not JSON", status) from None
+            payload = {}
+        if not isinstance(payload, dict):
+            if 200 <= status < 300:
+                raise bad_response(
+                    f"the answer is a JSON {JSON_TYPE_NAMES[type(payload)]}, not an object", status
+                )
+            payload = {}
+        if 200 <= status < 300:
+            return payload
+        code = payload.get("error")
+        if not isinstance(code, str) or not ERROR_CODE.fullmatch(code):
+            code = "bad_response"  # errors are {"error": code, ...}; anything else is not
+        if status >= 500:
+            code = "server_error"
+        if code == "disconnected":
+            raise RuntimeDisconnected(
+                "the session is offline at the agent host", http_status=status
+            )
+        detail = payload.get("detail")
+        current = payload.get("current_revision")
+        raise RuntimeFault(
+            f"runtime answered {status} {code}" + (f": {_printable(detail)}" if detail else ""),
+            code=code,
+            retryable=code in RETRYABLE_CODES,
+            http_status=status,
+            current_revision=current if _is_epoch(current) else None,
+        )
+
+    def liveness(self, workspace_id, session_id):
+        return shaped(
+            self.request("GET", session_path(workspace_id, session_id) + "/liveness"),
+            {"live": _is_bool},
+            {"runtime_epoch": _is_epoch},
+        )
+
+    def resume(self, workspace_id, session_id, fences):
+        return shaped(
+            self.request(
+                "POST", session_path(workspace_id, session_id) + "/resume", {"fences": fences}
+            ),
+            {},
+            {"live": _is_bool, "runtime_epoch": _is_epoch},
+        )
+
+    def apply_goal(
+        self,
+        workspace_id,
+        session_id,
+        *,
+        operation_id,
+        action,
+        objective,
+        revision,
+        client_submit_id,
+        require_live,
+    ):
+        return shaped(
+            self.request(
+                "POST",
+                session_path(workspace_id, session_id) + "/goal",
+                {
+                    "operation_id": operation_id,
+                    "action": action,
+                    "objective": objective,
+                    "revision": revision,
+                    "client_submit_id": client_submit_id,
+                    "require_live": require_live,
+                },
+            ),
+            {"phase": _one_of("applied", "accepted")},
+            {"goal": _json_object_or_none, "evidence": _json_object_or_none},
+        )
+
+    def install_fence(
+        self, workspace_id, session_id, *, target_operation_id, target_revision, require_live
+    ):
+        return self.request(
+            "POST",
+            session_path(workspace_id, session_id) + "/goal-fences",
+            {
+                "target_operation_id": target_operation_id,
+                "target_revision": target_revision,
+                "require_live": require_live,
+            },
+        )
+
+    def cancel_turn(self, workspace_id, session_id, turn_id, *, operation_id, reason, require_live):
+        path = f"{session_path(workspace_id, session_id)}/turns/{quote(turn_id, safe='')}/cancel"
+        return shaped(
+            self.request(
+                "POST",
+                path,
+                {"operation_id": operation_id, "reason": reason, "require_live": require_live},
+            ),
+            {"result": _one_of("canceled", "already_settled", "accepted")},
+        )
+
+    def start_maintenance(self, workspace_id, session_id, *, run_id, kind, args):
+        return self.request(
+            "POST",
+            session_path(workspace_id, session_id) + "/maintenance",
+            {"run_id": run_id, "kind": kind, "args": args},
+        )
+
+    def maintenance_status(self, workspace_id, session_id, run_id):
+        # Only the state is checked here; the outcome's values are checked where they are
+        # stored (maintenance.terminal_for), so an unstorable outcome ends the run `failed`
+        # instead of being asked for again forever.
+        return shaped(
+            self.request(
+                "GET",
+                f"{session_path(workspace_id, session_id)}/maintenance/{quote(run_id, safe='')}",
+            ),
+            {"state": _one_of("running", "done")},
+        )
+
+    def cancel_maintenance(self, workspace_id, session_id, run_id):
+        return self.request(
+            "POST",
+            f"{session_path(workspace_id, session_id)}/maintenance/{quote(run_id, safe='')}/cancel",
+            {},
+        )
+
+    def submit_prompt(self, workspace_id, session_id, *, prompt_id, text):
+        return shaped(
+            self.request(
+                "POST",
+                session_path(workspace_id, session_id) + "/prompts",
+                {"prompt_id": prompt_id, "text": text},
+            ),
+            {},
+            {"turn_id": _id_or_none},
+        )

@@ -1,0 +1,207 @@
+"""Durable turn cancels (DESIGN 4.5).
+
+The cancel row is written before the runtime is called; the runtime's answer, a turn-settled
+report, or (when the host is gone) local settlement completes it together with the turn.
+"""
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, TurnPhase
+from models.tables import CancelOperation, GoalFence, Turn
+from workflows import ids, leases
+from workflows.errors import CancelConflict
+from workflows.sessions.rows import lock_session
+
+OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
+
+
+def prepare(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, reason: str, now: datetime
+) -> CancelOperation:
+    """The cancel intent, durable before any runtime call; a replay returns the same row."""
+    operation_id = ids.cancel_operation_id(workspace_id, session_id, turn_id)
+    existing = session.get(CancelOperation, operation_id, populate_existing=True)
+    if existing is not None:
+        if existing.reason != reason:
+            raise CancelConflict(
+                f"turn {turn_id} already has a cancel for {existing.reason!r}",
+                operation_id=operation_id,
+            )
+        return existing
+    cancel = CancelOperation(
+        operation_id=operation_id,
+        workspace_id=workspace_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        reason=reason,
+        status=CancelStatus.PREPARED,
+        attempt=0,
+        next_attempt_at=now,
+        created_at=now,
+    )
+    session.add(cancel)
+    session.flush()
+    return cancel
+
+
+def claim(
+    session: Session, cancel: CancelOperation, owner: str, lease_s: float, now: datetime
+) -> str | None:
+    return leases.claim_row(
+        session,
+        CancelOperation,
+        CancelOperation.operation_id,
+        cancel.operation_id,
+        owner,
+        lease_s,
+        now,
+        CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+        status=CancelStatus.LEASED,
+        attempt=CancelOperation.attempt + 1,
+    )
+
+
+def _settle_turn(session: Session, cancel: CancelOperation, outcome: str, now: datetime) -> None:
+    row = lock_session(session, cancel.workspace_id, cancel.session_id)
+    turn = session.get(
+        Turn, (cancel.workspace_id, cancel.session_id, cancel.turn_id), populate_existing=True
+    )
+    if turn is not None and turn.phase != TurnPhase.SETTLED:
+        turn.phase, turn.outcome, turn.settled_at = TurnPhase.SETTLED, outcome, now
+    if row.active_turn_id == cancel.turn_id:
+        row.active_turn_id = None
+
+
+def complete(
+    session: Session, cancel: CancelOperation, result: str, now: datetime, token: str | None = None
+) -> bool:
+    """Complete the cancel and settle its turn in one transaction."""
+    conditions = [
+        CancelOperation.operation_id == cancel.operation_id,
+        CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+    ]
+    if token is not None:
+        conditions.append(CancelOperation.lease_token == token)
+    done = session.execute(
+        update(CancelOperation)
+        .where(*conditions)
+        .values(
+            status=CancelStatus.COMPLETED,
+            result=result,
+            completed_at=now,
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+    )
+    if done.rowcount != 1:
+        return False
+    outcome = (
+        TurnOutcome.INTERRUPTED if result == CancelResult.INTERRUPTED else TurnOutcome.CANCELED
+    )
+    _settle_turn(session, cancel, outcome, now)
+    return True
+
+
+def wait_for_settle(
+    session: Session, cancel: CancelOperation, token: str, deadline_s: float, now: datetime
+) -> bool:
+    """The runtime accepted the cancel: stay leased until the turn-settled report, or until
+    the deadline, when the stale-cancel sweep looks at it again."""
+    result = session.execute(
+        update(CancelOperation)
+        .where(
+            CancelOperation.operation_id == cancel.operation_id,
+            CancelOperation.lease_token == token,
+        )
+        .values(
+            lease_expires_at=now + timedelta(seconds=deadline_s),
+            next_attempt_at=now + timedelta(seconds=deadline_s),
+        )
+    )
+    return result.rowcount == 1
+
+
+def retry_later(
+    session: Session, cancel: CancelOperation, token: str, error: str, delay_s: float, now: datetime
+) -> bool:
+    result = session.execute(
+        update(CancelOperation)
+        .where(
+            CancelOperation.operation_id == cancel.operation_id,
+            CancelOperation.lease_token == token,
+        )
+        .values(
+            last_error=error,
+            next_attempt_at=now + timedelta(seconds=delay_s),
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+    )
+    return result.rowcount == 1
+
+
+def on_turn_settled(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, outcome: str, now: datetime
+) -> list[str]:
+    """A turn settled: complete its open cancel, and return the fences waiting on it."""
+    cancel = session.get(
+        CancelOperation, ids.cancel_operation_id(workspace_id, session_id, turn_id)
+    )
+    if cancel is not None and cancel.status in OPEN_CANCEL_STATUSES:
+        result = {
+            TurnOutcome.CANCELED: CancelResult.CANCELED,
+            TurnOutcome.INTERRUPTED: CancelResult.INTERRUPTED,
+        }.get(outcome, CancelResult.ALREADY_SETTLED)
+        session.execute(
+            update(CancelOperation)
+            .where(
+                CancelOperation.operation_id == cancel.operation_id,
+                CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+            )
+            .values(
+                status=CancelStatus.COMPLETED,
+                result=result,
+                completed_at=now,
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+            )
+        )
+    return waiting_fences(session, workspace_id, session_id, turn_id, now)
+
+
+def waiting_fences(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, now: datetime
+) -> list[str]:
+    """Fences parked on this turn become due now; returns their ids to publish."""
+    cancel_id = ids.cancel_operation_id(workspace_id, session_id, turn_id)
+    return wake_pending_fences(
+        session, workspace_id, session_id, now, GoalFence.cancel_operation_id == cancel_id
+    )
+
+
+def wake_pending_fences(
+    session: Session, workspace_id: str, session_id: str, now: datetime, *conditions
+) -> list[str]:
+    """The session's pending fences (matching `conditions`) become due now; returns their
+    ids so the caller publishes them after commit."""
+    fence_ids = list(
+        session.execute(
+            select(GoalFence.fence_id).where(
+                GoalFence.workspace_id == workspace_id,
+                GoalFence.session_id == session_id,
+                GoalFence.status == FenceStatus.PENDING,
+                *conditions,
+            )
+        ).scalars()
+    )
+    if fence_ids:
+        session.execute(
+            update(GoalFence).where(GoalFence.fence_id.in_(fence_ids)).values(next_attempt_at=now)
+        )
+    return fence_ids

@@ -1,0 +1,152 @@
+"""Goal generation fences (DESIGN 4.3): submit.
+
+A fence row is permanent: it forbids one exact (operation, revision) forever; its status only
+tracks delivery to the agent host.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.enums import FenceStatus, GoalAction, Origin
+from models.tables import GoalFence, GoalOperation, GoalState
+from workflows import ids
+from workflows.errors import FenceConflict, NotFound
+from workflows.goals.submit import GoalRequest, submit
+from workflows.sessions.rows import append_event, lock_session
+from workflows.validation import check_id, check_submit_id, check_text
+
+# A reason is an operator's sentence, kept in the fence row and its audit event.
+MAX_REASON_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class FenceRequest:
+    workspace_id: str
+    session_id: str
+    target_operation_id: str
+    client_submit_id: str
+    reason: str = ""
+
+    @classmethod
+    def parse(
+        cls,
+        workspace_id: Any,
+        session_id: Any,
+        target_operation_id: Any,
+        *,
+        client_submit_id: Any,
+        reason: Any = "",
+    ) -> "FenceRequest":
+        return cls(
+            check_id("workspace_id", workspace_id),
+            check_id("session_id", session_id),
+            check_id("target_operation_id", target_operation_id),
+            check_submit_id("client_submit_id", client_submit_id),
+            check_text("reason", reason, MAX_REASON_BYTES, allow_empty=True),
+        )
+
+    @property
+    def fence_id(self) -> str:
+        return ids.fence_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tuple[GoalFence, bool]:
+    """Accept a fence in the caller's transaction. Returns (fence, created)."""
+    lock_session(session, request.workspace_id, request.session_id)
+    existing = session.get(GoalFence, request.fence_id, populate_existing=True)
+    if existing is not None:
+        if existing.target_operation_id != request.target_operation_id:
+            raise FenceConflict(
+                f"client_submit_id {request.client_submit_id!r} already fences operation "
+                f"{existing.target_operation_id}",
+                fence_id=existing.fence_id,
+            )
+        return existing, False
+    target = session.get(GoalOperation, request.target_operation_id)
+    if (
+        target is None
+        or target.workspace_id != request.workspace_id
+        or target.session_id != request.session_id
+        or target.goal_revision <= 0
+    ):
+        raise NotFound(
+            f"no goal operation {request.target_operation_id} in session "
+            f"{request.workspace_id}/{request.session_id}",
+            operation_id=request.target_operation_id,
+        )
+    other = session.execute(
+        select(GoalFence.fence_id).where(GoalFence.target_operation_id == target.operation_id)
+    ).scalar_one_or_none()
+    if other is not None:
+        raise FenceConflict(
+            f"operation {target.operation_id} is already fenced by {other}", fence_id=other
+        )
+
+    state = session.get(
+        GoalState, (request.workspace_id, request.session_id), populate_existing=True
+    )
+    clear_id = None
+    if state is not None and state.revision == target.goal_revision:
+        # The fenced generation is still the current goal: clear it. If the owner has set a
+        # newer goal since, nothing is cleared — a fence never touches a newer goal.
+        clear, _created = submit(
+            session,
+            GoalRequest(
+                workspace_id=request.workspace_id,
+                session_id=request.session_id,
+                action=GoalAction.CLEAR,
+                objective=None,
+                client_submit_id=ids.fence_clear_submit_id(request.fence_id),
+                origin=Origin.FENCE,
+                fence_id=request.fence_id,
+            ),
+            now,
+        )
+        clear_id = clear.operation_id
+    fence = GoalFence(
+        fence_id=request.fence_id,
+        workspace_id=request.workspace_id,
+        session_id=request.session_id,
+        target_operation_id=target.operation_id,
+        target_revision=target.goal_revision,
+        client_submit_id=request.client_submit_id,
+        reason=request.reason,
+        status=FenceStatus.PENDING,
+        clear_operation_id=clear_id,
+        attempt=0,
+        next_attempt_at=now,
+        created_at=now,
+    )
+    session.add(fence)
+    session.flush()
+    append_event(
+        session,
+        request.workspace_id,
+        request.session_id,
+        kind="goal-fence",
+        record_id=f"goal-fence:{fence.fence_id}",
+        idempotency_key=f"goal-fence:{fence.fence_id}",
+        revision=fence.target_revision,
+        payload={
+            "target_operation_id": fence.target_operation_id,
+            "target_revision": fence.target_revision,
+            "reason": fence.reason,
+            "clear_operation_id": clear_id,
+        },
+        now=now,
+    )
+    return fence, True
+
+
+def session_fences(session: Session, workspace_id: str, session_id: str) -> list[dict]:
+    """Every durable fence of a session, as the runtime protocol carries them."""
+    rows = session.execute(
+        select(GoalFence.target_operation_id, GoalFence.target_revision)
+        .where(GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id)
+        .order_by(GoalFence.created_at)
+    ).all()
+    return [{"target_operation_id": op_id, "target_revision": rev} for op_id, rev in rows]

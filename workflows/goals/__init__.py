@@ -1,0 +1,1 @@
+"""Goal control (DESIGN 4.1, 4.2): submit and the batched dispatcher."""

@@ -1,0 +1,611 @@
+"""Goal dispatch (DESIGN 4.2 dispatch, 4.8 lanes): the batched step a worker runs.
+
+Rules are plain functions over a database session (or an engine, where one step needs several
+short transactions around a runtime call) and a runtime port. They never import Celery.
+"""
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
+from models.tables import GoalOperation, GoalState
+from workflows import ids, leases, records
+from workflows.adapters.runtime import RuntimePort
+from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.goals.operations import (
+    ACCEPTED_BUDGET_S,
+    backoff_s,
+    budget_exhausted,
+    complete_applied,
+    complete_applied_many,
+    due_operations,
+    fail_operation,
+    open_unheld,
+)
+from workflows.goals.submit import supersede
+from workflows.goals.tables import OPS, OPS_IN, STATES, keys_in
+from workflows.maintenance.runs import holds
+from workflows.sessions.rows import SESSIONS, lock_session, same_session
+
+log = logging.getLogger(__name__)
+
+DISPATCH_TASK = "agent_radar.goal.dispatch"
+# A held operation is looked at again after this long even if no release woke it (the
+# release is a publish after commit; this bounds the wait if that publish was lost).
+HOLD_RECHECK_S = 30
+# A lane holder drains at most this many steps before it lets another worker have the lane.
+LANE_MAX_STEPS = 64
+
+
+_OP_KEY = OPS.c.operation_id == bindparam("b_op")
+_LANE_COLUMNS = (
+    OPS.c.operation_id,
+    OPS.c.workspace_id,
+    OPS.c.session_id,
+    OPS.c.status,
+    OPS.c.goal_revision,
+)
+# Of the given operations, those open and not leased: a message for one that settled or
+# that another worker holds costs this one read.
+_OPS_LANES = select(*_LANE_COLUMNS).where(OPS_IN, *open_unheld(bindparam("b_now")))
+# A step drains at most this many lanes, and calls the runtime for all of them at once, so
+# a step's calls take one call's time: below the lease, as a single call is (the lease is
+# configured longer than the runtime timeout). A dispatch under a backlog fills its step
+# with other due operations, so one message and a few transactions serve many operations.
+MAX_LANES_PER_STEP = 32
+_DUE_ANYWHERE = (
+    select(*_LANE_COLUMNS)
+    .where(*due_operations(bindparam("b_now")))
+    .order_by(OPS.c.next_attempt_at)
+    .limit(MAX_LANES_PER_STEP)
+)
+_NEXT_DUE = (
+    select(*_LANE_COLUMNS)
+    .where(keys_in(OPS), *due_operations(bindparam("b_now")))
+    .order_by(OPS.c.goal_revision)
+)
+# A claim's one read: the operations, their session rows (locked, in key order), goal
+# states, and whether a maintenance run holds each session.
+_CLAIM_LOOKUP = (
+    select(
+        OPS,
+        STATES.c.revision.label("state_revision"),
+        STATES.c.pending_operation_id.label("state_pending"),
+        holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
+    )
+    .select_from(
+        OPS.join(SESSIONS, same_session(SESSIONS.c, OPS.c)).outerjoin(
+            STATES, same_session(STATES.c, OPS.c)
+        )
+    )
+    .where(OPS_IN)
+    .order_by(OPS.c.workspace_id, OPS.c.session_id)
+    .with_for_update(of=SESSIONS)
+)
+_CLAIM = (
+    update(OPS)
+    .where(OPS_IN, *open_unheld(bindparam("b_now")))
+    .values(
+        lease_owner=bindparam("b_owner"),
+        lease_token=bindparam("b_token"),
+        lease_expires_at=bindparam("b_expires"),
+        status=OperationStatus.DISPATCHED,
+        provider_phase=ProviderPhase.DISPATCHED,
+        attempt=OPS.c.attempt + 1,
+        first_dispatched_at=func.coalesce(
+            OPS.c.first_dispatched_at, bindparam("b_first", type_=OPS.c.first_dispatched_at.type)
+        ),
+    )
+    .returning(OPS.c.operation_id)
+)
+_STATES_APPLYING = update(STATES).where(keys_in(STATES)).values(sync_status=SyncStatus.APPLYING)
+_RESCHEDULE = update(OPS).where(_OP_KEY).values(next_attempt_at=bindparam("b_at"))
+
+
+def _first_per_session(rows) -> dict[tuple[str, str], str]:
+    """The lowest-revision open operation of each session among `rows`."""
+    first: dict[tuple[str, str], str] = {}
+    for row in sorted(rows, key=lambda r: r.goal_revision):
+        if row.status in OPEN_OPERATION_STATUSES:
+            first.setdefault((row.workspace_id, row.session_id), row.operation_id)
+    return first
+
+
+CALL_THREADS = MAX_LANES_PER_STEP
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _call_pool() -> ThreadPoolExecutor:
+    """This process's pool for runtime calls (a forked worker process builds its own)."""
+    pool = _pools.get(os.getpid())
+    if pool is None:
+        pool = _pools[os.getpid()] = ThreadPoolExecutor(
+            CALL_THREADS, thread_name_prefix="runtime-call"
+        )
+    return pool
+
+
+@dataclass
+class StepResult:
+    operation_id: str
+    outcome: str  # applied, accepted, superseded, held, retry, failed, skipped, lane_lost
+
+
+@dataclass(frozen=True)
+class Claim:
+    op: records.GoalOperation
+    token: str
+
+
+@dataclass(frozen=True)
+class Lane:
+    workspace_id: str
+    session_id: str
+    token: str
+
+    @property
+    def name(self) -> str:
+        return ids.lane_name(self.workspace_id, self.session_id)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the runtime said to one claimed operation: an answer, or a fault."""
+
+    claim: Claim
+    answer: dict[str, Any] | None = None
+    fault: Exception | None = None
+    retryable: bool = False
+
+
+class Dispatcher:
+    """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
+
+    A step is a short transaction that claims (lane + operation lease, `dispatched`), the
+    runtime calls, a transaction that records the outcomes and releases the lanes, and one
+    that takes back the lanes with due work and claims it (the next step's claim). Several
+    lanes (up to MAX_LANES_PER_STEP) move in lockstep, so a step costs the same few
+    statements for one operation or thirty-two.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        worker_id: str,
+        lease_s: float,
+        clock: Callable[[], datetime] = utcnow,
+        resume_session: Callable[[str, str], Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.runtime = runtime
+        self.worker_id = worker_id
+        self.lease_s = lease_s
+        self.clock = clock
+        # Client operations may bring an offline session back (user-triggered, fences
+        # preloaded); fence-made operations never do.
+        self.resume_session = resume_session
+
+    # -- lanes -----------------------------------------------------------------------------
+    def dispatch(self, operation_id: str) -> list[StepResult]:
+        return self.dispatch_many([operation_id])
+
+    def dispatch_many(self, operation_ids: list[str], steal: bool = False) -> list[StepResult]:
+        """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
+        operation and drain those lanes together, starting with these operations. With
+        `steal`, a dispatch that has work also takes other due operations along."""
+
+        def open_lanes(s: Session, wanted: list[str]) -> dict[Lane, Claim | StepResult]:
+            conn = s.connection()
+            first = _first_per_session(
+                conn.execute(_OPS_LANES, {"b_ops": wanted, "b_now": self.clock()})
+            )
+            if first and steal:
+                due = _first_per_session(conn.execute(_DUE_ANYWHERE, {"b_now": self.clock()}))
+                for key, operation_id in due.items():
+                    if len(first) >= MAX_LANES_PER_STEP:
+                        break
+                    first.setdefault(key, operation_id)
+            return self._open(s, first)
+
+        results: list[StepResult] = []
+        for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
+            wanted = list(operation_ids[start : start + MAX_LANES_PER_STEP])
+            results += self._drain(
+                run_transaction(self.engine, lambda s, wanted=wanted: open_lanes(s, wanted))
+            )
+        return results
+
+    def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
+        """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
+        return self._drain(
+            run_transaction(self.engine, lambda s: self._next(s, [(workspace_id, session_id)]))
+        )
+
+    def _take_lanes(self, s: Session, keys) -> dict[tuple[str, str], Lane]:
+        """Take the lanes of these sessions that nobody holds. A held lane is not ours to
+        drain: its holder checks once more for due work when it releases."""
+        names = {ids.lane_name(*key): key for key in keys}
+        token, taken = leases.claim_many(
+            s, sorted(names), self.worker_id, self.lease_s, self.clock()
+        )
+        return {names[name]: Lane(*names[name], token) for name in taken}
+
+    def _open(
+        self, s: Session, first: dict[tuple[str, str], str]
+    ) -> dict[Lane, Claim | StepResult]:
+        """Take the lanes of these sessions and claim each one's given operation (a fresh
+        lane needs no renewal before the claim)."""
+        lanes = self._take_lanes(s, first) if first else {}
+        if not lanes:
+            return {}
+        claims = self._claim_ops(s, [first[key] for key in lanes])
+        return {lane: claims[first[key]] for key, lane in lanes.items()}
+
+    def _drain(self, work: dict[Lane, Claim | StepResult]) -> list[StepResult]:
+        """Each step calls the runtime for every claimed operation (outside any
+        transaction); then one transaction records every outcome and releases the lanes,
+        and one more takes back the lanes that have due work and claims it."""
+        results: list[StepResult] = []
+        for _ in range(LANE_MAX_STEPS):
+            if not work:
+                return results
+            claims = []
+            for current in work.values():
+                if isinstance(current, StepResult):  # nothing to call; move the lane on
+                    results.append(current)
+                else:
+                    claims.append(current)
+            attempts = self._attempt_all(claims)
+            lanes = list(work)
+
+            def finish(s: Session, attempts=attempts, lanes=lanes):
+                recorded = self._record(s, attempts)
+                self._release(s, lanes)
+                return recorded
+
+            results += run_transaction(self.engine, finish)
+            # Only now, with the release committed, look for more: a worker that found one
+            # of these lanes held until the commit left its operation to this check, and one
+            # that came after it has the lane.
+            keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
+            work = run_transaction(self.engine, lambda s, keys=keys: self._next(s, keys))
+
+        # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
+        def let_go(s: Session):
+            for current in work.values():
+                if isinstance(current, Claim):
+                    self._unclaim(s, current)
+            self._release(s, list(work))
+
+        if work:
+            run_transaction(self.engine, let_go)
+        return results
+
+    @staticmethod
+    def _release(s: Session, lanes: list[Lane]) -> None:
+        for token in {lane.token for lane in lanes}:
+            leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
+
+    def _next(self, s: Session, keys: list[tuple[str, str]]) -> dict[Lane, Claim | StepResult]:
+        """Take the lanes of these sessions that have due work, and claim it. A lane someone
+        holds is left to its holder, who runs this check after its release commits."""
+        due = s.connection().execute(
+            _NEXT_DUE, {"b_keys": sorted(set(keys)), "b_now": self.clock()}
+        )
+        return self._open(s, _first_per_session(due))
+
+    # -- operations ------------------------------------------------------------------------
+    def _claim(
+        self, session: Session, operation_id: str, lane: Lane | None = None
+    ) -> Claim | StepResult:
+        if lane is not None and not leases.renew(
+            session, lane.name, lane.token, self.lease_s, self.clock()
+        ):
+            return StepResult(operation_id, "lane_lost")
+        return self._claim_ops(session, [operation_id])[operation_id]
+
+    def _claim_ops(
+        self, session: Session, operation_ids: list[str]
+    ) -> dict[str, Claim | StepResult]:
+        """Claim these operations for an attempt now (their lanes are held), or say why
+        not: one read (operations, goal states, maintenance holds, session rows locked) and
+        two writes for all of them."""
+        now = self.clock()
+        conn = session.connection()
+        rows = {
+            row.operation_id: row
+            for row in conn.execute(_CLAIM_LOOKUP, {"b_ops": list(operation_ids)})
+        }
+        verdicts: dict[str, Claim | StepResult] = {}
+        claimable: list[records.GoalOperation] = []
+        for operation_id in operation_ids:
+            row = rows.get(operation_id)
+            verdict = self._verdict(session, row, operation_id, now)
+            if verdict is not None:
+                verdicts[operation_id] = verdict
+            else:
+                claimable.append(records.from_row(records.GoalOperation, row))
+        if not claimable:
+            return verdicts
+        token = leases.new_token()
+        expires = now + timedelta(seconds=self.lease_s)
+        taken = set(
+            conn.execute(
+                _CLAIM,
+                {
+                    "b_ops": [op.operation_id for op in claimable],
+                    "b_now": now,
+                    "b_first": now,
+                    "b_owner": self.worker_id,
+                    "b_token": token,
+                    "b_expires": expires,
+                },
+            ).scalars()
+        )
+        if taken:
+            conn.execute(
+                _STATES_APPLYING,
+                {
+                    "b_keys": sorted(
+                        {
+                            (op.workspace_id, op.session_id)
+                            for op in claimable
+                            if op.operation_id in taken
+                        }
+                    )
+                },
+            )
+        for op in claimable:
+            if op.operation_id not in taken:
+                verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")
+                continue
+            verdicts[op.operation_id] = Claim(
+                op=dataclasses.replace(
+                    op,
+                    status=OperationStatus.DISPATCHED.value,
+                    provider_phase=ProviderPhase.DISPATCHED.value,
+                    attempt=op.attempt + 1,
+                    first_dispatched_at=op.first_dispatched_at or now,
+                    lease_owner=self.worker_id,
+                    lease_token=token,
+                    lease_expires_at=expires,
+                ),
+                token=token,
+            )
+        return verdicts
+
+    def _verdict(
+        self, session: Session, row, operation_id: str, now: datetime
+    ) -> StepResult | None:
+        """Why an operation (its claim-lookup row) cannot be attempted now, with what that
+        implies written; None if it can."""
+        if row is None or row.status not in OPEN_OPERATION_STATUSES:
+            return StepResult(operation_id, "skipped")
+        if row.lease_expires_at is not None and row.lease_expires_at > now:
+            return StepResult(operation_id, "skipped")  # another worker is on it
+        if row.state_revision != row.goal_revision or row.state_pending != operation_id:
+            supersede(session, operation_id, now)
+            return StepResult(operation_id, "superseded")
+        conn = session.connection()
+        if row.held:
+            # Parked behind a maintenance run: no attempt, no budget used. The run's
+            # release makes it due again; until then the sweeper leaves it alone.
+            conn.execute(
+                _RESCHEDULE, {"b_op": operation_id, "b_at": now + timedelta(seconds=HOLD_RECHECK_S)}
+            )
+            return StepResult(operation_id, "held")
+        reason = budget_exhausted(row, now)
+        if reason:
+            fail_operation(session, row, reason, now)
+            return StepResult(operation_id, "failed")
+        if row.provider_phase == ProviderPhase.ACCEPTED:
+            # Acknowledged; the applied report completes it. Wake again at the deadline.
+            conn.execute(
+                _RESCHEDULE,
+                {
+                    "b_op": operation_id,
+                    "b_at": row.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S),
+                },
+            )
+            return StepResult(operation_id, "skipped")
+        return None
+
+    def _unclaim(self, session: Session, claim: Claim) -> None:
+        """Give back a claim that will not be attempted now; it is due again at once."""
+        session.execute(
+            update(GoalOperation)
+            .where(
+                GoalOperation.operation_id == claim.op.operation_id,
+                GoalOperation.lease_token == claim.token,
+            )
+            .values(
+                attempt=GoalOperation.attempt - 1,
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+            )
+        )
+
+    def _attempt_all(self, claims: list[Claim]) -> list[Attempt]:
+        """Call the runtime for each claim; for several, concurrently (each on its own
+        session, so no order between them matters)."""
+        if len(claims) <= 1:
+            return [self._attempt(claim) for claim in claims]
+        return list(_call_pool().map(self._attempt, claims))
+
+    def _attempt(self, claim: Claim) -> Attempt:
+        """Call the runtime (outside any transaction)."""
+        try:
+            return Attempt(claim, answer=self._call_runtime(claim.op))
+        except RuntimeFault as exc:
+            return Attempt(claim, fault=exc, retryable=exc.retryable)
+        except RuntimeDisconnected as exc:
+            return Attempt(claim, fault=exc, retryable=True)
+        except Exception as exc:  # noqa: BLE001 - one call's failure stays that call's
+            log.exception("goal operation %s: runtime call failed", claim.op.operation_id)
+            fault = RuntimeFault(
+                f"runtime call failed: {exc.__class__.__name__}",
+                code="bad_response",
+                retryable=True,
+                http_status=None,
+            )
+            return Attempt(claim, fault=fault, retryable=True)
+
+    def _record(self, s: Session, attempts: list[Attempt]) -> list[StepResult]:
+        """Record every attempt's outcome in the caller's transaction. Applied answers, the
+        common case, are recorded together; any other outcome one by one."""
+        applied, others = [], []
+        for a in attempts:
+            is_applied = a.answer is not None and a.answer.get("phase") == "applied"
+            (applied if is_applied else others).append(a)
+        results = []
+        for token in {a.claim.token for a in applied}:
+            mine = [a for a in applied if a.claim.token == token]
+            done = complete_applied_many(
+                s,
+                [(a.claim.op, a.answer.get("goal"), a.answer.get("evidence")) for a in mine],
+                self.clock(),
+                token,
+            )
+            results += [
+                StepResult(
+                    a.claim.op.operation_id,
+                    "applied" if a.claim.op.operation_id in done else "skipped",
+                )
+                for a in mine
+            ]
+        for a in others:
+            if a.fault is not None:
+                results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
+            else:
+                results.append(self._answer_outcome(s, a.claim, a.answer))
+        return results
+
+    def _call_runtime(self, op: records.GoalOperation) -> dict[str, Any]:
+        call = dict(
+            operation_id=op.operation_id,
+            action=op.action,
+            objective=op.objective,
+            revision=op.goal_revision,
+            client_submit_id=op.client_submit_id,
+            require_live=True,
+        )
+        try:
+            return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
+        except RuntimeDisconnected:
+            if op.origin != Origin.CLIENT or self.resume_session is None:
+                raise
+            self.resume_session(op.workspace_id, op.session_id)
+            return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
+
+    # -- outcomes, each in the caller's transaction and conditional on the lease token --
+    def _answer_outcome(self, s: Session, claim: Claim, answer: dict[str, Any]) -> StepResult:
+        op, token, now = claim.op, claim.token, self.clock()
+        phase = answer.get("phase")
+        if phase == "applied":
+            ok = complete_applied(
+                s, op, answer.get("goal"), answer.get("evidence"), now, token=token
+            )
+            return StepResult(op.operation_id, "applied" if ok else "skipped")
+        if phase == "accepted":
+            lock_session(s, op.workspace_id, op.session_id)
+            result = s.execute(
+                update(GoalOperation)
+                .where(
+                    GoalOperation.operation_id == op.operation_id,
+                    GoalOperation.status == OperationStatus.DISPATCHED,
+                    GoalOperation.lease_token == token,
+                )
+                .values(
+                    provider_phase=ProviderPhase.ACCEPTED,
+                    accepted_at=now,
+                    evidence=answer.get("evidence"),
+                    next_attempt_at=now + timedelta(seconds=ACCEPTED_BUDGET_S),
+                    lease_owner=None,
+                    lease_token=None,
+                    lease_expires_at=None,
+                )
+            )
+            return StepResult(op.operation_id, "accepted" if result.rowcount == 1 else "skipped")
+        fault = RuntimeFault(
+            f"runtime answered an unknown phase {phase!r}",
+            code="bad_response",
+            retryable=False,
+            http_status=200,
+        )
+        return self._fault_outcome(s, claim, fault, False)
+
+    def _fault_outcome(
+        self, s: Session, claim: Claim, exc: Exception, retryable: bool
+    ) -> StepResult:
+        op, token, now = claim.op, claim.token, self.clock()
+        error = str(exc)
+        held = (
+            GoalOperation.operation_id == op.operation_id,
+            GoalOperation.lease_token == token,
+            GoalOperation.status == OperationStatus.DISPATCHED,
+        )
+        if getattr(exc, "code", None) == "stale_revision":
+            lock_session(s, op.workspace_id, op.session_id)
+            result = s.execute(
+                update(GoalOperation)
+                .where(*held)
+                .values(
+                    status=OperationStatus.SUPERSEDED,
+                    last_error=error,
+                    completed_at=now,
+                    lease_owner=None,
+                    lease_token=None,
+                    lease_expires_at=None,
+                )
+            )
+            if result.rowcount != 1:
+                return StepResult(op.operation_id, "skipped")
+            s.execute(
+                update(GoalState)
+                .where(
+                    GoalState.workspace_id == op.workspace_id,
+                    GoalState.session_id == op.session_id,
+                    GoalState.pending_operation_id == op.operation_id,
+                )
+                .values(
+                    pending_operation_id=None, last_error=error, sync_status=SyncStatus.DIVERGED
+                )
+            )
+            return StepResult(op.operation_id, "superseded")
+        if not retryable:
+            ok = fail_operation(s, op, error, now, token)
+            return StepResult(op.operation_id, "failed" if ok else "skipped")
+        result = s.execute(
+            update(GoalOperation)
+            .where(*held)
+            .values(
+                last_error=error,
+                next_attempt_at=now + timedelta(seconds=backoff_s(op.attempt)),
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+            )
+        )
+        return StepResult(op.operation_id, "retry" if result.rowcount == 1 else "skipped")
+
+    # For tests that drive an attempt by hand, each in its own transaction.
+    def _record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:
+        return run_transaction(self.engine, lambda s: self._answer_outcome(s, claim, answer))
+
+    def _record_fault(self, claim: Claim, exc: Exception, retryable: bool) -> StepResult:
+        return run_transaction(self.engine, lambda s: self._fault_outcome(s, claim, exc, retryable))

@@ -1,0 +1,200 @@
+"""What a goal operation may do next (DESIGN 4.2): when it is due, its budgets and backoff,
+and its terminal outcomes (failed; applied, with the goal state synced or diverged)."""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
+
+from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
+from models.tables import GoalOperation, GoalState
+from workflows import leases
+from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in
+from workflows.sessions.rows import SESSIONS, lock_session, same_session
+
+# Budgets of DESIGN 4.2: past these an operation fails instead of retrying forever.
+DISPATCH_BUDGET_S = 600
+DISPATCH_MAX_ATTEMPTS = 24
+ACCEPTED_BUDGET_S = 120
+# Backoff after a retryable runtime answer: 1, 2, 4 … seconds, capped.
+BACKOFF_CAP_S = 256
+
+
+def open_unheld(now) -> tuple:
+    """SQL conditions: the goal operation is open and no live lease holds it. `now` is a
+    datetime or a bound parameter."""
+    return (GoalOperation.status.in_(OPEN_OPERATION_STATUSES), leases.unheld(GoalOperation, now))
+
+
+def due_operations(now) -> tuple:
+    """SQL conditions of a client goal operation that a worker may attempt now: open, due,
+    and no live lease on it. A fence drives its own clear, so fence-made ones are left out."""
+    return (
+        *open_unheld(now),
+        GoalOperation.origin == Origin.CLIENT,
+        GoalOperation.next_attempt_at <= now,
+    )
+
+
+def backoff_s(attempt: int) -> float:
+    return float(min(2 ** max(attempt - 1, 0), BACKOFF_CAP_S))
+
+
+def budget_exhausted(op: GoalOperation, now: datetime) -> str | None:
+    """Why an open operation must fail now instead of being dispatched again, if it must."""
+    if op.provider_phase == ProviderPhase.ACCEPTED and op.accepted_at is not None:
+        if now - op.accepted_at >= timedelta(seconds=ACCEPTED_BUDGET_S):
+            return "accepted but no applied report within the budget"
+        return None
+    if op.first_dispatched_at is not None and (
+        now - op.first_dispatched_at >= timedelta(seconds=DISPATCH_BUDGET_S)
+    ):
+        return "dispatch budget exhausted (time)"
+    if op.attempt >= DISPATCH_MAX_ATTEMPTS:
+        return "dispatch budget exhausted (attempts)"
+    return None
+
+
+def fail_operation(
+    session: Session, op: GoalOperation, error: str, now: datetime, token: str | None = None
+) -> bool:
+    """Terminal failure: the operation and (if it still owns it) the goal state."""
+    lock_session(session, op.workspace_id, op.session_id)
+    conditions = [
+        GoalOperation.operation_id == op.operation_id,
+        GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+    ]
+    if token is not None:
+        conditions.append(GoalOperation.lease_token == token)
+    result = session.execute(
+        update(GoalOperation)
+        .where(*conditions)
+        .values(
+            status=OperationStatus.FAILED,
+            last_error=error,
+            completed_at=now,
+            provider_phase=(
+                ProviderPhase.UNKNOWN
+                if op.provider_phase != ProviderPhase.PREPARED
+                else ProviderPhase.PREPARED
+            ),
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+    )
+    if result.rowcount != 1:
+        return False
+    session.execute(
+        update(GoalState)
+        .where(
+            GoalState.workspace_id == op.workspace_id,
+            GoalState.session_id == op.session_id,
+            GoalState.pending_operation_id == op.operation_id,
+        )
+        .values(sync_status=SyncStatus.FAILED, pending_operation_id=None, last_error=error)
+    )
+    return True
+
+
+# Statements for many sessions at once are built once; `b_keys` and `b_ops` expand to lists.
+_LOCK_STATES = (
+    select(
+        SESSIONS.c.workspace_id,
+        SESSIONS.c.session_id,
+        STATES.c.desired,
+        STATES.c.pending_operation_id,
+    )
+    .select_from(SESSIONS.outerjoin(STATES, same_session(STATES.c, SESSIONS.c)))
+    .where(keys_in(SESSIONS))
+    .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
+    .with_for_update(of=SESSIONS)
+)
+_COMPLETE = (
+    update(OPS)
+    .where(OPS_IN, OPS.c.status == OperationStatus.DISPATCHED)
+    .values(
+        status=OperationStatus.COMPLETED,
+        provider_phase=ProviderPhase.APPLIED,
+        completed_at=bindparam("b_now"),
+        last_error=None,
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+    )
+    .returning(OPS.c.operation_id)
+)
+_COMPLETE_HELD = _COMPLETE.where(OPS.c.lease_token == bindparam("b_token"))
+_SET_EVIDENCE = (
+    update(OPS)
+    .where(OPS.c.operation_id == bindparam("b_op"))
+    .values(evidence=bindparam("b_evidence"))
+)
+_STATE_APPLIED = (
+    update(STATES)
+    .where(*key_params(STATES), STATES.c.pending_operation_id == bindparam("b_op"))
+    .values(
+        observed=bindparam("b_goal"),
+        sync_status=bindparam("b_sync"),
+        pending_operation_id=None,
+        last_error=None,
+    )
+)
+
+
+def complete_applied_many(
+    session: Session,
+    applied: list[tuple[Any, dict | None, dict | None]],
+    now: datetime,
+    token: str | None = None,
+) -> set[str]:
+    """Record authoritative evidence that the agent applied each (operation, goal,
+    evidence): the sessions are locked (in key order), then a few statements cover them all.
+    With `token`, only operations still leased under it. Returns the ids completed."""
+    conn = session.connection()
+    keys = sorted({(op.workspace_id, op.session_id) for op, _goal, _evidence in applied})
+    states = {
+        (row.workspace_id, row.session_id): row
+        for row in conn.execute(_LOCK_STATES, {"b_keys": keys})
+    }
+    params = {"b_ops": [op.operation_id for op, _goal, _evidence in applied], "b_now": now}
+    if token is None:
+        done = set(conn.execute(_COMPLETE, params).scalars())
+    else:
+        done = set(conn.execute(_COMPLETE_HELD, {**params, "b_token": token}).scalars())
+    evidence, synced = [], []
+    for op, goal, proof in applied:
+        if op.operation_id not in done:
+            continue
+        if proof is not None:
+            evidence.append({"b_op": op.operation_id, "b_evidence": proof})
+        state = states.get((op.workspace_id, op.session_id))
+        if state is not None and state.pending_operation_id == op.operation_id:
+            sync = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+            synced.append(
+                {
+                    "b_ws": op.workspace_id,
+                    "b_sid": op.session_id,
+                    "b_op": op.operation_id,
+                    "b_goal": goal,
+                    "b_sync": sync.value,
+                }
+            )
+    if evidence:
+        conn.execute(_SET_EVIDENCE, evidence)
+    if synced:
+        conn.execute(_STATE_APPLIED, synced)
+    return done
+
+
+def complete_applied(
+    session: Session,
+    op: Any,
+    goal: dict | None,
+    evidence: dict | None,
+    now: datetime,
+    token: str | None = None,
+) -> bool:
+    """Record authoritative evidence that the agent applied this operation's revision."""
+    return op.operation_id in complete_applied_many(session, [(op, goal, evidence)], now, token)

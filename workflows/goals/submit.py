@@ -1,0 +1,226 @@
+"""Goal control submit (DESIGN 4.1, 4.2 submit 1-7): validate, replay or conflict, supersede,
+bump the revision, insert the operation and its audit event, in the caller's transaction."""
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.orm import Session
+
+from models.enums import (
+    OPEN_OPERATION_STATUSES,
+    GoalAction,
+    OperationStatus,
+    Origin,
+    ProviderPhase,
+    SyncStatus,
+)
+from workflows import ids, records
+from workflows.errors import GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent
+from workflows.goals.tables import OPS, STATES, key_params
+from workflows.sessions.rows import SESSIONS, append_event, new_session_values, same_session
+from workflows.validation import check_action, check_id, check_int, check_objective, check_submit_id
+
+
+@dataclass(frozen=True)
+class GoalRequest:
+    workspace_id: str
+    session_id: str
+    action: GoalAction
+    objective: str | None
+    client_submit_id: str
+    expected_revision: int | None = None
+    origin: Origin = Origin.CLIENT
+    # A fence-made clear names its fence; its id comes from a family of its own that no
+    # client submit ID can produce (ids.fence_clear_operation_id).
+    fence_id: str | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        workspace_id: Any,
+        session_id: Any,
+        action: Any,
+        objective: Any = None,
+        *,
+        client_submit_id: Any,
+        expected_revision: Any = None,
+    ) -> "GoalRequest":
+        """Validate raw input (from Python, the CLI or a task message)."""
+        parsed_action = check_action(action)
+        return cls(
+            workspace_id=check_id("workspace_id", workspace_id),
+            session_id=check_id("session_id", session_id),
+            action=parsed_action,
+            objective=check_objective(parsed_action, objective),
+            client_submit_id=check_submit_id("client_submit_id", client_submit_id),
+            expected_revision=check_int("expected_revision", expected_revision, optional=True),
+        )
+
+    @property
+    def operation_id(self) -> str:
+        if self.fence_id is not None:
+            return ids.fence_clear_operation_id(self.workspace_id, self.session_id, self.fence_id)
+        return ids.goal_operation_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def desired_after(action: GoalAction, objective: str | None, desired: dict | None) -> dict | None:
+    if action is GoalAction.SET:
+        return {"objective": objective, "status": "active"}
+    if action is GoalAction.CLEAR:
+        return None
+    status = "paused" if action is GoalAction.PAUSE else "active"
+    return {**desired, "status": status}
+
+
+# Submit's one read: the session row (locked), its goal state, and whether the operation
+# already exists. Statements on the hot paths are built once, with bound parameters.
+_SUBMIT_LOOKUP = (
+    select(
+        STATES.c.revision,
+        STATES.c.desired,
+        STATES.c.pending_operation_id,
+        OPS.c.operation_id.label("existing"),
+    )
+    .select_from(
+        SESSIONS.outerjoin(STATES, same_session(STATES.c, SESSIONS.c)).outerjoin(
+            OPS, OPS.c.operation_id == bindparam("b_op")
+        )
+    )
+    .where(*key_params(SESSIONS))
+    .with_for_update(of=SESSIONS)
+)
+_INSERT_SESSION = insert(SESSIONS)
+_INSERT_STATE = insert(STATES)
+_UPDATE_STATE = update(STATES).where(*key_params(STATES))
+_INSERT_OPERATION = insert(OPS)
+_LOAD_OPERATION = select(OPS).where(OPS.c.operation_id == bindparam("b_op"))
+_SUPERSEDE = (
+    update(OPS)
+    .where(OPS.c.operation_id == bindparam("b_op"), OPS.c.status.in_(OPEN_OPERATION_STATUSES))
+    .values(
+        status=OperationStatus.SUPERSEDED,
+        completed_at=bindparam("b_now"),
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+    )
+)
+
+
+def load_operation(session: Session, operation_id: str) -> records.GoalOperation | None:
+    row = session.connection().execute(_LOAD_OPERATION, {"b_op": operation_id}).first()
+    return None if row is None else records.from_row(records.GoalOperation, row)
+
+
+def submit(
+    session: Session, request: GoalRequest, now: datetime
+) -> tuple[records.GoalOperation, bool]:
+    """Accept a goal control intent in the caller's transaction (DESIGN 4.2, submit 1-7).
+
+    Returns (operation, created). A replay returns the existing operation and writes
+    nothing. The session row is locked first, as by every writer of a session.
+    """
+    conn = session.connection()
+    key = {"b_ws": request.workspace_id, "b_sid": request.session_id}
+    found = conn.execute(_SUBMIT_LOOKUP, {**key, "b_op": request.operation_id}).first()
+    if found is None:
+        # A new session: its row is created (and so locked) here, and nothing of it exists.
+        conn.execute(_INSERT_SESSION, new_session_values(request.workspace_id, request.session_id))
+        revision, desired, pending = 0, None, None
+    elif found.existing is not None:
+        existing = load_operation(session, request.operation_id)
+        if (existing.action, existing.objective) != (request.action.value, request.objective):
+            raise GoalOperationConflict(
+                f"client_submit_id {request.client_submit_id!r} was used for "
+                f"{existing.action} {existing.objective!r}",
+                operation_id=existing.operation_id,
+            )
+        return existing, False
+    else:
+        revision, desired, pending = (
+            found.revision or 0,
+            found.desired,
+            found.pending_operation_id,
+        )
+    has_state = found is not None and found.revision is not None
+
+    if request.expected_revision is not None and request.expected_revision != revision:
+        raise GoalGenerationSuperseded(
+            f"expected revision {request.expected_revision}, current is {revision}",
+            expected_revision=request.expected_revision,
+            current_revision=revision,
+        )
+    if request.action in (GoalAction.PAUSE, GoalAction.RESUME) and desired is None:
+        raise GoalStateAbsent(f"cannot {request.action.value}: the session has no goal")
+
+    if pending:
+        conn.execute(_SUPERSEDE, {"b_op": pending, "b_now": now})
+    state = {
+        "revision": revision + 1,
+        "desired": desired_after(request.action, request.objective, desired),
+        "tombstoned": request.action is GoalAction.CLEAR,
+        "sync_status": SyncStatus.PENDING.value,
+        "pending_operation_id": request.operation_id,
+        "last_error": None,
+    }
+    if has_state:
+        conn.execute(_UPDATE_STATE, {**key, **state})
+    else:
+        conn.execute(
+            _INSERT_STATE,
+            {
+                "workspace_id": request.workspace_id,
+                "session_id": request.session_id,
+                "observed": None,
+                **state,
+            },
+        )
+    op = records.GoalOperation(
+        operation_id=request.operation_id,
+        workspace_id=request.workspace_id,
+        session_id=request.session_id,
+        client_submit_id=request.client_submit_id,
+        origin=request.origin.value,
+        action=request.action.value,
+        objective=request.objective,
+        goal_revision=revision + 1,
+        status=OperationStatus.PREPARED.value,
+        provider_phase=ProviderPhase.PREPARED.value,
+        evidence=None,
+        last_error=None,
+        attempt=0,
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+        next_attempt_at=now,
+        first_dispatched_at=None,
+        accepted_at=None,
+        completed_at=None,
+        created_at=now,
+    )
+    conn.execute(_INSERT_OPERATION, dataclasses.asdict(op))
+    append_event(
+        session,
+        op.workspace_id,
+        op.session_id,
+        kind="goal-control",
+        record_id=f"goal-control:{op.operation_id}",
+        idempotency_key=f"goal-control:{op.operation_id}",
+        revision=op.goal_revision,
+        payload={
+            "action": op.action,
+            "objective": op.objective,
+            "origin": op.origin,
+            "client_submit_id": op.client_submit_id,
+        },
+        now=now,
+    )
+    return op, True
+
+
+def supersede(session: Session, operation_id: str, now: datetime) -> bool:
+    result = session.connection().execute(_SUPERSEDE, {"b_op": operation_id, "b_now": now})
+    return result.rowcount == 1

@@ -1,0 +1,218 @@
+"""Queued prompts (DESIGN 4.7): one at a time per session, only when the session has no
+running turn and no maintenance run holds it; the next goes when the previous turn settles."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import exists, func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, aliased
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.enums import PromptStatus, TurnOutcome
+from models.tables import AgentSession, Prompt
+from workflows import ids, leases
+from workflows.adapters.runtime import RuntimePort
+from workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
+from workflows.maintenance.runs import holds, session_held
+from workflows.sessions.rows import lock_session, same_session
+from workflows.validation import check_id, check_submit_id, check_text
+
+PROMPT_TASK = "agent_radar.prompt.dispatch"
+# Prompt text is user input for the agent; 64 KiB keeps rows and messages small.
+MAX_PROMPT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    workspace_id: str
+    session_id: str
+    text: str
+    client_submit_id: str
+
+    @classmethod
+    def parse(
+        cls, workspace_id: Any, session_id: Any, text: Any, *, client_submit_id: Any
+    ) -> "PromptRequest":
+        return cls(
+            check_id("workspace_id", workspace_id),
+            check_id("session_id", session_id),
+            check_text("text", text, MAX_PROMPT_BYTES),
+            check_submit_id("client_submit_id", client_submit_id),
+        )
+
+    @property
+    def prompt_id(self) -> str:
+        return ids.prompt_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def submit(session: Session, request: PromptRequest, now: datetime) -> tuple[Prompt, bool]:
+    lock_session(session, request.workspace_id, request.session_id)
+    existing = session.get(Prompt, request.prompt_id, populate_existing=True)
+    if existing is not None:
+        if existing.text != request.text:
+            raise PromptConflict(
+                f"client_submit_id {request.client_submit_id!r} was used for another prompt",
+                prompt_id=existing.prompt_id,
+            )
+        return existing, False
+    last = session.execute(
+        select(func.max(Prompt.position)).where(
+            Prompt.workspace_id == request.workspace_id, Prompt.session_id == request.session_id
+        )
+    ).scalar_one()
+    prompt = Prompt(
+        prompt_id=request.prompt_id,
+        workspace_id=request.workspace_id,
+        session_id=request.session_id,
+        client_submit_id=request.client_submit_id,
+        text=request.text,
+        status=PromptStatus.QUEUED,
+        position=(last or 0) + 1,
+        created_at=now,
+    )
+    session.add(prompt)
+    session.flush()
+    return prompt, True
+
+
+def _take_next(session: Session, workspace_id: str, session_id: str, now: datetime) -> Prompt | str:
+    """Mark the session's next prompt dispatched if it may go now; else say why not."""
+    row = lock_session(session, workspace_id, session_id)
+    if session_held(session, workspace_id, session_id):
+        return "held"
+    in_flight = session.execute(
+        select(Prompt.prompt_id)
+        .where(
+            Prompt.workspace_id == workspace_id,
+            Prompt.session_id == session_id,
+            Prompt.status == PromptStatus.DISPATCHED,
+        )
+        .limit(1)
+    ).scalar_one_or_none()
+    if in_flight is not None or row.active_turn_id is not None:
+        return "busy"
+    prompt = session.execute(
+        select(Prompt)
+        .where(
+            Prompt.workspace_id == workspace_id,
+            Prompt.session_id == session_id,
+            Prompt.status == PromptStatus.QUEUED,
+        )
+        .order_by(Prompt.position)
+        .limit(1)
+    ).scalar_one_or_none()
+    if prompt is None:
+        return "idle"
+    prompt.status, prompt.dispatched_at = PromptStatus.DISPATCHED, now
+    session.flush()
+    return prompt
+
+
+def dispatch_next(
+    engine: Engine,
+    runtime: RuntimePort,
+    workspace_id: str,
+    session_id: str,
+    clock: Callable[[], datetime] = utcnow,
+) -> str:
+    """`agent_radar.prompt.dispatch`: send the session's next prompt if it may go now."""
+    taken = run_transaction(engine, lambda s: _take_next(s, workspace_id, session_id, clock()))
+    if isinstance(taken, str):
+        return taken
+    try:
+        answer = runtime.submit_prompt(
+            workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
+        )
+    except (RuntimeFault, RuntimeDisconnected) as exc:
+        # Not sent (or not known to be): back in the queue at its place; the runtime
+        # dedupes by prompt_id if it did arrive. The sweeper tries again.
+        run_transaction(
+            engine,
+            lambda s: s.execute(
+                update(Prompt)
+                .where(
+                    Prompt.prompt_id == taken.prompt_id,
+                    Prompt.status == PromptStatus.DISPATCHED,
+                    Prompt.turn_id.is_(None),
+                )
+                .values(status=PromptStatus.QUEUED, dispatched_at=None)
+            ),
+        )
+        return f"retry: {exc.code}"
+    run_transaction(
+        engine,
+        lambda s: s.execute(
+            update(Prompt)
+            .where(Prompt.prompt_id == taken.prompt_id)
+            .values(turn_id=answer.get("turn_id"))
+        ),
+    )
+    return "dispatched"
+
+
+def on_turn_settled(
+    session: Session, workspace_id: str, session_id: str, prompt_id: str | None, outcome: str
+) -> bool:
+    """The prompt's turn settled: the prompt is done. True if the queue may move on. Only
+    a prompt of the report's own workspace and session is touched (DESIGN 4.10)."""
+    if prompt_id is None:
+        return False
+    status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED
+    session.execute(
+        update(Prompt)
+        .where(
+            Prompt.prompt_id == prompt_id,
+            Prompt.workspace_id == workspace_id,
+            Prompt.session_id == session_id,
+            Prompt.status == PromptStatus.DISPATCHED,
+        )
+        .values(status=status)
+    )
+    return True
+
+
+def sessions_with_queued_prompts(
+    engine: Engine, now: datetime, stale_s: float, limit: int, *, republish_interval_s: float
+) -> list[tuple[str, str]]:
+    """For the sweeper: sessions whose next prompt could go now but has not (its push was
+    lost). A prompt marked dispatched whose call never recorded a turn (the worker died) goes
+    back to the queue first. A session that is held, has a prompt in flight or a running
+    turn is left alone: the run's release or the turn's settle pushes it, and once that has
+    happened it qualifies here if that push was lost. A session is returned once per
+    `republish_interval_s` while its push is on the way (see leases.reserve_republish)."""
+    in_flight = aliased(Prompt)
+
+    def find(s: Session):
+        s.execute(
+            update(Prompt)
+            .where(
+                Prompt.status == PromptStatus.DISPATCHED,
+                Prompt.turn_id.is_(None),
+                Prompt.dispatched_at <= now - timedelta(seconds=stale_s),
+            )
+            .values(status=PromptStatus.QUEUED, dispatched_at=None)
+        )
+        waiting = [
+            tuple(r)
+            for r in s.execute(
+                select(Prompt.workspace_id, Prompt.session_id)
+                .join(AgentSession, same_session(AgentSession, Prompt), isouter=True)
+                .where(
+                    Prompt.status == PromptStatus.QUEUED,
+                    AgentSession.active_turn_id.is_(None),
+                    ~holds(Prompt.workspace_id, Prompt.session_id),
+                    ~exists().where(
+                        same_session(in_flight, Prompt), in_flight.status == PromptStatus.DISPATCHED
+                    ),
+                )
+                .distinct()
+                .limit(limit)
+            ).all()
+        ]
+        return leases.reserve_republish(s, "prompts", waiting, republish_interval_s, now)
+
+    return run_transaction(engine, find)

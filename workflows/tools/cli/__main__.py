@@ -1,0 +1,3 @@
+from workflows.tools.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""What every command group shares: the `agent-radar` group, output, errors (DESIGN 7.2).
+
+Every command takes --json, and exits non-zero with a one-line error on bad input.
+"""
+
+import json
+import sys
+from typing import Any
+
+import click
+from sqlalchemy.exc import SQLAlchemyError
+
+from workflows.adapters.config import Settings
+from workflows.errors import AgentRadarError
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(payload, default=str, sort_keys=True))
+    else:
+        click.echo(text if text is not None else json.dumps(payload, default=str, indent=2))
+
+
+def json_option(fn):
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
+
+
+def session_arguments(fn):
+    """WORKSPACE_ID SESSION_ID and --json, the arguments of every per-session command."""
+    for decorate in reversed(
+        (click.argument("workspace_id"), click.argument("session_id"), json_option)
+    ):
+        fn = decorate(fn)
+    return fn
+
+
+def _client():
+    from workflows.client import AgentRadar
+
+    return AgentRadar.from_env()
+
+
+@click.group()
+def cli() -> None:
+    """agent-radar: a durable control plane for fleets of AI agent sessions."""
+
+
+def _prepare_home(settings: Settings) -> None:
+    settings.home.mkdir(parents=True, exist_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="agent-radar", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except AgentRadarError as exc:
+        click.echo(f"error: {exc.code}: {exc.message}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except (ValueError, TimeoutError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    except SQLAlchemyError as exc:
+        first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        click.echo(
+            f"error: database: {first_line} (is it reachable and upgraded? "
+            "`agent-radar db upgrade`)",
+            err=True,
+        )
+        sys.exit(EXIT_FAILED)

@@ -1,0 +1,70 @@
+"""`maintenance start|cancel|show` (DESIGN 4.6)."""
+
+import click
+
+from workflows.records import as_dict
+from workflows.tools.cli.common import _client, _emit, cli, json_option, session_arguments
+
+
+@cli.group("maintenance")
+def maintenance_group() -> None:
+    """Exclusive per-session maintenance such as context compaction."""
+
+
+def _run_line(run) -> str:
+    extra = f" ({run.error_code})" if run.error_code else ""
+    return f"{run.run_id} {run.kind} revision {run.revision}: {run.status}{extra}"
+
+
+@maintenance_group.command("start")
+@session_arguments
+@click.option(
+    "--kind",
+    default="compact",
+    show_default=True,
+    type=click.Choice(["compact", "summarize_up_to", "summarize_from"]),
+)
+@click.option(
+    "--turn", type=click.IntRange(1), default=None, help="For summarize_up_to / summarize_from."
+)
+@click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
+@click.option(
+    "--wait",
+    "wait_s",
+    is_flag=False,
+    flag_value=300.0,
+    type=float,
+    default=None,
+    help="Wait (up to N s, default 300) until the run settles.",
+)
+def maintenance_start(workspace_id, session_id, as_json, kind, turn, submit_id, wait_s):
+    """Start a maintenance run (the session is held until it settles)."""
+    client = _client()
+    run = client.start_maintenance(
+        workspace_id,
+        session_id,
+        kind,
+        client_submit_id=submit_id,
+        args={"turn": turn} if turn is not None else None,
+    )
+    if wait_s is not None:
+        run = client.wait(run, timeout=wait_s)
+    _emit(as_json, as_dict(run), _run_line(run))
+
+
+@maintenance_group.command("cancel")
+@click.argument("run_id")
+@json_option
+def maintenance_cancel(run_id, as_json):
+    """Ask a running maintenance run to stop."""
+    run = _client().cancel_maintenance(run_id)
+    _emit(as_json, as_dict(run), _run_line(run))
+
+
+@maintenance_group.command("show")
+@click.argument("run_id")
+@json_option
+def maintenance_show(run_id, as_json):
+    """Show a maintenance run."""
+    run = _client().get_maintenance(run_id)
+    _emit(as_json, as_dict(run), _run_line(run))

@@ -1,0 +1,228 @@
+"""Processes: worker, beat, Flower, the runtime simulator, migrations, the embedded
+stack, the demo and the benchmark. Commands that run Celery import `tasks` lazily."""
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from workflows.adapters.broker import WORKER_QUEUES
+from workflows.adapters.config import Settings
+from workflows.tools.cli.common import EXIT_FAILED, _emit, _prepare_home, cli, json_option
+
+
+@cli.command()
+@click.option("-c", "--concurrency", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("-Q", "--queues", default=WORKER_QUEUES, show_default=True)
+@click.option("--name", default=None, help="Node name prefix (unique per host).")
+@click.option("--loglevel", default="INFO", show_default=True)
+@json_option
+def worker(concurrency: int, queues: str, name: str | None, loglevel: str, as_json: bool):
+    """Run a Celery worker (applies pending migrations first)."""
+    from models.migrate import upgrade
+
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    upgrade(settings.database_url)
+    from tasks.app import app
+
+    node = f"{name or 'radar'}-{os.getpid()}@%h"
+    # No mingle or gossip: nothing here uses revokes or worker-to-worker state (the database
+    # coordinates), mingle costs a second at every start, and gossip fails to restart after
+    # a broker reconnect. Events (-E) still feed Flower.
+    app.worker_main(
+        [
+            "worker",
+            "-c",
+            str(concurrency),
+            "-Q",
+            queues,
+            "-n",
+            node,
+            "--loglevel",
+            loglevel,
+            "-E",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+@cli.command()
+@click.option("--schedule-file", default=None, help="Where beat keeps its schedule state.")
+@click.option("--loglevel", default="INFO", show_default=True)
+@json_option
+def beat(schedule_file: str | None, loglevel: str, as_json: bool):
+    """Run Celery beat (the sweeper's clock). Run one per deployment."""
+    from models.migrate import upgrade
+
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    upgrade(settings.database_url)
+    schedule = schedule_file or str(settings.home / "run" / "celerybeat-schedule")
+    Path(schedule).parent.mkdir(parents=True, exist_ok=True)
+    from tasks.app import app
+
+    app.start(["beat", "-s", schedule, "--loglevel", loglevel])
+
+
+# Passwords that stand in the example env file or are commonly left unchanged.
+EXAMPLE_PASSWORDS = frozenset({"change-me", "changeme", "password", "admin", "flower"})
+
+
+def flower_auth_problem(auth: str) -> str | None:
+    """Why FLOWER_BASIC_AUTH is not acceptable (comma-separated user:password pairs)."""
+    if not auth:
+        return "is not set"
+    for pair in auth.split(","):
+        user, sep, password = pair.partition(":")
+        if not sep or not user or not password:
+            return "must be user:password with a non-empty password"
+        if password.lower() in EXAMPLE_PASSWORDS:
+            return "still has the example password"
+    return None
+
+
+@cli.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True)
+@json_option
+def flower(port: int, address: str, as_json: bool):
+    """Run Flower; FLOWER_BASIC_AUTH=user:password turns on basic auth, and is required
+    when Flower listens beyond this machine. An empty or example password is refused."""
+    auth = os.environ.get("FLOWER_BASIC_AUTH", "")
+    if auth or address not in ("127.0.0.1", "localhost", "::1"):
+        problem = flower_auth_problem(auth)
+        if problem:
+            raise click.UsageError(
+                f"FLOWER_BASIC_AUTH {problem}; set user:password before running Flower on {address}"
+            )
+    from tasks.app import app
+
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    app.start(argv)
+
+
+@cli.command("runtime-sim")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@json_option
+def runtime_sim(host: str, port: int, as_json: bool):
+    """Run the agent runtime simulator (an HTTP server) in the foreground."""
+    from workflows.adapters.broker import TaskPublisher
+    from workflows.tools.simulator import SimServer
+
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    publisher = TaskPublisher(settings)
+    server = SimServer(
+        host,
+        port,
+        settings.runtime_token,
+        reporter=lambda report: publisher.publish(
+            "agent_radar.report_activity", {"report": report}
+        ),
+    )
+    _emit(as_json, {"url": server.url}, f"runtime-sim listening on {server.url}")
+    server.serve_forever()
+
+
+@cli.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@json_option
+def db_upgrade(as_json: bool):
+    """Apply pending Alembic migrations."""
+    from models.migrate import upgrade
+
+    settings = Settings.from_env()
+    _prepare_home(settings)
+    revision = upgrade(settings.database_url)
+    _emit(as_json, {"revision": revision}, f"database at revision {revision}")
+
+
+@cli.command()
+@click.option("--flower", "with_flower", is_flag=True, help="Also run Flower on :5555.")
+@click.option("--workers", type=click.IntRange(1, 16), default=1, show_default=True)
+@json_option
+def up(with_flower: bool, workers: int, as_json: bool):
+    """Run the embedded stack (runtime-sim, worker, beat) in the foreground until Ctrl-C."""
+    from workflows.tools.stack import Stack
+
+    settings = Settings.from_env()
+    stack = Stack(settings)
+    try:
+        stack.prepare()
+        stack.start_sim()
+        for _ in range(workers):
+            stack.start_worker()
+        stack.start_beat()
+        if with_flower:
+            stack.spawn("flower", ["flower"])
+        _emit(
+            as_json,
+            {
+                "home": str(settings.home),
+                "runtime_url": settings.runtime_url,
+                "pids": {p.name: p.pid for p in stack.procs},
+            },
+            f"agent-radar is up (home {settings.home}); logs in {stack.log_dir}. Ctrl-C stops.",
+        )
+        import time
+
+        while all(p.alive() for p in stack.procs):
+            time.sleep(0.5)
+        raise click.ClickException("a process of the stack exited; see the logs")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+@cli.command()
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for the demo's state (default: a fresh temporary folder).",
+)
+@json_option
+def demo(home: str | None, as_json: bool):
+    """Run the scripted scenario on a fresh embedded stack, print the timeline, stop."""
+    from workflows.tools.demo import run_demo
+
+    ok = run_demo(Path(home) if home else None, as_json=as_json)
+    sys.exit(0 if ok else EXIT_FAILED)
+
+
+@cli.command()
+@click.option("--operations", type=click.IntRange(10, 100000), default=400, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option(
+    "--settled",
+    type=click.IntRange(0, 10_000_000),
+    default=0,
+    show_default=True,
+    help="Also time a sweep before and after adding this many settled operations "
+    "to the database (they stay there: use a database for benchmarks).",
+)
+@json_option
+def bench(operations: int, concurrency: int, settled: int, as_json: bool):
+    """Benchmark (DESIGN 8) on the configured database and broker."""
+    from workflows.tools.bench import run_bench
+
+    result = run_bench(
+        Settings.from_env(),
+        operations=operations,
+        concurrency=concurrency,
+        settled=settled,
+        echo=None if as_json else click.echo,
+    )
+    _emit(as_json, result, "")
+    sys.exit(0 if result["exactly_once"] else EXIT_FAILED)

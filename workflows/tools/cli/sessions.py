@@ -1,0 +1,62 @@
+"""`prompt`, `history` and `session ensure|drain|show` (DESIGN 4.7)."""
+
+import click
+
+from workflows.records import as_dict
+from workflows.tools.cli.common import _client, _emit, cli, session_arguments
+
+
+@cli.command()
+@session_arguments
+@click.argument("text")
+@click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
+def prompt(workspace_id, session_id, as_json, text, submit_id):
+    """Queue a prompt for the session (sent when it is idle and not held)."""
+    record = _client().submit_prompt(workspace_id, session_id, text, client_submit_id=submit_id)
+    _emit(
+        as_json, as_dict(record), f"{record.prompt_id} position {record.position}: {record.status}"
+    )
+
+
+@cli.command()
+@session_arguments
+@click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True)
+def history(workspace_id, session_id, as_json, limit):
+    """The session's records: one row per record, at its first position."""
+    rows = _client().history(workspace_id, session_id, limit)
+    lines = [
+        f"{r.sequence:5d} {r.kind:13s} {r.record_id} revision {r.revision}"
+        + (" (pending)" if r.pending else "")
+        for r in rows
+    ]
+    _emit(as_json, [as_dict(r) for r in rows], "\n".join(lines) or "no records")
+
+
+# -- sessions --------------------------------------------------------------------------------
+@cli.group()
+def session() -> None:
+    """Session control."""
+
+
+@session.command("ensure")
+@session_arguments
+def session_ensure(workspace_id: str, session_id: str, as_json: bool):
+    """Resume the session if it is offline (with its fences) and wake its pending work."""
+    info = _client().ensure_session(workspace_id, session_id)
+    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} live, epoch {info.runtime_epoch}")
+
+
+@session.command("drain")
+@session_arguments
+def session_drain(workspace_id: str, session_id: str, as_json: bool):
+    """Stop admitting maintenance on the session."""
+    info = _client().drain_session(workspace_id, session_id)
+    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
+
+
+@session.command("show")
+@session_arguments
+def session_show(workspace_id: str, session_id: str, as_json: bool):
+    """Show what the database knows of a session."""
+    info = _client().session_info(workspace_id, session_id)
+    _emit(as_json, as_dict(info))

@@ -1,0 +1,100 @@
+"""`agent-radar status`: the fleet at a glance, straight from the database."""
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.enums import (
+    LIVE_MAINTENANCE_STATUSES,
+    OPEN_OPERATION_STATUSES,
+    MaintenanceStatus,
+    PromptStatus,
+)
+from models.tables import GoalFence, GoalOperation, MaintenanceRun, Prompt
+from workflows import leases
+
+# Due work older than this is "overdue": the sweeper (every 2 s by default) should have
+# picked it up long before.
+OVERDUE_S = 30
+
+
+def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
+    now = now or utcnow()
+
+    def read(s) -> dict:
+        per_status = dict(
+            s.execute(
+                select(GoalOperation.status, func.count()).group_by(GoalOperation.status)
+            ).all()
+        )
+        due_filter = (
+            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            GoalOperation.next_attempt_at <= now,
+            leases.unheld(GoalOperation, now),
+        )
+        due = s.execute(select(func.count()).where(*due_filter)).scalar_one()
+        overdue = s.execute(
+            select(func.count()).where(
+                *due_filter, GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S)
+            )
+        ).scalar_one()
+        oldest = s.execute(
+            select(func.min(GoalOperation.next_attempt_at)).where(*due_filter)
+        ).scalar_one()
+        in_flight = s.execute(
+            select(func.count()).where(
+                GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+                GoalOperation.lease_expires_at > now,
+            )
+        ).scalar_one()
+        runs = dict(
+            s.execute(
+                select(MaintenanceRun.status, func.count()).group_by(MaintenanceRun.status)
+            ).all()
+        )
+        held = s.execute(
+            select(
+                func.count(
+                    func.distinct(MaintenanceRun.workspace_id + "/" + MaintenanceRun.session_id)
+                )
+            ).where(MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+        ).scalar_one()
+        fences = dict(
+            s.execute(select(GoalFence.status, func.count()).group_by(GoalFence.status)).all()
+        )
+        queued_prompts = s.execute(
+            select(func.count()).where(Prompt.status == PromptStatus.QUEUED)
+        ).scalar_one()
+        return {
+            "goal_operations": per_status,
+            "maintenance_runs": runs,
+            "fences": fences,
+            "held_sessions": held,
+            "sessions_in_recovery": runs.get(MaintenanceStatus.RECOVERY_REQUIRED, 0),
+            "queued_prompts": queued_prompts,
+            "due": due,
+            "overdue": overdue,
+            "in_flight": in_flight,
+            # How far behind the workers and the sweeper are: the age of the oldest
+            # due operation nobody is working on (0 when nothing waits).
+            "sweeper_lag_s": round((now - oldest).total_seconds(), 3) if oldest else 0.0,
+        }
+
+    return run_transaction(engine, read)
+
+
+def render_status(status: dict) -> str:
+    per_status = ", ".join(f"{k} {v}" for k, v in sorted(status["goal_operations"].items()))
+    runs = ", ".join(f"{k} {v}" for k, v in sorted(status["maintenance_runs"].items()))
+    return (
+        f"goal operations: {per_status or 'none'}\n"
+        f"maintenance runs: {runs or 'none'}; held sessions: {status['held_sessions']}, "
+        f"in recovery: {status['sessions_in_recovery']}; "
+        f"queued prompts: {status['queued_prompts']}\n"
+        f"due now: {status['due']} (overdue {status['overdue']}), "
+        f"in flight: {status['in_flight']}\n"
+        f"sweeper lag: {status['sweeper_lag_s']} s"
+    )
