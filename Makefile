@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench fuzz install clean
+.PHONY: run test lint bench fuzz install clean
 
 # Exact versions from constraints.txt; the package itself declares compatible ranges.
 $(STAMP): pyproject.toml constraints.txt
@@ -20,6 +20,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The linter and formatter (ruff, with import sorting) over the tree, and the type checker
+# (mypy) over the rules, the adapters and the models; CI runs this before the suite.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # A long hostile-input campaign (Hypothesis) on both backends; the suite runs a short one.
 fuzz: $(STAMP)

@@ -1,8 +1,9 @@
 """Declarative base and the column types every table shares."""
 
 from datetime import UTC, datetime
+from typing import cast
 
-from sqlalchemy import DateTime, MetaData, TypeDecorator
+from sqlalchemy import DateTime, MetaData, Table, TypeDecorator
 from sqlalchemy.orm import DeclarativeBase
 
 NAMING = {
@@ -44,3 +45,9 @@ def utcnow() -> datetime:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+def table_of(model: type[Base]) -> Table:
+    """A mapped class's Table, typed as one (DeclarativeBase declares a FromClause), for the
+    prebuilt Core statements of the hot paths."""
+    return cast(Table, model.__table__)

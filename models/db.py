@@ -10,10 +10,10 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -119,14 +119,18 @@ def run_transaction(engine: Engine, work: Callable[[Session], T], attempts: int 
     raise AssertionError("unreachable")
 
 
+def rowcount(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE changed (its result is a CursorResult)."""
+    return cast(CursorResult[Any], result).rowcount
+
+
 def insert_ignore(session: Session, table, values: dict | list[dict]) -> Any:
     """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL. For one row (a dict):
     True if it went in; for several (a list of dicts, one statement): the set of the first
     primary key column's values that went in."""
-    if session.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     # rowcount is not reliable for INSERT; RETURNING says which rows went in.
     key = next(iter(table.primary_key.columns))
     statement = insert(table).values(values).on_conflict_do_nothing().returning(key)

@@ -20,7 +20,7 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str) -> str:
+def upgrade(url: str) -> str | None:
     """Upgrade to head; returns the revision the database is at afterwards."""
     cfg = alembic_config(url)
     command.upgrade(cfg, "head")
@@ -32,5 +32,5 @@ def current_revision(url: str) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def head_revision() -> str:
+def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()

@@ -23,7 +23,12 @@ TASK_TIME_LIMIT_S = 360
 assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
 
 
-TASK_MODULES = ["tasks.goal_tasks", "tasks.fence_tasks", "tasks.maintenance_tasks", "beat.tasks"]
+TASK_MODULES = [
+    "tasks.goal_tasks",
+    "tasks.fence_tasks",
+    "tasks.maintenance_tasks",
+    "tasks.sweep_tasks",
+]
 # The benchmark's baseline task is registered only in the benchmark's own workers, which
 # set this variable; a production worker does not know it.
 BENCH_TASKS_ENV = "AGENT_RADAR_BENCH_TASKS"

@@ -1,6 +1,7 @@
 """The Python client (DESIGN 7.1): `from workflows.client import AgentRadar`."""
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -403,6 +404,7 @@ class AgentRadar:
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, record: Any, timeout: float = 30.0) -> Any:
         """Poll until the record reaches a terminal status; TimeoutError otherwise."""
+        reload: Callable[[], Any]
         if isinstance(record, GoalOperation):
             reload, name = (
                 lambda: self.get_goal_operation(record.operation_id),

@@ -100,6 +100,9 @@ class RuntimeFault(AgentRadarError):
     """Any other runtime answer that is not a success; `retryable` says whether to retry."""
 
     code = "runtime_fault"
+    # Set per instance from the constructor's attributes; declared for readers and mypy.
+    retryable: bool = False
+    http_status: int | None = None
 
 
 def _restore(type_name: str, message: str, attrs: dict[str, Any]) -> AgentRadarError:

@@ -10,11 +10,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, delete, or_, update
 from sqlalchemy.orm import Session
 
-from models.db import insert_ignore
+from models.base import table_of
+from models.db import insert_ignore, rowcount
 from models.tables import Lease
 from workflows import ids
 
-LEASES = Lease.__table__
+LEASES = table_of(Lease)
 # Reservations the sweeper takes before it re-publishes work that has no row lease of its own
 # (an unclaimed maintenance run, a prompt queue): one message per reservation interval.
 REPUBLISH_PREFIX = "republish:"
@@ -95,7 +96,7 @@ def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) 
             "b_expires": now + timedelta(seconds=ttl_s),
         },
     )
-    return result.rowcount == 1
+    return rowcount(result) == 1
 
 
 def release(session: Session, name: str, token: str) -> bool:
@@ -105,7 +106,7 @@ def release(session: Session, name: str, token: str) -> bool:
 def release_many(session: Session, names: list[str], token: str) -> int:
     """Release those of these leases that this token still holds; returns how many."""
     result = session.connection().execute(_RELEASE, {"b_names": list(names), "b_token": token})
-    return result.rowcount
+    return rowcount(result)
 
 
 def unheld(model, now):
@@ -139,7 +140,7 @@ def claim_row(
             **values,
         )
     )
-    return token if result.rowcount == 1 else None
+    return token if rowcount(result) == 1 else None
 
 
 def reserve_republish(
@@ -157,6 +158,8 @@ def reserve_republish(
 
 def prune_republish(session: Session, now: datetime) -> int:
     """Drop expired reservations, so the table holds only those of work still waiting."""
-    return session.execute(
-        delete(Lease).where(Lease.name.startswith(REPUBLISH_PREFIX), Lease.expires_at <= now)
-    ).rowcount
+    return rowcount(
+        session.execute(
+            delete(Lease).where(Lease.name.startswith(REPUBLISH_PREFIX), Lease.expires_at <= now)
+        )
+    )

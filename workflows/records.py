@@ -3,11 +3,14 @@
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from models.enums import TERMINAL_MAINTENANCE_STATUSES, TERMINAL_OPERATION_STATUSES, FenceStatus
 
-R = TypeVar("R")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", bound="DataclassInstance")
 
 
 def from_row(cls: type[R], row: Any, **extra: Any) -> R:

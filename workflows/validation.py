@@ -65,16 +65,18 @@ def check_ids(name: str, value: Any, max_items: int) -> list[str]:
     return [check_id(name, item) for item in value]
 
 
-def check_int(
-    name: str, value: Any, *, minimum: int = 0, maximum: int = MAX_INT, optional: bool = False
-) -> int | None:
-    if value is None and optional:
-        return None
+def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int = MAX_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}", field=name)
     if not minimum <= value <= maximum:
         raise InvalidArgument(f"{name} must be between {minimum} and {maximum}", field=name)
     return value
+
+
+def check_optional_int(
+    name: str, value: Any, *, minimum: int = 0, maximum: int = MAX_INT
+) -> int | None:
+    return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
 def check_limit(value: Any) -> int:

@@ -192,7 +192,11 @@ class TaskPublisher:
             "origin": "agent-radar",
             "ignore_result": True,
         }
-        body = ([], kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+        body: tuple[list[Any], dict[str, Any], dict[str, None]] = (
+            [],
+            kwargs,
+            {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+        )
         with self._lock:
             producer = self._ensure()
             producer.publish(

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
-from models.db import run_transaction
+from models.db import rowcount, run_transaction
 from models.enums import (
     OPEN_OPERATION_STATUSES,
     CancelResult,
@@ -336,9 +336,10 @@ class FenceApplier:
 
     def _drive_clear(self, claim: FenceClaim) -> bool:
         """Apply the fence's clear (require_live, never resume). True once it is settled."""
-        current = run_transaction(
-            self.engine, lambda s: self.dispatcher._claim(s, claim.clear_operation_id)
-        )
+        clear_id = claim.clear_operation_id
+        if clear_id is None:
+            return True  # the fence made no clear: a newer goal owns the session
+        current = run_transaction(self.engine, lambda s: self.dispatcher._claim(s, clear_id))
         if not isinstance(current, Claim):
             if current.outcome in ("held", "lane_lost"):
                 return False  # a maintenance run holds the session: the clear waits
@@ -377,7 +378,7 @@ class FenceApplier:
             .values(lease_owner=None, lease_token=None, lease_expires_at=None, **values)
         )
         leases.release(s, claim.lane, claim.lane_token)
-        return result.rowcount == 1
+        return rowcount(result) == 1
 
     def _complete(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
         values = {"cancel_operation_id": cancel_id} if cancel_id else {}  # keep a recorded one
@@ -431,7 +432,7 @@ class FenceApplier:
                     lease_expires_at=None,
                 )
             )
-            if done.rowcount == 1:
+            if rowcount(done) == 1:
                 s.execute(
                     update(GoalState)
                     .where(
@@ -442,9 +443,8 @@ class FenceApplier:
                     .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
                 )
         fence = s.get(GoalFence, claim.fence_id)
-        cancel = (
-            s.get(CancelOperation, fence.cancel_operation_id) if fence.cancel_operation_id else None
-        )
+        cancel_id = fence.cancel_operation_id if fence is not None else None
+        cancel = s.get(CancelOperation, cancel_id) if cancel_id else None
         if cancel is not None and cancel.status in cancels.OPEN_CANCEL_STATUSES:
             # The turn it waited on went down with the host: settled locally as interrupted.
             cancels.complete(s, cancel, CancelResult.INTERRUPTED, now)

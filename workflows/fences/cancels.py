@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from models.db import rowcount
 from models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, TurnPhase
 from models.tables import CancelOperation, GoalFence, Turn
 from workflows import ids, leases
@@ -97,7 +98,7 @@ def complete(
             lease_expires_at=None,
         )
     )
-    if done.rowcount != 1:
+    if rowcount(done) != 1:
         return False
     outcome = (
         TurnOutcome.INTERRUPTED if result == CancelResult.INTERRUPTED else TurnOutcome.CANCELED
@@ -122,7 +123,7 @@ def wait_for_settle(
             next_attempt_at=now + timedelta(seconds=deadline_s),
         )
     )
-    return result.rowcount == 1
+    return rowcount(result) == 1
 
 
 def retry_later(
@@ -142,7 +143,7 @@ def retry_later(
             lease_expires_at=None,
         )
     )
-    return result.rowcount == 1
+    return rowcount(result) == 1
 
 
 def on_turn_settled(
@@ -153,10 +154,11 @@ def on_turn_settled(
         CancelOperation, ids.cancel_operation_id(workspace_id, session_id, turn_id)
     )
     if cancel is not None and cancel.status in OPEN_CANCEL_STATUSES:
-        result = {
+        by_outcome: dict[str, CancelResult] = {
             TurnOutcome.CANCELED: CancelResult.CANCELED,
             TurnOutcome.INTERRUPTED: CancelResult.INTERRUPTED,
-        }.get(outcome, CancelResult.ALREADY_SETTLED)
+        }
+        result = by_outcome.get(outcome, CancelResult.ALREADY_SETTLED)
         session.execute(
             update(CancelOperation)
             .where(

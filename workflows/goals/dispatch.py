@@ -5,9 +5,10 @@ short transactions around a runtime call) and a runtime port. They never import 
 """
 
 import dataclasses
+import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
-from models.db import run_transaction
+from models.db import rowcount, run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
@@ -225,7 +226,7 @@ class Dispatcher:
         for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
             wanted = list(operation_ids[start : start + MAX_LANES_PER_STEP])
             results += self._drain(
-                run_transaction(self.engine, lambda s, wanted=wanted: open_lanes(s, wanted))
+                run_transaction(self.engine, functools.partial(open_lanes, wanted=wanted))
             )
         return results
 
@@ -235,14 +236,16 @@ class Dispatcher:
             run_transaction(self.engine, lambda s: self._next(s, [(workspace_id, session_id)]))
         )
 
-    def _take_lanes(self, s: Session, keys) -> dict[tuple[str, str], Lane]:
+    def _take_lanes(
+        self, s: Session, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], Lane]:
         """Take the lanes of these sessions that nobody holds. A held lane is not ours to
         drain: its holder checks once more for due work when it releases."""
         names = {ids.lane_name(*key): key for key in keys}
         token, taken = leases.claim_many(
             s, sorted(names), self.worker_id, self.lease_s, self.clock()
         )
-        return {names[name]: Lane(*names[name], token) for name in taken}
+        return {(ws, sid): Lane(ws, sid, token) for ws, sid in (names[name] for name in taken)}
 
     def _open(
         self, s: Session, first: dict[tuple[str, str], str]
@@ -282,7 +285,7 @@ class Dispatcher:
             # of these lanes held until the commit left its operation to this check, and one
             # that came after it has the lane.
             keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
-            work = run_transaction(self.engine, lambda s, keys=keys: self._next(s, keys))
+            work = run_transaction(self.engine, functools.partial(self._next, keys=keys))
 
         # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
         def let_go(s: Session):
@@ -468,7 +471,8 @@ class Dispatcher:
     def _record(self, s: Session, attempts: list[Attempt]) -> list[StepResult]:
         """Record every attempt's outcome in the caller's transaction. Applied answers, the
         common case, are recorded together; any other outcome one by one."""
-        applied, others = [], []
+        applied: list[Attempt] = []
+        others: list[Attempt] = []
         for a in attempts:
             is_applied = a.answer is not None and a.answer.get("phase") == "applied"
             (applied if is_applied else others).append(a)
@@ -477,7 +481,10 @@ class Dispatcher:
             mine = [a for a in applied if a.claim.token == token]
             done = complete_applied_many(
                 s,
-                [(a.claim.op, a.answer.get("goal"), a.answer.get("evidence")) for a in mine],
+                [
+                    (a.claim.op, (a.answer or {}).get("goal"), (a.answer or {}).get("evidence"))
+                    for a in mine
+                ],
                 self.clock(),
                 token,
             )
@@ -492,25 +499,29 @@ class Dispatcher:
             if a.fault is not None:
                 results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
             else:
-                results.append(self._answer_outcome(s, a.claim, a.answer))
+                results.append(self._answer_outcome(s, a.claim, a.answer or {}))
         return results
 
     def _call_runtime(self, op: records.GoalOperation) -> dict[str, Any]:
-        call = dict(
-            operation_id=op.operation_id,
-            action=op.action,
-            objective=op.objective,
-            revision=op.goal_revision,
-            client_submit_id=op.client_submit_id,
-            require_live=True,
-        )
+        def call() -> dict[str, Any]:
+            return self.runtime.apply_goal(
+                op.workspace_id,
+                op.session_id,
+                operation_id=op.operation_id,
+                action=op.action,
+                objective=op.objective,
+                revision=op.goal_revision,
+                client_submit_id=op.client_submit_id,
+                require_live=True,
+            )
+
         try:
-            return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
+            return call()
         except RuntimeDisconnected:
             if op.origin != Origin.CLIENT or self.resume_session is None:
                 raise
             self.resume_session(op.workspace_id, op.session_id)
-            return self.runtime.apply_goal(op.workspace_id, op.session_id, **call)
+            return call()
 
     # -- outcomes, each in the caller's transaction and conditional on the lease token --
     def _answer_outcome(self, s: Session, claim: Claim, answer: dict[str, Any]) -> StepResult:
@@ -540,7 +551,7 @@ class Dispatcher:
                     lease_expires_at=None,
                 )
             )
-            return StepResult(op.operation_id, "accepted" if result.rowcount == 1 else "skipped")
+            return StepResult(op.operation_id, "accepted" if rowcount(result) == 1 else "skipped")
         fault = RuntimeFault(
             f"runtime answered an unknown phase {phase!r}",
             code="bad_response",
@@ -573,7 +584,7 @@ class Dispatcher:
                     lease_expires_at=None,
                 )
             )
-            if result.rowcount != 1:
+            if rowcount(result) != 1:
                 return StepResult(op.operation_id, "skipped")
             s.execute(
                 update(GoalState)
@@ -601,7 +612,7 @@ class Dispatcher:
                 lease_expires_at=None,
             )
         )
-        return StepResult(op.operation_id, "retry" if result.rowcount == 1 else "skipped")
+        return StepResult(op.operation_id, "retry" if rowcount(result) == 1 else "skipped")
 
     # For tests that drive an attempt by hand, each in its own transaction.
     def _record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:

@@ -7,9 +7,10 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from models.db import rowcount
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
-from workflows import leases
+from workflows import leases, records
 from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in
 from workflows.sessions.rows import SESSIONS, lock_session, same_session
 
@@ -57,7 +58,11 @@ def budget_exhausted(op: GoalOperation, now: datetime) -> str | None:
 
 
 def fail_operation(
-    session: Session, op: GoalOperation, error: str, now: datetime, token: str | None = None
+    session: Session,
+    op: GoalOperation | records.GoalOperation,
+    error: str,
+    now: datetime,
+    token: str | None = None,
 ) -> bool:
     """Terminal failure: the operation and (if it still owns it) the goal state."""
     lock_session(session, op.workspace_id, op.session_id)
@@ -84,7 +89,7 @@ def fail_operation(
             lease_expires_at=None,
         )
     )
-    if result.rowcount != 1:
+    if rowcount(result) != 1:
         return False
     session.execute(
         update(GoalState)

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from models.db import rowcount
 from models.enums import (
     OPEN_OPERATION_STATUSES,
     GoalAction,
@@ -21,7 +22,13 @@ from workflows import ids, records
 from workflows.errors import GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent
 from workflows.goals.tables import OPS, STATES, key_params
 from workflows.sessions.rows import SESSIONS, append_event, new_session_values, same_session
-from workflows.validation import check_action, check_id, check_int, check_objective, check_submit_id
+from workflows.validation import (
+    check_action,
+    check_id,
+    check_objective,
+    check_optional_int,
+    check_submit_id,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class GoalRequest:
             action=parsed_action,
             objective=check_objective(parsed_action, objective),
             client_submit_id=check_submit_id("client_submit_id", client_submit_id),
-            expected_revision=check_int("expected_revision", expected_revision, optional=True),
+            expected_revision=check_optional_int("expected_revision", expected_revision),
         )
 
     @property
@@ -72,7 +79,7 @@ def desired_after(action: GoalAction, objective: str | None, desired: dict | Non
     if action is GoalAction.CLEAR:
         return None
     status = "paused" if action is GoalAction.PAUSE else "active"
-    return {**desired, "status": status}
+    return {**(desired or {}), "status": status}
 
 
 # Submit's one read: the session row (locked), its goal state, and whether the operation
@@ -132,6 +139,8 @@ def submit(
         revision, desired, pending = 0, None, None
     elif found.existing is not None:
         existing = load_operation(session, request.operation_id)
+        if existing is None:  # the lookup just found it, under the session lock
+            raise LookupError(f"goal operation {request.operation_id} disappeared")
         if (existing.action, existing.objective) != (request.action.value, request.objective):
             raise GoalOperationConflict(
                 f"client_submit_id {request.client_submit_id!r} was used for "
@@ -223,4 +232,4 @@ def submit(
 
 def supersede(session: Session, operation_id: str, now: datetime) -> bool:
     result = session.connection().execute(_SUPERSEDE, {"b_op": operation_id, "b_now": now})
-    return result.rowcount == 1
+    return rowcount(result) == 1

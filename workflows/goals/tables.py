@@ -3,10 +3,11 @@ goal control share: hot paths execute statements built once, with bound paramete
 
 from sqlalchemy import bindparam, tuple_
 
+from models.base import table_of
 from models.tables import GoalOperation, GoalState
 
-OPS = GoalOperation.__table__
-STATES = GoalState.__table__
+OPS = table_of(GoalOperation)
+STATES = table_of(GoalState)
 
 
 def key_params(table):

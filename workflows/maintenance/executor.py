@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
-from models.db import run_transaction
+from models.db import rowcount, run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, MaintenanceError, MaintenanceStatus, Origin
 from models.tables import GoalOperation, MaintenanceRun
 from workflows import leases
@@ -114,7 +114,7 @@ class MaintenanceExecutor:
             .where(MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
             .values(lease_expires_at=now + timedelta(seconds=self.lease_s))
         )
-        if result.rowcount != 1:
+        if rowcount(result) != 1:
             return None
         return s.get(MaintenanceRun, claim.run_id, populate_existing=True)
 
@@ -153,14 +153,14 @@ class MaintenanceExecutor:
         record in a second transaction."""
 
         def finalizing(s: Session) -> str | None:
-            run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+            run = runs.reload(s, claim.run_id)
             if run.status in runs.TERMINAL or run.status == S.FINALIZING:
                 return run.status
             ok = runs.transition(s, run, S.FINALIZING, self.clock(), token=claim.token)
             return S.FINALIZING if ok else None
 
         def terminal(s: Session) -> str | None:
-            run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+            run = runs.reload(s, claim.run_id)
             status, fields = runs.terminal_for(outcome)
             ok = runs.transition(s, run, status, self.clock(), token=claim.token, **fields)
             return status if ok else None
@@ -192,7 +192,7 @@ class MaintenanceExecutor:
         outcome and writes it again. The session stays held meanwhile."""
 
         def mark(s: Session) -> bool:
-            run = s.get(MaintenanceRun, claim.run_id, populate_existing=True)
+            run = runs.reload(s, claim.run_id)
             ok = runs.transition(
                 s,
                 run,

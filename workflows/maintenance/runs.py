@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
+from models.db import rowcount
 from models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TERMINAL_MAINTENANCE_STATUSES,
@@ -29,7 +30,14 @@ from workflows.errors import (
     SessionBusy,
 )
 from workflows.sessions.rows import append_event, lock_session
-from workflows.validation import check_choice, check_id, check_int, check_submit_id, check_text
+from workflows.validation import (
+    check_choice,
+    check_id,
+    check_int,
+    check_optional_int,
+    check_submit_id,
+    check_text,
+)
 
 S = MaintenanceStatus
 TERMINAL = frozenset(TERMINAL_MAINTENANCE_STATUSES)
@@ -212,11 +220,18 @@ def transition(
         .values(**values)
         .execution_options(synchronize_session="fetch")
     )
-    if result.rowcount != 1:
+    if rowcount(result) != 1:
         return False
-    fresh = session.get(MaintenanceRun, run.run_id, populate_existing=True)
-    _record(session, fresh, now)
+    _record(session, reload(session, run.run_id), now)
     return True
+
+
+def reload(session: Session, run_id: str) -> MaintenanceRun:
+    """A run row as the database has it now; runs are never deleted while referenced."""
+    run = session.get(MaintenanceRun, run_id, populate_existing=True)
+    if run is None:
+        raise LookupError(f"maintenance run {run_id} disappeared")
+    return run
 
 
 def request_cancel(
@@ -249,7 +264,7 @@ def check_outcome(outcome: dict[str, Any]) -> dict[str, Any]:
             raise InvalidArgument(f"{name} must be a boolean", field=name)
         checked[name] = bool(value)
     for name in ("input_tokens", "result_tokens"):
-        checked[name] = check_int(name, outcome.get(name), optional=True)
+        checked[name] = check_optional_int(name, outcome.get(name))
     summary, error = outcome.get("summary"), outcome.get("error")
     checked["summary"] = (
         None

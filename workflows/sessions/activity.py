@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -18,6 +19,7 @@ from workflows.validation import (
     check_id,
     check_int,
     check_json_object,
+    check_optional_int,
     check_report_time,
 )
 
@@ -95,7 +97,7 @@ def parse_report(report: Any, now: datetime) -> Report:
     )
 
 
-def _check_choice(name: str, value: Any, choices: type) -> str | None:
+def _check_choice(name: str, value: Any, choices: type[StrEnum]) -> str | None:
     if value is None:
         return None
     return check_choice(name, value, {c.value for c in choices})
@@ -108,7 +110,7 @@ def _parse_turn(value: Any) -> dict[str, Any] | None:
     extra = set(turn) - TURN_FIELDS
     if extra:
         raise InvalidArgument(f"unknown turn fields: {sorted(extra)}", field="turn")
-    parsed = {
+    parsed: dict[str, Any] = {
         "turn_id": check_id("turn.turn_id", turn.get("turn_id")),
         "phase": _check_choice("turn.phase", turn.get("phase"), TurnPhase),
         "outcome": _check_choice("turn.outcome", turn.get("outcome"), TurnOutcome),
@@ -124,8 +126,8 @@ def _parse_turn(value: Any) -> dict[str, Any] | None:
     for key in ("source_goal_operation_id", "prompt_id"):
         if turn.get(key) is not None:
             parsed[key] = check_id(f"turn.{key}", turn[key])
-    parsed["source_goal_revision"] = check_int(
-        "turn.source_goal_revision", turn.get("source_goal_revision"), minimum=1, optional=True
+    parsed["source_goal_revision"] = check_optional_int(
+        "turn.source_goal_revision", turn.get("source_goal_revision"), minimum=1
     )
     return parsed
 

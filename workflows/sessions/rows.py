@@ -6,11 +6,12 @@ from typing import Any
 from sqlalchemy import and_, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from models.base import table_of
 from models.db import insert_ignore
 from models.tables import AgentSession, SessionEvent
 
-SESSIONS = AgentSession.__table__
-EVENTS = SessionEvent.__table__
+SESSIONS = table_of(AgentSession)
+EVENTS = table_of(SessionEvent)
 
 # Built once: hot paths run these on every operation, and building a statement costs more
 # than executing a cached one.

@@ -1,4 +1,5 @@
-"""`agent_radar.sweep`: the beat task that wraps `sweep_once`."""
+"""`agent_radar.sweep`: the task beat schedules, a thin wrapper over `beat.sweeper.sweep_once`.
+It lives here, with the other tasks, so that `tasks/` imports `beat/` and never the reverse."""
 
 from beat.schedule import SWEEP_TASK
 from beat.sweeper import sweep_once
