@@ -3,6 +3,21 @@
 Every scenario runs on both backends: `embedded` (SQLite + the filesystem transport) and
 `production` (PostgreSQL + Redis). Where PostgreSQL or Redis is unreachable the production
 cases skip with the reason — except under CI=true, where that is a failure.
+
+What each fixture starts (all torn down after the test):
+- `pg_database` (session): one throwaway PostgreSQL database, migrated to head.
+- `backend`: the parameter, `embedded` or `production`.
+- `settings`: a home folder, the backend's database (SQLite file, or the PostgreSQL database
+  truncated) and broker (a folder, or Redis under a key prefix of its own), a free port.
+- `sim`: the runtime simulator as a real HTTP server in this process, reporting through the
+  real broker; `sim_control` is its `/sim/` client.
+- `client`: the Python client against that backend and simulator (no worker).
+- `stack`: real `agent-radar worker` / `beat` subprocesses, started by the test as it needs.
+- `host`: an agent host that misbehaves as the test tells it (tests/hostile.py).
+
+Tests mirror the code: `rules/` (the domain, against a real database), `adapters/` (runtime,
+broker, migrations), `tools/` (CLI, demo, deploy files, packaging), `end_to_end/` (real
+workers), `faults/` (restarts, outages, the hostile-input campaign).
 """
 
 import os
@@ -71,6 +86,7 @@ def pg_database():
 
 @pytest.fixture(params=["embedded", "production"])
 def backend(request) -> str:
+    """Which backend this test runs on (every scenario runs on both)."""
     return request.param
 
 
@@ -136,11 +152,13 @@ def sim(settings):
 
 @pytest.fixture
 def sim_control(sim) -> SimControl:
+    """The simulator's control endpoints: take sessions offline, inject faults, list effects."""
     return SimControl(sim.url)
 
 
 @pytest.fixture
 def client(settings, sim) -> AgentRadar:
+    """The Python client on this test's backend, calling the simulator; no worker runs."""
     c = AgentRadar(settings=settings)
     yield c
     c.close()
@@ -154,3 +172,14 @@ def stack(settings, sim):
     s.prepare()
     yield s
     s.stop()
+
+
+@pytest.fixture
+def host():
+    """An agent host that misbehaves as each test tells it (tests/hostile.py), on a real
+    socket; no simulator, no worker."""
+    from tests.hostile import HostileHost
+
+    h = HostileHost()
+    yield h
+    h.close()

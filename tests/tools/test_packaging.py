@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import eventually
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INSTALL_TIMEOUT_S = 900
 
 

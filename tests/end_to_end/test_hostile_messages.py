@@ -10,51 +10,11 @@ import textwrap
 import uuid
 
 import pytest
-from kombu import Connection
 
 from tests.helpers import effects_by_operation, eventually, row_counts
-from workflows.adapters.broker import kombu_queues, transport_options
+from tests.hostile import raw_publish, task_headers
 
 WS = "ws-hostile"
-
-
-def raw_publish(
-    settings, body, *, headers=None, content_type="application/json", queue: str = "default"
-) -> None:
-    """Publish `body` as it is: bytes go out untouched, anything else as JSON."""
-    target = next(q for q in kombu_queues() if q.name == queue)
-    if not isinstance(body, bytes):
-        body = json.dumps(body).encode()
-    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
-        conn.Producer().publish(
-            body,
-            exchange=target.exchange,
-            routing_key=target.routing_key,
-            content_type=content_type,
-            content_encoding="utf-8",
-            headers=headers if headers is not None else {},
-            declare=[target],
-        )
-
-
-def task_headers(task: str = "agent_radar.goal_control", **override) -> dict:
-    task_id = str(uuid.uuid4())
-    headers = {
-        "lang": "py",
-        "task": task,
-        "id": task_id,
-        "root_id": task_id,
-        "parent_id": None,
-        "group": None,
-        "retries": 0,
-        "eta": None,
-        "expires": None,
-        "timelimit": [None, None],
-        "argsrepr": "",
-        "kwargsrepr": "",
-    }
-    headers.update(override)
-    return headers
 
 
 GOOD_KWARGS = {

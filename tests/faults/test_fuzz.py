@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 from kombu import Connection
 
 from tests.helpers import eventually, row_counts
-from tests.test_hostile_answers import HostileHost, applied
-from tests.test_hostile_messages import raw_publish, task_headers
+from tests.hostile import applied, raw_publish, task_headers
 from workflows.adapters.broker import kombu_queues, transport_options
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
@@ -260,13 +259,6 @@ def answers():
         st.binary(max_size=64),
     )
     return st.tuples(st.sampled_from([200, 200, 200, 404, 409, 422, 500]), body)
-
-
-@pytest.fixture
-def host():
-    h = HostileHost()
-    yield h
-    h.close()
 
 
 def test_runtime_answers_through_the_dispatcher(client, backend, host):

@@ -3,7 +3,7 @@
 from models.db import run_transaction
 from models.tables import AgentSession
 from tests.helpers import eventually
-from tests.test_maintenance import statuses
+from tests.rules.test_maintenance import statuses
 
 WS, SID = "ws-maint", "s1"
 

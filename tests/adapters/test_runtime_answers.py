@@ -4,77 +4,17 @@ object of the documented shape, or is over 1 MiB, is a `bad_response` fault for 
 stored ends the run `failed` and releases the session."""
 
 import json
-import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
 
 import pytest
 
 from models.db import run_transaction
+from tests.hostile import applied
 from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
 from workflows.goals.dispatch import Dispatcher
 from workflows.maintenance import runs
 from workflows.maintenance.executor import MaintenanceExecutor
 
 WS = "ws-answers"
-SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
-
-
-class HostileHost:
-    """An agent host on a real socket that answers each session as told: `answers[sid]` is
-    (status, raw body bytes) or a callable of the request body returning that."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, object] = {}
-        host = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_args):
-                pass
-
-            def _answer(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
-                match = SESSION.match(self.path)
-                sid, call = unquote(match[2]), match[3]
-                answer = host.answers.get((sid, call)) or host.answers.get(sid)
-                status, raw = answer(body) if callable(answer) else answer
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            do_GET = do_POST = _answer
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def host():
-    h = HostileHost()
-    yield h
-    h.close()
-
-
-def applied(body):
-    goal = {"objective": body["objective"], "status": "active"}
-    return 200, json.dumps({"phase": "applied", "goal": goal, "evidence": {"ok": 1}}).encode()
-
-
 BAD_ANSWERS = {
     "null": (200, b"null"),
     "list": (200, b"[]"),

@@ -9,7 +9,7 @@ import yaml
 
 from workflows.tools.cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compose() -> dict:

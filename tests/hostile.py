@@ -1,0 +1,102 @@
+"""Hostile peers for the tests: an agent host on a real socket that answers each session as
+told, and raw broker messages published the way any producer (or attacker) with broker access
+could. Shared by the rules, end-to-end and campaign tests."""
+
+import json
+import re
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+from kombu import Connection
+
+from workflows.adapters.broker import kombu_queues, transport_options
+
+SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
+
+
+class HostileHost:
+    """An agent host on a real socket that answers each session as told: `answers[sid]` is
+    (status, raw body bytes) or a callable of the request body returning that."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, object] = {}
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args):
+                pass
+
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                match = SESSION.match(self.path)
+                sid, call = unquote(match[2]), match[3]
+                answer = host.answers.get((sid, call)) or host.answers.get(sid)
+                status, raw = answer(body) if callable(answer) else answer
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = _answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def applied(body):
+    goal = {"objective": body["objective"], "status": "active"}
+    return 200, json.dumps({"phase": "applied", "goal": goal, "evidence": {"ok": 1}}).encode()
+
+
+def raw_publish(
+    settings, body, *, headers=None, content_type="application/json", queue: str = "default"
+) -> None:
+    """Publish `body` as it is: bytes go out untouched, anything else as JSON."""
+    target = next(q for q in kombu_queues() if q.name == queue)
+    if not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+        conn.Producer().publish(
+            body,
+            exchange=target.exchange,
+            routing_key=target.routing_key,
+            content_type=content_type,
+            content_encoding="utf-8",
+            headers=headers if headers is not None else {},
+            declare=[target],
+        )
+
+
+def task_headers(task: str = "agent_radar.goal_control", **override) -> dict:
+    task_id = str(uuid.uuid4())
+    headers = {
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "timelimit": [None, None],
+        "argsrepr": "",
+        "kwargsrepr": "",
+    }
+    headers.update(override)
+    return headers
