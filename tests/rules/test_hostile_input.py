@@ -116,34 +116,24 @@ def test_a_report_cannot_touch_another_workspaces_prompt(client, sim_control):
     prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p-1")
     assert prompts.dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     turn_id = client.get_prompt(prompt.prompt_id).turn_id
-    client.report_activity(
-        {
-            "workspace_id": "ws-attacker",
-            "session_id": SID,
-            "occurred_at_ms": now_ms(),
-            "turn": {
-                "turn_id": turn_id,
-                "phase": "settled",
-                "outcome": "failed",
-                "prompt_id": prompt.prompt_id,
-            },
+    # Another workspace, then another session of this workspace, name the prompt: neither
+    # may touch it.
+    for workspace_id, session_id in (("ws-attacker", SID), (WS, "another-session")):
+        settle = {
+            "turn_id": turn_id,
+            "phase": "settled",
+            "outcome": "failed",
+            "prompt_id": prompt.prompt_id,
         }
-    )
-    assert client.get_prompt(prompt.prompt_id).status == "dispatched"
-    client.report_activity(
-        {
-            "workspace_id": WS,
-            "session_id": "another-session",
-            "occurred_at_ms": now_ms(),
-            "turn": {
-                "turn_id": turn_id,
-                "phase": "settled",
-                "outcome": "failed",
-                "prompt_id": prompt.prompt_id,
-            },
-        }
-    )
-    assert client.get_prompt(prompt.prompt_id).status == "dispatched"
+        client.report_activity(
+            {
+                "workspace_id": workspace_id,
+                "session_id": session_id,
+                "occurred_at_ms": now_ms(),
+                "turn": settle,
+            }
+        )
+        assert client.get_prompt(prompt.prompt_id).status == "dispatched"
     client.report_activity(
         report(
             turn={

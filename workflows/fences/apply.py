@@ -30,7 +30,7 @@ from workflows import ids, leases
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
-from workflows.goals.dispatch import Claim, Dispatcher
+from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s
 from workflows.sessions.rows import lock_session
 
@@ -344,18 +344,8 @@ class FenceApplier:
             if current.outcome in ("held", "lane_lost"):
                 return False  # a maintenance run holds the session: the clear waits
             return current.outcome != "skipped" or self._clear_settled(claim)
-        op = current.op
         try:
-            answer = self.runtime.apply_goal(
-                op.workspace_id,
-                op.session_id,
-                operation_id=op.operation_id,
-                action=op.action,
-                objective=op.objective,
-                revision=op.goal_revision,
-                client_submit_id=op.client_submit_id,
-                require_live=True,
-            )
+            answer = apply_goal(self.runtime, current.op)
         except RuntimeFault as exc:
             fault = exc
             result = run_transaction(

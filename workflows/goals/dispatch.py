@@ -138,6 +138,20 @@ def _call_pool() -> ThreadPoolExecutor:
     return pool
 
 
+def apply_goal(runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:
+    """The runtime call of one goal operation (require_live: no call resumes a session)."""
+    return runtime.apply_goal(
+        op.workspace_id,
+        op.session_id,
+        operation_id=op.operation_id,
+        action=op.action,
+        objective=op.objective,
+        revision=op.goal_revision,
+        client_submit_id=op.client_submit_id,
+        require_live=True,
+    )
+
+
 @dataclass
 class StepResult:
     operation_id: str
@@ -503,25 +517,13 @@ class Dispatcher:
         return results
 
     def _call_runtime(self, op: records.GoalOperation) -> dict[str, Any]:
-        def call() -> dict[str, Any]:
-            return self.runtime.apply_goal(
-                op.workspace_id,
-                op.session_id,
-                operation_id=op.operation_id,
-                action=op.action,
-                objective=op.objective,
-                revision=op.goal_revision,
-                client_submit_id=op.client_submit_id,
-                require_live=True,
-            )
-
         try:
-            return call()
+            return apply_goal(self.runtime, op)
         except RuntimeDisconnected:
             if op.origin != Origin.CLIENT or self.resume_session is None:
                 raise
             self.resume_session(op.workspace_id, op.session_id)
-            return call()
+            return apply_goal(self.runtime, op)
 
     # -- outcomes, each in the caller's transaction and conditional on the lease token --
     def _answer_outcome(self, s: Session, claim: Claim, answer: dict[str, Any]) -> StepResult:
