@@ -186,7 +186,7 @@ def _read_bounded(response) -> bytes:
 
 class HttpRuntime:
     # Connections kept open to the runtime: a dispatch step calls it for up to 32 sessions
-    # at once (goals.MAX_LANES_PER_STEP).
+    # at once (goals.statements.MAX_LANES_PER_STEP).
     def __init__(
         self, base_url: str, token: str | None = None, timeout_s: float = 10.0, pool_size: int = 32
     ) -> None:

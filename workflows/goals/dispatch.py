@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -31,14 +31,20 @@ from workflows.goals.operations import (
     budget_exhausted,
     complete_applied,
     complete_applied_many,
-    due_operations,
     fail_operation,
-    open_unheld,
+)
+from workflows.goals.statements import (
+    CLAIM,
+    CLAIM_LOOKUP,
+    DUE_ANYWHERE,
+    MAX_LANES_PER_STEP,
+    NEXT_DUE,
+    OPS_LANES,
+    RESCHEDULE,
+    STATES_APPLYING,
 )
 from workflows.goals.submit import supersede
-from workflows.goals.tables import OPS, OPS_IN, STATES, keys_in
-from workflows.maintenance.runs import holds
-from workflows.sessions.rows import SESSIONS, lock_session, same_session
+from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
 
@@ -48,71 +54,6 @@ DISPATCH_TASK = "agent_radar.goal.dispatch"
 HOLD_RECHECK_S = 30
 # A lane holder drains at most this many steps before it lets another worker have the lane.
 LANE_MAX_STEPS = 64
-
-
-_OP_KEY = OPS.c.operation_id == bindparam("b_op")
-_LANE_COLUMNS = (
-    OPS.c.operation_id,
-    OPS.c.workspace_id,
-    OPS.c.session_id,
-    OPS.c.status,
-    OPS.c.goal_revision,
-)
-# Of the given operations, those open and not leased: a message for one that settled or
-# that another worker holds costs this one read.
-_OPS_LANES = select(*_LANE_COLUMNS).where(OPS_IN, *open_unheld(bindparam("b_now")))
-# A step drains at most this many lanes, and calls the runtime for all of them at once, so
-# a step's calls take one call's time: below the lease, as a single call is (the lease is
-# configured longer than the runtime timeout). A dispatch under a backlog fills its step
-# with other due operations, so one message and a few transactions serve many operations.
-MAX_LANES_PER_STEP = 32
-_DUE_ANYWHERE = (
-    select(*_LANE_COLUMNS)
-    .where(*due_operations(bindparam("b_now")))
-    .order_by(OPS.c.next_attempt_at)
-    .limit(MAX_LANES_PER_STEP)
-)
-_NEXT_DUE = (
-    select(*_LANE_COLUMNS)
-    .where(keys_in(OPS), *due_operations(bindparam("b_now")))
-    .order_by(OPS.c.goal_revision)
-)
-# A claim's one read: the operations, their session rows (locked, in key order), goal
-# states, and whether a maintenance run holds each session.
-_CLAIM_LOOKUP = (
-    select(
-        OPS,
-        STATES.c.revision.label("state_revision"),
-        STATES.c.pending_operation_id.label("state_pending"),
-        holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
-    )
-    .select_from(
-        OPS.join(SESSIONS, same_session(SESSIONS.c, OPS.c)).outerjoin(
-            STATES, same_session(STATES.c, OPS.c)
-        )
-    )
-    .where(OPS_IN)
-    .order_by(OPS.c.workspace_id, OPS.c.session_id)
-    .with_for_update(of=SESSIONS)
-)
-_CLAIM = (
-    update(OPS)
-    .where(OPS_IN, *open_unheld(bindparam("b_now")))
-    .values(
-        lease_owner=bindparam("b_owner"),
-        lease_token=bindparam("b_token"),
-        lease_expires_at=bindparam("b_expires"),
-        status=OperationStatus.DISPATCHED,
-        provider_phase=ProviderPhase.DISPATCHED,
-        attempt=OPS.c.attempt + 1,
-        first_dispatched_at=func.coalesce(
-            OPS.c.first_dispatched_at, bindparam("b_first", type_=OPS.c.first_dispatched_at.type)
-        ),
-    )
-    .returning(OPS.c.operation_id)
-)
-_STATES_APPLYING = update(STATES).where(keys_in(STATES)).values(sync_status=SyncStatus.APPLYING)
-_RESCHEDULE = update(OPS).where(_OP_KEY).values(next_attempt_at=bindparam("b_at"))
 
 
 def _first_per_session(rows) -> dict[tuple[str, str], str]:
@@ -226,10 +167,10 @@ class Dispatcher:
         def open_lanes(s: Session, wanted: list[str]) -> dict[Lane, Claim | StepResult]:
             conn = s.connection()
             first = _first_per_session(
-                conn.execute(_OPS_LANES, {"b_ops": wanted, "b_now": self.clock()})
+                conn.execute(OPS_LANES, {"b_ops": wanted, "b_now": self.clock()})
             )
             if first and steal:
-                due = _first_per_session(conn.execute(_DUE_ANYWHERE, {"b_now": self.clock()}))
+                due = _first_per_session(conn.execute(DUE_ANYWHERE, {"b_now": self.clock()}))
                 for key, operation_id in due.items():
                     if len(first) >= MAX_LANES_PER_STEP:
                         break
@@ -320,9 +261,7 @@ class Dispatcher:
     def _next(self, s: Session, keys: list[tuple[str, str]]) -> dict[Lane, Claim | StepResult]:
         """Take the lanes of these sessions that have due work, and claim it. A lane someone
         holds is left to its holder, who runs this check after its release commits."""
-        due = s.connection().execute(
-            _NEXT_DUE, {"b_keys": sorted(set(keys)), "b_now": self.clock()}
-        )
+        due = s.connection().execute(NEXT_DUE, {"b_keys": sorted(set(keys)), "b_now": self.clock()})
         return self._open(s, _first_per_session(due))
 
     # -- operations ------------------------------------------------------------------------
@@ -345,7 +284,7 @@ class Dispatcher:
         conn = session.connection()
         rows = {
             row.operation_id: row
-            for row in conn.execute(_CLAIM_LOOKUP, {"b_ops": list(operation_ids)})
+            for row in conn.execute(CLAIM_LOOKUP, {"b_ops": list(operation_ids)})
         }
         verdicts: dict[str, Claim | StepResult] = {}
         claimable: list[records.GoalOperation] = []
@@ -362,7 +301,7 @@ class Dispatcher:
         expires = now + timedelta(seconds=self.lease_s)
         taken = set(
             conn.execute(
-                _CLAIM,
+                CLAIM,
                 {
                     "b_ops": [op.operation_id for op in claimable],
                     "b_now": now,
@@ -375,7 +314,7 @@ class Dispatcher:
         )
         if taken:
             conn.execute(
-                _STATES_APPLYING,
+                STATES_APPLYING,
                 {
                     "b_keys": sorted(
                         {
@@ -422,7 +361,7 @@ class Dispatcher:
             # Parked behind a maintenance run: no attempt, no budget used. The run's
             # release makes it due again; until then the sweeper leaves it alone.
             conn.execute(
-                _RESCHEDULE, {"b_op": operation_id, "b_at": now + timedelta(seconds=HOLD_RECHECK_S)}
+                RESCHEDULE, {"b_op": operation_id, "b_at": now + timedelta(seconds=HOLD_RECHECK_S)}
             )
             return StepResult(operation_id, "held")
         reason = budget_exhausted(row, now)
@@ -432,7 +371,7 @@ class Dispatcher:
         if row.provider_phase == ProviderPhase.ACCEPTED:
             # Acknowledged; the applied report completes it. Wake again at the deadline.
             conn.execute(
-                _RESCHEDULE,
+                RESCHEDULE,
                 {
                     "b_op": operation_id,
                     "b_at": row.accepted_at + timedelta(seconds=ACCEPTED_BUDGET_S),

@@ -86,6 +86,19 @@ def run_demo(home: Path | None = None, as_json: bool = False) -> bool:
 
 
 def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) -> bool:
+    """Every step runs (each prints its part of the timeline); the demo passes if all did."""
+    results = [
+        _goals_and_replay(client, say),
+        _outage_and_crash(client, sim, stack, worker, say),
+        _fences(client, say),
+        _offline_fence(client, sim, say),
+        _maintenance_and_prompts(client, sim, say),
+        _audit(client, sim, say),
+    ]
+    return all(results)
+
+
+def _goals_and_replay(client: AgentRadar, say) -> bool:
     # 1. set a goal, and submit it again with the same client submit ID
     op = client.set_goal(WS, "session-a", "refactor the billing module", client_submit_id="req-1")
     say("goal set submitted", operation=op.operation_id[:8], revision=op.goal_revision)
@@ -122,7 +135,10 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
             error=exc.code,
             current_revision=exc.current_revision,
         )
+    return True
 
+
+def _outage_and_crash(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) -> bool:
     # 3. the agent host fails three calls in a row: backoff retries until it applies
     sim.fault("goal", status=503, count=3, session_id="session-b")
     say("agent outage begins (next 3 goal calls answer 503)")
@@ -143,7 +159,10 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
     say("a new worker started; waiting for the sweeper to notice the expired lease")
     op = client.wait(op, timeout=90)
     say("finished after the crash", status=op.status, attempts=op.attempt)
+    return op.status == "completed"
 
+
+def _fences(client: AgentRadar, say) -> bool:
     # 5. fences: a shared goal revoked next to a newer owner goal, and a current one
     shared = client.wait(
         client.set_goal(WS, "session-d", "follow the shared runbook", client_submit_id="binding-7")
@@ -185,7 +204,10 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
         tombstoned=state.tombstoned,
         sync=state.sync_status,
     )
+    return fence.status == "completed"
 
+
+def _offline_fence(client: AgentRadar, sim: SimControl, say) -> bool:
     # 6. a fence against an offline session completes without resuming it
     offline = client.wait(
         client.set_goal(WS, "session-f", "nightly triage", client_submit_id="binding-9")
@@ -212,7 +234,10 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
         live=info.live,
         epoch=info.runtime_epoch,
     )
+    return not resumes
 
+
+def _maintenance_and_prompts(client: AgentRadar, sim: SimControl, say) -> bool:
     # 7. maintenance: a compaction, a cancelled one, and prompts parked behind one
     run = client.wait(client.start_maintenance(WS, "session-g", client_submit_id="compact-1"))
     say(
@@ -242,7 +267,10 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
         wait_for(lambda p=p: client.get_prompt(p.prompt_id).settled, 60, "the prompts")
     sent = [e["text"] for e in sim.effects("prompt") if e["session_id"] == "session-i"]
     say("compaction done; the parked prompts went out in order", run=run.status, sent=sent)
+    return sent == ["summarise the diff", "open a pull request"]
 
+
+def _audit(client: AgentRadar, sim: SimControl, say) -> bool:
     # 8. the audit: every operation applied at most once
     effects = sim.effects()
     per_op = Counter(e["operation_id"] for e in effects)
@@ -256,9 +284,4 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
             desired=(s.desired or {}).get("objective"),
         )
     # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set)
-    return (
-        all(n == 1 for n in per_op.values())
-        and len(per_op) == 9
-        and not resumes
-        and sent == ["summarise the diff", "open a pull request"]
-    )
+    return all(n == 1 for n in per_op.values()) and len(per_op) == 9

@@ -1,0 +1,78 @@
+"""The dispatcher's prebuilt statements (DESIGN 4.2, 4.8): built once, with bound parameters
+(`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
+cached one on the hot path."""
+
+from sqlalchemy import bindparam, func, select, update
+
+from models.enums import OperationStatus, ProviderPhase, SyncStatus
+from workflows.goals.operations import (
+    due_operations,
+    open_unheld,
+)
+from workflows.goals.tables import OPS, OPS_IN, STATES, keys_in
+from workflows.maintenance.runs import holds
+from workflows.sessions.rows import SESSIONS, same_session
+
+OP_KEY = OPS.c.operation_id == bindparam("b_op")
+LANE_COLUMNS = (
+    OPS.c.operation_id,
+    OPS.c.workspace_id,
+    OPS.c.session_id,
+    OPS.c.status,
+    OPS.c.goal_revision,
+)
+# Of the given operations, those open and not leased: a message for one that settled or
+# that another worker holds costs this one read.
+OPS_LANES = select(*LANE_COLUMNS).where(OPS_IN, *open_unheld(bindparam("b_now")))
+# A step drains at most this many lanes, and calls the runtime for all of them at once, so
+# a step's calls take one call's time: below the lease, as a single call is (the lease is
+# configured longer than the runtime timeout). A dispatch under a backlog fills its step
+# with other due operations, so one message and a few transactions serve many operations.
+MAX_LANES_PER_STEP = 32
+DUE_ANYWHERE = (
+    select(*LANE_COLUMNS)
+    .where(*due_operations(bindparam("b_now")))
+    .order_by(OPS.c.next_attempt_at)
+    .limit(MAX_LANES_PER_STEP)
+)
+NEXT_DUE = (
+    select(*LANE_COLUMNS)
+    .where(keys_in(OPS), *due_operations(bindparam("b_now")))
+    .order_by(OPS.c.goal_revision)
+)
+# A claim's one read: the operations, their session rows (locked, in key order), goal
+# states, and whether a maintenance run holds each session.
+CLAIM_LOOKUP = (
+    select(
+        OPS,
+        STATES.c.revision.label("state_revision"),
+        STATES.c.pending_operation_id.label("state_pending"),
+        holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
+    )
+    .select_from(
+        OPS.join(SESSIONS, same_session(SESSIONS.c, OPS.c)).outerjoin(
+            STATES, same_session(STATES.c, OPS.c)
+        )
+    )
+    .where(OPS_IN)
+    .order_by(OPS.c.workspace_id, OPS.c.session_id)
+    .with_for_update(of=SESSIONS)
+)
+CLAIM = (
+    update(OPS)
+    .where(OPS_IN, *open_unheld(bindparam("b_now")))
+    .values(
+        lease_owner=bindparam("b_owner"),
+        lease_token=bindparam("b_token"),
+        lease_expires_at=bindparam("b_expires"),
+        status=OperationStatus.DISPATCHED,
+        provider_phase=ProviderPhase.DISPATCHED,
+        attempt=OPS.c.attempt + 1,
+        first_dispatched_at=func.coalesce(
+            OPS.c.first_dispatched_at, bindparam("b_first", type_=OPS.c.first_dispatched_at.type)
+        ),
+    )
+    .returning(OPS.c.operation_id)
+)
+STATES_APPLYING = update(STATES).where(keys_in(STATES)).values(sync_status=SyncStatus.APPLYING)
+RESCHEDULE = update(OPS).where(OP_KEY).values(next_attempt_at=bindparam("b_at"))

@@ -1,0 +1,65 @@
+"""Client of the simulator's `/sim/` endpoints, for the demo, the tests and the bench."""
+
+from typing import Any
+
+
+class SimControl:
+    """Client of the simulator's `/sim/` endpoints, for the demo, the tests and the bench."""
+
+    def __init__(self, url: str, token: str | None = None) -> None:
+        from workflows.adapters.runtime import HttpRuntime
+
+        self.http = HttpRuntime(url, token, timeout_s=10.0)
+
+    def session(self, ws: str, sid: str, **settings: Any) -> dict:
+        from urllib.parse import quote
+
+        path = f"/sim/sessions/{quote(ws, safe='')}/{quote(sid, safe='')}"
+        return self.http.request("POST", path, settings)
+
+    def fault(
+        self,
+        call: str = "*",
+        *,
+        status: int = 503,
+        error: str = "server_error",
+        count: int = 1,
+        workspace_id: str | None = None,
+        session_id: str | None = None,
+    ):
+        return self.http.request(
+            "POST",
+            "/sim/faults",
+            {
+                "call": call,
+                "status": status,
+                "error": error,
+                "count": count,
+                "workspace_id": workspace_id,
+                "session_id": session_id,
+            },
+        )
+
+    def defaults(self, **settings: Any) -> dict:
+        """Settings for sessions the simulator has not seen yet."""
+        return self.http.request("POST", "/sim/defaults", settings)
+
+    def latency(self, call: str, ms: int) -> dict:
+        return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms})
+
+    def effects(self, kind: str | None = "goal") -> list[dict]:
+        effects = self.http.request("GET", "/sim/effects")["effects"]
+        return [e for e in effects if kind is None or e["kind"] == kind]
+
+    def calls(self, call: str | None = None) -> list[dict]:
+        calls = self.http.request("GET", "/sim/calls")["calls"]
+        return [c for c in calls if call is None or c["call"] == call]
+
+    def reset(self) -> None:
+        self.http.request("POST", "/sim/reset", {})
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self.http.request("GET", "/sim/health").get("ok"))
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
