@@ -11,10 +11,22 @@ from workflows.validation import check_id
 
 @strict_task("agent_radar.start_maintenance", public=True)
 def start_maintenance(
-    ctx, workspace_id, session_id, kind="compact", *, client_submit_id, args=None
+    ctx,
+    workspace_id,
+    session_id,
+    kind="compact",
+    *,
+    client_submit_id,
+    args=None,
+    expected_runtime_epoch=None,
 ):
     run = _client(ctx).start_maintenance(
-        workspace_id, session_id, kind, client_submit_id=client_submit_id, args=args
+        workspace_id,
+        session_id,
+        kind,
+        client_submit_id=client_submit_id,
+        args=args,
+        expected_runtime_epoch=expected_runtime_epoch,
     )
     return {"run_id": run.run_id, "status": run.status}
 

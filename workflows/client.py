@@ -319,10 +319,18 @@ class AgentRadar:
         *,
         client_submit_id: str,
         args: dict | None = None,
+        expected_runtime_epoch: int | None = None,
     ) -> MaintenanceRun:
-        """Admit an exclusive maintenance run; its first record is durable on return."""
+        """Admit an exclusive maintenance run; its first record is durable on return. With
+        `expected_runtime_epoch`, a session whose agent host has moved to a newer epoch
+        since is draining for this caller (RuntimeDraining, nothing written)."""
         request = runs.MaintenanceRequest.parse(
-            workspace_id, session_id, kind, client_submit_id=client_submit_id, args=args
+            workspace_id,
+            session_id,
+            kind,
+            client_submit_id=client_submit_id,
+            args=args,
+            expected_runtime_epoch=expected_runtime_epoch,
         )
 
         def admit(s):

@@ -123,6 +123,31 @@ def test_admission_recovery_draining_and_busy_turn(client):
         client.start_maintenance(WS, "other", "summarize_from", client_submit_id="m1")
 
 
+def test_a_caller_on_an_older_runtime_epoch_is_refused(client):
+    """DESIGN 4.6 step 2 and 4.9: a session whose host moved to a newer epoch than the caller
+    expected is draining for that caller; nothing is written. The replay check comes first."""
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(utcnow().timestamp() * 1000),
+            "session": {"live": True, "runtime_epoch": 3},
+        }
+    )
+    before = row_counts(client.engine)
+    with pytest.raises(RuntimeDraining) as err:
+        client.start_maintenance(WS, SID, client_submit_id="m1", expected_runtime_epoch=2)
+    assert (err.value.runtime_epoch, err.value.expected_runtime_epoch) == (3, 2)
+    assert row_counts(client.engine) == before
+    run = client.start_maintenance(WS, SID, client_submit_id="m1", expected_runtime_epoch=3)
+    assert run.status == "running" and run.runtime_epoch == 3
+    again = client.start_maintenance(WS, SID, client_submit_id="m1", expected_runtime_epoch=0)
+    assert again.run_id == run.run_id  # a replay returns the run, whatever the caller expects
+    for bad in (-1, "3", 2**31, True):
+        with pytest.raises(InvalidArgument):
+            client.start_maintenance(WS, "s2", client_submit_id="m", expected_runtime_epoch=bad)
+
+
 @pytest.mark.parametrize(
     "outcome,status,error_code",
     [

@@ -308,3 +308,44 @@ def test_an_unmigrated_database_is_a_one_line_error(tmp_path):
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "agent-radar db upgrade" in lines[0]
+
+
+def test_maintenance_start_refuses_an_older_expected_epoch(settings, client):
+    import time
+
+    client.report_activity(
+        {
+            "workspace_id": "ws",
+            "session_id": "s9",
+            "occurred_at_ms": int(time.time() * 1000),
+            "session": {"runtime_epoch": 2},
+        }
+    )
+    proc = run_cli(
+        settings,
+        "maintenance",
+        "start",
+        "ws",
+        "s9",
+        "--submit-id",
+        "m",
+        "--expected-epoch",
+        "1",
+        check=False,
+    )
+    assert proc.returncode == 2 and "runtime_draining" in proc.stderr
+    out = json.loads(
+        run_cli(
+            settings,
+            "maintenance",
+            "start",
+            "ws",
+            "s9",
+            "--submit-id",
+            "m",
+            "--expected-epoch",
+            "2",
+            "--json",
+        ).stdout
+    )
+    assert out["status"] == "running" and out["runtime_epoch"] == 2

@@ -76,6 +76,8 @@ class MaintenanceRequest:
     kind: str
     client_submit_id: str
     args: dict[str, Any] | None
+    # The runtime epoch the caller saw; a session at a newer one is draining for it.
+    expected_runtime_epoch: int | None = None
 
     @classmethod
     def parse(
@@ -86,6 +88,7 @@ class MaintenanceRequest:
         *,
         client_submit_id: Any,
         args: Any = None,
+        expected_runtime_epoch: Any = None,
     ) -> "MaintenanceRequest":
         kind = check_choice("kind", kind, KINDS)
         if KINDS[kind]:
@@ -100,6 +103,7 @@ class MaintenanceRequest:
             kind,
             check_submit_id("client_submit_id", client_submit_id),
             dict(args) if KINDS[kind] else None,
+            check_optional_int("expected_runtime_epoch", expected_runtime_epoch),
         )
 
     @property
@@ -164,6 +168,15 @@ def start(
         return existing, False
     if row.admission == "draining":
         raise RuntimeDraining(f"session {request.workspace_id}/{request.session_id} is draining")
+    epoch = row.runtime_epoch or 0
+    if request.expected_runtime_epoch is not None and epoch > request.expected_runtime_epoch:
+        # The agent host restarted since the caller looked: what it meant to compact is gone.
+        raise RuntimeDraining(
+            f"session {request.workspace_id}/{request.session_id} is at runtime epoch {epoch}, "
+            f"newer than the expected {request.expected_runtime_epoch}",
+            runtime_epoch=epoch,
+            expected_runtime_epoch=request.expected_runtime_epoch,
+        )
     current = live_run(session, request.workspace_id, request.session_id)
     if current is not None:
         if current.status == S.RECOVERY_REQUIRED:

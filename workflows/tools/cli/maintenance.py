@@ -29,6 +29,13 @@ def _run_line(run) -> str:
 )
 @click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
 @click.option(
+    "--expected-epoch",
+    "expected_epoch",
+    type=click.IntRange(0),
+    default=None,
+    help="The runtime epoch you saw; refused (runtime_draining) if the session moved on.",
+)
+@click.option(
     "--wait",
     "wait_s",
     is_flag=False,
@@ -37,7 +44,9 @@ def _run_line(run) -> str:
     default=None,
     help="Wait (up to N s, default 300) until the run settles.",
 )
-def maintenance_start(workspace_id, session_id, as_json, kind, turn, submit_id, wait_s):
+def maintenance_start(
+    workspace_id, session_id, as_json, kind, turn, submit_id, expected_epoch, wait_s
+):
     """Start a maintenance run (the session is held until it settles)."""
     client = _client()
     run = client.start_maintenance(
@@ -46,6 +55,7 @@ def maintenance_start(workspace_id, session_id, as_json, kind, turn, submit_id, 
         kind,
         client_submit_id=submit_id,
         args={"turn": turn} if turn is not None else None,
+        expected_runtime_epoch=expected_epoch,
     )
     if wait_s is not None:
         run = client.wait(run, timeout=wait_s)
