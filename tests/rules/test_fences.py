@@ -223,3 +223,59 @@ def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_co
     assert cancel.attempt == 2  # the dead worker's try, then this one
     assert cancel.next_attempt_at == clock.now + timedelta(seconds=2)  # 2^(attempt-1)
     assert "503" in cancel.last_error
+
+
+def _applier(client, sim_control):
+    from workflows.adapters.runtime import HttpRuntime
+    from workflows.fences.apply import FenceApplier
+
+    return FenceApplier(
+        client.engine,
+        HttpRuntime(sim_control.http.base_url),
+        worker_id="a",
+        lease_s=5,
+        publish=lambda *a: True,
+    )
+
+
+def test_a_prepared_targets_fence_is_installed_with_require_live_and_no_resume(client, sim_control):
+    """The target was never dispatched: the fence is still installed at the agent (a later
+    replay of that generation must be refused there), every background call carries
+    require_live, and nothing resumes the session."""
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    assert client.get_goal_operation(target.operation_id).status == "prepared"
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    assert client.get_goal_operation(target.operation_id).status == "superseded"
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
+    assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
+    calls = sim_control.calls()
+    assert {c["call"] for c in calls} == {"goal-fences", "goal"}
+    assert all(c["require_live"] is True for c in calls), calls
+    assert [e["action"] for e in sim_control.effects()] == ["clear"]  # never the target
+    assert client.get_fence(fence.fence_id).clear_operation_id == fence.clear_operation_id
+
+
+def test_an_offline_settle_clears_the_pending_operation(client, sim_control):
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    sim_control.session(WS, SID, live=False)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    assert client.goal_state(WS, SID).pending_operation_id == fence.clear_operation_id
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed_offline"
+    state = client.goal_state(WS, SID)
+    assert (state.pending_operation_id, state.sync_status) == (None, "unknown")
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert (clear.status, clear.provider_phase) == ("completed", "unknown")
+    assert client.get_fence(fence.fence_id).status == "completed"
+    assert not [c for c in sim_control.calls() if c["call"] == "resume"]
+
+
+def test_the_sweeper_publishes_fences_before_goal_operations(client):
+    """Fences first (DESIGN 4.8): a revoked target must never replay before its fence."""
+    ops = [client.set_goal(WS, f"s{i}", "goal", client_submit_id="g") for i in range(3)]
+    fence = client.fence_goal_generation(WS, "s0", ops[0].operation_id, client_submit_id="f-1")
+    published = []
+    later = fence.created_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
+    sweep_once(client.engine, lambda task, kwargs: published.append(task) or True, later, owner="t")
+    assert "agent_radar.goal.dispatch" in published
+    assert published[0] == "agent_radar.fence.apply"
+    assert published.index("agent_radar.fence.apply") < published.index("agent_radar.goal.dispatch")

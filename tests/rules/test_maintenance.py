@@ -411,3 +411,159 @@ def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
     assert applier.apply(fence.fence_id) == "completed"
     assert client.get_goal_operation(fence.clear_operation_id).status == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]
+
+
+def test_records_are_optional_diagnostics_of_type_session_maintenance_v1(
+    client, executor, sim_control
+):
+    from models.tables import SessionEvent
+
+    sim_control.session(WS, SID, maintenance_duration_ms=20)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert executor.execute(run.run_id) == "completed"
+    events = run_transaction(
+        client.engine,
+        lambda s: [
+            (e.kind, e.optional, e.payload["type"], e.idempotency_key, e.revision)
+            for e in s.execute(
+                select(SessionEvent)
+                .where(SessionEvent.record_id == f"maintenance:{run.run_id}")
+                .order_by(SessionEvent.sequence)
+            ).scalars()
+        ],
+    )
+    assert events == [
+        ("diagnostic", True, "session-maintenance-v1", f"session-maintenance:{run.run_id}:{n}", n)
+        for n in (1, 2, 3)
+    ]
+
+
+def test_a_run_leaves_turns_and_prompts_untouched(client, executor, sim_control):
+    from models.tables import Turn
+
+    now_ms = int(utcnow().timestamp() * 1000)
+    for phase, outcome in (("running", None), ("settled", "completed")):
+        client.report_activity(
+            {
+                "workspace_id": WS,
+                "session_id": SID,
+                "occurred_at_ms": now_ms,
+                "turn": {"turn_id": "t1", "phase": phase, "outcome": outcome},
+            }
+        )
+    sim_control.session(WS, SID, maintenance_duration_ms=20)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    prompt = client.submit_prompt(WS, SID, "after the compaction", client_submit_id="p1")
+
+    def snapshot(s):
+        turns = [(t.turn_id, t.phase, t.outcome) for t in s.execute(select(Turn)).scalars()]
+        prompts = [(p.prompt_id, p.status, p.turn_id) for p in s.execute(select(Prompt)).scalars()]
+        return turns, prompts
+
+    before = run_transaction(client.engine, snapshot)
+    assert executor.execute(run.run_id) == "completed"
+    assert run_transaction(client.engine, snapshot) == before
+    assert before[1] == [(prompt.prompt_id, "queued", None)]
+
+
+@pytest.mark.parametrize(
+    "outcome, status", [("noop", "noop"), ("error:boom", "failed"), ("cancelled", "cancelled")]
+)
+def test_the_session_is_released_after_noop_failed_and_cancelled(
+    client, executor, sim_control, outcome, status
+):
+    from workflows.maintenance import runs
+
+    sim_control.session(WS, SID, maintenance_duration_ms=20, maintenance_outcome=outcome)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    held = client.set_goal(WS, SID, "waits for the run", client_submit_id="g1")
+    assert run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
+    assert executor.execute(run.run_id) == status
+    assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
+    assert ("agent_radar.goal.dispatch", {"operation_id": held.operation_id}) in executor.published
+    assert (
+        "agent_radar.prompt.dispatch",
+        {"workspace_id": WS, "session_id": SID},
+    ) in executor.published
+
+
+def test_a_cancel_is_ignored_in_recovery_required(client):
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun).values(lease_owner="gone", lease_expires_at=utcnow())
+        ),
+    )
+    sweep_once(client.engine, lambda *a: True, utcnow() + timedelta(hours=1), owner="t")
+    stuck = client.get_maintenance(run.run_id)
+    assert stuck.status == "recovery_required"
+    assert client.cancel_maintenance(run.run_id) == stuck
+    assert client.get_maintenance(run.run_id).cancel_requested_at is None
+
+
+def test_a_second_executor_cannot_claim_a_run_with_a_live_lease(client, executor, sim_control):
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun).values(
+                lease_owner="other-worker",
+                lease_token="their-token",
+                lease_expires_at=utcnow() + timedelta(minutes=5),
+            )
+        ),
+    )
+    assert executor.execute(run.run_id) == "skipped"
+    assert sim_control.calls() == []  # it never reached the agent
+    row = client.get_maintenance(run.run_id)
+    assert (row.lease_owner, row.status, row.revision) == ("other-worker", "running", 1)
+
+
+def test_two_concurrent_starts_give_one_run_and_one_busy(client):
+    barrier = threading.Barrier(2)
+    results: dict[str, object] = {}
+
+    def start(submit_id):
+        barrier.wait()
+        try:
+            results[submit_id] = client.start_maintenance(WS, SID, client_submit_id=submit_id)
+        except MaintenanceBusy as exc:
+            results[submit_id] = exc
+
+    threads = [threading.Thread(target=start, args=(sid,)) for sid in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    runs_ = [r for r in results.values() if not isinstance(r, Exception)]
+    busy = [r for r in results.values() if isinstance(r, MaintenanceBusy)]
+    assert len(runs_) == 1 and len(busy) == 1, results
+    assert busy[0].run_id == runs_[0].run_id
+    assert (
+        len(run_transaction(client.engine, lambda s: s.execute(select(MaintenanceRun)).all())) == 1
+    )
+
+
+def test_a_cancel_between_finalizing_and_the_terminal_record_never_reopens_it(
+    client, executor, sim_control, monkeypatch
+):
+    from workflows.maintenance import executor as executor_module
+
+    sim_control.session(WS, SID, maintenance_duration_ms=20)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    real = executor_module.run_transaction
+    cancelled = []
+
+    def interleave(engine, work, *args, **kwargs):
+        if getattr(work, "__name__", "") == "terminal" and not cancelled:
+            # finalizing is committed; a cancel arrives before the terminal record
+            cancelled.append(client.cancel_maintenance(run.run_id))
+        return real(engine, work, *args, **kwargs)
+
+    monkeypatch.setattr(executor_module, "run_transaction", interleave)
+    assert executor.execute(run.run_id) == "completed"
+    assert cancelled[0].status == "finalizing"
+    assert statuses(client, run.run_id) == [(1, "running"), (2, "finalizing"), (3, "completed")]
+    assert client.get_maintenance(run.run_id).cancel_requested_at is None
+    assert not [c for c in sim_control.calls() if c["call"].endswith("/cancel")]

@@ -129,6 +129,7 @@ class Simulator:
                     "workspace_id": ws,
                     "session_id": sid,
                     "operation_id": body.get("operation_id"),
+                    "require_live": body.get("require_live"),
                     "at": time.time(),
                 }
             )
