@@ -57,6 +57,9 @@ class FenceStatus(StrEnum):
     PENDING = "pending"
     PROCESSING = "processing"
     COMPLETED = "completed"
+    # Delivery gave up past its budget (the fence row still forbids its generation, and every
+    # resume still preloads it).
+    FAILED = "failed"
 
 
 class TurnPhase(StrEnum):

@@ -107,7 +107,8 @@ class Fence:
 
     @classmethod
     def from_row(cls, row) -> "Fence":
-        return from_row(cls, row, intent_accepted=True, settled=row.status == FenceStatus.COMPLETED)
+        settled = row.status in (FenceStatus.COMPLETED, FenceStatus.FAILED)
+        return from_row(cls, row, intent_accepted=True, settled=settled)
 
 
 @dataclass(frozen=True)

@@ -171,31 +171,104 @@ def _leased_cancel(client, clock_now):
     return run_transaction(client.engine, seed)
 
 
-def test_a_stale_cancel_of_a_known_offline_session_settles_without_any_call(client, sim_control):
-    from models.db import run_transaction
-    from models.tables import AgentSession, CancelOperation, Turn
-    from tests.helpers import Clock
+def _runner(client, sim_control, clock, published=None):
     from workflows.adapters.runtime import HttpRuntime
     from workflows.fences.apply import CancelRunner
 
-    clock = Clock()
-    op_id = _leased_cancel(client, clock.now)
-    run_transaction(client.engine, lambda s: setattr(s.get(AgentSession, (WS, SID)), "live", False))
-    clock.advance(5)  # the dead worker's lease is long gone
-    runner = CancelRunner(
+    return CancelRunner(
         client.engine,
         HttpRuntime(sim_control.http.base_url),
         worker_id="w",
         lease_s=3,
-        publish=lambda *a: True,
+        publish=lambda task, kwargs: (
+            (published if published is not None else []).append((task, kwargs)) or True
+        ),
         clock=clock,
     )
-    assert runner.apply(op_id) == "interrupted"
+
+
+def test_a_stale_cancel_of_an_offline_session_waits_then_goes_once_it_is_live(client, sim_control):
+    """DESIGN 4.5: a disconnected session is no end (the turn may still run behind a network
+    fault): the cancel waits, using no budget and never resuming the session, and is
+    delivered when the session is live again."""
+    from models.db import run_transaction
+    from models.tables import CancelOperation, Turn
+    from tests.helpers import Clock
+
+    clock = Clock()
+    op_id = _leased_cancel(client, clock.now)
+    sim_control.session(WS, SID, live=False)
+    clock.advance(5)  # the dead worker's lease is long gone
+    runner = _runner(client, sim_control, clock)
+    for _ in range(3):
+        assert runner.apply(op_id) == "waiting_offline"
+        clock.advance(15)
     cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
+    assert (cancel.status, cancel.attempt, cancel.lease_token) == ("leased", 1, None)
+    assert cancel.next_attempt_at > clock.now - timedelta(seconds=15)
     turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "turn-9")))
+    assert turn.phase == "running"  # not settled behind the agent's back
+    assert {c["call"] for c in sim_control.calls()} == {"liveness"}  # no cancel, no resume
+    assert client.session_info(WS, SID).live is False
+    sim_control.session(WS, SID, live=True)
+    runner.apply(op_id)  # (this host never ran turn-9: it answers not_found, a retry)
+    assert [c["call"] for c in sim_control.calls()][-1] == "turns/turn-9/cancel"
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
+    assert cancel.attempt == 2  # the dead worker's try and this delivery; waits were free
+
+
+def test_a_stale_cancel_of_a_vanished_session_settles_its_turns_as_interrupted(client, sim_control):
+    """session_not_found is an authoritative end: every turn of the session ends
+    interrupted locally, with no cancel call and no resume; waiting work is woken."""
+    from models.db import run_transaction
+    from models.tables import CancelOperation, Turn
+    from tests.helpers import Clock
+
+    clock = Clock()
+    op_id = _leased_cancel(client, clock.now)
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(clock.now.timestamp() * 1000),
+            "turn": {"turn_id": "turn-10", "phase": "running"},
+        }
+    )
+    sim_control.session(WS, SID, missing=True)
+    clock.advance(5)
+    published = []
+    assert _runner(client, sim_control, clock, published).apply(op_id) == "interrupted"
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
     assert (cancel.status, cancel.result) == ("completed", "interrupted")
-    assert (turn.phase, turn.outcome) == ("settled", "interrupted")
-    assert sim_control.calls() == []  # no liveness, no cancel, no resume
+    for turn_id in ("turn-9", "turn-10"):
+        turn = run_transaction(client.engine, lambda s, t=turn_id: s.get(Turn, (WS, SID, t)))
+        assert (turn.phase, turn.outcome) == ("settled", "interrupted")
+    assert client.session_info(WS, SID).active_turn_id is None
+    assert {c["call"] for c in sim_control.calls()} == {"liveness"}
+    assert ("agent_radar.prompt.dispatch", {"workspace_id": WS, "session_id": SID}) in published
+
+
+def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
+    from sqlalchemy import update
+
+    from models.db import run_transaction
+    from models.tables import CancelOperation
+    from tests.helpers import Clock
+    from workflows.fences import cancels
+
+    clock = Clock()
+    op_id = _leased_cancel(client, clock.now)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(CancelOperation).values(attempt=cancels.MAX_ATTEMPTS, last_error="503")
+        ),
+    )
+    clock.advance(5)
+    assert _runner(client, sim_control, clock).apply(op_id) == "failed"
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
+    assert cancel.status == "failed" and cancel.last_error == "budget_exhausted: 503"
+    assert sim_control.calls() == []
 
 
 def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_control):
@@ -279,3 +352,120 @@ def test_the_sweeper_publishes_fences_before_goal_operations(client):
     assert "agent_radar.goal.dispatch" in published
     assert published[0] == "agent_radar.fence.apply"
     assert published.index("agent_radar.fence.apply") < published.index("agent_radar.goal.dispatch")
+
+
+def _fenced_turn_running(client, target, turn_id="t-fenced"):
+    import time
+
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {
+                "turn_id": turn_id,
+                "phase": "running",
+                "origin": "goal_continuation",
+                "source_goal_operation_id": target.operation_id,
+                "source_goal_revision": target.goal_revision,
+            },
+        }
+    )
+    return ids.cancel_operation_id(WS, SID, turn_id)
+
+
+def _cancel_row(client, cancel_id):
+    from models.db import run_transaction
+    from models.tables import CancelOperation
+
+    return run_transaction(client.engine, lambda s: s.get(CancelOperation, cancel_id))
+
+
+def test_an_offline_session_with_the_fenced_turn_running_gets_a_durable_cancel_and_waits(
+    client, sim_control
+):
+    """DESIGN 4.3 step 2: the fence does not complete while the fenced turn may still run;
+    its cancel is written (delivered once the session is live, never by resuming it), and
+    the fence waits for the turn's authoritative end without using budget."""
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    cancel_id = _fenced_turn_running(client, target)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    sim_control.session(WS, SID, live=False)
+    applier = _applier(client, sim_control)
+    assert applier.apply(fence.fence_id) == "waiting"
+    waiting = client.get_fence(fence.fence_id)
+    assert (waiting.status, waiting.cancel_operation_id, waiting.attempt) == (
+        "pending",
+        cancel_id,
+        0,
+    )
+    assert waiting.last_error == "waiting for the fenced turn to settle"
+    assert _cancel_row(client, cancel_id).status == "prepared"
+    assert client.get_goal_operation(fence.clear_operation_id).status == "prepared"
+    assert not [c for c in sim_control.calls() if c["call"] in ("resume", "goal")]
+    # The turn's authoritative end (a settled report) wakes the fence; the session is back.
+    import time
+
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {"turn_id": "t-fenced", "phase": "settled", "outcome": "completed"},
+        }
+    )
+    sim_control.session(WS, SID, live=True)
+    assert applier.apply(fence.fence_id) == "completed"
+    done = client.get_fence(fence.fence_id)
+    assert (done.status, done.cancel_operation_id) == ("completed", cancel_id)
+    assert _cancel_row(client, cancel_id).result == "already_settled"
+    assert client.session_info(WS, SID).live is True
+    assert [e["action"] for e in sim_control.effects()] == ["clear"]
+    assert not [c for c in sim_control.calls() if c["call"] == "resume"]
+
+
+def test_a_vanished_session_settles_the_fenced_turn_and_records_its_cancel(client, sim_control):
+    """DESIGN 4.3 step 6: session_not_found means the session is gone: its running turns end
+    interrupted, the fence completes locally and records the cancel of the fenced turn."""
+    from models.db import run_transaction
+    from models.tables import Turn
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    cancel_id = _fenced_turn_running(client, target)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    sim_control.session(WS, SID, missing=True)
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed_offline"
+    done = client.get_fence(fence.fence_id)
+    assert (done.status, done.cancel_operation_id) == ("completed", cancel_id)
+    cancel = _cancel_row(client, cancel_id)
+    assert (cancel.status, cancel.result) == ("completed", "interrupted")
+    turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t-fenced")))
+    assert (turn.phase, turn.outcome) == ("settled", "interrupted")
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert (clear.status, clear.provider_phase) == ("completed", "unknown")
+    assert not [c for c in sim_control.calls() if c["call"] == "resume"]
+
+
+def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control):
+    from sqlalchemy import update
+
+    from models.db import run_transaction
+    from models.tables import GoalFence
+    from workflows.fences import cancels
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalFence).values(attempt=cancels.MAX_ATTEMPTS, last_error="runtime 500")
+        ),
+    )
+    assert _applier(client, sim_control).apply(fence.fence_id) == "failed"
+    failed = client.wait(client.get_fence(fence.fence_id), timeout=1)
+    assert (failed.status, failed.last_error) == ("failed", "budget_exhausted: runtime 500")
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert clear.status == "failed"
+    state = client.goal_state(WS, SID)
+    assert (state.sync_status, state.pending_operation_id) == ("failed", None)
+    assert sim_control.calls() == []

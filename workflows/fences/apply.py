@@ -28,10 +28,11 @@ from models.enums import (
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation, GoalState, Turn
 from workflows import ids, leases
 from workflows.adapters.runtime import RuntimePort
-from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.errors import CancelConflict, RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
 from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
-from workflows.goals.operations import backoff_s
+from workflows.goals.operations import backoff_s, fail_operation
+from workflows.sessions.prompts import PROMPT_TASK
 from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 FENCE_APPLY_TASK = "agent_radar.fence.apply"
 CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
+# The runtime's answer for a session its host no longer has: the session is gone.
+SESSION_GONE = "session_not_found"
 
 Publish = Callable[[str, dict], bool]
 
@@ -47,6 +50,10 @@ def mark_offline(session: Session, workspace_id: str, session_id: str) -> None:
     """The runtime said the session is offline: remember it, so background work settles
     locally instead of calling an agent host that is not there."""
     lock_session(session, workspace_id, session_id).live = False
+
+
+def mark_live(session: Session, workspace_id: str, session_id: str) -> None:
+    lock_session(session, workspace_id, session_id).live = True
 
 
 def _known_offline(session: Session, workspace_id: str, session_id: str) -> bool:
@@ -130,36 +137,52 @@ class CancelRunner:
         return "waiting"
 
     def apply(self, operation_id: str) -> str:
-        """`agent_radar.cancel.apply`: the stale-cancel path. A session known or found
-        offline settles the turn locally as interrupted (no cancel call, no resume); a live
-        one gets the cancel retried with backoff."""
+        """`agent_radar.cancel.apply`, the stale-cancel path (DESIGN 4.5). A live session gets
+        the cancel retried with backoff; an offline one waits, using no budget, and gets it
+        once it is live again (a disconnect is no end: the turn may still run); a session that
+        is gone (`session_not_found`) settles its turns as interrupted locally. Never a
+        resume; past its budget the cancel ends `failed`."""
 
         def claim(s: Session):
             cancel = s.get(CancelOperation, operation_id, populate_existing=True)
             if cancel is None or cancel.status not in cancels.OPEN_CANCEL_STATUSES:
-                return None, None, False
-            token = cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
-            return cancel, token, _known_offline(s, cancel.workspace_id, cancel.session_id)
+                return None, None
+            return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
 
-        cancel, token, offline = run_transaction(self.engine, claim)
+        cancel, token = run_transaction(self.engine, claim)
         if token is None:
             return "skipped"
+        if cancel.attempt > cancels.MAX_ATTEMPTS:  # attempt counts this one
+            error = cancel.last_error or "no answer"
+            run_transaction(
+                self.engine, lambda s: cancels.fail(s, cancel, token, error, self.clock())
+            )
+            log.warning("cancel %s failed: delivery budget exhausted", operation_id)
+            return "failed"
+        ws, sid = cancel.workspace_id, cancel.session_id
         try:
-            if offline or not self.runtime.liveness(cancel.workspace_id, cancel.session_id).get(
-                "live"
-            ):
-                return self._interrupted(cancel, token)
+            if not self.runtime.liveness(ws, sid).get("live"):
+                raise RuntimeDisconnected("the session is offline at the agent host")
             answer = self.runtime.cancel_turn(
-                cancel.workspace_id,
-                cancel.session_id,
+                ws,
+                sid,
                 cancel.turn_id,
                 operation_id=cancel.operation_id,
                 reason=cancel.reason,
                 require_live=True,
             )
         except RuntimeDisconnected:
-            return self._interrupted(cancel, token)
+
+            def wait(s: Session) -> None:
+                mark_offline(s, ws, sid)
+                cancels.wait_offline(s, cancel, token, self.clock())
+
+            run_transaction(self.engine, wait)
+            return "waiting_offline"
         except RuntimeFault as exc:
+            if exc.code == SESSION_GONE:
+                self.session_gone(ws, sid)
+                return "interrupted"
             error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
             run_transaction(
                 self.engine,
@@ -171,17 +194,25 @@ class CancelRunner:
             self._wake(cancel)
         return outcome
 
-    def _interrupted(self, cancel: CancelOperation, token: str) -> str:
-        def settle(s: Session):
-            mark_offline(s, cancel.workspace_id, cancel.session_id)
-            cancels.complete(s, cancel, CancelResult.INTERRUPTED, self.clock(), token)
-            return cancels.waiting_fences(
-                s, cancel.workspace_id, cancel.session_id, cancel.turn_id, self.clock()
-            )
+    def session_gone(self, workspace_id: str, session_id: str, extra=None) -> object:
+        """The host answered session_not_found: the session is gone, an authoritative end for
+        every turn of it. They end interrupted (their open cancels too), in one transaction
+        with `extra(s)` if given; the fences and the prompt queue that waited move on."""
 
-        for fence_id in run_transaction(self.engine, settle):
+        def settle(s: Session):
+            mark_offline(s, workspace_id, session_id)
+            result = extra(s) if extra is not None else None
+            woken = cancels.interrupt_running_turns(s, workspace_id, session_id, self.clock())
+            return result, woken
+
+        result, woken = run_transaction(self.engine, settle)
+        log.warning(
+            "session %s/%s is gone at its host: its turns end interrupted", workspace_id, session_id
+        )
+        for fence_id in woken:
             self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
-        return "interrupted"
+        self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+        return result
 
     def _wake(self, cancel: CancelOperation) -> None:
         fence_ids = run_transaction(
@@ -225,13 +256,16 @@ class FenceApplier:
         try:
             outcome = self._deliver(claim)
         except RuntimeDisconnected:
-            outcome = run_transaction(self.engine, lambda s: self._settle_locally(s, claim))
+            outcome = run_transaction(self.engine, lambda s: self._offline(s, claim))
         except RuntimeFault as exc:
-            error = str(exc)
-            outcome = run_transaction(
-                self.engine,
-                lambda s: self._back_to_pending(s, claim, error, backoff_s(claim.attempt)),
-            )
+            if exc.code == SESSION_GONE:
+                outcome = self._gone(claim)
+            else:
+                error = str(exc)
+                outcome = run_transaction(
+                    self.engine,
+                    lambda s: self._back_to_pending(s, claim, error, backoff_s(claim.attempt)),
+                )
         # The lane is free again: goal operations that found it busy are drained now.
         self.dispatcher.drain_lane(claim.workspace_id, claim.session_id)
         return outcome
@@ -243,6 +277,10 @@ class FenceApplier:
             return "skipped"
         if fence.lease_expires_at is not None and fence.lease_expires_at > now:
             return "skipped"  # another worker is delivering it
+        if fence.status == FenceStatus.FAILED:
+            return "skipped"
+        if fence.attempt >= cancels.MAX_ATTEMPTS:
+            return self._fail(s, fence, now)
         lane_token = leases.claim(
             s,
             ids.lane_name(fence.workspace_id, fence.session_id),
@@ -279,7 +317,13 @@ class FenceApplier:
 
     def _deliver(self, claim: FenceClaim) -> str:
         if claim.known_offline:
-            raise RuntimeDisconnected("the session is known to be offline")
+            # Known offline from an earlier answer: look whether it is back (a liveness
+            # call, never a resume) before anything else reaches it.
+            if not self.runtime.liveness(claim.workspace_id, claim.session_id).get("live"):
+                raise RuntimeDisconnected("the session is offline at the agent host")
+            run_transaction(
+                self.engine, lambda s: mark_live(s, claim.workspace_id, claim.session_id)
+            )
         self.runtime.install_fence(
             claim.workspace_id,
             claim.session_id,
@@ -395,17 +439,52 @@ class FenceApplier:
             "last_error": error,
             "next_attempt_at": self.clock() + timedelta(seconds=delay_s),
         }
+        if error == WAITING_FOR_TURN:
+            values["attempt"] = GoalFence.attempt - 1  # a wait uses no budget
         if cancel_id is not None:
             values["cancel_operation_id"] = cancel_id
         ok = self._finish_fence(s, claim, **values)
         return ("waiting" if error == WAITING_FOR_TURN else "retry") if ok else "skipped"
 
-    def _settle_locally(self, s: Session, claim: FenceClaim) -> str:
-        """The session is offline: the clear completes with no evidence from the agent
-        (phase unknown, sync unknown, observed kept) and the fence completes. No runtime
-        call and no resume: every later resume preloads this fence."""
-        now = self.clock()
+    def _offline(self, s: Session, claim: FenceClaim) -> str:
+        """The session is offline (DESIGN 4.3 step 2). If the fenced generation's turn is
+        running, its durable cancel is written (delivered once the session is live again,
+        never by resuming it) and the fence waits for that turn's authoritative end, using no
+        budget. Otherwise the fence completes locally."""
         mark_offline(s, claim.workspace_id, claim.session_id)
+        turn_id = self._fenced_turn(s, claim)
+        if turn_id is None:
+            return self._settle_locally(s, claim)
+        cancel_id = self._prepare_cancel(s, claim, turn_id)
+        return self._back_to_pending(s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id)
+
+    def _gone(self, claim: FenceClaim) -> str:
+        """The host answered session_not_found: the session is gone. Its turns end
+        interrupted — the fenced one through its durable cancel, so the fence records it — and
+        the fence completes locally (DESIGN 4.3 step 6)."""
+
+        def settle(s: Session) -> str:
+            turn_id = self._fenced_turn(s, claim)
+            cancel_id = self._prepare_cancel(s, claim, turn_id) if turn_id else None
+            cancels.interrupt_running_turns(s, claim.workspace_id, claim.session_id, self.clock())
+            return self._settle_locally(s, claim, cancel_id)
+
+        return str(self.cancels.session_gone(claim.workspace_id, claim.session_id, settle))
+
+    def _prepare_cancel(self, s: Session, claim: FenceClaim, turn_id: str) -> str:
+        reason = f"goal-generation-fence:{claim.fence_id}"
+        try:
+            return cancels.prepare(
+                s, claim.workspace_id, claim.session_id, turn_id, reason, self.clock()
+            ).operation_id
+        except CancelConflict as exc:  # the turn already has a cancel of another cause
+            return str(exc.attrs["operation_id"])
+
+    def _settle_locally(self, s: Session, claim: FenceClaim, cancel_id: str | None = None) -> str:
+        """No evidence from the agent: the clear completes with phase and sync `unknown`
+        (observed kept) and the fence completes, recording the cancel it caused, if any. No
+        runtime call and no resume: every later resume preloads this fence."""
+        now = self.clock()
         if claim.clear_operation_id:
             done = s.execute(
                 update(GoalOperation)
@@ -432,13 +511,32 @@ class FenceApplier:
                     )
                     .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
                 )
-        fence = s.get(GoalFence, claim.fence_id)
-        cancel_id = fence.cancel_operation_id if fence is not None else None
-        cancel = s.get(CancelOperation, cancel_id) if cancel_id else None
-        if cancel is not None and cancel.status in cancels.OPEN_CANCEL_STATUSES:
-            # The turn it waited on went down with the host: settled locally as interrupted.
-            cancels.complete(s, cancel, CancelResult.INTERRUPTED, now)
+        values = {"cancel_operation_id": cancel_id} if cancel_id else {}  # keep a recorded one
         ok = self._finish_fence(
-            s, claim, status=FenceStatus.COMPLETED, completed_at=now, last_error=None
+            s, claim, status=FenceStatus.COMPLETED, completed_at=now, last_error=None, **values
         )
         return "completed_offline" if ok else "skipped"
+
+    def _fail(self, s: Session, fence: GoalFence, now) -> str:
+        """Past the budget: the fence ends `failed` with a stable code, and its clear (if it
+        is still open) fails with it. The row still forbids its generation; every resume
+        still preloads it."""
+        error = f"{cancels.BUDGET_EXHAUSTED}: {fence.last_error or 'no answer'}"
+        result = s.execute(
+            update(GoalFence)
+            .where(GoalFence.fence_id == fence.fence_id, GoalFence.status != FenceStatus.COMPLETED)
+            .values(
+                status=FenceStatus.FAILED,
+                last_error=error,
+                completed_at=now,
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+            )
+        )
+        if fence.clear_operation_id:
+            clear = s.get(GoalOperation, fence.clear_operation_id)
+            if clear is not None:
+                fail_operation(s, clear, "the fence's delivery budget ran out", now)
+        log.warning("fence %s failed: %s", fence.fence_id, error)
+        return "failed" if rowcount(result) == 1 else "skipped"

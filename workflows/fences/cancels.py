@@ -14,9 +14,17 @@ from models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, T
 from models.tables import CancelOperation, GoalFence, Turn
 from workflows import ids, leases
 from workflows.errors import CancelConflict
+from workflows.sessions import prompts
 from workflows.sessions.rows import lock_session
 
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
+# Budgets of background work (DESIGN 4.3 step 6): retries after runtime errors stop here. A
+# wait for an offline session or for a turn to settle uses no budget.
+MAX_ATTEMPTS = 24
+BUDGET_EXHAUSTED = "budget_exhausted"
+# How often a cancel of an offline session looks whether the session is back (a liveness
+# call, never a resume).
+OFFLINE_RECHECK_S = 10.0
 
 
 def prepare(
@@ -66,13 +74,20 @@ def claim(
 
 
 def _settle_turn(session: Session, cancel: CancelOperation, outcome: str, now: datetime) -> None:
-    row = lock_session(session, cancel.workspace_id, cancel.session_id)
-    turn = session.get(
-        Turn, (cancel.workspace_id, cancel.session_id, cancel.turn_id), populate_existing=True
-    )
+    _settle_turn_row(session, cancel.workspace_id, cancel.session_id, cancel.turn_id, outcome, now)
+
+
+def _settle_turn_row(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, outcome: str, now: datetime
+) -> None:
+    row = lock_session(session, workspace_id, session_id)
+    turn = session.get(Turn, (workspace_id, session_id, turn_id), populate_existing=True)
     if turn is not None and turn.phase != TurnPhase.SETTLED:
         turn.phase, turn.outcome, turn.settled_at = TurnPhase.SETTLED, outcome, now
-    if row.active_turn_id == cancel.turn_id:
+        # A prompt's turn that ends here ends its prompt too, so the queue can move on (the
+        # caller publishes the session's prompt dispatch).
+        prompts.on_turn_settled(session, workspace_id, session_id, turn.prompt_id, outcome)
+    if row.active_turn_id == turn_id:
         row.active_turn_id = None
 
 
@@ -105,6 +120,78 @@ def complete(
     )
     _settle_turn(session, cancel, outcome, now)
     return True
+
+
+def interrupt_running_turns(
+    session: Session, workspace_id: str, session_id: str, now: datetime
+) -> list[str]:
+    """The session is gone (its host answered session_not_found): every turn of it that has
+    not settled ends `interrupted`, with its open cancel; returns the fences that waited on
+    them, now due (DESIGN 4.5, authoritative ends)."""
+    lock_session(session, workspace_id, session_id)
+    turn_ids = list(
+        session.execute(
+            select(Turn.turn_id).where(
+                Turn.workspace_id == workspace_id,
+                Turn.session_id == session_id,
+                Turn.phase != TurnPhase.SETTLED,
+            )
+        ).scalars()
+    )
+    woken: list[str] = []
+    for turn_id in turn_ids:
+        cancel = session.get(
+            CancelOperation, ids.cancel_operation_id(workspace_id, session_id, turn_id)
+        )
+        if cancel is not None and cancel.status in OPEN_CANCEL_STATUSES:
+            complete(session, cancel, CancelResult.INTERRUPTED, now)
+        else:
+            _settle_turn_row(
+                session, workspace_id, session_id, turn_id, TurnOutcome.INTERRUPTED, now
+            )
+        woken += waiting_fences(session, workspace_id, session_id, turn_id, now)
+    return woken
+
+
+def wait_offline(session: Session, cancel: CancelOperation, token: str, now: datetime) -> bool:
+    """The session is offline: a disconnected session is no end for its turn, which may still
+    run behind a network fault. Let go without using budget, and look again later."""
+    result = session.execute(
+        update(CancelOperation)
+        .where(
+            CancelOperation.operation_id == cancel.operation_id,
+            CancelOperation.lease_token == token,
+        )
+        .values(
+            attempt=CancelOperation.attempt - 1,
+            last_error="waiting for the session to come back",
+            next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+    )
+    return rowcount(result) == 1
+
+
+def fail(session: Session, cancel: CancelOperation, token: str, error: str, now: datetime) -> bool:
+    """Past the budget: the cancel ends `failed` with a stable code (status shows it)."""
+    result = session.execute(
+        update(CancelOperation)
+        .where(
+            CancelOperation.operation_id == cancel.operation_id,
+            CancelOperation.lease_token == token,
+        )
+        .values(
+            status=CancelStatus.FAILED,
+            last_error=f"{BUDGET_EXHAUSTED}: {error}",
+            completed_at=now,
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+    )
+    return rowcount(result) == 1
 
 
 def wait_for_settle(

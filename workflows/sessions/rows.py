@@ -48,6 +48,9 @@ def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentS
     Every transaction that changes a session's goal, operations or events takes this lock
     first, so writers of one session take turns in one order and never deadlock.
     """
+    # Sessions do not autoflush, and the re-read below (populate_existing) would discard a
+    # change this transaction made to the row and has not flushed yet.
+    session.flush()
     query = (
         select(AgentSession)
         .where(AgentSession.workspace_id == workspace_id, AgentSession.session_id == session_id)
