@@ -136,6 +136,8 @@ class MaintenanceError(StrEnum):
     NO_HISTORY = "no_history"
     # The runtime's final answer could not be stored (ill-typed, out of range, NUL …).
     INVALID_RUNTIME_ANSWER = "invalid_runtime_answer"
+    # The run's host reported a newer runtime epoch (it restarted) or no longer has the run.
+    RUNTIME_RESTARTED = "runtime_restarted"
 
 
 class PromptStatus(StrEnum):

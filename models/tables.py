@@ -21,6 +21,9 @@ class AgentSession(Base):
     provider_session_id: Mapped[str | None] = mapped_column(ID)
     live: Mapped[bool | None] = mapped_column(Boolean)
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    # The epoch at which every durable fence of the session was last installed at its host;
+    # below runtime_epoch, the fences go back before anything else reaches the session.
+    fences_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     admission: Mapped[str] = mapped_column(SHORT, default="open")
     active_turn_id: Mapped[str | None] = mapped_column(ID)
     last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -156,6 +159,8 @@ class Turn(Base):
     prompt_id: Mapped[str | None] = mapped_column(String(36))
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The runtime epoch the turn ran in: a newer epoch at the host ends it (DESIGN 4.9).
+    runtime_epoch: Mapped[int | None] = mapped_column(Integer)
 
 
 class CancelOperation(LeaseColumns, Base):

@@ -20,11 +20,12 @@ from workflows.adapters.config import Settings
 from workflows.adapters.runtime import HttpRuntime, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
 from workflows.fences.apply import FENCE_APPLY_TASK
+from workflows.fences.reinstall import ensure_fences_installed
 from workflows.fences.submit import FenceRequest, submit_fence
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
 from workflows.maintenance import runs
-from workflows.maintenance.executor import EXECUTE_TASK
+from workflows.maintenance.executor import EXECUTE_TASK, release_session
 from workflows.records import (
     Fence,
     GoalOperation,
@@ -37,6 +38,7 @@ from workflows.records import Prompt as PromptRecord
 from workflows.sessions import prompts
 from workflows.sessions.activity import apply_report, parse_report
 from workflows.sessions.control import durable_fences, load_session, record_live, resume_if_offline
+from workflows.sessions.epochs import EpochEffects
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
 from workflows.sessions.rows import lock_session
@@ -373,17 +375,37 @@ class AgentRadar:
     # -- sessions --------------------------------------------------------------------------
     def ensure_session(self, workspace_id: str, session_id: str) -> SessionInfo:
         """User-triggered: resume an offline session with every durable fence preloaded,
-        then wake its prepared goal operations."""
+        then wake its prepared goal operations. A live session whose host moved to a newer
+        runtime epoch gets its fences installed there again; at the same epoch nothing is
+        reinstalled (DESIGN 4.9)."""
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
         fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
-        _resumed, epoch = resume_if_offline(self.runtime, workspace_id, session_id, fences)
-        wake = run_transaction(
-            self.engine, lambda s: record_live(s, workspace_id, session_id, epoch, utcnow())
+        resumed, epoch = resume_if_offline(self.runtime, workspace_id, session_id, fences)
+        wake, effects = run_transaction(
+            self.engine,
+            lambda s: record_live(s, workspace_id, session_id, epoch, utcnow(), resumed),
         )
+        self._publish_epoch(workspace_id, session_id, effects)
+        if not resumed:
+            ensure_fences_installed(self.engine, self.runtime, workspace_id, session_id)
         for operation_id in wake:
             self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
         return self.session_info(workspace_id, session_id)
+
+    def _publish_epoch(self, workspace_id: str, session_id: str, effects: EpochEffects) -> None:
+        """After a newer runtime epoch: the fences that waited on ended turns go on, and a
+        maintenance run that ended releases the session's held work."""
+        for fence_id in effects.woken_fences:
+            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        if effects.released:
+            release_session(
+                self.engine,
+                self.publisher.publish_after_commit,
+                workspace_id,
+                session_id,
+                utcnow(),
+            )
 
     def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:
         check_id("workspace_id", workspace_id)
@@ -403,6 +425,8 @@ class AgentRadar:
         effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        if effects.epoch.released:
+            self._publish_epoch(parsed.workspace_id, parsed.session_id, EpochEffects(released=True))
         if effects.wake_prompts:
             self.publisher.publish_after_commit(
                 PROMPT_TASK, {"workspace_id": parsed.workspace_id, "session_id": parsed.session_id}

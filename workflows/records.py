@@ -75,6 +75,7 @@ class SessionInfo:
     provider_session_id: str | None
     live: bool | None
     runtime_epoch: int
+    fences_epoch: int
     admission: str
     active_turn_id: str | None
     last_report_at: datetime | None

@@ -30,6 +30,7 @@ from workflows import ids, leases
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import CancelConflict, RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
+from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
 from workflows.sessions.prompts import PROMPT_TASK
@@ -324,6 +325,8 @@ class FenceApplier:
             run_transaction(
                 self.engine, lambda s: mark_live(s, claim.workspace_id, claim.session_id)
             )
+        # A host at a newer epoch gets every durable fence back before this one's clear.
+        ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
         self.runtime.install_fence(
             claim.workspace_id,
             claim.session_id,

@@ -6,7 +6,7 @@ report, or (when the host is gone) local settlement completes it together with t
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from models.db import rowcount
@@ -123,18 +123,29 @@ def complete(
 
 
 def interrupt_running_turns(
-    session: Session, workspace_id: str, session_id: str, now: datetime
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    now: datetime,
+    before_epoch: int | None = None,
 ) -> list[str]:
-    """The session is gone (its host answered session_not_found): every turn of it that has
-    not settled ends `interrupted`, with its open cancel; returns the fences that waited on
-    them, now due (DESIGN 4.5, authoritative ends)."""
+    """The session is gone (its host answered session_not_found), or — with `before_epoch` —
+    its host restarted: every turn of it (of an older epoch) that has not settled ends
+    `interrupted`, with its open cancel; returns the fences that waited on them, now due
+    (DESIGN 4.5, authoritative ends)."""
     lock_session(session, workspace_id, session_id)
+    older = (
+        ()
+        if before_epoch is None
+        else (or_(Turn.runtime_epoch.is_(None), Turn.runtime_epoch < before_epoch),)
+    )
     turn_ids = list(
         session.execute(
             select(Turn.turn_id).where(
                 Turn.workspace_id == workspace_id,
                 Turn.session_id == session_id,
                 Turn.phase != TurnPhase.SETTLED,
+                *older,
             )
         ).scalars()
     )

@@ -25,6 +25,7 @@ from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
     backoff_s,
@@ -103,6 +104,7 @@ class StepResult:
 class Claim:
     op: records.GoalOperation
     token: str
+    reinstall: bool = False  # the session's fences go back to its host first
 
 
 @dataclass(frozen=True)
@@ -341,6 +343,7 @@ class Dispatcher:
                     lease_expires_at=expires,
                 ),
                 token=token,
+                reinstall=bool(rows[op.operation_id].reinstall),
             )
         return verdicts
 
@@ -406,6 +409,10 @@ class Dispatcher:
     def _attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""
         try:
+            if claim.reinstall:
+                ensure_fences_installed(
+                    self.engine, self.runtime, claim.op.workspace_id, claim.op.session_id
+                )
             return Attempt(claim, answer=self._call_runtime(claim.op))
         except RuntimeFault as exc:
             return Attempt(claim, fault=exc, retryable=exc.retryable)

@@ -48,6 +48,9 @@ CLAIM_LOOKUP = (
         STATES.c.revision.label("state_revision"),
         STATES.c.pending_operation_id.label("state_pending"),
         holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
+        # Whether the host moved to a newer runtime epoch than the session's fences were
+        # installed at: they go back before this goal call (DESIGN 4.9).
+        (SESSIONS.c.fences_epoch < SESSIONS.c.runtime_epoch).label("reinstall"),
     )
     .select_from(
         OPS.join(SESSIONS, same_session(SESSIONS.c, OPS.c)).outerjoin(

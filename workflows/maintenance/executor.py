@@ -22,6 +22,7 @@ from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
 from workflows.fences.apply import FENCE_APPLY_TASK
+from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.maintenance import runs
 from workflows.sessions.prompts import PROMPT_TASK
@@ -70,6 +71,7 @@ class MaintenanceExecutor:
         if claim is None:
             return "skipped"
         try:
+            ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
             self.runtime.start_maintenance(
                 claim.workspace_id,
                 claim.session_id,

@@ -247,6 +247,25 @@ def reload(session: Session, run_id: str) -> MaintenanceRun:
     return run
 
 
+def end_for_restart(
+    session: Session, workspace_id: str, session_id: str, epoch: int, now: datetime
+) -> bool:
+    """The session's host reported a newer runtime epoch: a live run of an older one is gone
+    with the process that ran it and ends `interrupted` (runtime_restarted), releasing the
+    session (DESIGN 4.6, 4.9). True if a run ended."""
+    run = live_run(session, workspace_id, session_id)
+    if run is None or (run.runtime_epoch or 0) >= epoch:
+        return False
+    return transition(
+        session,
+        run,
+        S.INTERRUPTED,
+        now,
+        error_code=MaintenanceError.RUNTIME_RESTARTED,
+        detail=f"the agent host restarted (runtime epoch {run.runtime_epoch} -> {epoch})",
+    )
+
+
 def request_cancel(
     session: Session, run_id: str, now: datetime, workspace_id: str | None = None
 ) -> MaintenanceRun | None:

@@ -1,6 +1,6 @@
 """Activity reports from agent hosts (DESIGN 4.4): session fields and goal-applied evidence."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -13,6 +13,7 @@ from workflows.errors import InvalidArgument
 from workflows.fences import cancels
 from workflows.goals.operations import complete_applied
 from workflows.sessions import prompts
+from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.rows import lock_session
 from workflows.validation import (
     check_choice,
@@ -137,20 +138,24 @@ class ReportEffects:
     completed: list[str]  # goal operations this report completed
     wake_fences: list[str]  # fences that waited on a turn this report settled
     wake_prompts: bool = False  # a prompt's turn settled: the session's queue may move on
+    epoch: EpochEffects = field(default_factory=EpochEffects)  # a newer runtime epoch
 
 
 def apply_report(session: Session, report: Report, now: datetime) -> ReportEffects:
     """Apply one report in the caller's transaction."""
     row = lock_session(session, report.workspace_id, report.session_id)
-    if report.session is not None and (
-        row.last_report_at is None or report.occurred_at >= row.last_report_at
-    ):
+    facts = dict(report.session or {})
+    epoch = EpochEffects()
+    if "runtime_epoch" in facts:
+        # Epochs only grow, whatever order reports arrive in (DESIGN 4.9).
+        epoch = observe_epoch(session, row, facts.pop("runtime_epoch"), now)
+    if facts and (row.last_report_at is None or report.occurred_at >= row.last_report_at):
         # Older session facts than the last applied ones are ignored: reports can arrive
         # out of order through the broker.
-        for key, value in report.session.items():
+        for key, value in facts.items():
             setattr(row, key, value)
         row.last_report_at = report.occurred_at
-    wake: list[str] = []
+    wake: list[str] = list(epoch.woken_fences)
     wake_prompts = False
     if report.turn is not None and apply_turn(session, row, report.turn, report.occurred_at):
         turn = report.turn
@@ -175,7 +180,12 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             and complete_applied(session, op, applied.get("goal"), {"report": "goal_applied"}, now)
         ):
             completed.append(op.operation_id)
-    return ReportEffects(completed=completed, wake_fences=wake, wake_prompts=wake_prompts)
+    return ReportEffects(
+        completed=completed,
+        wake_fences=wake,
+        wake_prompts=wake_prompts or epoch.newer,
+        epoch=epoch,
+    )
 
 
 def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetime) -> bool:
@@ -194,6 +204,7 @@ def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetim
             source_goal_operation_id=turn["source_goal_operation_id"],
             source_goal_revision=turn["source_goal_revision"],
             prompt_id=turn["prompt_id"],
+            runtime_epoch=row.runtime_epoch or 0,  # the epoch it runs in
             started_at=occurred_at,
         )
         session.add(current)

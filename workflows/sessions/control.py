@@ -8,7 +8,9 @@ from sqlalchemy.orm import Session
 from models.enums import OPEN_OPERATION_STATUSES, Origin
 from models.tables import AgentSession, GoalOperation
 from workflows.adapters.runtime import RuntimePort
+from workflows.fences.reinstall import record_fences_installed
 from workflows.fences.submit import session_fences
+from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.rows import lock_session
 
 
@@ -34,12 +36,21 @@ def resume_if_offline(
 
 
 def record_live(
-    session: Session, workspace_id: str, session_id: str, epoch: int, now: datetime
-) -> list[str]:
-    """Mark the session live after a resume; returns its open goal operations to wake."""
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    epoch: int,
+    now: datetime,
+    resumed: bool = False,
+) -> tuple[list[str], EpochEffects]:
+    """Mark the session live at `epoch` (a resume or liveness answer); returns its open goal
+    operations to wake and what a newer epoch set in motion. A resume preloaded and
+    reinstalled every durable fence: they are installed at that epoch."""
     row = lock_session(session, workspace_id, session_id)
     row.live = True
-    row.runtime_epoch = max(row.runtime_epoch or 0, epoch)
+    effects = observe_epoch(session, row, epoch, now)
+    if resumed:
+        record_fences_installed(session, workspace_id, session_id, epoch)
     return list(
         session.execute(
             select(GoalOperation.operation_id)
@@ -51,7 +62,7 @@ def record_live(
             )
             .order_by(GoalOperation.goal_revision)
         ).scalars()
-    )
+    ), effects
 
 
 def load_session(session: Session, workspace_id: str, session_id: str) -> AgentSession | None:

@@ -17,6 +17,7 @@ from models.tables import AgentSession, Prompt
 from workflows import ids, leases
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
+from workflows.fences.reinstall import ensure_fences_installed
 from workflows.maintenance.runs import holds, session_held
 from workflows.sessions.rows import lock_session, same_session
 from workflows.validation import check_id, check_submit_id, check_text
@@ -124,6 +125,7 @@ def dispatch_next(
     if isinstance(taken, str):
         return taken
     try:
+        ensure_fences_installed(engine, runtime, workspace_id, session_id)
         answer = runtime.submit_prompt(
             workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
         )

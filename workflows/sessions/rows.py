@@ -37,6 +37,7 @@ def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
         "workspace_id": workspace_id,
         "session_id": session_id,
         "runtime_epoch": 0,
+        "fences_epoch": 0,
         "admission": "open",
         "event_sequence": 0,
     }

@@ -92,6 +92,7 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
         _outage_and_crash(client, sim, stack, worker, say),
         _fences(client, say),
         _offline_fence(client, sim, say),
+        _host_restart(client, sim, say),
         _maintenance_and_prompts(client, sim, say),
         _audit(client, sim, say),
     ]
@@ -237,6 +238,49 @@ def _offline_fence(client: AgentRadar, sim: SimControl, say) -> bool:
     return not resumes
 
 
+def _host_restart(client: AgentRadar, sim: SimControl, say) -> bool:
+    # 7. the agent host restarts: the turn it ran ends interrupted, and the session's fences
+    #    go back to it before anything else does
+    sid = "session-r"
+    sim.session(WS, sid, turn_duration_ms=0)  # its turns run until something ends them
+    shared = client.wait(
+        client.set_goal(WS, sid, "follow the shared runbook", client_submit_id="binding-r")
+    )
+    client.wait(client.set_goal(WS, sid, "owner's own plan", client_submit_id="req-r"))
+    client.wait(
+        client.fence_goal_generation(
+            WS, sid, shared.operation_id, client_submit_id="revoke-binding-r"
+        )
+    )
+    turn_id = wait_for(lambda: client.session_info(WS, sid).active_turn_id, 30, "a running turn")
+    before = client.session_info(WS, sid)
+    sim.session(WS, sid, restart=True)
+    say(
+        "session-r's agent host restarts: its turns and fences are gone",
+        epoch_before=before.runtime_epoch,
+        fences_at_host=len(sim.session(WS, sid)["fences"]),
+    )
+    info = client.ensure_session(WS, sid)
+    fences = sim.session(WS, sid)["fences"]
+    outcome = _turn_outcome(client, sid, turn_id)
+    say(
+        "the user checks the session: the new epoch is seen, fences restored, old turn ended",
+        epoch=info.runtime_epoch,
+        fences_at_host=len(fences),
+        old_turn=outcome,
+        owner_goal_kept=client.goal_state(WS, sid).desired["objective"] == "owner's own plan",
+    )
+    return outcome == "interrupted" and [shared.operation_id, 1] in fences
+
+
+def _turn_outcome(client: AgentRadar, sid: str, turn_id: str) -> str | None:
+    from models.db import run_transaction
+    from models.tables import Turn
+
+    turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, sid, turn_id)))
+    return turn.outcome if turn is not None else None
+
+
 def _maintenance_and_prompts(client: AgentRadar, sim: SimControl, say) -> bool:
     # 7. maintenance: a compaction, a cancelled one, and prompts parked behind one
     run = client.wait(client.start_maintenance(WS, "session-g", client_submit_id="compact-1"))
@@ -283,5 +327,6 @@ def _audit(client: AgentRadar, sim: SimControl, say) -> bool:
             sync=s.sync_status,
             desired=(s.desired or {}).get("objective"),
         )
-    # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set)
-    return all(n == 1 for n in per_op.values()) and len(per_op) == 9
+    # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set),
+    # r (shared, owner)
+    return all(n == 1 for n in per_op.values()) and len(per_op) == 11

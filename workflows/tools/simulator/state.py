@@ -438,6 +438,10 @@ class Simulator:
     def report(self, report: dict) -> None:
         if self.reporter is None:
             return
+        # Every report carries the epoch of the host process that sends it (DESIGN 4.9).
+        sess = self.sessions.get((report["workspace_id"], report["session_id"]))
+        if sess is not None and "session" not in report:
+            report = {**report, "session": {"runtime_epoch": sess.epoch}}
         try:
             self.reporter(report)
         except Exception:  # noqa: BLE001 - an agent host keeps running if reporting fails
@@ -452,6 +456,14 @@ class Simulator:
             match = re.match(r"^/sim/sessions/([^/]+)/([^/]+)$", path)
             if match:
                 sess = self.session(unquote(match[1]), unquote(match[2]))
+                if body.get("restart"):
+                    # The host process restarts: a new epoch, and everything it held in
+                    # memory — fences, turns, maintenance runs — is gone.
+                    sess.epoch += 1
+                    sess.fences = set()
+                    sess.turns = {}
+                    sess.runs = {}
+                    sess.prompt_turns = {}
                 for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
