@@ -45,6 +45,10 @@ _RELEASE = (
 )
 
 
+# The lease columns of a row its holder lets go of.
+RELEASED = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
+
+
 def new_token() -> str:
     return uuid.uuid4().hex
 

@@ -532,9 +532,7 @@ class FenceApplier:
                 status=FenceStatus.FAILED,
                 last_error=error,
                 completed_at=now,
-                lease_owner=None,
-                lease_token=None,
-                lease_expires_at=None,
+                **leases.RELEASED,
             )
         )
         if fence.clear_operation_id:

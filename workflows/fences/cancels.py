@@ -92,9 +92,15 @@ def _settle_turn_row(
 
 
 def complete(
-    session: Session, cancel: CancelOperation, result: str, now: datetime, token: str | None = None
+    session: Session,
+    cancel: CancelOperation,
+    result: str,
+    now: datetime,
+    token: str | None = None,
+    settle_turn: bool = True,
 ) -> bool:
-    """Complete the cancel and settle its turn in one transaction."""
+    """Complete the cancel and settle its turn in one transaction (the turn is already
+    settled when a report ended it: `settle_turn=False`)."""
     conditions = [
         CancelOperation.operation_id == cancel.operation_id,
         CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
@@ -108,13 +114,13 @@ def complete(
             status=CancelStatus.COMPLETED,
             result=result,
             completed_at=now,
-            lease_owner=None,
-            lease_token=None,
-            lease_expires_at=None,
+            **leases.RELEASED,
         )
     )
     if rowcount(done) != 1:
         return False
+    if not settle_turn:
+        return True
     outcome = (
         TurnOutcome.INTERRUPTED if result == CancelResult.INTERRUPTED else TurnOutcome.CANCELED
     )
@@ -167,42 +173,28 @@ def interrupt_running_turns(
 def wait_offline(session: Session, cancel: CancelOperation, token: str, now: datetime) -> bool:
     """The session is offline: a disconnected session is no end for its turn, which may still
     run behind a network fault. Let go without using budget, and look again later."""
-    result = session.execute(
-        update(CancelOperation)
-        .where(
-            CancelOperation.operation_id == cancel.operation_id,
-            CancelOperation.lease_token == token,
-        )
-        .values(
-            attempt=CancelOperation.attempt - 1,
-            last_error="waiting for the session to come back",
-            next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
-            lease_owner=None,
-            lease_token=None,
-            lease_expires_at=None,
-        )
+    return _holder_update(
+        session,
+        cancel,
+        token,
+        attempt=CancelOperation.attempt - 1,
+        last_error="waiting for the session to come back",
+        next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
+        **leases.RELEASED,
     )
-    return rowcount(result) == 1
 
 
 def fail(session: Session, cancel: CancelOperation, token: str, error: str, now: datetime) -> bool:
     """Past the budget: the cancel ends `failed` with a stable code (status shows it)."""
-    result = session.execute(
-        update(CancelOperation)
-        .where(
-            CancelOperation.operation_id == cancel.operation_id,
-            CancelOperation.lease_token == token,
-        )
-        .values(
-            status=CancelStatus.FAILED,
-            last_error=f"{BUDGET_EXHAUSTED}: {error}",
-            completed_at=now,
-            lease_owner=None,
-            lease_token=None,
-            lease_expires_at=None,
-        )
+    return _holder_update(
+        session,
+        cancel,
+        token,
+        status=CancelStatus.FAILED,
+        last_error=f"{BUDGET_EXHAUSTED}: {error}",
+        completed_at=now,
+        **leases.RELEASED,
     )
-    return rowcount(result) == 1
 
 
 def wait_for_settle(
@@ -210,36 +202,34 @@ def wait_for_settle(
 ) -> bool:
     """The runtime accepted the cancel: stay leased until the turn-settled report, or until
     the deadline, when the stale-cancel sweep looks at it again."""
-    result = session.execute(
-        update(CancelOperation)
-        .where(
-            CancelOperation.operation_id == cancel.operation_id,
-            CancelOperation.lease_token == token,
-        )
-        .values(
-            lease_expires_at=now + timedelta(seconds=deadline_s),
-            next_attempt_at=now + timedelta(seconds=deadline_s),
-        )
+    deadline = now + timedelta(seconds=deadline_s)
+    return _holder_update(
+        session, cancel, token, lease_expires_at=deadline, next_attempt_at=deadline
     )
-    return rowcount(result) == 1
 
 
 def retry_later(
     session: Session, cancel: CancelOperation, token: str, error: str, delay_s: float, now: datetime
 ) -> bool:
+    return _holder_update(
+        session,
+        cancel,
+        token,
+        last_error=error,
+        next_attempt_at=now + timedelta(seconds=delay_s),
+        **leases.RELEASED,
+    )
+
+
+def _holder_update(session: Session, cancel: CancelOperation, token: str, **values) -> bool:
+    """One write by the cancel's lease holder; False if its lease moved on (fencing token)."""
     result = session.execute(
         update(CancelOperation)
         .where(
             CancelOperation.operation_id == cancel.operation_id,
             CancelOperation.lease_token == token,
         )
-        .values(
-            last_error=error,
-            next_attempt_at=now + timedelta(seconds=delay_s),
-            lease_owner=None,
-            lease_token=None,
-            lease_expires_at=None,
-        )
+        .values(**values)
     )
     return rowcount(result) == 1
 
@@ -257,21 +247,7 @@ def on_turn_settled(
             TurnOutcome.INTERRUPTED: CancelResult.INTERRUPTED,
         }
         result = by_outcome.get(outcome, CancelResult.ALREADY_SETTLED)
-        session.execute(
-            update(CancelOperation)
-            .where(
-                CancelOperation.operation_id == cancel.operation_id,
-                CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
-            )
-            .values(
-                status=CancelStatus.COMPLETED,
-                result=result,
-                completed_at=now,
-                lease_owner=None,
-                lease_token=None,
-                lease_expires_at=None,
-            )
-        )
+        complete(session, cancel, result, now, settle_turn=False)
     return waiting_fences(session, workspace_id, session_id, turn_id, now)
 
 
