@@ -232,3 +232,25 @@ class Prompt(Base):
     turn_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class SessionStop(Base):
+    """`stop_session` (DESIGN 4.9): what it asked to end. It has settled once the turn and the
+    maintenance run it named have ended, which their own rows say."""
+
+    __tablename__ = "session_stops"
+    __table_args__ = (
+        UniqueConstraint(
+            "workspace_id", "session_id", "client_submit_id", name="uq_session_stops_submit"
+        ),
+    )
+
+    stop_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str] = mapped_column(ID)
+    client_submit_id: Mapped[str] = mapped_column(ID)
+    reason: Mapped[str] = mapped_column(Text)
+    turn_id: Mapped[str | None] = mapped_column(ID)
+    cancel_operation_id: Mapped[str | None] = mapped_column(String(36))
+    run_id: Mapped[str | None] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

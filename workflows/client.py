@@ -14,12 +14,13 @@ from models.tables import GoalOperation as GoalOperationRow
 from models.tables import GoalState as GoalStateRow
 from models.tables import MaintenanceRun as MaintenanceRunRow
 from models.tables import Prompt as PromptRow
+from models.tables import SessionStop as SessionStopRow
 from workflows import ids, records
 from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
 from workflows.adapters.runtime import HttpRuntime, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
-from workflows.fences.apply import FENCE_APPLY_TASK
+from workflows.fences.apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.fences.submit import FenceRequest, submit_fence
 from workflows.goals.dispatch import DISPATCH_TASK
@@ -35,7 +36,8 @@ from workflows.records import (
     SessionInfo,
 )
 from workflows.records import Prompt as PromptRecord
-from workflows.sessions import prompts
+from workflows.records import SessionStop as SessionStopRecord
+from workflows.sessions import prompts, stops
 from workflows.sessions.activity import apply_report, parse_report
 from workflows.sessions.control import durable_fences, load_session, record_live, resume_if_offline
 from workflows.sessions.epochs import EpochEffects
@@ -407,6 +409,42 @@ class AgentRadar:
                 utcnow(),
             )
 
+    def stop_session(
+        self, workspace_id: str, session_id: str, *, client_submit_id: str, reason: str = ""
+    ) -> SessionStopRecord:
+        """Cancel the session's running turn (a durable cancel) and its active maintenance run,
+        in one idempotent operation; queued prompts and goal operations stay queued. The
+        record settles when both have ended (DESIGN 4.9)."""
+        request = stops.StopRequest.parse(
+            workspace_id, session_id, client_submit_id=client_submit_id, reason=reason
+        )
+
+        def accept(s):
+            row, created = stops.stop(s, request, utcnow())
+            return stops.record(s, row), created
+
+        record, created = run_transaction(self.engine, accept)
+        if created and record.cancel_operation_id is not None:
+            self.publisher.publish_after_commit(
+                CANCEL_APPLY_TASK, {"operation_id": record.cancel_operation_id}
+            )
+        return record
+
+    def get_session_stop(
+        self, stop_id: str, *, workspace_id: str | None = None
+    ) -> SessionStopRecord:
+        check_id("stop_id", stop_id)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+
+        def load(s):
+            row = s.get(SessionStopRow, stop_id)
+            if row is None or workspace_id is not None and row.workspace_id != workspace_id:
+                raise NotFound(f"no session stop {stop_id}", stop_id=stop_id)
+            return stops.record(s, row)
+
+        return run_transaction(self.engine, load)
+
     def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
@@ -448,6 +486,11 @@ class AgentRadar:
             reload, name = (
                 lambda: self.get_maintenance(record.run_id),
                 f"maintenance run {record.run_id}",
+            )
+        elif isinstance(record, SessionStopRecord):
+            reload, name = (
+                lambda: self.get_session_stop(record.stop_id),
+                f"session stop {record.stop_id}",
             )
         else:
             raise InvalidArgument(f"cannot wait on {type(record).__name__}")

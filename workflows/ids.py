@@ -43,5 +43,9 @@ def maintenance_run_id(workspace_id: str, session_id: str, client_submit_id: str
     return derive("maintenance", workspace_id, session_id, client_submit_id)
 
 
+def session_stop_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
+    return derive("session_stop", workspace_id, session_id, client_submit_id)
+
+
 def prompt_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
     return derive("prompt", workspace_id, session_id, client_submit_id)

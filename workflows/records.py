@@ -171,3 +171,21 @@ class Prompt:
     @property
     def settled(self) -> bool:
         return self.status in ("completed", "failed")
+
+
+@dataclass(frozen=True)
+class SessionStop:
+    """`stop_session`'s record: `status` is `stopping` until the turn and the maintenance run
+    it named have ended, then `completed` (`settled`)."""
+
+    stop_id: str
+    workspace_id: str
+    session_id: str
+    client_submit_id: str
+    reason: str
+    turn_id: str | None
+    cancel_operation_id: str | None
+    run_id: str | None
+    created_at: datetime
+    status: str = "stopping"
+    settled: bool = False

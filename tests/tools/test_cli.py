@@ -349,3 +349,28 @@ def test_maintenance_start_refuses_an_older_expected_epoch(settings, client):
         ).stdout
     )
     assert out["status"] == "running" and out["runtime_epoch"] == 2
+
+
+def test_session_stop_command(settings, client):
+    out = json.loads(
+        run_cli(
+            settings,
+            "session",
+            "stop",
+            "ws",
+            "idle",
+            "--submit-id",
+            "stop-1",
+            "--reason",
+            "maintenance window",
+            "--wait",
+            "--json",
+        ).stdout
+    )
+    assert (out["status"], out["settled"], out["reason"]) == (
+        "completed",
+        True,
+        "maintenance window",
+    )
+    proc = run_cli(settings, "session", "stop", "ws", "idle", "--submit-id", "stop-1", check=False)
+    assert proc.returncode == 2 and "conflict" in proc.stderr

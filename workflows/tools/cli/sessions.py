@@ -60,3 +60,33 @@ def session_show(workspace_id: str, session_id: str, as_json: bool):
     """Show what the database knows of a session."""
     info = _client().session_info(workspace_id, session_id)
     _emit(as_json, as_dict(info))
+
+
+@session.command("stop")
+@session_arguments
+@click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
+@click.option("--reason", default="", help="Why the session is stopped (audited).")
+@click.option(
+    "--wait",
+    "wait_s",
+    is_flag=False,
+    flag_value=60.0,
+    type=float,
+    default=None,
+    help="Wait (up to N s, default 60) until the turn and the run have ended.",
+)
+def session_stop(workspace_id, session_id, as_json, submit_id, reason, wait_s):
+    """Cancel the session's running turn and its active maintenance run (queued prompts and
+    goal operations stay queued)."""
+    client = _client()
+    record = client.stop_session(
+        workspace_id, session_id, client_submit_id=submit_id, reason=reason
+    )
+    if wait_s is not None:
+        record = client.wait(record, timeout=wait_s)
+    _emit(
+        as_json,
+        as_dict(record),
+        f"stop {record.stop_id} {record.status} (turn {record.turn_id or '-'}, "
+        f"run {record.run_id or '-'})",
+    )

@@ -1,0 +1,104 @@
+"""Session stop (DESIGN 4.9), on both backends: one idempotent operation that cancels the
+running turn (a durable cancel) and the active maintenance run; queued work stays queued;
+the record settles when both have ended."""
+
+import time
+
+import pytest
+
+from models.db import run_transaction
+from models.tables import CancelOperation
+from tests.helpers import row_counts
+from workflows import ids
+from workflows.adapters.runtime import HttpRuntime
+from workflows.errors import Conflict, InvalidArgument, NotFound
+from workflows.maintenance.executor import MaintenanceExecutor
+
+WS, SID = "ws-stop", "s1"
+
+
+def report_turn(client, turn_id, phase, outcome=None):
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {"turn_id": turn_id, "phase": phase, "outcome": outcome},
+        }
+    )
+
+
+def test_stop_cancels_the_turn_and_the_run_and_leaves_queued_work(client, sim_control, settings):
+    sim_control.session(WS, SID, maintenance_duration_ms=3000)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    report_turn(client, "t1", "running")
+    prompt = client.submit_prompt(WS, SID, "later", client_submit_id="p1")
+    goal = client.set_goal(WS, SID, "held by the run", client_submit_id="g1")
+
+    stop = client.stop_session(WS, SID, client_submit_id="stop-1", reason="user pressed stop")
+    assert (stop.status, stop.settled, stop.turn_id, stop.run_id) == (
+        "stopping",
+        False,
+        "t1",
+        run.run_id,
+    )
+    assert stop.cancel_operation_id == ids.cancel_operation_id(WS, SID, "t1")
+    cancel = run_transaction(
+        client.engine, lambda s: s.get(CancelOperation, stop.cancel_operation_id)
+    )
+    assert (cancel.status, cancel.reason) == ("prepared", f"session-stop:{stop.stop_id}")
+    assert client.get_maintenance(run.run_id).status == "cancelling"
+    assert client.get_prompt(prompt.prompt_id).status == "queued"
+    assert client.get_goal_operation(goal.operation_id).status == "prepared"
+
+    before = row_counts(client.engine)
+    again = client.stop_session(WS, SID, client_submit_id="stop-1", reason="user pressed stop")
+    assert again == stop
+    with pytest.raises(Conflict):
+        client.stop_session(WS, SID, client_submit_id="stop-1", reason="another reason")
+    assert row_counts(client.engine) == before
+
+    report_turn(client, "t1", "settled", "canceled")  # the turn's end
+    assert not client.get_session_stop(stop.stop_id).settled  # the run is still going
+    executor = MaintenanceExecutor(
+        client.engine,
+        HttpRuntime(settings.runtime_url),
+        worker_id="w",
+        lease_s=5,
+        publish=lambda *a: True,
+        poll_s=0.02,
+    )
+    assert executor.execute(run.run_id) == "cancelled"
+    done = client.wait(client.get_session_stop(stop.stop_id), timeout=5)
+    assert (done.status, done.settled) == ("completed", True)
+    assert client.get_prompt(prompt.prompt_id).status == "queued"
+    assert [h.kind for h in client.history(WS, SID)].count("session-stop") == 1
+
+
+def test_stopping_an_idle_session_is_settled_at_once(client):
+    stop = client.stop_session(WS, SID, client_submit_id="stop-1")
+    assert (stop.status, stop.settled, stop.turn_id, stop.run_id) == (
+        "completed",
+        True,
+        None,
+        None,
+    )
+    assert client.get_session_stop(stop.stop_id, workspace_id=WS) == stop
+    with pytest.raises(NotFound):
+        client.get_session_stop(stop.stop_id, workspace_id="ws-other")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"client_submit_id": "s", "reason": "a\x00b"},
+        {"client_submit_id": "s", "reason": 7},
+        {"client_submit_id": "goal-generation-fence:x"},
+        {"client_submit_id": ""},
+    ],
+)
+def test_bad_stop_input_writes_nothing(client, kwargs):
+    before = row_counts(client.engine)
+    with pytest.raises(InvalidArgument):
+        client.stop_session(WS, SID, **kwargs)
+    assert row_counts(client.engine) == before

@@ -1,0 +1,118 @@
+"""Session stop (DESIGN 4.9): one idempotent operation that cancels a session's running turn
+(a durable cancel, 4.5) and its active maintenance run (a cancel request, 4.6). Queued
+prompts and goal operations stay queued. Its record settles once both have ended."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from models.enums import TERMINAL_MAINTENANCE_STATUSES, TurnPhase
+from models.tables import MaintenanceRun, SessionStop, Turn
+from workflows import ids, records
+from workflows.errors import CancelConflict, Conflict
+from workflows.fences import cancels
+from workflows.maintenance import runs
+from workflows.sessions.rows import append_event, lock_session
+from workflows.validation import check_id, check_submit_id, check_text
+
+# A reason is an operator's sentence, kept in the stop row and its audit event.
+MAX_REASON_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    workspace_id: str
+    session_id: str
+    client_submit_id: str
+    reason: str
+
+    @classmethod
+    def parse(
+        cls, workspace_id: Any, session_id: Any, *, client_submit_id: Any, reason: Any = ""
+    ) -> "StopRequest":
+        return cls(
+            check_id("workspace_id", workspace_id),
+            check_id("session_id", session_id),
+            check_submit_id("client_submit_id", client_submit_id),
+            check_text("reason", reason, MAX_REASON_BYTES, allow_empty=True),
+        )
+
+    @property
+    def stop_id(self) -> str:
+        return ids.session_stop_id(self.workspace_id, self.session_id, self.client_submit_id)
+
+
+def stop(session: Session, request: StopRequest, now: datetime) -> tuple[SessionStop, bool]:
+    """Accept a stop in the caller's transaction (session row locked). Returns (stop,
+    created); a replay returns the stop it made, another reason is a Conflict."""
+    row = lock_session(session, request.workspace_id, request.session_id)
+    existing = session.get(SessionStop, request.stop_id, populate_existing=True)
+    if existing is not None:
+        if existing.reason != request.reason:
+            raise Conflict(
+                f"client_submit_id {request.client_submit_id!r} already stopped this session "
+                f"for {existing.reason!r}",
+                stop_id=existing.stop_id,
+            )
+        return existing, False
+    turn_id, cancel_id = row.active_turn_id, None
+    if turn_id is not None:
+        try:
+            cancel_id = cancels.prepare(
+                session,
+                request.workspace_id,
+                request.session_id,
+                turn_id,
+                f"session-stop:{request.stop_id}",
+                now,
+            ).operation_id
+        except CancelConflict as exc:  # the turn is being cancelled already (a fence)
+            cancel_id = str(exc.attrs["operation_id"])
+    run = runs.live_run(session, request.workspace_id, request.session_id)
+    if run is not None:
+        runs.request_cancel(session, run.run_id, now)  # ignored where a cancel cannot apply
+    stop_row = SessionStop(
+        stop_id=request.stop_id,
+        workspace_id=request.workspace_id,
+        session_id=request.session_id,
+        client_submit_id=request.client_submit_id,
+        reason=request.reason,
+        turn_id=turn_id,
+        cancel_operation_id=cancel_id,
+        run_id=run.run_id if run is not None else None,
+        created_at=now,
+    )
+    session.add(stop_row)
+    session.flush()
+    append_event(
+        session,
+        request.workspace_id,
+        request.session_id,
+        kind="session-stop",
+        record_id=f"session-stop:{request.stop_id}",
+        idempotency_key=f"session-stop:{request.stop_id}",
+        payload={"reason": request.reason, "turn_id": turn_id, "run_id": stop_row.run_id},
+        now=now,
+    )
+    return stop_row, True
+
+
+def record(session: Session, stop_row: SessionStop) -> records.SessionStop:
+    """The stop as a record: settled once its turn and its run (if any) have ended."""
+    turn_done = stop_row.turn_id is None or _turn_ended(session, stop_row)
+    run = session.get(MaintenanceRun, stop_row.run_id) if stop_row.run_id else None
+    run_done = run is None or run.status in TERMINAL_MAINTENANCE_STATUSES
+    settled = turn_done and run_done
+    return records.from_row(
+        records.SessionStop,
+        stop_row,
+        status="completed" if settled else "stopping",
+        settled=settled,
+    )
+
+
+def _turn_ended(session: Session, stop_row: SessionStop) -> bool:
+    turn = session.get(Turn, (stop_row.workspace_id, stop_row.session_id, stop_row.turn_id))
+    return turn is None or turn.phase == TurnPhase.SETTLED
