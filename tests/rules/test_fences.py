@@ -269,6 +269,9 @@ def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
     cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
     assert cancel.status == "failed" and cancel.last_error == "budget_exhausted: 503"
     assert sim_control.calls() == []
+    from workflows.tools.status import fleet_status
+
+    assert fleet_status(client.engine)["cancels"] == {"failed": 1}
 
 
 def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_control):
@@ -469,3 +472,8 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
     state = client.goal_state(WS, SID)
     assert (state.sync_status, state.pending_operation_id) == ("failed", None)
     assert sim_control.calls() == []
+    from workflows.tools.status import fleet_status, render_status
+
+    status = fleet_status(client.engine)
+    assert status["fences"] == {"failed": 1}
+    assert "fences: failed 1" in render_status(status)

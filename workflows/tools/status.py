@@ -13,7 +13,7 @@ from models.enums import (
     MaintenanceStatus,
     PromptStatus,
 )
-from models.tables import GoalFence, GoalOperation, MaintenanceRun, Prompt
+from models.tables import CancelOperation, GoalFence, GoalOperation, MaintenanceRun, Prompt
 from workflows import leases
 
 # Due work older than this is "overdue": the sweeper (every 2 s by default) should have
@@ -65,6 +65,11 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
         fences = dict(
             s.execute(select(GoalFence.status, func.count()).group_by(GoalFence.status)).all()
         )
+        cancels = dict(
+            s.execute(
+                select(CancelOperation.status, func.count()).group_by(CancelOperation.status)
+            ).all()
+        )
         queued_prompts = s.execute(
             select(func.count()).where(Prompt.status == PromptStatus.QUEUED)
         ).scalar_one()
@@ -72,6 +77,7 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
             "goal_operations": per_status,
             "maintenance_runs": runs,
             "fences": fences,
+            "cancels": cancels,
             "held_sessions": held,
             "sessions_in_recovery": runs.get(MaintenanceStatus.RECOVERY_REQUIRED, 0),
             "queued_prompts": queued_prompts,
@@ -89,8 +95,11 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
 def render_status(status: dict) -> str:
     per_status = ", ".join(f"{k} {v}" for k, v in sorted(status["goal_operations"].items()))
     runs = ", ".join(f"{k} {v}" for k, v in sorted(status["maintenance_runs"].items()))
+    fences = ", ".join(f"{k} {v}" for k, v in sorted(status["fences"].items()))
+    cancels = ", ".join(f"{k} {v}" for k, v in sorted(status["cancels"].items()))
     return (
         f"goal operations: {per_status or 'none'}\n"
+        f"fences: {fences or 'none'}; turn cancels: {cancels or 'none'}\n"
         f"maintenance runs: {runs or 'none'}; held sessions: {status['held_sessions']}, "
         f"in recovery: {status['sessions_in_recovery']}; "
         f"queued prompts: {status['queued_prompts']}\n"
