@@ -38,6 +38,23 @@ def due_operations(now) -> tuple:
     )
 
 
+def open_client_operations(session: Session, workspace_id: str, session_id: str) -> list[str]:
+    """The session's open client goal operations, in revision order (the order its lane
+    drains them in)."""
+    return list(
+        session.execute(
+            select(GoalOperation.operation_id)
+            .where(
+                GoalOperation.workspace_id == workspace_id,
+                GoalOperation.session_id == session_id,
+                GoalOperation.origin == Origin.CLIENT,
+                GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            )
+            .order_by(GoalOperation.goal_revision)
+        ).scalars()
+    )
+
+
 def backoff_s(attempt: int) -> float:
     return float(min(2 ** max(attempt - 1, 0), BACKOFF_CAP_S))
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from models.base import utcnow
 from models.db import rowcount, run_transaction
-from models.enums import OPEN_OPERATION_STATUSES, MaintenanceError, MaintenanceStatus, Origin
+from models.enums import MaintenanceError, MaintenanceStatus
 from models.tables import GoalOperation, MaintenanceRun
 from workflows import leases
 from workflows.adapters.runtime import RuntimePort
@@ -24,6 +24,7 @@ from workflows.fences import cancels
 from workflows.fences.apply import FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.dispatch import DISPATCH_TASK
+from workflows.goals.operations import open_client_operations
 from workflows.maintenance import runs
 from workflows.sessions.prompts import PROMPT_TASK
 
@@ -230,18 +231,7 @@ def release_session(
     the next queued prompt may go (DESIGN 4.7)."""
 
     def wake(s: Session) -> list[str]:
-        ops = list(
-            s.execute(
-                select(GoalOperation.operation_id)
-                .where(
-                    GoalOperation.workspace_id == workspace_id,
-                    GoalOperation.session_id == session_id,
-                    GoalOperation.origin == Origin.CLIENT,
-                    GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-                )
-                .order_by(GoalOperation.goal_revision)
-            ).scalars()
-        )
+        ops = open_client_operations(s, workspace_id, session_id)
         if ops:
             s.execute(
                 update(GoalOperation)

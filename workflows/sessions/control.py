@@ -2,14 +2,13 @@
 
 from datetime import datetime
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.enums import OPEN_OPERATION_STATUSES, Origin
-from models.tables import AgentSession, GoalOperation
+from models.tables import AgentSession
 from workflows.adapters.runtime import RuntimePort
 from workflows.fences.reinstall import record_fences_installed
 from workflows.fences.submit import session_fences
+from workflows.goals.operations import open_client_operations
 from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.rows import lock_session
 
@@ -51,18 +50,7 @@ def record_live(
     effects = observe_epoch(session, row, epoch, now)
     if resumed:
         record_fences_installed(session, workspace_id, session_id, epoch)
-    return list(
-        session.execute(
-            select(GoalOperation.operation_id)
-            .where(
-                GoalOperation.workspace_id == workspace_id,
-                GoalOperation.session_id == session_id,
-                GoalOperation.origin == Origin.CLIENT,
-                GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-            )
-            .order_by(GoalOperation.goal_revision)
-        ).scalars()
-    ), effects
+    return open_client_operations(session, workspace_id, session_id), effects
 
 
 def load_session(session: Session, workspace_id: str, session_id: str) -> AgentSession | None:
