@@ -567,3 +567,55 @@ def test_a_cancel_between_finalizing_and_the_terminal_record_never_reopens_it(
     assert statuses(client, run.run_id) == [(1, "running"), (2, "finalizing"), (3, "completed")]
     assert client.get_maintenance(run.run_id).cancel_requested_at is None
     assert not [c for c in sim_control.calls() if c["call"].endswith("/cancel")]
+
+
+def test_recovery_asks_the_host_first_and_a_lost_run_ends_runtime_restarted(
+    client, executor, sim_control
+):
+    """DESIGN 4.6: recovery asks the runtime for the run's outcome; a host that no longer has
+    the run (it restarted) ends it interrupted (runtime_restarted) instead of running it
+    again, and the session is released."""
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    held = client.set_goal(WS, SID, "waits for the run", client_submit_id="g1")
+    # a first worker started the run at the host, then was lost (its lease expired)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun).values(lease_owner="gone", lease_expires_at=utcnow())
+        ),
+    )
+    HttpRuntime(sim_control.http.base_url).start_maintenance(
+        WS, SID, run_id=run.run_id, kind="compact", args=None
+    )
+    sweep_once(client.engine, lambda *a: True, utcnow() + timedelta(hours=1), owner="t")
+    assert client.get_maintenance(run.run_id).status == "recovery_required"
+    sim_control.session(WS, SID, restart=True)  # the host restarts: the run is gone there
+    starts_before = len([e for e in sim_control.effects(kind=None) if e["kind"] == "maintenance"])
+    assert executor.execute(run.run_id) == "interrupted"
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
+    starts_after = len([e for e in sim_control.effects(kind=None) if e["kind"] == "maintenance"])
+    assert starts_after == starts_before  # never started again
+    from workflows.maintenance import runs
+
+    assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
+    assert ("agent_radar.goal.dispatch", {"operation_id": held.operation_id}) in executor.published
+
+
+def test_recovery_re_attaches_to_a_run_the_host_still_runs(client, executor, sim_control):
+    sim_control.session(WS, SID, maintenance_duration_ms=300)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    HttpRuntime(sim_control.http.base_url).start_maintenance(
+        WS, SID, run_id=run.run_id, kind="compact", args=None
+    )
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun).values(lease_owner="gone", lease_expires_at=utcnow())
+        ),
+    )
+    sweep_once(client.engine, lambda *a: True, utcnow() + timedelta(hours=1), owner="t")
+    assert client.get_maintenance(run.run_id).status == "recovery_required"
+    assert executor.execute(run.run_id) == "completed"
+    assert [e["kind"] for e in sim_control.effects(kind=None)].count("maintenance") == 1

@@ -48,6 +48,7 @@ class RunClaim:
     kind: str
     args: dict | None
     token: str
+    status: str = S.RUNNING  # the run's status when it was claimed
 
 
 class MaintenanceExecutor:
@@ -72,15 +73,25 @@ class MaintenanceExecutor:
         if claim is None:
             return "skipped"
         try:
-            ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
-            self.runtime.start_maintenance(
-                claim.workspace_id,
-                claim.session_id,
-                run_id=claim.run_id,
-                kind=claim.kind,
-                args=claim.args,
-            )
-            outcome = self._poll(claim)
+            if claim.status == S.RECOVERY_REQUIRED:
+                # Recovery asks for the run's outcome first (DESIGN 4.6): a host that lost
+                # the run (it restarted) must not be asked to run it again.
+                state = self._status_or_gone(claim)
+                if state is None:
+                    return self._end_restarted(claim)
+                outcome = state if state.get("state") == "done" else self._poll(claim)
+            else:
+                ensure_fences_installed(
+                    self.engine, self.runtime, claim.workspace_id, claim.session_id
+                )
+                self.runtime.start_maintenance(
+                    claim.workspace_id,
+                    claim.session_id,
+                    run_id=claim.run_id,
+                    kind=claim.kind,
+                    args=claim.args,
+                )
+                outcome = self._poll(claim)
         except (RuntimeFault, RuntimeDisconnected) as exc:
             # Unreachable: let go; an expired lease sends it through recovery, which asks the
             # runtime again on every sweep until it answers.
@@ -90,6 +101,37 @@ class MaintenanceExecutor:
         if outcome is None:
             return "lost_lease"
         return self.finish(claim, outcome)
+
+    def _status_or_gone(self, claim: RunClaim) -> dict | None:
+        """The host's state of a run in recovery; None when the host has no such run or no
+        such session (it restarted, or lost the session)."""
+        try:
+            return self.runtime.maintenance_status(
+                claim.workspace_id, claim.session_id, claim.run_id
+            )
+        except RuntimeFault as exc:
+            if exc.code in ("not_found", "session_not_found"):
+                return None
+            raise
+
+    def _end_restarted(self, claim: RunClaim) -> str:
+        def end(s: Session) -> bool:
+            return runs.transition(
+                s,
+                runs.reload(s, claim.run_id),
+                S.INTERRUPTED,
+                self.clock(),
+                token=claim.token,
+                error_code=MaintenanceError.RUNTIME_RESTARTED,
+                detail="the agent host no longer has the run",
+            )
+
+        if not run_transaction(self.engine, end):
+            return "lost_lease"
+        release_session(
+            self.engine, self.publish, claim.workspace_id, claim.session_id, self.clock()
+        )
+        return S.INTERRUPTED
 
     def _claim(self, s: Session, run_id: str) -> RunClaim | None:
         now = self.clock()
@@ -108,7 +150,9 @@ class MaintenanceExecutor:
         )
         if token is None:
             return None
-        return RunClaim(run.run_id, run.workspace_id, run.session_id, run.kind, run.args, token)
+        return RunClaim(
+            run.run_id, run.workspace_id, run.session_id, run.kind, run.args, token, run.status
+        )
 
     def _heartbeat(self, s: Session, claim: RunClaim) -> MaintenanceRun | None:
         now = self.clock()
