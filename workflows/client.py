@@ -95,10 +95,18 @@ class AgentRadar:
         return record
 
     def _load(
-        self, row_type, record_type, key, what: str, workspace_id: str | None = None, **error_attrs
+        self,
+        row_type,
+        record_type,
+        key,
+        what: str,
+        workspace_id: str | None = None,
+        build: Callable[[Any, Any], Any] | None = None,
+        **error_attrs,
     ) -> Any:
         """Load a record by id. With `workspace_id` (DESIGN 4.10), a record of another
-        workspace is NotFound, exactly as a missing one."""
+        workspace is NotFound, exactly as a missing one. `build(session, row)` makes a record
+        that needs more than its row."""
         if workspace_id is not None:
             check_id("workspace_id", workspace_id)
 
@@ -106,6 +114,8 @@ class AgentRadar:
             row = s.get(row_type, key)
             if row is None or workspace_id is not None and row.workspace_id != workspace_id:
                 raise NotFound(f"no {what} {key}", **error_attrs)
+            if build is not None:
+                return build(s, row)
             return (
                 record_type.from_row(row)
                 if hasattr(record_type, "from_row")
@@ -433,17 +443,15 @@ class AgentRadar:
     def get_session_stop(
         self, stop_id: str, *, workspace_id: str | None = None
     ) -> SessionStopRecord:
-        check_id("stop_id", stop_id)
-        if workspace_id is not None:
-            check_id("workspace_id", workspace_id)
-
-        def load(s):
-            row = s.get(SessionStopRow, stop_id)
-            if row is None or workspace_id is not None and row.workspace_id != workspace_id:
-                raise NotFound(f"no session stop {stop_id}", stop_id=stop_id)
-            return stops.record(s, row)
-
-        return run_transaction(self.engine, load)
+        return self._load(
+            SessionStopRow,
+            SessionStopRecord,
+            check_id("stop_id", stop_id),
+            "session stop",
+            workspace_id,
+            build=stops.record,
+            stop_id=stop_id,
+        )
 
     def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:
         check_id("workspace_id", workspace_id)

@@ -29,6 +29,8 @@ MAX_JSON_BYTES = 64 * 1024
 MAX_REPORT_SKEW_S = 60
 # Client submit IDs with this prefix belong to operations the product makes itself.
 RESERVED_SUBMIT_PREFIXES = ("goal-generation-fence:",)
+# A reason is an operator's sentence (a fence, a stop), kept in its row and audit event.
+MAX_REASON_BYTES = 4096
 # history() and listings return at most this many rows per call.
 MAX_LIMIT = 1000
 
@@ -98,6 +100,10 @@ def check_text(name: str, value: Any, max_bytes: int, *, allow_empty: bool = Fal
     if size > max_bytes:
         raise InvalidArgument(f"{name} is {size} bytes; the limit is {max_bytes}", field=name)
     return value
+
+
+def check_reason(value: Any) -> str:
+    return check_text("reason", value, MAX_REASON_BYTES, allow_empty=True)
 
 
 def check_json(name: str, value: Any, *, max_bytes: int = MAX_JSON_BYTES) -> Any:

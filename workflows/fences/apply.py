@@ -28,7 +28,7 @@ from models.enums import (
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation, GoalState, Turn
 from workflows import ids, leases
 from workflows.adapters.runtime import RuntimePort
-from workflows.errors import CancelConflict, RuntimeDisconnected, RuntimeFault
+from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
@@ -55,6 +55,12 @@ def mark_offline(session: Session, workspace_id: str, session_id: str) -> None:
 
 def mark_live(session: Session, workspace_id: str, session_id: str) -> None:
     lock_session(session, workspace_id, session_id).live = True
+
+
+def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> None:
+    """A liveness look (never a resume): RuntimeDisconnected if the session is offline."""
+    if not runtime.liveness(workspace_id, session_id).get("live"):
+        raise RuntimeDisconnected("the session is offline at the agent host")
 
 
 def _known_offline(session: Session, workspace_id: str, session_id: str) -> bool:
@@ -105,8 +111,7 @@ class CancelRunner:
     def request(self, workspace_id: str, session_id: str, turn_id: str, reason: str) -> str:
         """Cancel a turn (require_live). Returns "settled" or "waiting"; raises
         RuntimeDisconnected (no row written) when the session is offline."""
-        if not self.runtime.liveness(workspace_id, session_id).get("live"):
-            raise RuntimeDisconnected("the session is offline at the agent host")
+        require_live(self.runtime, workspace_id, session_id)
 
         def prepare_and_claim(s: Session):
             cancel = cancels.prepare(s, workspace_id, session_id, turn_id, reason, self.clock())
@@ -162,8 +167,7 @@ class CancelRunner:
             return "failed"
         ws, sid = cancel.workspace_id, cancel.session_id
         try:
-            if not self.runtime.liveness(ws, sid).get("live"):
-                raise RuntimeDisconnected("the session is offline at the agent host")
+            require_live(self.runtime, ws, sid)
             answer = self.runtime.cancel_turn(
                 ws,
                 sid,
@@ -320,8 +324,7 @@ class FenceApplier:
         if claim.known_offline:
             # Known offline from an earlier answer: look whether it is back (a liveness
             # call, never a resume) before anything else reaches it.
-            if not self.runtime.liveness(claim.workspace_id, claim.session_id).get("live"):
-                raise RuntimeDisconnected("the session is offline at the agent host")
+            require_live(self.runtime, claim.workspace_id, claim.session_id)
             run_transaction(
                 self.engine, lambda s: mark_live(s, claim.workspace_id, claim.session_id)
             )
@@ -475,13 +478,14 @@ class FenceApplier:
         return str(self.cancels.session_gone(claim.workspace_id, claim.session_id, settle))
 
     def _prepare_cancel(self, s: Session, claim: FenceClaim, turn_id: str) -> str:
-        reason = f"goal-generation-fence:{claim.fence_id}"
-        try:
-            return cancels.prepare(
-                s, claim.workspace_id, claim.session_id, turn_id, reason, self.clock()
-            ).operation_id
-        except CancelConflict as exc:  # the turn already has a cancel of another cause
-            return str(exc.attrs["operation_id"])
+        return cancels.prepare_or_existing(
+            s,
+            claim.workspace_id,
+            claim.session_id,
+            turn_id,
+            f"goal-generation-fence:{claim.fence_id}",
+            self.clock(),
+        )
 
     def _settle_locally(self, s: Session, claim: FenceClaim, cancel_id: str | None = None) -> str:
         """No evidence from the agent: the clear completes with phase and sync `unknown`

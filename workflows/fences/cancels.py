@@ -56,6 +56,17 @@ def prepare(
     return cancel
 
 
+def prepare_or_existing(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, reason: str, now: datetime
+) -> str:
+    """The turn's durable cancel: prepared for `reason`, or the one it already has for
+    another cause (a turn is cancelled once, whoever asked). Returns its operation id."""
+    try:
+        return prepare(session, workspace_id, session_id, turn_id, reason, now).operation_id
+    except CancelConflict as exc:
+        return str(exc.attrs["operation_id"])
+
+
 def claim(
     session: Session, cancel: CancelOperation, owner: str, lease_s: float, now: datetime
 ) -> str | None:

@@ -17,10 +17,7 @@ from workflows import ids
 from workflows.errors import FenceConflict, NotFound
 from workflows.goals.submit import GoalRequest, submit
 from workflows.sessions.rows import append_event, lock_session
-from workflows.validation import check_id, check_submit_id, check_text
-
-# A reason is an operator's sentence, kept in the fence row and its audit event.
-MAX_REASON_BYTES = 4096
+from workflows.validation import check_id, check_reason, check_submit_id
 
 
 @dataclass(frozen=True)
@@ -46,7 +43,7 @@ class FenceRequest:
             check_id("session_id", session_id),
             check_id("target_operation_id", target_operation_id),
             check_submit_id("client_submit_id", client_submit_id),
-            check_text("reason", reason, MAX_REASON_BYTES, allow_empty=True),
+            check_reason(reason),
         )
 
     @property

@@ -11,14 +11,11 @@ from sqlalchemy.orm import Session
 from models.enums import TERMINAL_MAINTENANCE_STATUSES, TurnPhase
 from models.tables import MaintenanceRun, SessionStop, Turn
 from workflows import ids, records
-from workflows.errors import CancelConflict, Conflict
+from workflows.errors import Conflict
 from workflows.fences import cancels
 from workflows.maintenance import runs
 from workflows.sessions.rows import append_event, lock_session
-from workflows.validation import check_id, check_submit_id, check_text
-
-# A reason is an operator's sentence, kept in the stop row and its audit event.
-MAX_REASON_BYTES = 4096
+from workflows.validation import check_id, check_reason, check_submit_id
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ class StopRequest:
             check_id("workspace_id", workspace_id),
             check_id("session_id", session_id),
             check_submit_id("client_submit_id", client_submit_id),
-            check_text("reason", reason, MAX_REASON_BYTES, allow_empty=True),
+            check_reason(reason),
         )
 
     @property
@@ -59,17 +56,14 @@ def stop(session: Session, request: StopRequest, now: datetime) -> tuple[Session
         return existing, False
     turn_id, cancel_id = row.active_turn_id, None
     if turn_id is not None:
-        try:
-            cancel_id = cancels.prepare(
-                session,
-                request.workspace_id,
-                request.session_id,
-                turn_id,
-                f"session-stop:{request.stop_id}",
-                now,
-            ).operation_id
-        except CancelConflict as exc:  # the turn is being cancelled already (a fence)
-            cancel_id = str(exc.attrs["operation_id"])
+        cancel_id = cancels.prepare_or_existing(
+            session,
+            request.workspace_id,
+            request.session_id,
+            turn_id,
+            f"session-stop:{request.stop_id}",
+            now,
+        )
     run = runs.live_run(session, request.workspace_id, request.session_id)
     if run is not None:
         runs.request_cancel(session, run.run_id, now)  # ignored where a cancel cannot apply
