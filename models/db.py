@@ -37,6 +37,10 @@ def normalize_url(url: str) -> str:
     return url
 
 
+# The execution option that marks a transaction read-only (run_read).
+READ_ONLY = "agent_radar_read_only"
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
@@ -52,8 +56,12 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
         # Every transaction takes the write lock up front: a deferred transaction that
-        # upgrades to a writer later can fail with SQLITE_BUSY without waiting.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # upgrades to a writer later can fail with SQLITE_BUSY without waiting. A read-only
+        # one (run_read) takes a plain snapshot instead, which never waits for a writer.
+        if conn.get_execution_options().get(READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -117,6 +125,11 @@ def run_transaction(engine: Engine, work: Callable[[Session], T], attempts: int 
             )
             time.sleep(delay_s)
     raise AssertionError("unreachable")
+
+
+def run_read(engine: Engine, work: Callable[[Session], T]) -> T:
+    """`run_transaction` for work that only reads: on SQLite it takes no write lock."""
+    return run_transaction(engine.execution_options(**{READ_ONLY: True}), work)
 
 
 def rowcount(result: Result[Any]) -> int:

@@ -24,6 +24,8 @@ class AgentSession(Base):
     # The epoch at which every durable fence of the session was last installed at its host;
     # below runtime_epoch, the fences go back before anything else reaches the session.
     fences_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The agent host the session lives on (DESIGN 4.9): every runtime call for it goes there.
+    host_id: Mapped[str] = mapped_column(ID, default="default", server_default="default")
     admission: Mapped[str] = mapped_column(SHORT, default="open")
     active_turn_id: Mapped[str | None] = mapped_column(ID)
     last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -253,4 +255,15 @@ class SessionStop(Base):
     turn_id: Mapped[str | None] = mapped_column(ID)
     cancel_operation_id: Mapped[str | None] = mapped_column(String(36))
     run_id: Mapped[str | None] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class RuntimeHost(Base):
+    """A registered agent host (DESIGN 4.9). The host `default` is AGENT_RADAR_RUNTIME_URL and
+    has no row; the control plane calls no address that is not registered here."""
+
+    __tablename__ = "runtime_hosts"
+
+    host_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)

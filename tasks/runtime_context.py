@@ -13,12 +13,18 @@ from sqlalchemy.engine import Engine
 from models.db import engine_for
 from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.runtime import HostRouter
+from workflows.sessions.hosts import locator
 
 
 @lru_cache(maxsize=16)
-def _runtime(_pid: int, settings: Settings) -> HttpRuntime:
-    return HttpRuntime(settings.runtime_url, settings.runtime_token, settings.runtime_timeout_s)
+def _runtime(_pid: int, settings: Settings) -> HostRouter:
+    return HostRouter(
+        settings.runtime_url,
+        locator(engine_for(settings.database_url)),
+        settings.runtime_token,
+        settings.runtime_timeout_s,
+    )
 
 
 @lru_cache(maxsize=16)
@@ -35,7 +41,7 @@ class TaskContext:
         return engine_for(self.settings.database_url)
 
     @property
-    def runtime(self) -> HttpRuntime:
+    def runtime(self) -> HostRouter:
         return _runtime(os.getpid(), self.settings)
 
     @property

@@ -10,7 +10,7 @@ What each fixture starts (all torn down after the test):
 - `settings`: a home folder, the backend's database (SQLite file, or the PostgreSQL database
   truncated) and broker (a folder, or Redis under a key prefix of its own), a free port.
 - `sim`: the runtime simulator as a real HTTP server in this process, reporting through the
-  real broker; `sim_control` is its `/sim/` client.
+  real broker; `sim_control` is its `/sim/` client. `sim_b`: a second host, `host-b`.
 - `client`: the Python client against that backend and simulator (no worker).
 - `stack`: real `agent-radar worker` / `beat` subprocesses, started by the test as it needs.
 - `host`: an agent host that misbehaves as the test tells it (tests/hostile.py).
@@ -144,6 +144,25 @@ def sim(settings):
         reporter=lambda report: publisher.publish(
             "agent_radar.report_activity", {"report": report}
         ),
+    ).start()
+    yield server
+    server.stop()
+    publisher.close()
+
+
+@pytest.fixture
+def sim_b(settings):
+    """A second agent host, `host-b` (DESIGN 4.9): another simulator on its own port,
+    reporting through the real broker and naming itself in every report. Registering it is
+    the test's business (`client.add_host("host-b", sim_b.url)`)."""
+    publisher = TaskPublisher(settings)
+    server = SimServer(
+        "127.0.0.1",
+        free_port(),
+        reporter=lambda report: publisher.publish(
+            "agent_radar.report_activity", {"report": report}
+        ),
+        host_id="host-b",
     ).start()
     yield server
     server.stop()

@@ -18,7 +18,7 @@ from models.tables import SessionStop as SessionStopRow
 from workflows import ids, records
 from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
-from workflows.adapters.runtime import HttpRuntime, RuntimePort
+from workflows.adapters.runtime import HostRouter, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
 from workflows.fences.apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed
@@ -32,15 +32,16 @@ from workflows.records import (
     GoalOperation,
     GoalState,
     HistoryRow,
+    Host,
     MaintenanceRun,
     SessionInfo,
 )
 from workflows.records import Prompt as PromptRecord
 from workflows.records import SessionStop as SessionStopRecord
-from workflows.sessions import prompts, stops
+from workflows.sessions import hosts, prompts, stops
 from workflows.sessions.activity import apply_report, parse_report
 from workflows.sessions.control import durable_fences, load_session, record_live, resume_if_offline
-from workflows.sessions.epochs import EpochEffects
+from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
 from workflows.sessions.rows import lock_session
@@ -70,8 +71,11 @@ class AgentRadar:
             self.settings.home.mkdir(parents=True, exist_ok=True)
         self.engine = engine_for(self.settings.database_url)
         self.publisher = publisher or TaskPublisher(self.settings)
-        self.runtime = runtime or HttpRuntime(
-            self.settings.runtime_url, self.settings.runtime_token, self.settings.runtime_timeout_s
+        self.runtime = runtime or HostRouter(
+            self.settings.runtime_url,
+            hosts.locator(self.engine),
+            self.settings.runtime_token,
+            self.settings.runtime_timeout_s,
         )
 
     @classmethod
@@ -385,13 +389,23 @@ class AgentRadar:
         )
 
     # -- sessions --------------------------------------------------------------------------
-    def ensure_session(self, workspace_id: str, session_id: str) -> SessionInfo:
+    def ensure_session(
+        self, workspace_id: str, session_id: str, *, host_id: str | None = None
+    ) -> SessionInfo:
         """User-triggered: resume an offline session with every durable fence preloaded,
         then wake its prepared goal operations. A live session whose host moved to a newer
         runtime epoch gets its fences installed there again; at the same epoch nothing is
-        reinstalled (DESIGN 4.9)."""
+        reinstalled (DESIGN 4.9). With `host_id` (a registered host), the session is bound
+        to that host first; another host than its own is a move, a new epoch there."""
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
+        if host_id is not None:
+            hosts.check_host_id(host_id)
+            moved = run_transaction(
+                self.engine,
+                lambda s: bind_host(s, workspace_id, session_id, host_id, utcnow()),
+            )
+            self._publish_epoch(workspace_id, session_id, moved)
         fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
         resumed, epoch = resume_if_offline(self.runtime, workspace_id, session_id, fences)
         wake, effects = run_transaction(
@@ -451,6 +465,27 @@ class AgentRadar:
             workspace_id,
             build=stops.record,
             stop_id=stop_id,
+        )
+
+    # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
+    def add_host(self, host_id: str, url: str, *, replace: bool = False) -> Host:
+        """Register an agent host. The same URL again changes nothing; another one is a
+        Conflict unless `replace`. The host `default` is AGENT_RADAR_RUNTIME_URL."""
+        host_id = hosts.check_host_id(host_id, allow_default=False)
+        url = hosts.check_url(url)
+        return run_transaction(
+            self.engine, lambda s: hosts.add_host(s, host_id, url, utcnow(), replace)
+        )
+
+    def remove_host(self, host_id: str) -> Host:
+        """Unregister an agent host that no session is bound to."""
+        host_id = hosts.check_host_id(host_id, allow_default=False)
+        return run_transaction(self.engine, lambda s: hosts.remove_host(s, host_id))
+
+    def list_hosts(self) -> list[Host]:
+        """Every host, `default` first, with the number of sessions bound to each."""
+        return run_transaction(
+            self.engine, lambda s: hosts.list_hosts(s, self.settings.runtime_url)
         )
 
     def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:

@@ -76,9 +76,19 @@ class SessionInfo:
     live: bool | None
     runtime_epoch: int
     fences_epoch: int
+    host_id: str
     admission: str
     active_turn_id: str | None
     last_report_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Host:
+    """A registered agent host (DESIGN 4.9) and how many sessions are bound to it."""
+
+    host_id: str
+    url: str
+    sessions: int = 0
 
 
 @dataclass(frozen=True)

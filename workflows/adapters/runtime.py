@@ -12,6 +12,7 @@ that the rules store are checked again where they are stored (validation.check_j
 
 import json
 import re
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -361,4 +362,89 @@ class HttpRuntime:
             ),
             {},
             {"turn_id": _id_or_none},
+        )
+
+
+# Where a session's runtime calls go: (host_id, url), url None for the host `default` (or for
+# a host that is no longer registered).
+Locate = Callable[[str, str], tuple[str, str | None]]
+
+
+class HostRouter:
+    """The runtime port for a fleet of agent hosts (DESIGN 4.9): each call goes to the host
+    its session is bound to, found by `locate` at the time of the call. Each host has its own
+    HttpRuntime and so its own connection pool, so a slow host only ever holds connections
+    of its own; every call has the per-call timeouts of HttpRuntime."""
+
+    def __init__(
+        self,
+        default_url: str,
+        locate: Locate,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.locate = locate
+        self.token = token
+        self.timeout_s = timeout_s
+        self.default = HttpRuntime(default_url, token, timeout_s)
+        self._hosts: dict[str, HttpRuntime] = {}
+        self._lock = threading.Lock()
+
+    def on_host(self, host_id: str, url: str | None) -> "HttpRuntime":
+        """The adapter for one host (url None: the host `default`)."""
+        if url is None:
+            if host_id != "default":
+                raise RuntimeFault(
+                    f"host {host_id!r} is not registered", code="unknown_host", retryable=True
+                )
+            return self.default
+        url = url.rstrip("/")
+        with self._lock:
+            runtime = self._hosts.get(url)
+            if runtime is None:
+                runtime = self._hosts[url] = HttpRuntime(url, self.token, self.timeout_s)
+            return runtime
+
+    def for_session(self, workspace_id: str, session_id: str) -> "HttpRuntime":
+        return self.on_host(*self.locate(workspace_id, session_id))
+
+    def liveness(self, workspace_id, session_id):
+        return self.for_session(workspace_id, session_id).liveness(workspace_id, session_id)
+
+    def resume(self, workspace_id, session_id, fences):
+        return self.for_session(workspace_id, session_id).resume(workspace_id, session_id, fences)
+
+    def apply_goal(self, workspace_id, session_id, **call):
+        return self.for_session(workspace_id, session_id).apply_goal(
+            workspace_id, session_id, **call
+        )
+
+    def install_fence(self, workspace_id, session_id, **call):
+        return self.for_session(workspace_id, session_id).install_fence(
+            workspace_id, session_id, **call
+        )
+
+    def cancel_turn(self, workspace_id, session_id, turn_id, **call):
+        return self.for_session(workspace_id, session_id).cancel_turn(
+            workspace_id, session_id, turn_id, **call
+        )
+
+    def start_maintenance(self, workspace_id, session_id, **call):
+        return self.for_session(workspace_id, session_id).start_maintenance(
+            workspace_id, session_id, **call
+        )
+
+    def maintenance_status(self, workspace_id, session_id, run_id):
+        return self.for_session(workspace_id, session_id).maintenance_status(
+            workspace_id, session_id, run_id
+        )
+
+    def cancel_maintenance(self, workspace_id, session_id, run_id):
+        return self.for_session(workspace_id, session_id).cancel_maintenance(
+            workspace_id, session_id, run_id
+        )
+
+    def submit_prompt(self, workspace_id, session_id, **call):
+        return self.for_session(workspace_id, session_id).submit_prompt(
+            workspace_id, session_id, **call
         )

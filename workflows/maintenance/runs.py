@@ -248,21 +248,32 @@ def reload(session: Session, run_id: str) -> MaintenanceRun:
 
 
 def end_for_restart(
-    session: Session, workspace_id: str, session_id: str, epoch: int, now: datetime
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    epoch: int | None,
+    now: datetime,
+    moved_to: str | None = None,
 ) -> bool:
-    """The session's host reported a newer runtime epoch: a live run of an older one is gone
-    with the process that ran it and ends `interrupted` (runtime_restarted), releasing the
-    session (DESIGN 4.6, 4.9). True if a run ended."""
+    """The session's host reported a newer runtime epoch (or, with `moved_to`, the session
+    moved to another host): a live run of an older one is gone with the process that ran it
+    and ends `interrupted` (runtime_restarted), releasing the session (DESIGN 4.6, 4.9).
+    True if a run ended."""
     run = live_run(session, workspace_id, session_id)
-    if run is None or (run.runtime_epoch or 0) >= epoch:
+    if run is None or (moved_to is None and (run.runtime_epoch or 0) >= (epoch or 0)):
         return False
+    detail = (
+        f"the session moved to host {moved_to!r}"
+        if moved_to is not None
+        else f"the agent host restarted (runtime epoch {run.runtime_epoch} -> {epoch})"
+    )
     return transition(
         session,
         run,
         S.INTERRUPTED,
         now,
         error_code=MaintenanceError.RUNTIME_RESTARTED,
-        detail=f"the agent host restarted (runtime epoch {run.runtime_epoch} -> {epoch})",
+        detail=detail,
     )
 
 

@@ -12,8 +12,8 @@ from models.tables import GoalOperation, Turn
 from workflows.errors import InvalidArgument
 from workflows.fences import cancels
 from workflows.goals.operations import complete_applied
-from workflows.sessions import prompts
-from workflows.sessions.epochs import EpochEffects, observe_epoch
+from workflows.sessions import hosts, prompts
+from workflows.sessions.epochs import EpochEffects, move_host, observe_epoch
 from workflows.sessions.rows import lock_session
 from workflows.validation import (
     check_choice,
@@ -24,7 +24,7 @@ from workflows.validation import (
     check_report_time,
 )
 
-SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch"}
+SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch", "host_id"}
 REPORT_PARTS = {"workspace_id", "session_id", "occurred_at_ms", "session", "turn", "goal_applied"}
 TURN_FIELDS = {
     "turn_id",
@@ -70,7 +70,7 @@ def parse_report(report: Any, now: datetime) -> Report:
         extra = set(session) - SESSION_FIELDS
         if extra:
             raise InvalidArgument(f"unknown session fields: {sorted(extra)}", field="session")
-        for key in ("provider", "provider_session_id"):
+        for key in ("provider", "provider_session_id", "host_id"):
             if session.get(key) is not None:
                 check_id(f"session.{key}", session[key])
         if "live" in session and not isinstance(session["live"], bool):
@@ -145,11 +145,24 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     """Apply one report in the caller's transaction."""
     row = lock_session(session, report.workspace_id, report.session_id)
     facts = dict(report.session or {})
+    newest = row.last_report_at is None or report.occurred_at >= row.last_report_at
     epoch = EpochEffects()
+    host_id = facts.pop("host_id", None)
+    if host_id is not None:
+        # A report names a host, it never supplies an address: an unregistered one is
+        # refused, and nothing of the report is written (DESIGN 4.9).
+        hosts.require_host(session, host_id)
+        if host_id != row.host_id:
+            if newest:
+                epoch = move_host(session, row, host_id, now)
+            else:
+                # An older report from a host the session has since left: what it says of
+                # the session (its epoch above all) belongs to that host, not this one.
+                facts = {}
     if "runtime_epoch" in facts:
         # Epochs only grow, whatever order reports arrive in (DESIGN 4.9).
-        epoch = observe_epoch(session, row, facts.pop("runtime_epoch"), now)
-    if facts and (row.last_report_at is None or report.occurred_at >= row.last_report_at):
+        epoch = epoch.then(observe_epoch(session, row, facts.pop("runtime_epoch"), now))
+    if facts and newest:
         # Older session facts than the last applied ones are ignored: reports can arrive
         # out of order through the broker.
         for key, value in facts.items():

@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 from models.tables import AgentSession, GoalFence
 from workflows.fences import cancels
 from workflows.maintenance import runs
+from workflows.sessions import hosts
+from workflows.sessions.rows import lock_session
 
 
 @dataclass
@@ -27,6 +29,14 @@ class EpochEffects:
     woken_fences: list[str] = field(default_factory=list)
     released: bool = False  # a maintenance run ended: the session's held work drains
 
+    def then(self, later: "EpochEffects") -> "EpochEffects":
+        """Both effects, this one's first."""
+        return EpochEffects(
+            newer=self.newer or later.newer,
+            woken_fences=self.woken_fences + later.woken_fences,
+            released=self.released or later.released,
+        )
+
 
 def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime) -> EpochEffects:
     """Record an epoch seen at the session's host, in the caller's transaction (the session
@@ -36,9 +46,10 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     if epoch <= known:
         return EpochEffects()
     row.runtime_epoch = epoch
-    if known == 0 or not _has_fences(session, row):
+    if (known == 0 and row.fences_epoch >= 0) or not _has_fences(session, row):
         # Every durable fence is installed there: there is none, or they were installed
-        # while the epoch was still unknown, at this same host process.
+        # while the epoch was still unknown, at this same host process (not so after a
+        # move: see move_host).
         row.fences_epoch = epoch
     session.flush()
     if known == 0:
@@ -48,6 +59,39 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     )
     released = runs.end_for_restart(session, row.workspace_id, row.session_id, epoch, now)
     return EpochEffects(newer=True, woken_fences=woken, released=released)
+
+
+# fences_epoch after a move: below any epoch, so the fences go to the new host whatever
+# epoch it reports (DESIGN 4.9).
+FENCES_NOWHERE = -1
+
+
+def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) -> EpochEffects:
+    """The session now lives on another host (DESIGN 4.9), in the caller's transaction (the
+    session row is locked): a new runtime epoch there. Every turn that has not settled ends
+    `interrupted`, a live maintenance run ends as on a restart, the epoch known starts
+    again from the new host's own numbering, and every durable fence goes there before
+    anything else does. Nothing happens when the host is the same."""
+    if host_id == row.host_id:
+        return EpochEffects()
+    row.host_id = host_id
+    row.runtime_epoch = 0
+    row.fences_epoch = FENCES_NOWHERE if _has_fences(session, row) else 0
+    row.live = None  # what the old host said of it says nothing of the new one
+    session.flush()
+    woken = cancels.interrupt_running_turns(session, row.workspace_id, row.session_id, now)
+    released = runs.end_for_restart(
+        session, row.workspace_id, row.session_id, None, now, moved_to=host_id
+    )
+    return EpochEffects(newer=True, woken_fences=woken, released=released)
+
+
+def bind_host(
+    session: Session, workspace_id: str, session_id: str, host_id: str, now: datetime
+) -> EpochEffects:
+    """`ensure_session(host_id=)`: the session lives on that registered host from now on."""
+    hosts.require_host(session, host_id)
+    return move_host(session, lock_session(session, workspace_id, session_id), host_id, now)
 
 
 def _has_fences(session: Session, row: AgentSession) -> bool:

@@ -38,6 +38,7 @@ def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
         "session_id": session_id,
         "runtime_epoch": 0,
         "fences_epoch": 0,
+        "host_id": "default",
         "admission": "open",
         "event_sequence": 0,
     }

@@ -109,8 +109,14 @@ def flower(port: int, address: str, as_json: bool):
 @cli.command("runtime-sim")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option(
+    "--host-id",
+    default="default",
+    show_default=True,
+    help="The agent host this simulator is: its reports name it (register it: host add).",
+)
 @json_option
-def runtime_sim(host: str, port: int, as_json: bool):
+def runtime_sim(host: str, port: int, host_id: str, as_json: bool):
     """Run the agent runtime simulator (an HTTP server) in the foreground."""
     from workflows.adapters.broker import TaskPublisher
     from workflows.tools.simulator import SimServer
@@ -125,6 +131,7 @@ def runtime_sim(host: str, port: int, as_json: bool):
         reporter=lambda report: publisher.publish(
             "agent_radar.report_activity", {"report": report}
         ),
+        host_id=host_id,
     )
     _emit(as_json, {"url": server.url}, f"runtime-sim listening on {server.url}")
     server.serve_forever()

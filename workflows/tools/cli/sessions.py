@@ -1,9 +1,10 @@
-"""`prompt`, `history` and `session ensure|drain|show` (DESIGN 4.7)."""
+"""`prompt`, `history`, `session ensure|drain|show|stop` (DESIGN 4.7, 4.9) and
+`host add|remove|list` (4.9)."""
 
 import click
 
 from workflows.records import as_dict
-from workflows.tools.cli.common import _client, _emit, cli, session_arguments
+from workflows.tools.cli.common import _client, _emit, cli, json_option, session_arguments
 
 
 @cli.command()
@@ -40,10 +41,15 @@ def session() -> None:
 
 @session.command("ensure")
 @session_arguments
-def session_ensure(workspace_id: str, session_id: str, as_json: bool):
+@click.option("--host", "host_id", default=None, help="Bind the session to this host first.")
+def session_ensure(workspace_id: str, session_id: str, as_json: bool, host_id: str | None):
     """Resume the session if it is offline (with its fences) and wake its pending work."""
-    info = _client().ensure_session(workspace_id, session_id)
-    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} live, epoch {info.runtime_epoch}")
+    info = _client().ensure_session(workspace_id, session_id, host_id=host_id)
+    _emit(
+        as_json,
+        as_dict(info),
+        f"{workspace_id}/{session_id} live on {info.host_id}, epoch {info.runtime_epoch}",
+    )
 
 
 @session.command("drain")
@@ -90,3 +96,40 @@ def session_stop(workspace_id, session_id, as_json, submit_id, reason, wait_s):
         f"stop {record.stop_id} {record.status} (turn {record.turn_id or '-'}, "
         f"run {record.run_id or '-'})",
     )
+
+
+@cli.group()
+def host() -> None:
+    """Agent hosts (DESIGN 4.9): where each session's runtime calls go."""
+
+
+def _host_line(h) -> str:
+    return f"{h.host_id}\t{h.url}\t{h.sessions} session(s)"
+
+
+@host.command("add")
+@click.argument("host_id")
+@click.argument("url")
+@click.option("--replace", is_flag=True, help="Give a registered host a new URL.")
+@json_option
+def host_add(host_id: str, url: str, replace: bool, as_json: bool):
+    """Register an agent host at URL."""
+    h = _client().add_host(host_id, url, replace=replace)
+    _emit(as_json, as_dict(h), _host_line(h))
+
+
+@host.command("remove")
+@click.argument("host_id")
+@json_option
+def host_remove(host_id: str, as_json: bool):
+    """Unregister an agent host that no session is bound to."""
+    h = _client().remove_host(host_id)
+    _emit(as_json, as_dict(h), f"removed {h.host_id} ({h.url})")
+
+
+@host.command("list")
+@json_option
+def host_list(as_json: bool):
+    """Every host, with the sessions bound to it."""
+    found = _client().list_hosts()
+    _emit(as_json, [as_dict(h) for h in found], "\n".join(_host_line(h) for h in found))

@@ -99,8 +99,9 @@ class SimServer:
         port: int = 8765,
         token: str | None = None,
         reporter: Reporter | None = None,
+        host_id: str = "default",
     ) -> None:
-        self.sim = Simulator(reporter)
+        self.sim = Simulator(reporter, host_id)
         self.httpd = _Server((host, port), make_handler(self.sim, token))
         self.thread: threading.Thread | None = None
 

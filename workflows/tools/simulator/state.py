@@ -99,9 +99,11 @@ class Fault:
 
 
 class Simulator:
-    def __init__(self, reporter: Reporter | None = None) -> None:
+    def __init__(self, reporter: Reporter | None = None, host_id: str = "default") -> None:
         self.lock = threading.RLock()
         self.reporter = reporter
+        # The host this simulator is (DESIGN 4.9): every report names it.
+        self.host_id = host_id
         self.reset()
 
     def reset(self) -> None:
@@ -438,10 +440,14 @@ class Simulator:
     def report(self, report: dict) -> None:
         if self.reporter is None:
             return
-        # Every report carries the epoch of the host process that sends it (DESIGN 4.9).
+        # Every report names the host that sends it and the epoch of its process
+        # (DESIGN 4.9).
         sess = self.sessions.get((report["workspace_id"], report["session_id"]))
-        if sess is not None and "session" not in report:
-            report = {**report, "session": {"runtime_epoch": sess.epoch}}
+        if "session" not in report:
+            facts: dict[str, Any] = {"host_id": self.host_id}
+            if sess is not None:
+                facts["runtime_epoch"] = sess.epoch
+            report = {**report, "session": facts}
         try:
             self.reporter(report)
         except Exception:  # noqa: BLE001 - an agent host keeps running if reporting fails

@@ -1,0 +1,221 @@
+"""Many agent hosts (DESIGN 4.9), on both backends: the registry, sessions bound to a host by
+their reports or by ensure_session(host_id=), every call sent to the session's host, and a
+move to another host handled as a new runtime epoch there."""
+
+import time
+
+import pytest
+from sqlalchemy import update
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import AgentSession, GoalOperation, RuntimeHost, Turn
+from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
+from workflows.goals.dispatch import Dispatcher
+from workflows.tools.simulator import SimControl
+
+WS = "ws-hosts"
+
+
+def report(client, sid, **parts):
+    client.report_activity(
+        {"workspace_id": WS, "session_id": sid, "occurred_at_ms": int(time.time() * 1000), **parts}
+    )
+
+
+def session_row(client, sid):
+    return run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, sid)))
+
+
+def turn_row(client, sid, turn_id):
+    return run_transaction(client.engine, lambda s: s.get(Turn, (WS, sid, turn_id)))
+
+
+def calls(control: SimControl, sid: str) -> list[str]:
+    return [c["call"] for c in control.calls() if c["session_id"] == sid]
+
+
+def dispatcher(client) -> Dispatcher:
+    # The client's runtime is the production router: each call goes to its session's host.
+    return Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+
+
+def test_the_registry_adds_lists_and_removes_hosts(client, sim_b):
+    assert [(h.host_id, h.url) for h in client.list_hosts()] == [
+        ("default", client.settings.runtime_url)
+    ]
+    added = client.add_host("host-b", sim_b.url + "/")
+    assert (added.host_id, added.url, added.sessions) == ("host-b", sim_b.url, 0)
+    assert client.add_host("host-b", sim_b.url) == added  # the same again: nothing changes
+    with pytest.raises(Conflict):
+        client.add_host("host-b", "http://127.0.0.1:1")
+    moved = client.add_host("host-b", "http://127.0.0.1:1", replace=True)
+    assert moved.url == "http://127.0.0.1:1"
+    client.add_host("host-b", sim_b.url, replace=True)
+
+    client.ensure_session(WS, "s1", host_id="host-b")
+    assert [(h.host_id, h.sessions) for h in client.list_hosts()] == [
+        ("default", 0),
+        ("host-b", 1),
+    ]
+    with pytest.raises(Conflict, match="1 session"):
+        client.remove_host("host-b")  # its session's calls would have nowhere to go
+    client.ensure_session(WS, "s1", host_id="default")
+    assert client.remove_host("host-b").host_id == "host-b"
+    with pytest.raises(NotFound):
+        client.remove_host("host-b")
+    assert run_transaction(client.engine, lambda s: s.get(RuntimeHost, "host-b")) is None
+
+
+@pytest.mark.parametrize(
+    "host_id, url",
+    [
+        ("default", "http://127.0.0.1:9"),  # the default host is AGENT_RADAR_RUNTIME_URL
+        ("", "http://127.0.0.1:9"),
+        ("h" * 256, "http://127.0.0.1:9"),
+        ("h\x00", "http://127.0.0.1:9"),
+        (7, "http://127.0.0.1:9"),
+        ("h", "ftp://127.0.0.1:9"),
+        ("h", "file:///etc/passwd"),
+        ("h", "http://user:secret@127.0.0.1:9"),
+        ("h", "http://127.0.0.1:9/?token=x"),
+        ("h", "http://127.0.0.1:99999"),
+        ("h", "http://"),
+        ("h", "http://127.0.0.1:9/a b"),
+        ("h", "http://" + "a" * 2100),
+        ("h", None),
+        ("h", ["http://127.0.0.1:9"]),
+    ],
+)
+def test_bad_hosts_are_refused_and_nothing_is_written(client, host_id, url):
+    with pytest.raises(InvalidArgument):
+        client.add_host(host_id, url)
+    assert [h.host_id for h in client.list_hosts()] == ["default"]
+
+
+def test_removing_the_default_host_is_refused(client):
+    with pytest.raises(InvalidArgument):
+        client.remove_host("default")
+
+
+def test_a_report_naming_an_unknown_host_is_refused_and_writes_nothing(client):
+    with pytest.raises(InvalidArgument, match="unknown host"):
+        report(
+            client,
+            "s-unknown",
+            session={"host_id": "nowhere", "runtime_epoch": 1, "live": True},
+            turn={"turn_id": "t1", "phase": "running"},
+        )
+    assert session_row(client, "s-unknown") is None
+    assert turn_row(client, "s-unknown", "t1") is None
+    with pytest.raises(InvalidArgument, match="unknown host"):
+        client.ensure_session(WS, "s-unknown", host_id="nowhere")
+    assert session_row(client, "s-unknown") is None
+
+
+def test_each_call_goes_to_the_host_of_its_session(client, sim_control, sim_b):
+    control_b = SimControl(sim_b.url)
+    client.add_host("host-b", sim_b.url)
+    report(client, "s-b", session={"host_id": "host-b", "runtime_epoch": 1, "live": True})
+    assert session_row(client, "s-b").host_id == "host-b"
+    on_a = client.set_goal(WS, "s-a", "work on A", client_submit_id="g")
+    on_b = client.set_goal(WS, "s-b", "work on B", client_submit_id="g")
+    # Both in one dispatch step: the calls run side by side, each to its own host.
+    outcomes = dispatcher(client).dispatch_many([on_a.operation_id, on_b.operation_id])
+    assert sorted(r.outcome for r in outcomes) == ["applied", "applied"]
+    assert [e["operation_id"] for e in sim_control.effects()] == [on_a.operation_id]
+    assert [e["operation_id"] for e in control_b.effects()] == [on_b.operation_id]
+    assert calls(sim_control, "s-b") == [] and calls(control_b, "s-a") == []
+
+
+def test_a_session_bound_by_ensure_session_is_resumed_at_its_host(client, sim_control, sim_b):
+    control_b = SimControl(sim_b.url)
+    client.add_host("host-b", sim_b.url)
+    control_b.session(WS, "s1", live=False)
+    info = client.ensure_session(WS, "s1", host_id="host-b")
+    epoch_b = control_b.session(WS, "s1")["runtime_epoch"]  # a resume starts a new process
+    assert (info.host_id, info.live, info.runtime_epoch) == ("host-b", True, epoch_b)
+    assert calls(control_b, "s1")[:2] == ["liveness", "resume"]
+    assert calls(sim_control, "s1") == []
+
+
+def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b):
+    control_b = SimControl(sim_b.url)
+    client.add_host("host-b", sim_b.url)
+    sid = "s-move"
+    report(client, sid, session={"runtime_epoch": 5, "live": True})
+    target = client.set_goal(WS, sid, "fenced", client_submit_id="g1")
+    client.fence_goal_generation(WS, sid, target.operation_id, client_submit_id="f1")
+    run = client.start_maintenance(WS, sid, client_submit_id="m1")
+    prompt = client.submit_prompt(WS, sid, "hello", client_submit_id="p1")
+    report(
+        client, sid, turn={"turn_id": "t-old", "phase": "running", "prompt_id": prompt.prompt_id}
+    )
+
+    # The session turns up at host-b, whose own epoch numbering starts at 1.
+    report(client, sid, session={"host_id": "host-b", "runtime_epoch": 1, "live": True})
+
+    row = session_row(client, sid)
+    assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 1, True)
+    assert row.fences_epoch < 1  # every durable fence goes to host-b first
+    old = turn_row(client, sid, "t-old")
+    assert (old.phase, old.outcome) == ("settled", "interrupted")
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
+    assert "host-b" in ended.detail
+    assert session_row(client, sid).active_turn_id is None
+
+    op = client.set_goal(WS, sid, "the new goal", client_submit_id="g2")
+    assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
+    assert calls(control_b, sid) == ["goal-fences", "goal"]
+    assert control_b.session(WS, sid)["fences"] == [[target.operation_id, 1]]
+    assert session_row(client, sid).fences_epoch == 1
+    assert op.operation_id not in [e["operation_id"] for e in sim_control.effects()]
+
+    # A report from the host it left, older than the move, changes nothing.
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": sid,
+            "occurred_at_ms": int(time.time() * 1000) - 30_000,
+            "session": {"host_id": "default", "runtime_epoch": 9, "live": False},
+        }
+    )
+    row = session_row(client, sid)
+    assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 1, True)
+
+
+def test_a_session_without_fences_moves_without_reinstalling(client, sim_b):
+    client.add_host("host-b", sim_b.url)
+    report(client, "s-plain", session={"runtime_epoch": 2})
+    report(client, "s-plain", session={"host_id": "host-b", "runtime_epoch": 1})
+    row = session_row(client, "s-plain")
+    assert (row.host_id, row.runtime_epoch, row.fences_epoch) == ("host-b", 1, 1)
+
+
+def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):
+    client.add_host("host-b", sim_b.url)
+    client.ensure_session(WS, "s1", host_id="host-b")
+    # Removal is refused while bound; a row deleted behind the registry's back (or a host
+    # renamed in a restore) leaves a session whose host is unknown: its calls fail
+    # retryably, nothing is called at any other address.
+    run_transaction(
+        client.engine,
+        lambda s: s.delete(s.get(RuntimeHost, "host-b")),
+    )
+    with pytest.raises(RuntimeFault) as fault:
+        client.runtime.liveness(WS, "s1")
+    assert fault.value.code == "unknown_host" and fault.value.retryable
+    op = client.set_goal(WS, "s1", "goal", client_submit_id="g1")
+    assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["retry"]
+    client.add_host("host-b", sim_b.url)  # back: the operation goes on, to host-b
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalOperation)
+            .where(GoalOperation.operation_id == op.operation_id)
+            .values(next_attempt_at=utcnow())
+        ),
+    )
+    assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
+    assert [e["operation_id"] for e in SimControl(sim_b.url).effects()] == [op.operation_id]

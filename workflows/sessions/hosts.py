@@ -1,0 +1,136 @@
+"""Registered agent hosts (DESIGN 4.9): where each session's runtime calls go.
+
+The host `default` is AGENT_RADAR_RUNTIME_URL and has no row. Any other host is registered
+by an operator (`agent-radar host add ID URL`); a session is bound to one host by its latest
+activity report or by `ensure_session(host_id=)`. The control plane calls only registered
+addresses: a message can name a host, never supply one.
+"""
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.db import run_read
+from models.tables import AgentSession, RuntimeHost
+from workflows.errors import Conflict, InvalidArgument, NotFound
+from workflows.records import Host
+from workflows.validation import check_id
+
+DEFAULT_HOST = "default"
+MAX_URL_CHARS = 2048
+
+
+def check_url(value: Any) -> str:
+    """An agent host's base URL: http or https, a host name, no credentials, query or
+    fragment (the token is AGENT_RADAR_RUNTIME_TOKEN, sent as a header)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_URL_CHARS:
+        raise InvalidArgument(f"url must be a string of 1-{MAX_URL_CHARS} characters", field="url")
+    if not value.isprintable() or any(ch.isspace() for ch in value):
+        raise InvalidArgument("url must be printable, without spaces", field="url")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidArgument(f"url is not a valid URL: {exc}", field="url") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgument("url must be http:// or https:// with a host", field="url")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidArgument("url must not carry credentials", field="url")
+    if parts.query or parts.fragment:
+        raise InvalidArgument("url must not have a query or a fragment", field="url")
+    del port
+    return value.rstrip("/")
+
+
+def check_host_id(value: Any, *, allow_default: bool = True) -> str:
+    host_id = check_id("host_id", value)
+    if host_id == DEFAULT_HOST and not allow_default:
+        raise InvalidArgument(
+            "the host 'default' is AGENT_RADAR_RUNTIME_URL; it cannot be added or removed",
+            field="host_id",
+        )
+    return host_id
+
+
+def add_host(session: Session, host_id: str, url: str, now: datetime, replace: bool) -> Host:
+    """Register a host. The same URL again is a no-op; another URL is a Conflict unless
+    `replace` (the host moved to a new address: its sessions follow it)."""
+    row = session.get(RuntimeHost, host_id, with_for_update=True)
+    if row is None:
+        row = RuntimeHost(host_id=host_id, url=url, created_at=now)
+        session.add(row)
+    elif row.url != url:
+        if not replace:
+            raise Conflict(
+                f"host {host_id!r} is registered at {row.url}; add it with --replace to move it"
+            )
+        row.url = url
+    session.flush()
+    return Host(host_id, url, _bound(session, host_id))
+
+
+def remove_host(session: Session, host_id: str) -> Host:
+    """Unregister a host. Refused while sessions are bound to it: their calls would have
+    nowhere to go (bind them elsewhere first, by a report or ensure_session(host_id=))."""
+    row = session.get(RuntimeHost, host_id, with_for_update=True)
+    if row is None:
+        raise NotFound(f"no host {host_id!r}")
+    bound = _bound(session, host_id)
+    if bound:
+        raise Conflict(
+            f"host {host_id!r} still has {bound} session(s); bind them to another host first"
+        )
+    session.delete(row)
+    session.flush()
+    return Host(host_id, row.url)
+
+
+def list_hosts(session: Session, default_url: str) -> list[Host]:
+    counts = dict(
+        session.execute(
+            select(AgentSession.host_id, func.count()).group_by(AgentSession.host_id)
+        ).all()
+    )
+    rows = session.execute(select(RuntimeHost).order_by(RuntimeHost.host_id)).scalars()
+    return [Host(DEFAULT_HOST, default_url, counts.get(DEFAULT_HOST, 0))] + [
+        Host(r.host_id, r.url, counts.get(r.host_id, 0)) for r in rows
+    ]
+
+
+def require_host(session: Session, host_id: str) -> str:
+    """A host a message or a caller named: registered, or InvalidArgument (DESIGN 4.9)."""
+    if host_id != DEFAULT_HOST and session.get(RuntimeHost, host_id) is None:
+        raise InvalidArgument(f"unknown host {host_id!r}: register it first", field="host_id")
+    return host_id
+
+
+def _bound(session: Session, host_id: str) -> int:
+    return session.execute(
+        select(func.count()).select_from(AgentSession).where(AgentSession.host_id == host_id)
+    ).scalar_one()
+
+
+def locator(engine: Engine) -> Callable[[str, str], tuple[str, str | None]]:
+    """`locate(workspace_id, session_id) -> (host_id, url)` for the runtime router, one short
+    read per call (url None for the host `default`, and for a host that was removed)."""
+
+    def locate(workspace_id: str, session_id: str) -> tuple[str, str | None]:
+        def read(s: Session) -> tuple[str, str | None]:
+            found = s.execute(
+                select(AgentSession.host_id, RuntimeHost.url)
+                .outerjoin(RuntimeHost, RuntimeHost.host_id == AgentSession.host_id)
+                .where(
+                    AgentSession.workspace_id == workspace_id,
+                    AgentSession.session_id == session_id,
+                )
+            ).first()
+            return (DEFAULT_HOST, None) if found is None else (found[0], found[1])
+
+        return run_read(engine, read)
+
+    return locate
