@@ -90,6 +90,10 @@ def maybe(valid):
     return st.one_of(valid, valid, ANY_JSON)
 
 
+# host-b is registered by the tests that use it; nowhere never is.
+HOSTS = maybe(st.sampled_from(["default", "host-b", "nowhere"]))
+
+
 class Tally:
     """Inputs tried per family, printed at the end of the test session."""
 
@@ -171,6 +175,12 @@ def client_calls():
         st.tuples(st.just("history"), st.tuples(ws, sid, maybe(st.integers(1, 5))), st.just({})),
         st.tuples(st.just("find_goal_operation"), st.tuples(ws, sid, submit), st.just({})),
         st.tuples(st.sampled_from(["goal_state", "session_info"]), st.tuples(ws, sid), st.just({})),
+        st.tuples(
+            st.just("add_host"),
+            st.tuples(HOSTS, maybe(st.sampled_from(["http://127.0.0.1:9", "https://h.example"]))),
+            st.fixed_dictionaries({"replace": maybe(st.booleans())}),
+        ),
+        st.tuples(st.just("remove_host"), st.tuples(HOSTS), st.just({})),
     )
 
 
@@ -198,6 +208,7 @@ def reports():
             "runtime_epoch": maybe(st.integers(0, 5)),
             "provider": maybe(st.just("claude")),
             "provider_session_id": maybe(IDS),
+            "host_id": HOSTS,
         },
     )
     turn = st.fixed_dictionaries(
@@ -230,6 +241,8 @@ def reports():
 
 
 def test_activity_reports(client, backend):
+    client.add_host("host-b", "http://127.0.0.1:9")
+
     @FUZZ
     @given(report=reports())
     def one(report):

@@ -374,3 +374,32 @@ def test_session_stop_command(settings, client):
     )
     proc = run_cli(settings, "session", "stop", "ws", "idle", "--submit-id", "stop-1", check=False)
     assert proc.returncode == 2 and "conflict" in proc.stderr
+
+
+def test_host_commands(settings, client, sim_b):
+    def hosts():
+        return json.loads(run_cli(settings, "host", "list", "--json").stdout)
+
+    assert [(h["host_id"], h["url"]) for h in hosts()] == [("default", settings.runtime_url)]
+    added = json.loads(run_cli(settings, "host", "add", "host-b", sim_b.url, "--json").stdout)
+    assert (added["host_id"], added["url"], added["sessions"]) == ("host-b", sim_b.url, 0)
+    for args, code, needle in [
+        (("host", "add", "host-b", "http://127.0.0.1:1"), 2, "conflict"),
+        (("host", "add", "host-c", "ftp://example"), 2, "invalid_argument"),
+        (("host", "add", "default", sim_b.url), 2, "invalid_argument"),
+        (("host", "remove", "nowhere"), 2, "not_found"),
+    ]:
+        proc = run_cli(settings, *args, check=False)
+        assert proc.returncode == code and needle in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+    info = json.loads(
+        run_cli(settings, "session", "ensure", "ws", "s1", "--host", "host-b", "--json").stdout
+    )
+    assert (info["host_id"], info["live"]) == ("host-b", True)
+    assert [(h["host_id"], h["sessions"]) for h in hosts()] == [("default", 0), ("host-b", 1)]
+    proc = run_cli(settings, "host", "remove", "host-b", check=False)
+    assert proc.returncode == 2 and "1 session" in proc.stderr
+    run_cli(settings, "session", "ensure", "ws", "s1", "--host", "default")
+    assert "removed host-b" in run_cli(settings, "host", "remove", "host-b").stdout
+    assert [h["host_id"] for h in hosts()] == ["default"]

@@ -1,0 +1,93 @@
+"""The runtime router over real sockets (DESIGN 4.9): each session's calls go to its host's
+URL through that host's own connection pool, so a host that hangs holds only its own
+connections and its own calls, each of which ends at the per-call timeout."""
+
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.hostile import applied
+from workflows.adapters.runtime import HostRouter
+from workflows.errors import RuntimeFault
+
+WS = "ws-router"
+
+
+class SilentHost:
+    """An agent host that accepts connections and reads requests, and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self.accepted = threading.Semaphore(0)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            self.accepted.release()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def silent():
+    h = SilentHost()
+    yield h
+    h.close()
+
+
+def goal_call(runtime, sid: str):
+    return runtime.apply_goal(
+        WS,
+        sid,
+        operation_id=f"op-{sid}",
+        action="set",
+        objective="o",
+        revision=1,
+        client_submit_id="c",
+        require_live=True,
+    )
+
+
+def test_a_hanging_host_stalls_only_its_own_calls(host, silent):
+    hosts = {"on-a": ("host-a", silent.url), "on-b": ("host-b", host.url)}
+    router = HostRouter("http://127.0.0.1:9", lambda ws, sid: hosts[sid], timeout_s=5.0)
+    host.answers["on-b"] = applied
+    assert router.on_host("host-a", silent.url).http is not router.on_host("host-b", host.url).http
+
+    with ThreadPoolExecutor(4) as pool:
+        stuck = [pool.submit(goal_call, router, "on-a") for _ in range(4)]
+        for _ in stuck:  # every call to host-a has reached it and hangs there
+            assert silent.accepted.acquire(timeout=30)
+        answers = [goal_call(router, "on-b") for _ in range(3)]
+        # host-b answered every call while all four calls to host-a were still waiting.
+        assert [a["phase"] for a in answers] == ["applied"] * 3
+        assert not any(f.done() for f in stuck)
+        for f in stuck:
+            with pytest.raises(RuntimeFault) as fault:
+                f.result(timeout=30)
+            assert fault.value.code == "timeout" and fault.value.retryable
+
+
+def test_the_default_host_is_the_configured_url_and_unknown_hosts_are_never_called(host):
+    host.answers["s1"] = applied
+    router = HostRouter(host.url, lambda ws, sid: ("default", None))
+    assert goal_call(router, "s1")["phase"] == "applied"
+    gone = HostRouter(host.url, lambda ws, sid: ("removed-host", None))
+    with pytest.raises(RuntimeFault) as fault:
+        goal_call(gone, "s1")
+    assert fault.value.code == "unknown_host" and fault.value.retryable
