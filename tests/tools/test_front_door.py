@@ -53,8 +53,14 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
         "unknown",
         0,
     )
-    # sim, two workers (one killed), beat: each its own process group, all gone now
-    assert len(result["process_groups"]) == 4
+    moved = next(
+        line for line in result["timeline"] if line["event"].startswith("session-m moves to host-b")
+    )
+    assert (moved["host"], moved["goal"]) == ("host-b", "completed")
+    assert moved["calls_at_host_b"] == ["liveness", "goal-fences", "goal"]
+    # two sims (hosts default and host-b), two workers (one killed), beat: each its own
+    # process group, all gone now
+    assert len(result["process_groups"]) == 5
     for group in result["process_groups"]:
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)

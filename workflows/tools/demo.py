@@ -93,6 +93,7 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
         _fences(client, say),
         _offline_fence(client, sim, say),
         _host_restart(client, sim, say),
+        _second_host(client, stack, say),
         _maintenance_and_prompts(client, sim, say),
         _audit(client, sim, say),
     ]
@@ -273,6 +274,43 @@ def _host_restart(client: AgentRadar, sim: SimControl, say) -> bool:
     return outcome == "interrupted" and [shared.operation_id, 1] in fences
 
 
+def _second_host(client: AgentRadar, stack: Stack, say) -> bool:
+    # 8. a second agent host joins the fleet and session-m moves to it: a new epoch there,
+    #    its fence goes there before its next goal, and nothing of it is sent to the first
+    sid = "session-m"
+    shared = client.wait(
+        client.set_goal(WS, sid, "follow the shared runbook", client_submit_id="binding-m")
+    )
+    client.wait(
+        client.fence_goal_generation(
+            WS, sid, shared.operation_id, client_submit_id="revoke-binding-m"
+        )
+    )
+    url = f"http://127.0.0.1:{free_port()}"
+    stack.start_sim("host-b", url)
+    host_b = SimControl(url, client.settings.runtime_token)
+    client.add_host("host-b", url)
+    say("a second agent host joins", hosts=[h.host_id for h in client.list_hosts()])
+    info = client.ensure_session(WS, sid, host_id="host-b")
+    op = client.wait(client.set_goal(WS, sid, "carry on at host-b", client_submit_id="req-m"))
+    calls = [c["call"] for c in host_b.calls() if c["session_id"] == sid]
+    fences = host_b.session(WS, sid)["fences"]
+    say(
+        "session-m moves to host-b: a new epoch there, its fence first, then its goal",
+        host=info.host_id,
+        epoch=info.runtime_epoch,
+        calls_at_host_b=calls,
+        goal=op.status,
+    )
+    applied_at_b = [e["operation_id"] for e in host_b.effects()]
+    return (
+        op.status == "completed"
+        and applied_at_b == [op.operation_id]
+        and [shared.operation_id, 1] in fences
+        and calls.index("goal-fences") < calls.index("goal")
+    )
+
+
 def _turn_outcome(client: AgentRadar, sid: str, turn_id: str) -> str | None:
     from models.db import run_transaction
     from models.tables import Turn
@@ -282,7 +320,7 @@ def _turn_outcome(client: AgentRadar, sid: str, turn_id: str) -> str | None:
 
 
 def _maintenance_and_prompts(client: AgentRadar, sim: SimControl, say) -> bool:
-    # 7. maintenance: a compaction, a cancelled one, and prompts parked behind one
+    # 9. maintenance: a compaction, a cancelled one, and prompts parked behind one
     run = client.wait(client.start_maintenance(WS, "session-g", client_submit_id="compact-1"))
     say(
         "compaction finished",
@@ -315,10 +353,15 @@ def _maintenance_and_prompts(client: AgentRadar, sim: SimControl, say) -> bool:
 
 
 def _audit(client: AgentRadar, sim: SimControl, say) -> bool:
-    # 8. the audit: every operation applied at most once
+    # 10. the audit: every operation applied at most once
     effects = sim.effects()
     per_op = Counter(e["operation_id"] for e in effects)
-    say("agent effects", total=len(effects), applied_twice=sum(1 for n in per_op.values() if n > 1))
+    say(
+        "agent effects",
+        total=len(effects),
+        operations=len(per_op),
+        applied_twice=sum(1 for n in per_op.values() if n > 1),
+    )
     for sid in ("session-a", "session-b", "session-c", "session-d", "session-e", "session-f"):
         s = client.goal_state(WS, sid)
         say(
@@ -328,5 +371,5 @@ def _audit(client: AgentRadar, sim: SimControl, say) -> bool:
             desired=(s.desired or {}).get("objective"),
         )
     # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set),
-    # r (shared, owner)
-    return all(n == 1 for n in per_op.values()) and len(per_op) == 11
+    # r (shared, owner), m (shared, clear by the fence; its next goal went to host-b)
+    return all(n == 1 for n in per_op.values()) and len(per_op) == 13

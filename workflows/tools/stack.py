@@ -88,7 +88,6 @@ class Proc:
 @dataclass
 class Stack:
     settings: Settings
-    sim_port: int | None = None
     procs: list[Proc] = field(default_factory=list)
 
     @property
@@ -131,10 +130,14 @@ class Stack:
         upgrade(self.settings.database_url)
         clean_embedded_broker(self.settings)
 
-    def start_sim(self) -> Proc:
-        port = self.sim_port or int(self.settings.runtime_url.rsplit(":", 1)[1].split("/")[0])
-        proc = self.spawn("runtime-sim", ["runtime-sim", "--port", str(port)])
-        control = SimControl(self.settings.runtime_url, self.settings.runtime_token)
+    def start_sim(self, host_id: str = "default", url: str | None = None) -> Proc:
+        """A runtime simulator process: the host `default` at AGENT_RADAR_RUNTIME_URL, or
+        another agent host (DESIGN 4.9) at `url`, whose reports name it."""
+        url = url or self.settings.runtime_url
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        name = "runtime-sim" if host_id == "default" else f"runtime-sim-{host_id}"
+        proc = self.spawn(name, ["runtime-sim", "--port", str(port), "--host-id", host_id])
+        control = SimControl(url, self.settings.runtime_token)
         wait_for(
             lambda: control.healthy() or not proc.alive() and _dead(proc),
             30,
