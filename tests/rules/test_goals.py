@@ -281,7 +281,7 @@ def test_an_expired_lease_holder_cannot_write(client, dispatcher, clock, setting
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     a = dispatcher("worker-a")
     claim = run_transaction(client.engine, lambda s: a._claim(s, op.operation_id))
-    answer = a._call_runtime(claim.op)
+    answer = a._call_runtime(a.runtime, claim.op)
     clock.advance(settings.lease_s + 1)
     b = dispatcher("worker-b")
     assert [r.outcome for r in b.dispatch(op.operation_id)] == ["applied"]

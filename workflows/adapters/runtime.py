@@ -109,6 +109,11 @@ def shaped(
 
 
 class RuntimePort(Protocol):
+    def on_host(self, host_id: str, url: str | None) -> "RuntimePort":
+        """The port for one host (DESIGN 4.9), for a caller that already knows the session's
+        host (url None: the host `default`)."""
+        ...
+
     def liveness(self, workspace_id: str, session_id: str) -> dict[str, Any]: ...
 
     def resume(
@@ -197,6 +202,11 @@ class HttpRuntime:
         self.headers = {"Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
+
+    def on_host(self, host_id: str, url: str | None) -> "HttpRuntime":
+        """One adapter is one host: a caller that uses it alone (the tools, the tests) has
+        every session at that host."""
+        return self
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         url = self.base_url + path

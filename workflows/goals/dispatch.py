@@ -105,6 +105,7 @@ class Claim:
     op: records.GoalOperation
     token: str
     reinstall: bool = False  # the session's fences go back to its host first
+    host: tuple[str, str | None] = ("default", None)  # its host: (host_id, url)
 
 
 @dataclass(frozen=True)
@@ -344,6 +345,7 @@ class Dispatcher:
                 ),
                 token=token,
                 reinstall=bool(rows[op.operation_id].reinstall),
+                host=(rows[op.operation_id].host_id, rows[op.operation_id].host_url),
             )
         return verdicts
 
@@ -409,11 +411,12 @@ class Dispatcher:
     def _attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""
         try:
+            runtime = self.runtime.on_host(*claim.host)
             if claim.reinstall:
                 ensure_fences_installed(
-                    self.engine, self.runtime, claim.op.workspace_id, claim.op.session_id
+                    self.engine, runtime, claim.op.workspace_id, claim.op.session_id
                 )
-            return Attempt(claim, answer=self._call_runtime(claim.op))
+            return Attempt(claim, answer=self._call_runtime(runtime, claim.op))
         except RuntimeFault as exc:
             return Attempt(claim, fault=exc, retryable=exc.retryable)
         except RuntimeDisconnected as exc:
@@ -462,14 +465,14 @@ class Dispatcher:
                 results.append(self._answer_outcome(s, a.claim, a.answer or {}))
         return results
 
-    def _call_runtime(self, op: records.GoalOperation) -> dict[str, Any]:
+    def _call_runtime(self, runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:
         try:
-            return apply_goal(self.runtime, op)
+            return apply_goal(runtime, op)
         except RuntimeDisconnected:
             if op.origin != Origin.CLIENT or self.resume_session is None:
                 raise
             self.resume_session(op.workspace_id, op.session_id)
-            return apply_goal(self.runtime, op)
+            return apply_goal(runtime, op)
 
     # -- outcomes, each in the caller's transaction and conditional on the lease token --
     def _answer_outcome(self, s: Session, claim: Claim, answer: dict[str, Any]) -> StepResult:

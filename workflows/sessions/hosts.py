@@ -15,12 +15,14 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from models.base import table_of
 from models.db import run_read
 from models.tables import AgentSession, RuntimeHost
 from workflows.errors import Conflict, InvalidArgument, NotFound
 from workflows.records import Host
 from workflows.validation import check_id
 
+HOSTS = table_of(RuntimeHost)
 DEFAULT_HOST = "default"
 MAX_URL_CHARS = 2048
 
