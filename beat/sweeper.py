@@ -17,7 +17,7 @@ from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from models.tables import CancelOperation, GoalFence, GoalOperation
 from workflows import leases
 from workflows.adapters.broker import COALESCE_MAX_ITEMS
-from workflows.fences.apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
+from workflows.fences.cancels import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.operations import budget_exhausted, due_operations, fail_operation
 from workflows.maintenance.executor import sweep_maintenance

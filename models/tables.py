@@ -143,6 +143,8 @@ class GoalFence(LeaseColumns, Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
+    # When the current run of failed attempts began (the age budget); None while waiting.
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
@@ -179,6 +181,7 @@ class CancelOperation(LeaseColumns, Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
@@ -234,6 +237,9 @@ class Prompt(Base):
     turn_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class SessionStop(Base):

@@ -20,13 +20,13 @@ from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
 from workflows.adapters.runtime import HostRouter, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
-from workflows.fences.apply import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
+from workflows.fences.cancels import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.fences.submit import FenceRequest, submit_fence
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
 from workflows.maintenance import runs
-from workflows.maintenance.executor import EXECUTE_TASK, release_session
+from workflows.maintenance.executor import EXECUTE_TASK
 from workflows.records import (
     Fence,
     GoalOperation,
@@ -44,6 +44,7 @@ from workflows.sessions.control import durable_fences, load_session, record_live
 from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
+from workflows.sessions.release import release_session
 from workflows.sessions.rows import lock_session
 from workflows.validation import check_id, check_limit
 

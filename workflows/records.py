@@ -177,6 +177,8 @@ class Prompt:
     turn_id: str | None
     created_at: datetime
     dispatched_at: datetime | None
+    attempt: int = 0  # failed sends (budgets.py); an offline session's wait uses none
+    last_error: str | None = None
 
     @property
     def settled(self) -> bool:

@@ -113,3 +113,32 @@ def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_cont
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
     assert session_row(client).fences_epoch == 2
     assert "resume" not in calls_of(sim_control)
+
+
+def test_a_background_liveness_answer_at_a_newer_epoch_counts(client, sim_control, settings):
+    from models.base import utcnow
+    from workflows.fences import cancels
+    from workflows.fences.apply import CancelRunner
+
+    report(client, session={"runtime_epoch": 1})
+    report(client, turn={"turn_id": "t-old", "phase": "running"})
+    cancel = run_transaction(
+        client.engine, lambda s: cancels.prepare(s, WS, SID, "t-old", "stale", utcnow())
+    )
+    sim_control.session(WS, SID, restart=True)  # the host restarted: epoch 2, no reports yet
+    published = []
+    runner = CancelRunner(
+        client.engine,
+        HttpRuntime(settings.runtime_url),
+        worker_id="w",
+        lease_s=3,
+        publish=lambda task, kwargs: published.append((task, kwargs)) or True,
+    )
+    assert runner.apply(cancel.operation_id) == "interrupted"
+    assert session_row(client).runtime_epoch == 2
+    old = turn_row(client, "t-old")
+    assert (old.phase, old.outcome) == ("settled", "interrupted")
+    done = run_transaction(client.engine, lambda s: s.get(type(cancel), cancel.operation_id))
+    assert (done.status, done.result) == ("completed", "interrupted")
+    assert calls_of(sim_control) == ["liveness"]  # no cancel reached the new process
+    assert ("agent_radar.prompt.dispatch", {"workspace_id": WS, "session_id": SID}) in published

@@ -1,5 +1,6 @@
 """Goal generation fences, submit side (DESIGN 4.3), on both backends."""
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -7,7 +8,7 @@ import pytest
 
 from beat.sweeper import OUTBOX_GRACE_S, sweep_once
 from tests.helpers import row_counts
-from workflows import ids
+from workflows import budgets, ids
 from workflows.errors import FenceConflict, InvalidArgument, NotFound
 
 WS, SID = "ws-fence", "shared"
@@ -254,24 +255,50 @@ def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
     from models.db import run_transaction
     from models.tables import CancelOperation
     from tests.helpers import Clock
-    from workflows.fences import cancels
 
     clock = Clock()
     op_id = _leased_cancel(client, clock.now)
     run_transaction(
         client.engine,
         lambda s: s.execute(
-            update(CancelOperation).values(attempt=cancels.MAX_ATTEMPTS, last_error="503")
+            update(CancelOperation).values(attempt=budgets.MAX_ATTEMPTS, last_error="503")
         ),
     )
     clock.advance(5)
     assert _runner(client, sim_control, clock).apply(op_id) == "failed"
     cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
-    assert cancel.status == "failed" and cancel.last_error == "budget_exhausted: 503"
+    assert cancel.status == "failed"
+    assert cancel.last_error == "budget_exhausted (24 attempts): 503"
     assert sim_control.calls() == []
     from workflows.tools.status import fleet_status
 
     assert fleet_status(client.engine)["cancels"] == {"failed": 1}
+
+
+def test_a_stale_cancel_failing_for_too_long_fails_on_age(client, sim_control):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from models.db import run_transaction
+    from models.tables import CancelOperation
+    from tests.helpers import Clock
+
+    clock = Clock()
+    op_id = _leased_cancel(client, clock.now)
+    since = clock.now - timedelta(seconds=budgets.MAX_FAILING_S - 1)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(CancelOperation).values(attempt=2, failing_since=since, last_error="503")
+        ),
+    )
+    clock.advance(5)  # past its lease, and now past the age budget too
+    assert _runner(client, sim_control, clock).apply(op_id) == "failed"
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, op_id))
+    assert cancel.status == "failed"
+    assert cancel.last_error.startswith("budget_exhausted (failing for ")
+    assert sim_control.calls() == []
 
 
 def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_control):
@@ -454,19 +481,21 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
 
     from models.db import run_transaction
     from models.tables import GoalFence
-    from workflows.fences import cancels
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     run_transaction(
         client.engine,
         lambda s: s.execute(
-            update(GoalFence).values(attempt=cancels.MAX_ATTEMPTS, last_error="runtime 500")
+            update(GoalFence).values(attempt=budgets.MAX_ATTEMPTS, last_error="runtime 500")
         ),
     )
     assert _applier(client, sim_control).apply(fence.fence_id) == "failed"
     failed = client.wait(client.get_fence(fence.fence_id), timeout=1)
-    assert (failed.status, failed.last_error) == ("failed", "budget_exhausted: runtime 500")
+    assert (failed.status, failed.last_error) == (
+        "failed",
+        "budget_exhausted (24 attempts): runtime 500",
+    )
     clear = client.get_goal_operation(fence.clear_operation_id)
     assert clear.status == "failed"
     state = client.goal_state(WS, SID)
@@ -476,4 +505,71 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
 
     status = fleet_status(client.engine)
     assert status["fences"] == {"failed": 1}
+    assert status["budget_exhausted"] == {"fences": 1, "cancels": 0, "prompts": 0}
     assert "fences: failed 1" in render_status(status)
+
+
+def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from models.base import utcnow
+    from models.db import run_transaction
+    from models.tables import GoalFence
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    # Three attempts, the first failure eleven minutes ago: the age budget (10 min) is spent.
+    since = utcnow() - timedelta(seconds=budgets.MAX_FAILING_S + 60)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalFence).values(attempt=3, failing_since=since, last_error="runtime 503")
+        ),
+    )
+    assert _applier(client, sim_control).apply(fence.fence_id) == "failed"
+    failed = client.get_fence(fence.fence_id)
+    assert failed.status == "failed"
+    assert failed.last_error.startswith("budget_exhausted (failing for ")
+    assert sim_control.calls() == []
+
+
+def test_a_fence_failure_starts_the_age_clock_and_a_wait_stops_it(client, sim_control):
+    from models.db import run_transaction
+    from models.tables import GoalFence
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    row = lambda: run_transaction(  # noqa: E731
+        client.engine, lambda s: s.get(GoalFence, fence.fence_id)
+    )
+    sim_control.fault("goal-fences", status=503, count=1)
+    assert _applier(client, sim_control).apply(fence.fence_id) == "retry"
+    first = row()
+    assert first.attempt == 1 and first.failing_since is not None
+    sim_control.fault("goal-fences", status=503, count=1)
+    assert _applier(client, sim_control).apply(fence.fence_id) == "retry"
+    second = row()
+    assert second.attempt == 2 and second.failing_since == first.failing_since  # one run
+
+    # The fenced generation's turn runs and the session goes offline: the fence waits for
+    # the turn, using no budget, and the failures before the wait no longer count.
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {
+                "turn_id": "t-fenced",
+                "phase": "running",
+                "origin": "goal_continuation",
+                "source_goal_operation_id": target.operation_id,
+                "source_goal_revision": 1,
+            },
+        }
+    )
+    sim_control.session(WS, SID, live=False)
+    assert _applier(client, sim_control).apply(fence.fence_id) == "waiting"
+    waiting = row()
+    assert (waiting.attempt, waiting.failing_since) == (2, None)

@@ -20,6 +20,7 @@ KERNEL = (
     "workflows.leases",
     "workflows.errors",
     "workflows.records",
+    "workflows.budgets",
 )
 TOOLS = ("workflows.tools", "click")
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -26,20 +26,21 @@ from models.enums import (
     TurnPhase,
 )
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation, GoalState, Turn
-from workflows import ids, leases
+from workflows import budgets, ids, leases
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
+from workflows.fences.cancels import FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
+from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.prompts import PROMPT_TASK
+from workflows.sessions.release import release_session
 from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
 
-FENCE_APPLY_TASK = "agent_radar.fence.apply"
-CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
 # The runtime's answer for a session its host no longer has: the session is gone.
 SESSION_GONE = "session_not_found"
@@ -57,10 +58,13 @@ def mark_live(session: Session, workspace_id: str, session_id: str) -> None:
     lock_session(session, workspace_id, session_id).live = True
 
 
-def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> None:
-    """A liveness look (never a resume): RuntimeDisconnected if the session is offline."""
-    if not runtime.liveness(workspace_id, session_id).get("live"):
+def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> int | None:
+    """A liveness look (never a resume): RuntimeDisconnected if the session is offline;
+    else the runtime epoch the host answered, if it did."""
+    answer = runtime.liveness(workspace_id, session_id)
+    if not answer.get("live"):
         raise RuntimeDisconnected("the session is offline at the agent host")
+    return answer.get("runtime_epoch")
 
 
 def _known_offline(session: Session, workspace_id: str, session_id: str) -> bool:
@@ -108,10 +112,35 @@ class CancelRunner:
         # cancel sweep looks at the session again.
         return 2 * self.lease_s
 
+    def require_live(self, workspace_id: str, session_id: str) -> bool:
+        """A liveness look (never a resume) whose answer counts as what it is: the epoch the
+        host is at (DESIGN 4.9). A newer one ends the older epoch's turns and run here too,
+        and what waited on them goes on. True if the epoch was newer."""
+        epoch = require_live(self.runtime, workspace_id, session_id)
+        if not epoch:
+            return False
+
+        def observe(s: Session) -> EpochEffects:
+            row = lock_session(s, workspace_id, session_id)
+            if epoch <= (row.runtime_epoch or 0):
+                return EpochEffects()
+            return observe_epoch(s, row, epoch, self.clock())
+
+        effects = run_transaction(self.engine, observe)
+        if not effects.newer:
+            return False
+        for fence_id in effects.woken_fences:
+            self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        if effects.released:
+            release_session(self.engine, self.publish, workspace_id, session_id, self.clock())
+        else:
+            self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+        return True
+
     def request(self, workspace_id: str, session_id: str, turn_id: str, reason: str) -> str:
         """Cancel a turn (require_live). Returns "settled" or "waiting"; raises
         RuntimeDisconnected (no row written) when the session is offline."""
-        require_live(self.runtime, workspace_id, session_id)
+        self.require_live(workspace_id, session_id)
 
         def prepare_and_claim(s: Session):
             cancel = cancels.prepare(s, workspace_id, session_id, turn_id, reason, self.clock())
@@ -158,8 +187,10 @@ class CancelRunner:
         cancel, token = run_transaction(self.engine, claim)
         if token is None:
             return "skipped"
-        if cancel.attempt > cancels.MAX_ATTEMPTS:  # attempt counts this one
-            error = cancel.last_error or "no answer"
+        # The claim counted this attempt: the budget is of the ones made before it.
+        spent = budgets.spent(cancel.attempt - 1, cancel.failing_since, self.clock())
+        if spent is not None:
+            error = budgets.exhausted(spent, cancel.last_error)
             run_transaction(
                 self.engine, lambda s: cancels.fail(s, cancel, token, error, self.clock())
             )
@@ -167,7 +198,10 @@ class CancelRunner:
             return "failed"
         ws, sid = cancel.workspace_id, cancel.session_id
         try:
-            require_live(self.runtime, ws, sid)
+            if self.require_live(ws, sid) and not run_transaction(
+                self.engine, lambda s: cancels.is_open(s, operation_id)
+            ):
+                return "interrupted"  # the host restarted: the turn ended with its process
             answer = self.runtime.cancel_turn(
                 ws,
                 sid,
@@ -284,8 +318,9 @@ class FenceApplier:
             return "skipped"  # another worker is delivering it
         if fence.status == FenceStatus.FAILED:
             return "skipped"
-        if fence.attempt >= cancels.MAX_ATTEMPTS:
-            return self._fail(s, fence, now)
+        spent = budgets.spent(fence.attempt, fence.failing_since, now)
+        if spent is not None:
+            return self._fail(s, fence, now, spent)
         lane_token = leases.claim(
             s,
             ids.lane_name(fence.workspace_id, fence.session_id),
@@ -324,7 +359,7 @@ class FenceApplier:
         if claim.known_offline:
             # Known offline from an earlier answer: look whether it is back (a liveness
             # call, never a resume) before anything else reaches it.
-            require_live(self.runtime, claim.workspace_id, claim.session_id)
+            self.cancels.require_live(claim.workspace_id, claim.session_id)
             run_transaction(
                 self.engine, lambda s: mark_live(s, claim.workspace_id, claim.session_id)
             )
@@ -445,8 +480,10 @@ class FenceApplier:
             "last_error": error,
             "next_attempt_at": self.clock() + timedelta(seconds=delay_s),
         }
-        if error == WAITING_FOR_TURN:
-            values["attempt"] = GoalFence.attempt - 1  # a wait uses no budget
+        if error == WAITING_FOR_TURN:  # a wait uses no budget
+            values.update(attempt=GoalFence.attempt - 1, failing_since=None)
+        else:
+            values["failing_since"] = func.coalesce(GoalFence.failing_since, self.clock())
         if cancel_id is not None:
             values["cancel_operation_id"] = cancel_id
         ok = self._finish_fence(s, claim, **values)
@@ -524,11 +561,11 @@ class FenceApplier:
         )
         return "completed_offline" if ok else "skipped"
 
-    def _fail(self, s: Session, fence: GoalFence, now) -> str:
+    def _fail(self, s: Session, fence: GoalFence, now, why: str) -> str:
         """Past the budget: the fence ends `failed` with a stable code, and its clear (if it
         is still open) fails with it. The row still forbids its generation; every resume
         still preloads it."""
-        error = f"{cancels.BUDGET_EXHAUSTED}: {fence.last_error or 'no answer'}"
+        error = budgets.exhausted(why, fence.last_error)
         result = s.execute(
             update(GoalFence)
             .where(GoalFence.fence_id == fence.fence_id, GoalFence.status != FenceStatus.COMPLETED)

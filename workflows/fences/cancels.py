@@ -6,7 +6,7 @@ report, or (when the host is gone) local settlement completes it together with t
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.db import rowcount
@@ -17,11 +17,9 @@ from workflows.errors import CancelConflict
 from workflows.sessions import prompts
 from workflows.sessions.rows import lock_session
 
+FENCE_APPLY_TASK = "agent_radar.fence.apply"
+CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
-# Budgets of background work (DESIGN 4.3 step 6): retries after runtime errors stop here. A
-# wait for an offline session or for a turn to settle uses no budget.
-MAX_ATTEMPTS = 24
-BUDGET_EXHAUSTED = "budget_exhausted"
 # How often a cancel of an offline session looks whether the session is back (a liveness
 # call, never a resume).
 OFFLINE_RECHECK_S = 10.0
@@ -181,6 +179,11 @@ def interrupt_running_turns(
     return woken
 
 
+def is_open(session: Session, operation_id: str) -> bool:
+    cancel = session.get(CancelOperation, operation_id, populate_existing=True)
+    return cancel is not None and cancel.status in OPEN_CANCEL_STATUSES
+
+
 def wait_offline(session: Session, cancel: CancelOperation, token: str, now: datetime) -> bool:
     """The session is offline: a disconnected session is no end for its turn, which may still
     run behind a network fault. Let go without using budget, and look again later."""
@@ -189,6 +192,7 @@ def wait_offline(session: Session, cancel: CancelOperation, token: str, now: dat
         cancel,
         token,
         attempt=CancelOperation.attempt - 1,
+        failing_since=None,
         last_error="waiting for the session to come back",
         next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
         **leases.RELEASED,
@@ -202,7 +206,7 @@ def fail(session: Session, cancel: CancelOperation, token: str, error: str, now:
         cancel,
         token,
         status=CancelStatus.FAILED,
-        last_error=f"{BUDGET_EXHAUSTED}: {error}",
+        last_error=error,
         completed_at=now,
         **leases.RELEASED,
     )
@@ -228,6 +232,7 @@ def retry_later(
         token,
         last_error=error,
         next_attempt_at=now + timedelta(seconds=delay_s),
+        failing_since=func.coalesce(CancelOperation.failing_since, now),
         **leases.RELEASED,
     )
 

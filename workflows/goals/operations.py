@@ -10,13 +10,13 @@ from sqlalchemy.orm import Session
 from models.db import rowcount
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
-from workflows import leases, records
+from workflows import budgets, leases, records
 from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in
 from workflows.sessions.rows import SESSIONS, lock_session, same_session
 
 # Budgets of DESIGN 4.2: past these an operation fails instead of retrying forever.
-DISPATCH_BUDGET_S = 600
-DISPATCH_MAX_ATTEMPTS = 24
+DISPATCH_BUDGET_S = budgets.MAX_FAILING_S  # since the first dispatch
+DISPATCH_MAX_ATTEMPTS = budgets.MAX_ATTEMPTS
 ACCEPTED_BUDGET_S = 120
 # Backoff after a retryable runtime answer: 1, 2, 4 … seconds, capped.
 BACKOFF_CAP_S = 256

@@ -16,17 +16,13 @@ from sqlalchemy.orm import Session
 from models.base import utcnow
 from models.db import rowcount, run_transaction
 from models.enums import MaintenanceError, MaintenanceStatus
-from models.tables import GoalOperation, MaintenanceRun
+from models.tables import MaintenanceRun
 from workflows import leases
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fences import cancels
-from workflows.fences.apply import FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed
-from workflows.goals.dispatch import DISPATCH_TASK
-from workflows.goals.operations import open_client_operations
 from workflows.maintenance import runs
-from workflows.sessions.prompts import PROMPT_TASK
+from workflows.sessions.release import release_session
 
 log = logging.getLogger(__name__)
 
@@ -266,34 +262,6 @@ class MaintenanceExecutor:
                 time.sleep(self.poll_s * 10)
         # Still no database: the lease runs out and the sweeper recovers the run later.
         return "persist_failed"
-
-
-def release_session(
-    engine: Engine, publish: Publish, workspace_id: str, session_id: str, now: datetime
-) -> None:
-    """The run settled: held goal operations become due now and drain in revision order;
-    the next queued prompt may go (DESIGN 4.7)."""
-
-    def wake(s: Session) -> list[str]:
-        ops = open_client_operations(s, workspace_id, session_id)
-        if ops:
-            s.execute(
-                update(GoalOperation)
-                .where(GoalOperation.operation_id.in_(ops))
-                .values(next_attempt_at=now)
-            )
-        return ops
-
-    operations = run_transaction(engine, wake)
-    if operations:
-        # One dispatch drains the session's lane in revision order.
-        publish(DISPATCH_TASK, {"operation_id": operations[0]})
-    # Their clears were held too.
-    for fence_id in run_transaction(
-        engine, lambda s: cancels.wake_pending_fences(s, workspace_id, session_id, now)
-    ):
-        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
-    publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
 
 
 def sweep_maintenance(

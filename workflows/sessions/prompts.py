@@ -14,7 +14,7 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.enums import PromptStatus, TurnOutcome
 from models.tables import AgentSession, Prompt
-from workflows import ids, leases
+from workflows import budgets, ids, leases
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
@@ -130,21 +130,8 @@ def dispatch_next(
             workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
         )
     except (RuntimeFault, RuntimeDisconnected) as exc:
-        # Not sent (or not known to be): back in the queue at its place; the runtime
-        # dedupes by prompt_id if it did arrive. The sweeper tries again.
-        run_transaction(
-            engine,
-            lambda s: s.execute(
-                update(Prompt)
-                .where(
-                    Prompt.prompt_id == taken.prompt_id,
-                    Prompt.status == PromptStatus.DISPATCHED,
-                    Prompt.turn_id.is_(None),
-                )
-                .values(status=PromptStatus.QUEUED, dispatched_at=None)
-            ),
-        )
-        return f"retry: {exc.code}"
+        fault = exc
+        return run_transaction(engine, lambda s: _not_sent(s, taken, fault, clock()))
     run_transaction(
         engine,
         lambda s: s.execute(
@@ -154,6 +141,44 @@ def dispatch_next(
         ),
     )
     return "dispatched"
+
+
+def _not_sent(
+    session: Session, prompt: Prompt, exc: RuntimeFault | RuntimeDisconnected, now: datetime
+) -> str:
+    """The call failed: the prompt was not sent, or is not known to have been. It goes back
+    to the queue at its place (the runtime dedupes by prompt_id if it did arrive) and the
+    sweeper tries again. An offline session is a wait and uses no budget; any other retryable
+    fault uses one attempt of the budget (budgets.py); a final fault, or a budget spent, ends
+    the prompt `failed` and the queue moves on."""
+    error = str(exc)
+    values: dict[str, Any] = {"dispatched_at": None, "last_error": error}
+    if isinstance(exc, RuntimeDisconnected):
+        values.update(status=PromptStatus.QUEUED, failing_since=None)
+        outcome = f"retry: {exc.code}"
+    else:
+        values["attempt"] = Prompt.attempt + 1
+        why = budgets.spent(prompt.attempt + 1, prompt.failing_since or now, now)
+        if not exc.retryable:
+            values["status"], outcome = PromptStatus.FAILED, "failed"
+        elif why is not None:
+            values.update(status=PromptStatus.FAILED, last_error=budgets.exhausted(why, error))
+            outcome = "failed"
+        else:
+            values.update(
+                status=PromptStatus.QUEUED, failing_since=func.coalesce(Prompt.failing_since, now)
+            )
+            outcome = f"retry: {exc.code}"
+    session.execute(
+        update(Prompt)
+        .where(
+            Prompt.prompt_id == prompt.prompt_id,
+            Prompt.status == PromptStatus.DISPATCHED,
+            Prompt.turn_id.is_(None),
+        )
+        .values(**values)
+    )
+    return outcome
 
 
 def on_turn_settled(

@@ -14,7 +14,7 @@ from models.enums import (
     PromptStatus,
 )
 from models.tables import CancelOperation, GoalFence, GoalOperation, MaintenanceRun, Prompt
-from workflows import leases
+from workflows import budgets, leases
 
 # Due work older than this is "overdue": the sweeper (every 2 s by default) should have
 # picked it up long before.
@@ -70,9 +70,22 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
                 select(CancelOperation.status, func.count()).group_by(CancelOperation.status)
             ).all()
         )
-        queued_prompts = s.execute(
-            select(func.count()).where(Prompt.status == PromptStatus.QUEUED)
-        ).scalar_one()
+        prompts = dict(s.execute(select(Prompt.status, func.count()).group_by(Prompt.status)).all())
+        queued_prompts = prompts.get(PromptStatus.QUEUED, 0)
+        # Background rows that ran out of budget (budgets.py), by kind.
+        exhausted = {
+            kind: s.execute(
+                select(func.count()).where(
+                    table.status == "failed",  # the status index narrows the scan
+                    table.last_error.like(f"{budgets.BUDGET_EXHAUSTED}%"),
+                )
+            ).scalar_one()
+            for kind, table in (
+                ("fences", GoalFence),
+                ("cancels", CancelOperation),
+                ("prompts", Prompt),
+            )
+        }
         return {
             "goal_operations": per_status,
             "maintenance_runs": runs,
@@ -81,6 +94,8 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
             "held_sessions": held,
             "sessions_in_recovery": runs.get(MaintenanceStatus.RECOVERY_REQUIRED, 0),
             "queued_prompts": queued_prompts,
+            "prompts": prompts,
+            "budget_exhausted": exhausted,
             "due": due,
             "overdue": overdue,
             "in_flight": in_flight,
@@ -97,12 +112,15 @@ def render_status(status: dict) -> str:
     runs = ", ".join(f"{k} {v}" for k, v in sorted(status["maintenance_runs"].items()))
     fences = ", ".join(f"{k} {v}" for k, v in sorted(status["fences"].items()))
     cancels = ", ".join(f"{k} {v}" for k, v in sorted(status["cancels"].items()))
+    prompts = ", ".join(f"{k} {v}" for k, v in sorted(status["prompts"].items()))
+    exhausted = ", ".join(f"{k} {v}" for k, v in status["budget_exhausted"].items())
     return (
         f"goal operations: {per_status or 'none'}\n"
         f"fences: {fences or 'none'}; turn cancels: {cancels or 'none'}\n"
         f"maintenance runs: {runs or 'none'}; held sessions: {status['held_sessions']}, "
         f"in recovery: {status['sessions_in_recovery']}; "
         f"queued prompts: {status['queued_prompts']}\n"
+        f"prompts: {prompts or 'none'}; out of budget: {exhausted}\n"
         f"due now: {status['due']} (overdue {status['overdue']}), "
         f"in flight: {status['in_flight']}\n"
         f"sweeper lag: {status['sweeper_lag_s']} s"

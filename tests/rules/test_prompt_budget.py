@@ -1,0 +1,89 @@
+"""Prompts have a budget like every background kind (DESIGN 4.3, 4.7), on both backends: a
+failed send goes back to the queue at its place and uses one attempt; an offline session is
+a wait and uses none; a final answer, or a spent budget, ends the prompt `failed` with a
+stable code that `status` counts, and the queue moves on."""
+
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import Prompt
+from workflows import budgets
+from workflows.adapters.runtime import HttpRuntime
+from workflows.sessions.prompts import dispatch_next
+from workflows.tools.status import fleet_status
+
+WS, SID = "ws-prompt-budget", "s1"
+
+
+def send(client, settings):
+    return dispatch_next(client.engine, HttpRuntime(settings.runtime_url), WS, SID)
+
+
+def row(client, prompt_id):
+    return run_transaction(client.engine, lambda s: s.get(Prompt, prompt_id))
+
+
+def test_failed_sends_use_the_budget_and_waits_do_not(client, settings, sim_control):
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+
+    sim_control.fault("prompts", status=503, count=1)
+    assert send(client, settings) == "retry: server_error"
+    failed_once = row(client, first.prompt_id)
+    assert (failed_once.status, failed_once.attempt) == ("queued", 1)
+    assert failed_once.failing_since is not None and "503" in failed_once.last_error
+
+    sim_control.session(WS, SID, live=False)  # offline: a wait, no budget used
+    assert send(client, settings) == "retry: disconnected"
+    waited = row(client, first.prompt_id)
+    assert (waited.status, waited.attempt, waited.failing_since) == ("queued", 1, None)
+
+    # One attempt short of the budget; the next failure spends it.
+    sim_control.session(WS, SID, live=True)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(Prompt)
+            .where(Prompt.prompt_id == first.prompt_id)
+            .values(attempt=budgets.MAX_ATTEMPTS - 1)
+        ),
+    )
+    sim_control.fault("prompts", status=503, count=1)
+    assert send(client, settings) == "failed"
+    spent = client.get_prompt(first.prompt_id)
+    assert spent.status == "failed" and spent.settled
+    assert spent.last_error.startswith("budget_exhausted (24 attempts): ")
+    status = fleet_status(client.engine)
+    assert status["prompts"] == {"failed": 1, "queued": 1}
+    assert status["budget_exhausted"]["prompts"] == 1
+
+    # The queue moves on: the next prompt goes.
+    assert send(client, settings) == "dispatched"
+    assert [e["text"] for e in sim_control.effects("prompt")] == ["second"]
+    assert client.get_prompt(second.prompt_id).status == "dispatched"
+
+
+def test_a_final_answer_fails_the_prompt_at_once(client, settings, sim_control):
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    sim_control.fault("prompts", status=422, error="rejected", count=1)
+    assert send(client, settings) == "failed"
+    failed = client.get_prompt(prompt.prompt_id)
+    assert failed.status == "failed" and "rejected" in failed.last_error
+    assert failed.attempt == 1
+
+
+def test_a_prompt_failing_for_too_long_fails_on_age(client, settings, sim_control):
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    since = utcnow() - timedelta(seconds=budgets.MAX_FAILING_S + 1)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(update(Prompt).values(attempt=2, failing_since=since)),
+    )
+    sim_control.fault("prompts", status=503, count=1)
+    assert send(client, settings) == "failed"
+    assert client.get_prompt(prompt.prompt_id).last_error.startswith(
+        "budget_exhausted (failing for "
+    )

@@ -1,0 +1,48 @@
+"""A session's held work goes on (DESIGN 4.7): when a maintenance run settles — on its own,
+by recovery, or because its host restarted or the session moved — the goal operations, fence
+clears and prompts it held are woken, in submission order."""
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.db import run_transaction
+from models.tables import GoalOperation
+from workflows.fences import cancels
+from workflows.fences.cancels import FENCE_APPLY_TASK
+from workflows.goals.dispatch import DISPATCH_TASK
+from workflows.goals.operations import open_client_operations
+from workflows.sessions.prompts import PROMPT_TASK
+
+Publish = Callable[[str, dict], bool]
+
+
+def release_session(
+    engine: Engine, publish: Publish, workspace_id: str, session_id: str, now: datetime
+) -> None:
+    """The run settled: held goal operations become due now and drain in revision order;
+    the next queued prompt may go (DESIGN 4.7)."""
+
+    def wake(s: Session) -> list[str]:
+        ops = open_client_operations(s, workspace_id, session_id)
+        if ops:
+            s.execute(
+                update(GoalOperation)
+                .where(GoalOperation.operation_id.in_(ops))
+                .values(next_attempt_at=now)
+            )
+        return ops
+
+    operations = run_transaction(engine, wake)
+    if operations:
+        # One dispatch drains the session's lane in revision order.
+        publish(DISPATCH_TASK, {"operation_id": operations[0]})
+    # Their clears were held too.
+    for fence_id in run_transaction(
+        engine, lambda s: cancels.wake_pending_fences(s, workspace_id, session_id, now)
+    ):
+        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+    publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
