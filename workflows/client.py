@@ -27,6 +27,7 @@ from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
 from workflows.maintenance import runs
 from workflows.maintenance.executor import EXECUTE_TASK
+from workflows.operators import catalog
 from workflows.records import (
     Fence,
     GoalOperation,
@@ -34,6 +35,7 @@ from workflows.records import (
     HistoryRow,
     Host,
     MaintenanceRun,
+    OperationSummary,
     SessionInfo,
 )
 from workflows.records import Prompt as PromptRecord
@@ -467,6 +469,48 @@ class AgentRadar:
             build=stops.record,
             stop_id=stop_id,
         )
+
+    # -- operators (DESIGN 4.10) -------------------------------------------------------------
+    def get_operation(self, operation_id: str, *, workspace_id: str | None = None) -> Any:
+        """The operation with this id, of any kind (its record has the kind's fields); with
+        `workspace_id`, one of another workspace is NotFound."""
+        check_id("operation_id", operation_id)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+        return run_transaction(
+            self.engine, lambda s: catalog.show(s, operation_id, workspace_id)[1]
+        )
+
+    def find_operations(
+        self, workspace_id: str, session_id: str, client_submit_id: str
+    ) -> list[Any]:
+        """Every operation submitted under this client submit ID in the session, one per
+        family that has one (IDs are scoped per family)."""
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        check_id("client_submit_id", client_submit_id)
+        return [
+            record
+            for _kind, record in run_transaction(
+                self.engine,
+                lambda s: catalog.find(s, workspace_id, session_id, client_submit_id),
+            )
+        ]
+
+    def list_operations(
+        self,
+        *,
+        kind: str | None = None,
+        status: str | None = None,
+        workspace_id: str | None = None,
+        session_id: str | None = None,
+        older_than_s: float | None = None,
+        limit: int = 50,
+    ) -> list[OperationSummary]:
+        """Operations of every kind (or one), oldest first, filtered by status, workspace,
+        session and age (accepted at least `older_than_s` seconds ago)."""
+        query = catalog.ListQuery.parse(kind, status, workspace_id, session_id, older_than_s, limit)
+        return run_transaction(self.engine, lambda s: catalog.list_operations(s, query, utcnow()))
 
     # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
     def add_host(self, host_id: str, url: str, *, replace: bool = False) -> Host:

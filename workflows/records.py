@@ -201,3 +201,39 @@ class SessionStop:
     created_at: datetime
     status: str = "stopping"
     settled: bool = False
+
+
+@dataclass(frozen=True)
+class TurnCancel:
+    """A durable turn cancel (DESIGN 4.5): made by a fence, a stop or the stale-cancel sweep."""
+
+    operation_id: str
+    workspace_id: str
+    session_id: str
+    turn_id: str
+    reason: str
+    status: str
+    result: str | None
+    attempt: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    completed_at: datetime | None
+    created_at: datetime
+
+    @property
+    def settled(self) -> bool:
+        return self.status in ("completed", "failed")
+
+
+@dataclass(frozen=True)
+class OperationSummary:
+    """One line of `op list` (DESIGN 4.10): any kind of operation."""
+
+    kind: str  # goal, fence, cancel, maintenance, prompt, stop
+    id: str
+    workspace_id: str
+    session_id: str
+    client_submit_id: str | None
+    status: str
+    created_at: datetime
+    last_error: str | None

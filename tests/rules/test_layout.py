@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_PACKAGES = (
+    "workflows.operators",
     "workflows.goals",
     "workflows.fences",
     "workflows.maintenance",

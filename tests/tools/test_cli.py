@@ -403,3 +403,34 @@ def test_host_commands(settings, client, sim_b):
     run_cli(settings, "session", "ensure", "ws", "s1", "--host", "default")
     assert "removed host-b" in run_cli(settings, "host", "remove", "host-b").stdout
     assert [h["host_id"] for h in hosts()] == ["default"]
+
+
+def test_op_commands_find_and_list_every_kind(settings, client):
+    goal = client.set_goal("ws", "s1", "shared", client_submit_id="req-1")
+    fence = client.fence_goal_generation("ws", "s1", goal.operation_id, client_submit_id="f-1")
+    client.submit_prompt("ws", "s1", "hello", client_submit_id="req-1")
+
+    shown = json.loads(run_cli(settings, "op", "show", fence.fence_id, "--json").stdout)
+    assert (shown["kind"], shown["fence_id"], shown["status"]) == (
+        "fence",
+        fence.fence_id,
+        "pending",
+    )
+    proc = run_cli(settings, "op", "show", fence.fence_id, "--workspace", "other", check=False)
+    assert proc.returncode == 2 and "not_found" in proc.stderr
+
+    found = json.loads(run_cli(settings, "op", "find", "ws", "s1", "req-1", "--json").stdout)
+    assert sorted(f["kind"] for f in found) == ["goal", "prompt"]
+    text = run_cli(settings, "op", "find", "ws", "s1", "req-1").stdout
+    assert "goal" in text and "prompt" in text and "submit=req-1" in text
+    proc = run_cli(settings, "op", "find", "ws", "s1", "nothing", check=False)
+    assert proc.returncode == 2 and "nothing was submitted" in proc.stderr
+
+    listed = json.loads(
+        run_cli(settings, "op", "list", "--kind", "goal", "--workspace", "ws", "--json").stdout
+    )
+    assert {o["id"] for o in listed} == {goal.operation_id, fence.clear_operation_id}
+    assert run_cli(settings, "op", "list", "--older-than", "1d").stdout.strip() == ("no operations")
+    for bad in (["--older-than", "soon"], ["--session", "s1"], ["--kind", "turn"]):
+        proc = run_cli(settings, "op", "list", *bad, check=False)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

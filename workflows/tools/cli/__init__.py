@@ -1,7 +1,14 @@
 """The `agent-radar` command (DESIGN 7.2), one module per command group. This package is the
 composition root of the tools: importing it registers every command on `cli`."""
 
-from workflows.tools.cli import goals, maintenance, services, sessions, status  # noqa: F401
+from workflows.tools.cli import (  # noqa: F401
+    goals,
+    maintenance,
+    operators,
+    services,
+    sessions,
+    status,
+)
 from workflows.tools.cli.common import cli, main
 
 __all__ = ["cli", "main"]

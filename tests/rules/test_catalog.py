@@ -1,0 +1,129 @@
+"""Every kind of operation found by id and by client submit ID, and listed by kind, status,
+workspace, session and age (DESIGN 4.10), on both backends."""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import GoalFence
+from workflows import records
+from workflows.errors import InvalidArgument, NotFound
+from workflows.fences import cancels
+
+WS, SID = "ws-catalog", "s1"
+
+
+def seed(client):
+    goal = client.set_goal(WS, SID, "shared", client_submit_id="same-id")
+    fence = client.fence_goal_generation(WS, SID, goal.operation_id, client_submit_id="f1")
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="same-id")
+    run = client.start_maintenance(WS, "s2", client_submit_id="m1")
+    stop = client.stop_session(WS, "s3", client_submit_id="stop-1")
+    cancel = run_transaction(
+        client.engine, lambda s: cancels.prepare(s, WS, SID, "turn-1", "stale", utcnow())
+    )
+    other = client.set_goal("ws-other", SID, "theirs", client_submit_id="same-id")
+    return goal, fence, prompt, run, stop, cancel, other
+
+
+def test_every_kind_is_found_by_id(client):
+    goal, fence, prompt, run, stop, cancel, other = seed(client)
+    for op_id, record_type in [
+        (goal.operation_id, records.GoalOperation),
+        (fence.fence_id, records.Fence),
+        (fence.clear_operation_id, records.GoalOperation),
+        (prompt.prompt_id, records.Prompt),
+        (run.run_id, records.MaintenanceRun),
+        (stop.stop_id, records.SessionStop),
+        (cancel.operation_id, records.TurnCancel),
+    ]:
+        found = client.get_operation(op_id, workspace_id=WS)
+        assert isinstance(found, record_type) and found.workspace_id == WS
+    with pytest.raises(NotFound):
+        client.get_operation(other.operation_id, workspace_id=WS)  # another workspace
+    assert client.get_operation(other.operation_id).workspace_id == "ws-other"
+    with pytest.raises(NotFound):
+        client.get_operation("no-such-id")
+    with pytest.raises(InvalidArgument):
+        client.get_operation("")
+
+
+def test_a_client_submit_id_is_found_in_every_family_that_has_it(client):
+    goal, _fence, prompt, *_ = seed(client)
+    found = client.find_operations(WS, SID, "same-id")
+    assert sorted(type(r).__name__ for r in found) == ["GoalOperation", "Prompt"]
+    assert {getattr(r, "operation_id", None) or r.prompt_id for r in found} == {
+        goal.operation_id,
+        prompt.prompt_id,
+    }
+    assert client.find_operations(WS, "s2", "same-id") == []
+    assert [r.run_id for r in client.find_operations(WS, "s2", "m1")] == [
+        client.list_operations(kind="maintenance")[0].id
+    ]
+
+
+def test_operations_are_listed_by_kind_status_place_and_age(client):
+    goal, fence, prompt, run, stop, cancel, other = seed(client)
+    everything = client.list_operations(limit=100)
+    assert {o.kind for o in everything} == {
+        "goal",
+        "fence",
+        "prompt",
+        "maintenance",
+        "stop",
+        "cancel",
+    }
+    assert [o.created_at for o in everything] == sorted(o.created_at for o in everything)
+    assert {o.id for o in client.list_operations(workspace_id="ws-other")} == {other.operation_id}
+    assert {o.id for o in client.list_operations(kind="fence")} == {fence.fence_id}
+    in_session = client.list_operations(workspace_id=WS, session_id=SID, limit=100)
+    assert {o.session_id for o in in_session} == {SID}
+    assert {o.id for o in client.list_operations(kind="stop", status="completed")} == {
+        stop.stop_id  # nothing ran in s3: it settled at once
+    }
+    assert client.list_operations(kind="stop", status="stopping") == []
+    assert {o.id for o in client.list_operations(kind="maintenance", status="running")} == {
+        run.run_id
+    }
+
+    # A fence out of budget, an hour old: found by status and age, with its reason.
+    an_hour_ago = utcnow() - timedelta(hours=1)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalFence).values(
+                status="failed",
+                last_error="budget_exhausted (24 attempts): 503",
+                created_at=an_hour_ago,
+            )
+        ),
+    )
+    old_failed = client.list_operations(status="failed", older_than_s=1800)
+    assert [(o.kind, o.id, o.last_error) for o in old_failed] == [
+        ("fence", fence.fence_id, "budget_exhausted (24 attempts): 503")
+    ]
+    assert client.list_operations(status="failed", older_than_s=7200) == []
+    assert len(client.list_operations(limit=2)) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kind": "turn"},
+        {"kind": 3},
+        {"status": ""},
+        {"session_id": SID},  # a session needs its workspace
+        {"older_than_s": -1},
+        {"older_than_s": "1h"},
+        {"older_than_s": True},
+        {"limit": 0},
+        {"limit": 10**6},
+        {"workspace_id": "a\x00b"},
+    ],
+)
+def test_bad_list_filters_are_refused(client, kwargs):
+    with pytest.raises(InvalidArgument):
+        client.list_operations(**kwargs)

@@ -1,0 +1,99 @@
+"""`op show|find|list` (DESIGN 4.10): any operation, of any kind, found by an operator."""
+
+import re
+
+import click
+
+from workflows.errors import InvalidArgument
+from workflows.operators.catalog import KINDS, kind_of
+from workflows.records import as_dict
+from workflows.tools.cli.common import _client, _emit, cli, json_option
+
+AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_age(text: str | None) -> float | None:
+    """`90`, `90s`, `15m`, `2h`, `7d` as seconds."""
+    if text is None:
+        return None
+    match = AGE.match(text.strip())
+    if match is None:
+        raise InvalidArgument(
+            f"--older-than {text!r}: a number with s, m, h or d (e.g. 15m)", field="older_than"
+        )
+    return float(match[1]) * AGE_UNITS[match[2]]
+
+
+def _described(record) -> dict:
+    return {"kind": kind_of(record), **as_dict(record)}
+
+
+def _line(item: dict) -> str:
+    ident = item.get("id") or next(
+        item[k]
+        for k in ("operation_id", "fence_id", "run_id", "prompt_id", "stop_id")
+        if item.get(k)
+    )
+    created = item.get("created_at") or item.get("started_at") or "-"
+    submit = item.get("client_submit_id") or "-"
+    error = f"  {item['last_error']}" if item.get("last_error") else ""
+    return (
+        f"{created}  {item['kind']:<11} {item['status']:<18} {ident}  "
+        f"{item['workspace_id']}/{item['session_id']}  submit={submit}{error}"
+    )
+
+
+@cli.group()
+def op() -> None:
+    """Find and list operations of every kind (goal, fence, cancel, maintenance, prompt,
+    stop)."""
+
+
+@op.command("show")
+@click.argument("operation_id")
+@click.option("--workspace", "workspace_id", default=None, help="Only in this workspace.")
+@json_option
+def op_show(operation_id: str, workspace_id: str | None, as_json: bool):
+    """Show the operation with this id, whatever its kind."""
+    record = _described(_client().get_operation(operation_id, workspace_id=workspace_id))
+    _emit(as_json, record)
+
+
+@op.command("find")
+@click.argument("workspace_id")
+@click.argument("session_id")
+@click.argument("submit_id")
+@json_option
+def op_find(workspace_id: str, session_id: str, submit_id: str, as_json: bool):
+    """Every operation submitted under SUBMIT_ID in the session (one per family)."""
+    found = [_described(r) for r in _client().find_operations(workspace_id, session_id, submit_id)]
+    if not found:
+        raise InvalidArgument(
+            f"nothing was submitted as {submit_id!r} in {workspace_id}/{session_id}"
+        )
+    _emit(as_json, found, "\n".join(_line(f) for f in found))
+
+
+@op.command("list")
+@click.option("--kind", type=click.Choice(sorted(KINDS)), default=None)
+@click.option("--status", default=None, help="e.g. failed, recovery_required, pending.")
+@click.option("--workspace", "workspace_id", default=None)
+@click.option("--session", "session_id", default=None, help="Needs --workspace.")
+@click.option("--older-than", "older_than", default=None, help="Age, e.g. 90s, 15m, 2h, 7d.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@json_option
+def op_list(kind, status, workspace_id, session_id, older_than, limit, as_json):
+    """Operations, oldest first."""
+    found = [
+        as_dict(o)
+        for o in _client().list_operations(
+            kind=kind,
+            status=status,
+            workspace_id=workspace_id,
+            session_id=session_id,
+            older_than_s=parse_age(older_than),
+            limit=limit,
+        )
+    ]
+    _emit(as_json, found, "\n".join(_line(f) for f in found) or "no operations")
