@@ -138,6 +138,8 @@ class MaintenanceError(StrEnum):
     INVALID_RUNTIME_ANSWER = "invalid_runtime_answer"
     # The run's host reported a newer runtime epoch (it restarted) or no longer has the run.
     RUNTIME_RESTARTED = "runtime_restarted"
+    # An operator resolved a run in recovery to `failed` (DESIGN 4.10); detail is the reason.
+    OPERATOR_RESOLVED = "operator_resolved"
 
 
 class PromptStatus(StrEnum):

@@ -27,7 +27,7 @@ from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
 from workflows.maintenance import runs
 from workflows.maintenance.executor import EXECUTE_TASK
-from workflows.operators import catalog
+from workflows.operators import actions, catalog
 from workflows.records import (
     Fence,
     GoalOperation,
@@ -47,7 +47,6 @@ from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
 from workflows.sessions.release import release_session
-from workflows.sessions.rows import lock_session
 from workflows.validation import check_id, check_limit
 
 # How often `wait` looks at the database; the database is the source of truth.
@@ -320,15 +319,29 @@ class AgentRadar:
             prompt_id=prompt_id,
         )
 
-    def drain_session(self, workspace_id: str, session_id: str) -> SessionInfo:
-        """Stop admitting maintenance on this session (RuntimeDraining from now on)."""
+    def drain_session(
+        self, workspace_id: str, session_id: str, *, reason: str = "drained"
+    ) -> SessionInfo:
+        """Stop admitting maintenance on this session (RuntimeDraining from now on); an
+        operator action, audited in the session's events with its reason (DESIGN 4.10)."""
+        return self._set_admission(workspace_id, session_id, "draining", reason)
+
+    def undrain_session(self, workspace_id: str, session_id: str, *, reason: str) -> SessionInfo:
+        """Admit maintenance on this session again; audited with its reason."""
+        return self._set_admission(workspace_id, session_id, "open", reason)
+
+    def _set_admission(
+        self, workspace_id: str, session_id: str, admission: str, reason: str
+    ) -> SessionInfo:
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
-
-        def drain(s):
-            lock_session(s, workspace_id, session_id).admission = "draining"
-
-        run_transaction(self.engine, drain)
+        reason = actions.check_operator_reason(reason)
+        run_transaction(
+            self.engine,
+            lambda s: actions.set_admission(
+                s, workspace_id, session_id, admission, reason, utcnow()
+            ),
+        )
         return self.session_info(workspace_id, session_id)
 
     # -- maintenance -----------------------------------------------------------------------
@@ -511,6 +524,47 @@ class AgentRadar:
         session and age (accepted at least `older_than_s` seconds ago)."""
         query = catalog.ListQuery.parse(kind, status, workspace_id, session_id, older_than_s, limit)
         return run_transaction(self.engine, lambda s: catalog.list_operations(s, query, utcnow()))
+
+    def retry_operation(
+        self, operation_id: str, *, reason: str, workspace_id: str | None = None
+    ) -> Any:
+        """An operator retries a `failed` goal operation or fence: same id, a fresh budget;
+        audited with the reason. Returns its record."""
+        check_id("operation_id", operation_id)
+        reason = actions.check_operator_reason(reason)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+        done = run_transaction(
+            self.engine,
+            lambda s: actions.retry(s, operation_id, reason, utcnow(), workspace_id),
+        )
+        if done.kind == "fence":
+            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": operation_id})
+        else:
+            self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
+        return self.get_operation(operation_id)
+
+    def resolve_maintenance(
+        self, run_id: str, *, to: str, reason: str, workspace_id: str | None = None
+    ) -> MaintenanceRun:
+        """An operator ends a run in `recovery_required` as `failed` or `completed`; the
+        session's held work goes on. Audited with the reason."""
+        check_id("run_id", run_id)
+        reason = actions.check_operator_reason(reason)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+        done = run_transaction(
+            self.engine,
+            lambda s: actions.resolve(s, run_id, to, reason, utcnow(), workspace_id),
+        )
+        release_session(
+            self.engine,
+            self.publisher.publish_after_commit,
+            done.workspace_id,
+            done.session_id,
+            utcnow(),
+        )
+        return self.get_maintenance(run_id)
 
     # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
     def add_host(self, host_id: str, url: str, *, replace: bool = False) -> Host:

@@ -71,6 +71,19 @@ def maintenance_cancel(run_id, as_json):
     _emit(as_json, as_dict(run), _run_line(run))
 
 
+@maintenance_group.command("resolve")
+@click.argument("run_id")
+@click.option("--to", "to", type=click.Choice(["failed", "completed"]), required=True)
+@click.option("--reason", required=True, help="Why (kept in the session's events).")
+@click.option("--workspace", "workspace_id", default=None, help="Only in this workspace.")
+@json_option
+def maintenance_resolve(run_id, to, reason, workspace_id, as_json):
+    """End a run in recovery_required as failed or completed; its session's held work goes
+    on (an audited operator action)."""
+    run = _client().resolve_maintenance(run_id, to=to, reason=reason, workspace_id=workspace_id)
+    _emit(as_json, as_dict(run), _run_line(run))
+
+
 @maintenance_group.command("show")
 @click.argument("run_id")
 @json_option

@@ -97,3 +97,16 @@ def op_list(kind, status, workspace_id, session_id, older_than, limit, as_json):
         )
     ]
     _emit(as_json, found, "\n".join(_line(f) for f in found) or "no operations")
+
+
+@op.command("retry")
+@click.argument("operation_id")
+@click.option("--reason", required=True, help="Why (kept in the session's events).")
+@click.option("--workspace", "workspace_id", default=None, help="Only in this workspace.")
+@json_option
+def op_retry(operation_id: str, reason: str, workspace_id: str | None, as_json: bool):
+    """Retry a failed goal operation or fence: same id, a fresh budget (audited)."""
+    record = _described(
+        _client().retry_operation(operation_id, reason=reason, workspace_id=workspace_id)
+    )
+    _emit(as_json, record, f"{record['kind']} {operation_id}: {record['status']}")

@@ -3,6 +3,7 @@
 
 import click
 
+from workflows.errors import AgentRadarError
 from workflows.records import as_dict
 from workflows.tools.cli.common import _client, _emit, cli, json_option, session_arguments
 
@@ -24,13 +25,31 @@ def prompt(workspace_id, session_id, as_json, text, submit_id):
 @click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True)
 def history(workspace_id, session_id, as_json, limit):
     """The session's records: one row per record, at its first position."""
-    rows = _client().history(workspace_id, session_id, limit)
+    client = _client()
+    rows = client.history(workspace_id, session_id, limit)
     lines = [
-        f"{r.sequence:5d} {r.kind:13s} {r.record_id} revision {r.revision}"
+        f"{r.created_at:%Y-%m-%d %H:%M:%S}  {r.sequence:5d} {r.kind:15s} "
+        f"{_status(client, workspace_id, r):18s} {r.record_id}"
+        + (f" revision {r.revision}" if r.revision is not None else "")
         + (" (pending)" if r.pending else "")
+        + (f"  reason: {r.payload['reason']}" if (r.payload or {}).get("reason") else "")
         for r in rows
     ]
     _emit(as_json, [as_dict(r) for r in rows], "\n".join(lines) or "no records")
+
+
+def _status(client, workspace_id: str, row) -> str:
+    """What became of a history row's record: a maintenance record carries its status, an
+    operator action is its action, any other record is looked up (its status now)."""
+    payload = row.payload or {}
+    if isinstance(payload.get("record"), dict):
+        return str(payload["record"].get("status"))
+    if "action" in payload and row.kind == "operator-action":
+        return str(payload["action"])
+    try:
+        return client.get_operation(row.record_id, workspace_id=workspace_id).status
+    except AgentRadarError:
+        return "-"
 
 
 # -- sessions --------------------------------------------------------------------------------
@@ -52,11 +71,24 @@ def session_ensure(workspace_id: str, session_id: str, as_json: bool, host_id: s
     )
 
 
+REASON = click.option("--reason", required=True, help="Why (kept in the session's events).")
+
+
 @session.command("drain")
 @session_arguments
-def session_drain(workspace_id: str, session_id: str, as_json: bool):
-    """Stop admitting maintenance on the session."""
-    info = _client().drain_session(workspace_id, session_id)
+@REASON
+def session_drain(workspace_id: str, session_id: str, as_json: bool, reason: str):
+    """Stop admitting maintenance on the session (an audited operator action)."""
+    info = _client().drain_session(workspace_id, session_id, reason=reason)
+    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
+
+
+@session.command("undrain")
+@session_arguments
+@REASON
+def session_undrain(workspace_id: str, session_id: str, as_json: bool, reason: str):
+    """Admit maintenance on the session again (an audited operator action)."""
+    info = _client().undrain_session(workspace_id, session_id, reason=reason)
     _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
 
 
