@@ -94,6 +94,8 @@ def sweep_once(
         ):
             publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
             counts.republished += 1
+        # The sweep finished: `status` and the metrics show its age, so a dead beat shows.
+        run_transaction(engine, lambda s: leases.heartbeat(s, SWEEPER_LEASE, owner, now))
     finally:
         run_transaction(engine, lambda s: leases.release(s, SWEEPER_LEASE, token))
     return counts

@@ -273,3 +273,14 @@ class RuntimeHost(Base):
     host_id: Mapped[str] = mapped_column(ID, primary_key=True)
     url: Mapped[str] = mapped_column(String(2048))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Heartbeat(Base):
+    """When a periodic job last finished (the sweep: `status` and the metrics read its age,
+    so a dead beat shows instead of reading as no lag)."""
+
+    __tablename__ = "heartbeats"
+
+    name: Mapped[str] = mapped_column(ID, primary_key=True)
+    owner: Mapped[str] = mapped_column(ID)
+    beat_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from models.base import table_of
 from models.db import insert_ignore, rowcount
-from models.tables import Lease
+from models.tables import Heartbeat, Lease
 from workflows import ids
 
 LEASES = table_of(Lease)
@@ -167,3 +167,21 @@ def prune_republish(session: Session, now: datetime) -> int:
             delete(Lease).where(Lease.name.startswith(REPUBLISH_PREFIX), Lease.expires_at <= now)
         )
     )
+
+
+def heartbeat(session: Session, name: str, owner: str, now: datetime) -> None:
+    """Record that the periodic job `name` just finished (the sweep: DESIGN 7.2)."""
+    if not insert_ignore(
+        session, table_of(Heartbeat), {"name": name, "owner": owner, "beat_at": now}
+    ):
+        session.execute(
+            update(Heartbeat).where(Heartbeat.name == name).values(owner=owner, beat_at=now)
+        )
+
+
+def heartbeat_age_s(session: Session, name: str, now: datetime) -> float | None:
+    """Seconds since the job `name` last finished; None if it never has."""
+    row = session.get(Heartbeat, name, populate_existing=True)
+    if row is None:
+        return None
+    return max((now - row.beat_at).total_seconds(), 0.0)

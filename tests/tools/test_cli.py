@@ -276,7 +276,9 @@ def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
     rows = json.loads(run_cli(settings, "history", "ws", "m", "--json").stdout)
     assert [r["record_id"] for r in rows] == [f"maintenance:{run['run_id']}"]
     assert rows[0]["revision"] == 3 and rows[0]["pending"] is False
-    drained = json.loads(run_cli(settings, "session", "drain", "ws", "m", "--json").stdout)
+    drained = json.loads(
+        run_cli(settings, "session", "drain", "ws", "m", "--reason", "rollout", "--json").stdout
+    )
     assert drained["admission"] == "draining"
     proc = run_cli(settings, "maintenance", "start", "ws", "m", "--submit-id", "r2", check=False)
     assert proc.returncode == 2 and "runtime_draining" in proc.stderr
@@ -434,3 +436,103 @@ def test_op_commands_find_and_list_every_kind(settings, client):
     for bad in (["--older-than", "soon"], ["--session", "s1"], ["--kind", "turn"]):
         proc = run_cli(settings, "op", "list", *bad, check=False)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_operator_actions_from_the_cli(settings, client):
+    from sqlalchemy import update
+
+    from models.base import utcnow
+    from models.db import run_transaction
+    from models.tables import GoalOperation
+    from workflows.goals.operations import fail_operation
+
+    op = client.set_goal("ws", "s1", "ship it", client_submit_id="g1")
+    run_transaction(
+        client.engine,
+        lambda s: fail_operation(s, s.get(GoalOperation, op.operation_id), "rejected", utcnow()),
+    )
+    proc = run_cli(settings, "op", "retry", op.operation_id, check=False)
+    assert proc.returncode == 2 and "--reason" in proc.stderr  # the reason is required
+    out = json.loads(
+        run_cli(settings, "op", "retry", op.operation_id, "--reason", "fixed", "--json").stdout
+    )
+    assert (out["kind"], out["status"], out["attempt"]) == ("goal", "prepared", 0)
+    proc = run_cli(settings, "op", "retry", op.operation_id, "--reason", "again", check=False)
+    assert proc.returncode == 2 and "conflict" in proc.stderr
+
+    run = client.start_maintenance("ws", "s2", client_submit_id="m1")
+    proc = run_cli(
+        settings,
+        "maintenance",
+        "resolve",
+        run.run_id,
+        "--to",
+        "failed",
+        "--reason",
+        "x",
+        check=False,
+    )
+    assert proc.returncode == 2 and "only a run in recovery" in proc.stderr
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalOperation).values(last_error=None)  # untouched by the refusal above
+        ),
+    )
+    drained = json.loads(
+        run_cli(settings, "session", "drain", "ws", "s3", "--reason", "r1", "--json").stdout
+    )
+    assert drained["admission"] == "draining"
+    opened = json.loads(
+        run_cli(settings, "session", "undrain", "ws", "s3", "--reason", "r2", "--json").stdout
+    )
+    assert opened["admission"] == "open"
+    history = run_cli(settings, "history", "ws", "s3").stdout
+    assert "operator-action" in history and "r1" in history and "r2" in history
+
+
+def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from beat.sweeper import sweep_once
+    from models.base import utcnow
+    from models.db import run_transaction
+    from models.tables import GoalOperation, MaintenanceRun
+
+    def status(*extra):
+        return run_cli(settings, "status", *extra, check=False)
+
+    # Nothing due, but no sweep ever finished: a dead (or missing) beat fails the check.
+    never = status("--check", "--json")
+    assert never.returncode == 1
+    assert json.loads(never.stdout)["sweeper_heartbeat_age_s"] is None
+    sweep_once(client.engine, lambda *a: True, utcnow(), owner="beat-1")
+    healthy = status("--check")
+    assert healthy.returncode == 0, healthy.stdout
+    assert "last sweep: " in healthy.stdout and "worst:" not in healthy.stdout
+
+    # An overdue goal operation and a run needing recovery: named, and the check fails.
+    op = client.set_goal("ws", "s1", "ship it", client_submit_id="g1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalOperation).values(
+                next_attempt_at=utcnow() - timedelta(minutes=5), last_error="runtime 503"
+            )
+        ),
+    )
+    run = client.start_maintenance("ws", "s2", client_submit_id="m1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun).values(status="recovery_required", error_code="worker_lost")
+        ),
+    )
+    failing = status("--check")
+    assert failing.returncode == 1
+    assert f"goal operation {op.operation_id} (ws/s1" in failing.stdout
+    assert f"in recovery: run {run.run_id} (ws/s2, worker_lost)" in failing.stdout
+    assert "problem: 1 goal operation(s) overdue" in failing.stdout
+    assert status().returncode == 0  # without --check, status only reports

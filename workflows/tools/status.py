@@ -10,12 +10,20 @@ from models.db import run_transaction
 from models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     OPEN_OPERATION_STATUSES,
+    FenceStatus,
     MaintenanceStatus,
     PromptStatus,
 )
 from models.tables import CancelOperation, GoalFence, GoalOperation, MaintenanceRun, Prompt
 from workflows import budgets, leases
+from workflows.fences.apply import WAITING_FOR_TURN
 
+# The sweep's heartbeat (beat/sweeper.py records it under the sweeper lease's name).
+SWEEP_HEARTBEAT = "sweeper"
+# status --check fails when no sweep finished for this many sweep intervals.
+STALE_SWEEPS = 5
+# How many of each kind of offender `status` names.
+WORST = 5
 # Due work older than this is "overdue": the sweeper (every 2 s by default) should have
 # picked it up long before.
 OVERDUE_S = 30
@@ -86,6 +94,57 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
                 ("prompts", Prompt),
             )
         }
+        worst = {
+            "overdue_operations": [
+                {
+                    "operation_id": r.operation_id,
+                    "session": f"{r.workspace_id}/{r.session_id}",
+                    "overdue_s": round((now - r.next_attempt_at).total_seconds(), 1),
+                    "attempt": r.attempt,
+                    "last_error": r.last_error,
+                }
+                for r in s.execute(
+                    select(GoalOperation)
+                    .where(
+                        *due_filter,
+                        GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S),
+                    )
+                    .order_by(GoalOperation.next_attempt_at)
+                    .limit(WORST)
+                ).scalars()
+            ],
+            "runs_in_recovery": [
+                {
+                    "run_id": r.run_id,
+                    "session": f"{r.workspace_id}/{r.session_id}",
+                    "error_code": r.error_code,
+                    "started_at": r.started_at.isoformat(),
+                }
+                for r in s.execute(
+                    select(MaintenanceRun)
+                    .where(MaintenanceRun.status == MaintenanceStatus.RECOVERY_REQUIRED)
+                    .order_by(MaintenanceRun.started_at)
+                    .limit(WORST)
+                ).scalars()
+            ],
+            "fences_waiting_on_a_turn": [
+                {
+                    "fence_id": r.fence_id,
+                    "session": f"{r.workspace_id}/{r.session_id}",
+                    "cancel_operation_id": r.cancel_operation_id,
+                }
+                for r in s.execute(
+                    select(GoalFence)
+                    .where(
+                        GoalFence.status == FenceStatus.PENDING,
+                        GoalFence.last_error == WAITING_FOR_TURN,
+                    )
+                    .order_by(GoalFence.created_at)
+                    .limit(WORST)
+                ).scalars()
+            ],
+        }
+        heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
         return {
             "goal_operations": per_status,
             "maintenance_runs": runs,
@@ -102,9 +161,28 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
             # How far behind the workers and the sweeper are: the age of the oldest
             # due operation nobody is working on (0 when nothing waits).
             "sweeper_lag_s": round((now - oldest).total_seconds(), 3) if oldest else 0.0,
+            # Seconds since a sweep last finished (None: never): a dead beat shows here.
+            "sweeper_heartbeat_age_s": None if heartbeat is None else round(heartbeat, 3),
+            "worst": worst,
         }
 
     return run_transaction(engine, read)
+
+
+def problems(status: dict, sweep_interval_s: float) -> list[str]:
+    """What `status --check` fails on (DESIGN 7.2): overdue work, runs needing recovery, a
+    sweeper that has not finished a sweep for 5 intervals (or ever)."""
+    found = []
+    if status["overdue"]:
+        found.append(f"{status['overdue']} goal operation(s) overdue")
+    if status["sessions_in_recovery"]:
+        found.append(f"{status['sessions_in_recovery']} maintenance run(s) need recovery")
+    age = status["sweeper_heartbeat_age_s"]
+    if age is None:
+        found.append("the sweeper has never run (is beat up?)")
+    elif age > STALE_SWEEPS * sweep_interval_s:
+        found.append(f"the sweeper last ran {age:.0f} s ago (is beat up?)")
+    return found
 
 
 def render_status(status: dict) -> str:
@@ -123,5 +201,32 @@ def render_status(status: dict) -> str:
         f"prompts: {prompts or 'none'}; out of budget: {exhausted}\n"
         f"due now: {status['due']} (overdue {status['overdue']}), "
         f"in flight: {status['in_flight']}\n"
-        f"sweeper lag: {status['sweeper_lag_s']} s"
+        f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
+        + (
+            "never"
+            if status["sweeper_heartbeat_age_s"] is None
+            else f"{status['sweeper_heartbeat_age_s']} s ago"
+        )
+        + _render_worst(status["worst"])
     )
+
+
+def _render_worst(worst: dict) -> str:
+    lines = []
+    for item in worst["overdue_operations"]:
+        lines.append(
+            f"  overdue {item['overdue_s']} s: goal operation {item['operation_id']} "
+            f"({item['session']}, attempt {item['attempt']}"
+            + (f", {item['last_error']}" if item["last_error"] else "")
+            + ")"
+        )
+    for item in worst["runs_in_recovery"]:
+        lines.append(
+            f"  in recovery: run {item['run_id']} ({item['session']}, {item['error_code']})"
+        )
+    for item in worst["fences_waiting_on_a_turn"]:
+        lines.append(
+            f"  waiting on a turn: fence {item['fence_id']} ({item['session']}, cancel "
+            f"{item['cancel_operation_id']})"
+        )
+    return ("\nworst:\n" + "\n".join(lines)) if lines else ""

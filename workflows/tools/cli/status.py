@@ -1,14 +1,29 @@
 """`status`: the fleet at a glance (DESIGN 7.2)."""
 
-from workflows.tools.cli.common import _client, _emit, cli, json_option
+import sys
+
+import click
+
+from workflows.tools.cli.common import EXIT_FAILED, _client, _emit, cli, json_option
 
 
 @cli.command()
 @json_option
-def status(as_json: bool):
-    """The fleet at a glance: counts per status, due and overdue work, sweeper lag."""
-    from workflows.tools.status import fleet_status, render_status
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 when work is overdue, a run needs recovery, or the sweeper is not running.",
+)
+def status(as_json: bool, check: bool):
+    """The fleet at a glance: counts per status, due and overdue work, sweeper lag and
+    heartbeat, and the worst offenders by name."""
+    from workflows.tools.status import fleet_status, problems, render_status
 
     client = _client()
     result = fleet_status(client.engine)
-    _emit(as_json, result, render_status(result))
+    found = problems(result, client.settings.sweep_interval_s)
+    result["problems"] = found
+    text = render_status(result) + "".join(f"\nproblem: {p}" for p in found)
+    _emit(as_json, result, text)
+    if check and found:
+        sys.exit(EXIT_FAILED)
