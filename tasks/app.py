@@ -4,9 +4,15 @@ import os
 from pathlib import Path
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_process_init,
+    worker_ready,
+)
 
 from models.db import forget_engines
+from workflows.adapters import logs
 from workflows.adapters.broker import (
     DEFAULT_QUEUE,
     MAINTENANCE_QUEUE,
@@ -96,3 +102,12 @@ def _announce_ready(**_kwargs) -> None:
 
 
 app = create_app()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _structured_logs(logger=None, **_kwargs) -> None:
+    """Every line carries the ids of the task in hand; AGENT_RADAR_LOG_FORMAT=json makes it
+    one JSON object per line (workflows/adapters/logs.py)."""
+    if logger is not None:
+        logs.install(logger)

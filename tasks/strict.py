@@ -22,6 +22,7 @@ from celery.worker import strategy as celery_strategy
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from tasks.runtime_context import TaskContext
+from workflows.adapters import logs
 from workflows.errors import AgentRadarError, InvalidArgument
 
 log = logging.getLogger("agent_radar.tasks")
@@ -126,6 +127,16 @@ def _connection_level(exc: DBAPIError) -> bool:
     return isinstance(exc, OperationalError) or bool(exc.connection_invalidated)
 
 
+def _ids(kwargs: dict) -> dict:
+    """The ids a message names, for its log lines (logs.task_context drops bad values)."""
+    ids = {k: kwargs.get(k) for k in logs.CONTEXT_FIELDS if k in kwargs}
+    report = kwargs.get("report")
+    if isinstance(report, dict):
+        ids.setdefault("workspace_id", report.get("workspace_id"))
+        ids.setdefault("session_id", report.get("session_id"))
+    return ids
+
+
 def strict_task(name: str, *, public: bool = False):
     """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext."""
 
@@ -136,6 +147,10 @@ def strict_task(name: str, *, public: bool = False):
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
             ctx = TaskContext(self.app.agent_radar_settings)
+            with logs.task_context(task=name, task_id=self.request.id, **_ids(kwargs)):
+                return _run(self, ctx, args, kwargs)
+
+        def _run(self, ctx, args, kwargs):
             try:
                 signature.bind(ctx, *args, **kwargs)
             except TypeError as exc:

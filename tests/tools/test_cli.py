@@ -84,8 +84,11 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args
     proc = run_cli(settings, *args, "--json", check=False)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert needle in lines[0]
+    assert len(lines) == 1, proc.stderr
+    error = json.loads(lines[0])  # under --json, the error is JSON too
+    assert error["error"] and needle in lines[0]
+    text = run_cli(settings, *args, check=False).stderr.strip().splitlines()
+    assert len(text) == 1 and text[0].startswith("error: ") and needle in text[0]
     assert row_counts(client.engine) == before
 
 
@@ -129,7 +132,7 @@ def _wait_line(proc, needle, timeout_s=60):
 
 
 @pytest.mark.parametrize("backend", ["embedded"])  # `up` is the embedded stack
-def test_up_runs_the_stack_until_interrupted(settings, tmp_path, backend):
+def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, backend):
     import signal
 
     from tests.conftest import free_port
@@ -170,7 +173,8 @@ def test_up_runs_the_stack_until_interrupted(settings, tmp_path, backend):
             timeout=60,
         )
         assert json.loads(out.stdout)["status"] == "completed", out.stderr
-        proc.send_signal(signal.SIGINT)
+        # Ctrl-C, or SIGTERM as a service manager sends it: either stops everything.
+        proc.send_signal(signal.SIGTERM if backend == "embedded" else signal.SIGINT)
         assert proc.wait(60) == 0
         for pid in up["pids"].values():
             with pytest.raises(ProcessLookupError):
@@ -536,3 +540,17 @@ def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
     assert f"in recovery: run {run.run_id} (ws/s2, worker_lost)" in failing.stdout
     assert "problem: 1 goal operation(s) overdue" in failing.stdout
     assert status().returncode == 0  # without --check, status only reports
+
+
+def test_version_and_errors_as_json(settings):
+    version = run_cli(settings, "--version")
+    assert version.stdout.startswith("agent-radar, version ")
+    for args, code in [
+        (["op", "show", "", "--json"], "invalid_argument"),
+        (["op", "list", "--kind", "nope", "--json"], "usage"),
+        (["goal", "show", "ws", "nobody", "--json"], "not_found"),
+    ]:
+        proc = run_cli(settings, *args, check=False)
+        assert proc.returncode == 2 and proc.stdout == ""
+        error = json.loads(proc.stderr)
+        assert error["error"] == code and error["message"], proc.stderr

@@ -549,9 +549,23 @@ class Dispatcher:
                 )
             )
             return StepResult(op.operation_id, "superseded")
+        ids = {
+            "workspace_id": op.workspace_id,
+            "session_id": op.session_id,
+            "operation_id": op.operation_id,
+            "attempt": op.attempt,
+        }
         if not retryable:
             ok = fail_operation(s, op, error, now, token)
             return StepResult(op.operation_id, "failed" if ok else "skipped")
+        log.warning(
+            "goal operation %s: attempt %d failed, retrying in %.0f s: %s",
+            op.operation_id,
+            op.attempt,
+            backoff_s(op.attempt),
+            error,
+            extra=ids,
+        )
         result = s.execute(
             update(GoalOperation)
             .where(*held)

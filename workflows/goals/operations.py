@@ -1,6 +1,7 @@
 """What a goal operation may do next (DESIGN 4.2): when it is due, its budgets and backoff,
 and its terminal outcomes (failed; applied, with the goal state synced or diverged)."""
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,8 @@ from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in
 from workflows.sessions.rows import SESSIONS, lock_session, same_session
 
 # Budgets of DESIGN 4.2: past these an operation fails instead of retrying forever.
+log = logging.getLogger(__name__)
+
 DISPATCH_BUDGET_S = budgets.MAX_FAILING_S  # since the first dispatch
 DISPATCH_MAX_ATTEMPTS = budgets.MAX_ATTEMPTS
 ACCEPTED_BUDGET_S = 120
@@ -82,6 +85,17 @@ def fail_operation(
     token: str | None = None,
 ) -> bool:
     """Terminal failure: the operation and (if it still owns it) the goal state."""
+    log.warning(
+        "goal operation %s failed: %s",
+        op.operation_id,
+        error,
+        extra={
+            "workspace_id": op.workspace_id,
+            "session_id": op.session_id,
+            "operation_id": op.operation_id,
+            "attempt": op.attempt,
+        },
+    )
     lock_session(session, op.workspace_id, op.session_id)
     conditions = [
         GoalOperation.operation_id == op.operation_id,

@@ -5,6 +5,7 @@ holder's lease token where a worker writes) that bumps `revision` and appends ex
 optional diagnostic record to the session's events.
 """
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,8 @@ from workflows.validation import (
     check_submit_id,
     check_text,
 )
+
+log = logging.getLogger(__name__)
 
 S = MaintenanceStatus
 TERMINAL = frozenset(TERMINAL_MAINTENANCE_STATUSES)
@@ -206,6 +209,10 @@ def start(
     return run, True
 
 
+# Transitions an operator wants to hear of (recovery, and ends that are not a success).
+WARN_ON = frozenset({S.RECOVERY_REQUIRED, S.FAILED, S.INTERRUPTED, S.PARTIALLY_COMPLETED})
+
+
 def transition(
     session: Session,
     run: MaintenanceRun,
@@ -236,6 +243,20 @@ def transition(
     if rowcount(result) != 1:
         return False
     _record(session, reload(session, run.run_id), now)
+    if to in WARN_ON:
+        log.warning(
+            "maintenance run %s: %s -> %s (%s): %s",
+            run.run_id,
+            run.status,
+            to,
+            fields.get("error_code"),
+            fields.get("detail"),
+            extra={
+                "workspace_id": run.workspace_id,
+                "session_id": run.session_id,
+                "run_id": run.run_id,
+            },
+        )
     return True
 
 

@@ -1,6 +1,7 @@
 """Queued prompts (DESIGN 4.7): one at a time per session, only when the session has no
 running turn and no maintenance run holds it; the next goes when the previous turn settles."""
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +22,8 @@ from workflows.fences.reinstall import ensure_fences_installed
 from workflows.maintenance.runs import holds, session_held
 from workflows.sessions.rows import lock_session, same_session
 from workflows.validation import check_id, check_submit_id, check_text
+
+log = logging.getLogger(__name__)
 
 PROMPT_TASK = "agent_radar.prompt.dispatch"
 # Prompt text is user input for the agent; 64 KiB keeps rows and messages small.
@@ -177,6 +180,18 @@ def _not_sent(
             Prompt.turn_id.is_(None),
         )
         .values(**values)
+    )
+    log.warning(
+        "prompt %s: send failed (%s): %s",
+        prompt.prompt_id,
+        outcome,
+        values.get("last_error"),
+        extra={
+            "workspace_id": prompt.workspace_id,
+            "session_id": prompt.session_id,
+            "prompt_id": prompt.prompt_id,
+            "attempt": prompt.attempt + 1,
+        },
     )
     return outcome
 

@@ -44,6 +44,7 @@ def _client():
 
 
 @click.group()
+@click.version_option(package_name="agent-radar", prog_name="agent-radar")
 def cli() -> None:
     """agent-radar: a durable control plane for fleets of AI agent sessions."""
 
@@ -52,25 +53,33 @@ def _prepare_home(settings: Settings) -> None:
     settings.home.mkdir(parents=True, exist_ok=True)
 
 
+def _fail(exit_code: int, code: str, message: str, as_json: bool) -> None:
+    """One line on stderr — JSON under --json — and the exit code."""
+    if as_json:
+        click.echo(json.dumps({"error": code, "message": message}), err=True)
+    else:
+        click.echo(f"error: {message if code == 'usage' else f'{code}: {message}'}", err=True)
+    sys.exit(exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in args
     try:
-        cli.main(args=argv, prog_name="agent-radar", standalone_mode=False)
+        cli.main(args=args, prog_name="agent-radar", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(EXIT_BAD_INPUT, "usage", exc.format_message(), as_json)
     except AgentRadarError as exc:
-        click.echo(f"error: {exc.code}: {exc.message}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)
     except (ValueError, TimeoutError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
+        _fail(EXIT_FAILED, "failed", str(exc), as_json)
     except SQLAlchemyError as exc:
         first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        click.echo(
-            f"error: database: {first_line} (is it reachable and upgraded? "
-            "`agent-radar db upgrade`)",
-            err=True,
+        _fail(
+            EXIT_FAILED,
+            "database",
+            f"{first_line} (is it reachable and upgraded? `agent-radar db upgrade`)",
+            as_json,
         )
-        sys.exit(EXIT_FAILED)

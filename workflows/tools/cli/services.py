@@ -160,8 +160,16 @@ def db_upgrade(as_json: bool):
 @json_option
 def up(with_flower: bool, workers: int, as_json: bool):
     """Run the embedded stack (runtime-sim, worker, beat) in the foreground until Ctrl-C."""
+    import signal
+
     from workflows.tools.stack import Stack
 
+    def stop_on_sigterm(_signum, _frame):
+        # SIGTERM (a service manager, `kill`) stops the stack as Ctrl-C does: nothing is
+        # left running behind it.
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     settings = Settings.from_env()
     stack = Stack(settings)
     try:
@@ -189,7 +197,9 @@ def up(with_flower: bool, workers: int, as_json: bool):
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM cannot cut the stop
         stack.stop()
+        signal.signal(signal.SIGTERM, previous)
 
 
 @cli.command()

@@ -1,0 +1,46 @@
+"""Structured logs (AGENT_RADAR_LOG_FORMAT=json) from a real worker: one JSON object per
+line, and a retried operation's lines carry its workspace, session, operation and attempt."""
+
+import json
+import re
+
+import pytest
+
+from tests.helpers import eventually
+from workflows.adapters import logs
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # logging is the same on both backends
+def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack, sim_control):
+    worker = stack.start_worker(extra_env={logs.LOG_FORMAT_ENV: "json"})
+    stack.start_beat()  # the sweeper re-publishes the retry when it is due
+    sim_control.fault("goal", status=503, count=1)
+    op = client.wait(client.set_goal("ws-logs", "s1", "ship it", client_submit_id="g1"), 60)
+    assert op.status == "completed" and op.attempt == 2
+
+    def retry_line():
+        for line in worker.log_path.read_text().splitlines():
+            if line.startswith("{") and "retrying" in line:
+                return json.loads(line)
+        return None
+
+    line = eventually(retry_line, what="the retry's log line")
+    assert line["level"] == "WARNING"
+    assert (line["workspace_id"], line["session_id"], line["operation_id"], line["attempt"]) == (
+        "ws-logs",
+        "s1",
+        op.operation_id,
+        1,
+    )
+    assert line["task"] == "agent_radar.goal.dispatch" and line["task_id"]
+    # Every log record is one JSON object: no line in the text format (only Celery's start
+    # banner, printed and not logged, is plain text).
+    lines = worker.log_path.read_text().splitlines()
+    assert not [x for x in lines if re.match(r"^\[\d{4}-\d\d-\d\d .*: [A-Z]+/", x)]
+    assert all("level" in json.loads(x) for x in lines if x.startswith("{"))
+
+
+def test_a_bad_log_format_is_refused(monkeypatch):
+    monkeypatch.setenv(logs.LOG_FORMAT_ENV, "xml")
+    with pytest.raises(ValueError, match="text or json"):
+        logs.json_logs_wanted()
