@@ -554,3 +554,69 @@ def test_version_and_errors_as_json(settings):
         assert proc.returncode == 2 and proc.stdout == ""
         error = json.loads(proc.stderr)
         assert error["error"] == code and error["message"], proc.stderr
+
+
+def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from sqlalchemy import update
+
+    from beat.sweeper import sweep_once
+    from models.base import utcnow
+    from models.db import run_transaction
+    from models.tables import MaintenanceRun
+    from tests.conftest import free_port
+    from workflows.tools.metrics import METRICS
+
+    def samples(text):
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    before = samples(run_cli(settings, "metrics", "--once").stdout)
+    assert before[("agent_radar_sweeper_heartbeat_age_seconds", ())] == float("inf")
+    client.set_goal("ws-a", "s1", "ship it", client_submit_id="g1")
+    client.set_goal("ws-b", "s1", "ship it", client_submit_id="g1")
+    client.start_maintenance("ws-a", "s2", client_submit_id="m1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(update(MaintenanceRun).values(status="recovery_required")),
+    )
+    sweep_once(client.engine, lambda *a: True, utcnow(), owner="beat")
+
+    port = free_port()
+    env = {**os.environ, **settings.to_env()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workflows.tools.cli", "metrics", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        text = None
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert text is not None, "the exporter did not answer"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    got = samples(text)
+    assert {name for name, _ in got} == set(METRICS)
+    for workspace in ("ws-a", "ws-b"):
+        key = (("kind", "goal"), ("status", "prepared"), ("workspace", workspace))
+        assert got[("agent_radar_operations", key)] == 1
+    assert got[("agent_radar_runs_in_recovery", ())] == 1
+    assert got[("agent_radar_held_sessions", ())] == 1
+    assert got[("agent_radar_up", ())] == 1
+    assert 0 <= got[("agent_radar_sweeper_heartbeat_age_seconds", ())] < 60
+    # No label names a session: one dashboard serves any number of them.
+    assert all("session" not in dict(labels) for _, labels in got)

@@ -30,13 +30,25 @@ def _resolve(args: list[str]) -> click.Context:
 
 def test_compose_has_the_product_services():
     services = _compose()["services"]
-    assert set(services) == {"redis", "postgres", "runtime-sim", "worker", "beat", "flower"}
+    assert set(services) == {
+        "redis",
+        "postgres",
+        "runtime-sim",
+        "worker",
+        "beat",
+        "flower",
+        "metrics",
+        "prometheus",
+        "grafana",
+    }
+    monitoring = {name for name, svc in services.items() if "monitoring" in svc.get("profiles", [])}
+    assert monitoring == {"metrics", "prometheus", "grafana"}
 
 
 def test_every_service_of_ours_runs_a_real_cli_command():
     services = _compose()["services"]
     ours = {name: svc for name, svc in services.items() if "build" in svc}
-    assert set(ours) == {"runtime-sim", "worker", "beat", "flower"}
+    assert set(ours) == {"runtime-sim", "worker", "beat", "flower", "metrics"}
     for name, svc in ours.items():
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
         ctx = _resolve(svc["command"])
@@ -126,3 +138,46 @@ def test_the_package_declares_ranges_and_celerys_redis_extra():
     deps = project["dependencies"]
     assert any(d.startswith("celery[redis]") for d in deps)
     assert not any("==" in d for d in deps + project["optional-dependencies"]["test"])
+
+
+def _exported_metrics() -> set[str]:
+    from workflows.tools.metrics import METRICS
+
+    return set(METRICS)
+
+
+def _metric_names(expr: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\bagent_radar_[a-z_]+", expr))
+
+
+def test_the_alert_rules_use_only_metrics_the_exporter_serves():
+    import shutil
+    import subprocess
+
+    path = ROOT / "deploy" / "prometheus" / "alerts.yml"
+    rules = [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]]
+    assert len(rules) >= 5
+    served = _exported_metrics()
+    for rule in rules:
+        assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
+        used = _metric_names(rule["expr"])
+        assert used and used <= served, (rule["alert"], used - served)
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["metrics:9808"]
+
+
+def test_the_dashboard_uses_only_metrics_the_exporter_serves():
+    import json
+
+    dashboard = json.loads(
+        (ROOT / "deploy" / "grafana" / "dashboards" / "agent-radar.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = set().union(*(_metric_names(e) for e in exprs))
+    assert used <= _exported_metrics(), used - _exported_metrics()
+    assert len(used) >= 8  # every gauge has a panel

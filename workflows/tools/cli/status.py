@@ -1,4 +1,4 @@
-"""`status`: the fleet at a glance (DESIGN 7.2)."""
+"""`status`: the fleet at a glance (DESIGN 7.2), and `metrics`, its Prometheus exporter."""
 
 import sys
 
@@ -27,3 +27,26 @@ def status(as_json: bool, check: bool):
     _emit(as_json, result, text)
     if check and found:
         sys.exit(EXIT_FAILED)
+
+
+@cli.command()
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
+@click.option("--once", is_flag=True, help="Print the metrics once (exposition format) and exit.")
+def metrics(address: str, port: int, once: bool):
+    """A Prometheus exporter: fleet gauges read from the database on every scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+    from workflows.tools.metrics import FleetCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(_client().engine))
+    if once:
+        click.echo(generate_latest(registry).decode(), nl=False)
+        return
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    click.echo(f"metrics on http://{address}:{server.server_port}/metrics", err=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.shutdown()

@@ -1,0 +1,123 @@
+"""`agent-radar metrics`: a Prometheus exporter that reads the database on every scrape
+(DESIGN 4.10). It keeps no state, so several can run side by side.
+
+Labels are bounded: kind, status, workspace — never a session, so one dashboard serves
+many workspaces. Every gauge is read in one short read-only transaction.
+"""
+
+import math
+from collections.abc import Iterator
+from datetime import timedelta
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from models.base import utcnow
+from models.db import run_read
+from models.enums import LIVE_MAINTENANCE_STATUSES, OPEN_OPERATION_STATUSES, FenceStatus
+from models.tables import GoalFence, GoalOperation, MaintenanceRun
+from workflows import leases
+from workflows.fences.apply import WAITING_FOR_TURN
+from workflows.operators.catalog import KINDS
+from workflows.tools.status import OVERDUE_S, SWEEP_HEARTBEAT
+
+PREFIX = "agent_radar"
+# Every metric the exporter serves (the alert rules and the dashboard may use only these).
+METRICS = (
+    f"{PREFIX}_operations",
+    f"{PREFIX}_due_operations",
+    f"{PREFIX}_overdue_operations",
+    f"{PREFIX}_oldest_due_age_seconds",
+    f"{PREFIX}_fences_pending",
+    f"{PREFIX}_fences_waiting_on_turn",
+    f"{PREFIX}_held_sessions",
+    f"{PREFIX}_runs_in_recovery",
+    f"{PREFIX}_sweeper_heartbeat_age_seconds",
+    f"{PREFIX}_up",
+)
+
+
+class FleetCollector(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            facts = run_read(self.engine, self._read)
+        except Exception:  # noqa: BLE001 - a scrape must answer: the database is down
+            yield GaugeMetricFamily(f"{PREFIX}_up", "1 if the database answered", value=0)
+            return
+        yield GaugeMetricFamily(f"{PREFIX}_up", "1 if the database answered", value=1)
+        operations = GaugeMetricFamily(
+            f"{PREFIX}_operations",
+            "Operations by kind, status and workspace",
+            labels=["kind", "status", "workspace"],
+        )
+        for (kind, status, workspace), count in sorted(facts["operations"].items()):
+            operations.add_metric([kind, status, workspace], count)
+        yield operations
+        for name, text in (
+            ("due_operations", "Goal operations due now that no worker holds"),
+            ("overdue_operations", f"Due goal operations waiting over {OVERDUE_S} s"),
+            ("oldest_due_age_seconds", "Age of the oldest due goal operation (0: none)"),
+            ("fences_pending", "Fences not yet delivered"),
+            ("fences_waiting_on_turn", "Fences waiting for the fenced turn to end"),
+            ("held_sessions", "Sessions held by a live maintenance run"),
+            ("runs_in_recovery", "Maintenance runs in recovery_required"),
+            ("sweeper_heartbeat_age_seconds", "Seconds since a sweep finished (+Inf: never)"),
+        ):
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=facts[name])
+
+    def _read(self, s) -> dict:
+        now = utcnow()
+        operations: dict[tuple[str, str, str], int] = {}
+        for kind in KINDS.values():
+            if not hasattr(kind.table, "status"):
+                continue  # a stop's status is derived: counted by op list, not here
+            rows = s.execute(
+                select(kind.table.status, kind.table.workspace_id, func.count()).group_by(
+                    kind.table.status, kind.table.workspace_id
+                )
+            ).all()
+            for status, workspace, count in rows:
+                operations[(kind.name, status, workspace)] = count
+        due = (
+            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            GoalOperation.next_attempt_at <= now,
+            leases.unheld(GoalOperation, now),
+        )
+        oldest = s.execute(select(func.min(GoalOperation.next_attempt_at)).where(*due)).scalar()
+        heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
+        return {
+            "operations": operations,
+            "due_operations": s.execute(select(func.count()).where(*due)).scalar_one(),
+            "overdue_operations": s.execute(
+                select(func.count()).where(
+                    *due, GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S)
+                )
+            ).scalar_one(),
+            "oldest_due_age_seconds": (now - oldest).total_seconds() if oldest else 0.0,
+            "fences_pending": s.execute(
+                select(func.count()).where(GoalFence.status == FenceStatus.PENDING)
+            ).scalar_one(),
+            "fences_waiting_on_turn": s.execute(
+                select(func.count()).where(
+                    GoalFence.status == FenceStatus.PENDING,
+                    GoalFence.last_error == WAITING_FOR_TURN,
+                )
+            ).scalar_one(),
+            "held_sessions": s.execute(
+                select(func.count()).select_from(
+                    select(MaintenanceRun.workspace_id, MaintenanceRun.session_id)
+                    .where(MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+                    .distinct()
+                    .subquery()
+                )
+            ).scalar_one(),
+            "runs_in_recovery": s.execute(
+                select(func.count()).where(MaintenanceRun.status == "recovery_required")
+            ).scalar_one(),
+            "sweeper_heartbeat_age_seconds": math.inf if heartbeat is None else heartbeat,
+        }
