@@ -620,3 +620,21 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     assert 0 <= got[("agent_radar_sweeper_heartbeat_age_seconds", ())] < 60
     # No label names a session: one dashboard serves any number of them.
     assert all("session" not in dict(labels) for _, labels in got)
+
+
+def test_health_probes(settings, client, stack):
+    def probe(*what, env=None):
+        return run_cli(settings, "health", *what, "--json", check=False)
+
+    assert probe("db").returncode == 0
+    assert probe("broker").returncode == 0
+    assert probe("beat").returncode == 1  # no sweep has finished yet
+    assert probe("worker", "--timeout", "1").returncode == 1
+    stack.start_worker()
+    stack.start_beat()
+    worker = probe("worker")
+    assert worker.returncode == 0 and json.loads(worker.stdout)["ok"], worker.stdout
+    assert probe("worker", "--host", "no-such-host", "--timeout", "1").returncode == 1
+    from tests.helpers import eventually
+
+    eventually(lambda: probe("beat").returncode == 0, what="a sweep to finish")

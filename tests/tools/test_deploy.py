@@ -181,3 +181,17 @@ def test_the_dashboard_uses_only_metrics_the_exporter_serves():
     used = set().union(*(_metric_names(e) for e in exprs))
     assert used <= _exported_metrics(), used - _exported_metrics()
     assert len(used) >= 8  # every gauge has a panel
+
+
+def test_compose_probes_are_real_health_commands():
+    import shlex
+
+    services = _compose()["services"]
+    for name, what in (("worker", "worker"), ("beat", "beat")):
+        test = services[name]["healthcheck"]["test"]
+        argv = shlex.split(test[1]) if test[0] == "CMD-SHELL" else test[1:]
+        assert argv[:3] == ["agent-radar", "health", what], (name, argv)
+        ctx = _resolve(
+            [a.replace('"$(hostname)"', "h").replace("$(hostname)", "h") for a in argv[1:]]
+        )
+        assert ctx.command.name == what

@@ -3,6 +3,7 @@ composition root of the tools: importing it registers every command on `cli`."""
 
 from workflows.tools.cli import (  # noqa: F401
     goals,
+    health,
     maintenance,
     operators,
     services,

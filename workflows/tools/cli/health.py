@@ -1,0 +1,102 @@
+"""`health worker|beat|db|broker`: probes for compose and Kubernetes (exit 0 healthy, 1 not,
+one line saying why)."""
+
+import sys
+
+import click
+
+from workflows.adapters.config import Settings
+from workflows.tools.cli.common import EXIT_FAILED, _emit, cli, json_option
+
+
+def _report(as_json: bool, ok: bool, what: str, detail: str) -> None:
+    _emit(as_json, {"ok": ok, "what": what, "detail": detail}, f"{what}: {detail}")
+    if not ok:
+        sys.exit(EXIT_FAILED)
+
+
+@cli.group()
+def health() -> None:
+    """Health probes: exit 0 when healthy, 1 when not."""
+
+
+@health.command("db")
+@json_option
+def health_db(as_json: bool):
+    """The database answers and is migrated to this version's schema."""
+    from models.migrate import current_revision, head_revision
+
+    settings = Settings.from_env()
+    try:
+        current = current_revision(settings.database_url)
+    except Exception as exc:  # noqa: BLE001 - a probe reports, it does not raise
+        _report(as_json, False, "db", f"unreachable: {exc.__class__.__name__}")
+        return
+    head = head_revision()
+    _report(as_json, current == head, "db", f"at revision {current}, this version needs {head}")
+
+
+@health.command("broker")
+@json_option
+def health_broker(as_json: bool):
+    """The broker accepts a connection."""
+    from kombu import Connection
+
+    from workflows.adapters.broker import transport_options
+
+    settings = Settings.from_env()
+    try:
+        with Connection(
+            settings.broker_url, transport_options=transport_options(settings), connect_timeout=5
+        ) as conn:
+            conn.ensure_connection(max_retries=1, timeout=5)
+    except Exception as exc:  # noqa: BLE001
+        _report(as_json, False, "broker", f"unreachable: {exc.__class__.__name__}")
+        return
+    _report(as_json, True, "broker", "connected")
+
+
+@health.command("beat")
+@json_option
+def health_beat(as_json: bool):
+    """A sweep finished within the last 5 sweep intervals."""
+    from models.base import utcnow
+    from models.db import engine_for, run_read
+    from workflows import leases
+    from workflows.tools.status import STALE_SWEEPS, SWEEP_HEARTBEAT
+
+    settings = Settings.from_env()
+    age = run_read(
+        engine_for(settings.database_url),
+        lambda s: leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, utcnow()),
+    )
+    limit = STALE_SWEEPS * settings.sweep_interval_s
+    if age is None:
+        _report(as_json, False, "beat", "no sweep has ever finished")
+    else:
+        _report(as_json, age <= limit, "beat", f"last sweep {age:.1f} s ago (limit {limit:.0f} s)")
+
+
+@health.command("worker")
+@click.option(
+    "--host",
+    "hostname",
+    default=None,
+    help="Only a worker on this host (its node name ends with @HOST): a pod's own probe.",
+)
+@click.option("--timeout", type=float, default=5.0, show_default=True)
+@json_option
+def health_worker(hostname: str | None, timeout: float, as_json: bool):
+    """A worker answers a ping over the broker."""
+    from tasks.app import app
+
+    replies = app.control.ping(timeout=timeout) or []
+    nodes = sorted(name for reply in replies for name in reply)
+    if hostname is not None:
+        nodes = [n for n in nodes if n.endswith(f"@{hostname}")]
+    _report(
+        as_json,
+        bool(nodes),
+        "worker",
+        f"{len(nodes)} answered: {', '.join(nodes)}" if nodes else "no worker answered",
+    )
