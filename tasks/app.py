@@ -7,6 +7,7 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    worker_init,
     worker_process_init,
     worker_ready,
 )
@@ -91,6 +92,13 @@ def create_app(settings: Settings | None = None) -> Celery:
 def _after_fork(**_kwargs) -> None:
     # A forked pool process must not reuse its parent's database connections.
     forget_engines()
+
+
+@worker_init.connect
+def _watch_for_shutdown(sender=None, **_kwargs) -> None:
+    from tasks import shutdown
+
+    shutdown.watch(sender.app.agent_radar_settings if sender is not None else Settings.from_env())
 
 
 @worker_ready.connect

@@ -1,6 +1,7 @@
 """Maintenance tasks: thin wrappers over workflows.maintenance.runs and maintenance_exec.
 `agent_radar.maintenance.*` is routed to the `maintenance` queue (long work)."""
 
+from tasks import shutdown
 from tasks.fence_tasks import _collaborators
 from tasks.goal_tasks import _client
 from tasks.strict import strict_task
@@ -42,7 +43,9 @@ def cancel_maintenance(ctx, workspace_id, run_id):
 
 @strict_task("agent_radar.maintenance.execute")
 def execute(ctx, run_id):
-    executor = MaintenanceExecutor(ctx.engine, ctx.runtime, **_collaborators(ctx))
+    executor = MaintenanceExecutor(
+        ctx.engine, ctx.runtime, stopping=shutdown.stopping, **_collaborators(ctx)
+    )
     return executor.execute(check_id("run_id", run_id))
 
 

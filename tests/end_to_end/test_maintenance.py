@@ -63,3 +63,28 @@ def test_worker_killed_mid_run_is_recovered_from_the_agents_answer(client, stack
     rows = [r for r in client.history(WS, SID) if r.record_id == f"maintenance:{run.run_id}"]
     assert len(rows) == 1 and rows[0].revision == len(history)
     assert len(sim_control.effects("maintenance")) == 1
+
+
+def test_a_stopping_worker_hands_a_long_run_back(client, stack, sim_control):
+    """SIGTERM (a rollout) while a worker waits on a long run: the worker is gone at once,
+    not when the run ends, and another worker re-attaches — no recovery, one run at the
+    host."""
+    import signal
+    import subprocess
+
+    first = stack.start_worker(concurrency=1)
+    stack.start_beat()
+    sim_control.session(WS, SID, maintenance_duration_ms=25_000)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    eventually(lambda: sim_control.calls("maintenance"), what="the run to start at the host")
+    first.popen.send_signal(signal.SIGTERM)
+    try:
+        first.popen.wait(15)  # without the hand-back it waits for the whole run (25 s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the stopping worker held its shutdown for the run") from None
+    assert client.get_maintenance(run.run_id).status == "running"
+    stack.start_worker(concurrency=1)
+    done = client.wait(run, timeout=60)
+    assert done.status == "completed", (done.error_code, done.detail)
+    assert [s for _, s in statuses(client, run.run_id)] == ["running", "finalizing", "completed"]
+    assert len(sim_control.effects("maintenance")) == 1  # the start is idempotent by run_id

@@ -30,6 +30,11 @@ EXECUTE_TASK = "agent_radar.maintenance.execute"
 S = MaintenanceStatus
 # Between two status polls of the runtime; also how soon a cancel request is noticed.
 POLL_S = 0.2
+# One execute task polls at most this long, then hands the run back (published again): well
+# under the task's soft time limit (tasks/app.py, 300 s), so no task is cut off mid-poll.
+MAX_WAIT_S = 240.0
+# _poll's answer when the run goes back to another worker.
+HAND_BACK: dict = {"hand_back": True}
 # How long an executor keeps trying to record a failed terminal write as recovery before
 # leaving it to lease expiry and the sweeper.
 PERSIST_RETRY_S = 120
@@ -58,11 +63,12 @@ class MaintenanceExecutor:
         publish: Publish,
         clock: Callable[[], datetime] = utcnow,
         poll_s: float = POLL_S,
-        max_wait_s: float = 3000.0,
+        max_wait_s: float = MAX_WAIT_S,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
         self.lease_s, self.publish, self.clock = lease_s, publish, clock
-        self.poll_s, self.max_wait_s = poll_s, max_wait_s
+        self.poll_s, self.max_wait_s, self.stopping = poll_s, max_wait_s, stopping
 
     def execute(self, run_id: str) -> str:
         claim = run_transaction(self.engine, lambda s: self._claim(s, run_id))
@@ -96,7 +102,21 @@ class MaintenanceExecutor:
             return "runtime_unavailable"
         if outcome is None:
             return "lost_lease"
+        if outcome is HAND_BACK:
+            return self._hand_back(claim)
         return self.finish(claim, outcome)
+
+    def _hand_back(self, claim: RunClaim) -> str:
+        """Let the run go to another worker at once: the lease released and the execute task
+        published again; that worker re-attaches (the start is idempotent by run_id at the
+        host). Used when this worker is stopping, and after max_wait_s, so that no task runs
+        past its time limit."""
+        released = run_transaction(self.engine, lambda s: self._release(s, claim))
+        if not released:
+            return "lost_lease"
+        self.publish(EXECUTE_TASK, {"run_id": claim.run_id})
+        log.info("maintenance %s: handed back to another worker", claim.run_id)
+        return "handed_back"
 
     def _status_or_gone(self, claim: RunClaim) -> dict | None:
         """The host's state of a run in recovery; None when the host has no such run or no
@@ -161,17 +181,22 @@ class MaintenanceExecutor:
             return None
         return s.get(MaintenanceRun, claim.run_id, populate_existing=True)
 
-    def _release(self, s: Session, claim: RunClaim) -> None:
-        s.execute(
+    def _release(self, s: Session, claim: RunClaim) -> bool:
+        result = s.execute(
             update(MaintenanceRun)
             .where(MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
             .values(lease_owner=None, lease_token=None, lease_expires_at=None)
         )
+        return rowcount(result) == 1
 
     def _poll(self, claim: RunClaim) -> dict | None:
+        """The run's final state; None if the lease was lost; HAND_BACK when this worker is
+        stopping or waited max_wait_s (the next worker goes on polling)."""
         cancel_sent = False
         deadline = time.monotonic() + self.max_wait_s
-        while time.monotonic() < deadline:
+        while True:
+            if self.stopping() or time.monotonic() >= deadline:
+                return HAND_BACK
             run = run_transaction(self.engine, lambda s: self._heartbeat(s, claim))
             if run is None:
                 return None  # our lease is gone: another worker owns the run now
@@ -184,12 +209,6 @@ class MaintenanceExecutor:
             if state.get("state") == "done":
                 return state
             time.sleep(self.poll_s)
-        raise RuntimeFault(
-            f"maintenance {claim.run_id} did not finish in {self.max_wait_s} s",
-            code="timeout",
-            retryable=True,
-            http_status=None,
-        )
 
     def finish(self, claim: RunClaim, outcome: dict) -> str:
         """finalizing (durable on its own: no cancel after this point), then the terminal
