@@ -638,3 +638,37 @@ def test_health_probes(settings, client, stack):
     from tests.helpers import eventually
 
     eventually(lambda: probe("beat").returncode == 0, what="a sweep to finish")
+
+
+@pytest.mark.parametrize("backend", ["production"])  # Celery's own options, one broker
+def test_worker_passes_celerys_options_through(settings, stack):
+    from tasks.app import create_app
+    from tests.helpers import eventually
+
+    name = "passthrough"
+    ready = settings.home / "run" / f"{name}.ready"
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    stack.spawn(
+        name,
+        [
+            "worker",
+            "--name",
+            name,
+            "--autoscale",
+            "3,1",
+            "--max-tasks-per-child",
+            "7",
+            "--prefetch-multiplier",  # not an option of ours: passed to Celery as it is
+            "1",
+        ],
+        ready,
+    )
+    eventually(ready.exists, timeout_s=60, what="the worker")
+    app = create_app(settings)
+    stats = eventually(
+        lambda: app.control.inspect(timeout=2).stats(), timeout_s=30, what="worker stats"
+    )
+    (node,) = [n for n in stats if n.startswith(f"{name}-")]
+    assert stats[node]["pool"]["max-tasks-per-child"] == 7
+    autoscaler = stats[node]["autoscaler"]
+    assert (autoscaler["max"], autoscaler["min"]) == (3, 1)

@@ -78,7 +78,7 @@ def test_resolve_rejects_an_unknown_command():
     with pytest.raises(AssertionError):
         _resolve(["launch-rockets"])
     with pytest.raises(click.UsageError):
-        _resolve(["worker", "--no-such-option"])
+        _resolve(["beat", "--no-such-option"])
 
 
 def test_compose_reads_a_required_untracked_env_file_and_hides_secrets():

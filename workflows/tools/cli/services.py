@@ -12,14 +12,29 @@ from workflows.adapters.config import Settings
 from workflows.tools.cli.common import EXIT_FAILED, _emit, _prepare_home, cli, json_option
 
 
-@cli.command()
+@cli.command(context_settings={"ignore_unknown_options": True})
 @click.option("-c", "--concurrency", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("-Q", "--queues", default=WORKER_QUEUES, show_default=True)
 @click.option("--name", default=None, help="Node name prefix (unique per host).")
 @click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--autoscale", default=None, help="MAX,MIN pool processes (Celery's --autoscale).")
+@click.option("--max-tasks-per-child", type=click.IntRange(1), default=None)
+@click.option("--max-memory-per-child", type=click.IntRange(1), default=None, help="KiB.")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 @json_option
-def worker(concurrency: int, queues: str, name: str | None, loglevel: str, as_json: bool):
-    """Run a Celery worker (applies pending migrations first)."""
+def worker(
+    concurrency: int,
+    queues: str,
+    name: str | None,
+    loglevel: str,
+    autoscale: str | None,
+    max_tasks_per_child: int | None,
+    max_memory_per_child: int | None,
+    celery_args: tuple[str, ...],
+    as_json: bool,
+):
+    """Run a Celery worker (applies pending migrations first). Options this command does
+    not know are passed to `celery worker` as they are."""
     from models.migrate import upgrade
 
     settings = Settings.from_env()
@@ -45,6 +60,10 @@ def worker(concurrency: int, queues: str, name: str | None, loglevel: str, as_js
             "-E",
             "--without-mingle",
             "--without-gossip",
+            *([f"--autoscale={autoscale}"] if autoscale else []),
+            *([f"--max-tasks-per-child={max_tasks_per_child}"] if max_tasks_per_child else []),
+            *([f"--max-memory-per-child={max_memory_per_child}"] if max_memory_per_child else []),
+            *celery_args,
         ]
     )
 
