@@ -58,6 +58,12 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
     )
     assert (moved["host"], moved["goal"]) == ("host-b", "completed")
     assert moved["calls_at_host_b"] == ["liveness", "goal-fences", "goal"]
+    status = next(line for line in result["timeline"] if line["event"] == "agent-radar status")
+    assert status["problems"] == "none" and status["last_sweep_s_ago"] is not None
+    metrics = next(
+        line for line in result["timeline"] if line["event"] == "agent-radar metrics (Prometheus)"
+    )
+    assert metrics["up"] == 1 and metrics["operations"] > 0 and metrics["overdue"] == 0
     # two sims (hosts default and host-b), two workers (one killed), beat: each its own
     # process group, all gone now
     assert len(result["process_groups"]) == 5

@@ -96,8 +96,40 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
         _second_host(client, stack, say),
         _maintenance_and_prompts(client, sim, say),
         _audit(client, sim, say),
+        _tooling(client, say),
     ]
     return all(results)
+
+
+def _tooling(client: AgentRadar, say) -> bool:
+    # 11. what an operator sees: `agent-radar status` and `agent-radar metrics`
+    from workflows.tools.metrics import FleetCollector
+    from workflows.tools.status import fleet_status, problems
+
+    status = fleet_status(client.engine)
+    found = problems(status, client.settings.sweep_interval_s)
+    say(
+        "agent-radar status",
+        goal_operations=status["goal_operations"],
+        fences=status["fences"],
+        maintenance=status["maintenance_runs"],
+        prompts=status["prompts"],
+        last_sweep_s_ago=status["sweeper_heartbeat_age_s"],
+        problems=found or "none",
+    )
+    gauges = {
+        family.name: sum(sample.value for sample in family.samples)
+        for family in FleetCollector(client.engine).collect()
+    }
+    say(
+        "agent-radar metrics (Prometheus)",
+        up=gauges["agent_radar_up"],
+        operations=gauges["agent_radar_operations"],
+        overdue=gauges["agent_radar_overdue_operations"],
+        runs_in_recovery=gauges["agent_radar_runs_in_recovery"],
+        sweeper_heartbeat_age_s=round(gauges["agent_radar_sweeper_heartbeat_age_seconds"], 2),
+    )
+    return not found
 
 
 def _goals_and_replay(client: AgentRadar, say) -> bool:
