@@ -1,8 +1,11 @@
-"""The beat schedule: one entry, the sweeper, every `sweep_interval_s`."""
+"""The beat schedule: the sweeper every `sweep_interval_s`, retention every 10 minutes."""
 
 from workflows.adapters.config import Settings
 
 SWEEP_TASK = "agent_radar.sweep"
+PRUNE_TASK = "agent_radar.prune"
+# Retention runs in bounded batches this often (DESIGN 4.10).
+PRUNE_INTERVAL_S = 600.0
 
 
 def beat_schedule(settings: Settings) -> dict:
@@ -14,5 +17,10 @@ def beat_schedule(settings: Settings) -> dict:
             # A sweep queued while workers were down is worthless once the next is due;
             # expiring them keeps a backlog of sweeps from forming.
             "options": {"expires": max(interval_s * 5, 10.0)},
+        },
+        "agent-radar-prune": {
+            "task": PRUNE_TASK,
+            "schedule": PRUNE_INTERVAL_S,
+            "options": {"expires": PRUNE_INTERVAL_S},
         },
     }

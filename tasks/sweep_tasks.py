@@ -1,7 +1,7 @@
 """`agent_radar.sweep`: the task beat schedules, a thin wrapper over `beat.sweeper.sweep_once`.
 It lives here, with the other tasks, so that `tasks/` imports `beat/` and never the reverse."""
 
-from beat.schedule import SWEEP_TASK
+from beat.schedule import PRUNE_TASK, SWEEP_TASK
 from beat.sweeper import sweep_once
 from models.base import utcnow
 from tasks.strict import strict_task
@@ -23,3 +23,18 @@ def sweep(ctx):
         cancel_grace_s=ctx.settings.maintenance_cancel_grace_s,
     )
     return counts.as_dict()
+
+
+@strict_task(PRUNE_TASK)
+def prune(ctx):
+    """Retention (DESIGN 4.10): a few bounded batches per run; the next run goes on."""
+    return _client_prune(ctx)
+
+
+def _client_prune(ctx) -> dict:
+    from tasks.goal_tasks import _client
+
+    return _client(ctx).prune(max_batches=PRUNE_MAX_BATCHES)
+
+
+PRUNE_MAX_BATCHES = 10

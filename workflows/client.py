@@ -27,7 +27,7 @@ from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
 from workflows.maintenance import runs
 from workflows.maintenance.executor import EXECUTE_TASK
-from workflows.operators import actions, catalog
+from workflows.operators import actions, catalog, retention
 from workflows.records import (
     Fence,
     GoalOperation,
@@ -565,6 +565,39 @@ class AgentRadar:
             utcnow(),
         )
         return self.get_maintenance(run_id)
+
+    def prune(
+        self,
+        *,
+        dry_run: bool = False,
+        retention_days: float | None = None,
+        batch: int = retention.BATCH,
+        max_batches: int = 1,
+    ) -> dict:
+        """Retention (DESIGN 4.10): delete settled operations and events older than the
+        window, up to `max_batches` batches of `batch` rows of each kind, each batch its own
+        transaction. A dry run counts one batch and deletes nothing."""
+        days = retention.check_retention_days(
+            self.settings.retention_days if retention_days is None else retention_days
+        )
+        check_limit(batch)
+        totals: dict[str, int] = {}
+        cutoff = None
+        for _ in range(1 if dry_run else max_batches):
+            result = run_transaction(
+                self.engine,
+                lambda s: retention.prune_batch(s, utcnow(), days, batch, dry_run),
+            )
+            cutoff = result.cutoff
+            for name, count in result.rows.items():
+                totals[name] = totals.get(name, 0) + count
+            if max(result.rows.values(), default=0) < batch:
+                break  # nothing more of any kind
+        return {
+            "cutoff": cutoff.isoformat() if cutoff else None,
+            "dry_run": dry_run,
+            "rows": totals,
+        }
 
     # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
     def add_host(self, host_id: str, url: str, *, replace: bool = False) -> Host:

@@ -672,3 +672,14 @@ def test_worker_passes_celerys_options_through(settings, stack):
     assert stats[node]["pool"]["max-tasks-per-child"] == 7
     autoscaler = stats[node]["autoscaler"]
     assert (autoscaler["max"], autoscaler["min"]) == (3, 1)
+
+
+def test_prune_command(settings, client):
+    client.set_goal("ws", "s1", "first", client_submit_id="g1")
+    client.set_goal("ws", "s1", "second", client_submit_id="g2")
+    dry = json.loads(run_cli(settings, "prune", "--dry-run", "--json").stdout)
+    assert dry["dry_run"] and set(dry["rows"]) >= {"goal_operations", "session_events"}
+    assert sum(dry["rows"].values()) == 0  # nothing is 30 days old
+    assert "would delete" in run_cli(settings, "prune", "--dry-run").stdout
+    proc = run_cli(settings, "prune", "--retention-days", "0.2", check=False)
+    assert proc.returncode == 2 and "invalid_argument" in proc.stderr

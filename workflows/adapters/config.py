@@ -46,6 +46,8 @@ class Settings:
     runtime_timeout_s: float = 10.0
     # Prefix for every broker key (Redis): lets deployments, or test runs, share one Redis.
     broker_key_prefix: str = ""
+    # Settled operations and events older than this are pruned (DESIGN 4.10); at least 1.
+    retention_days: float = 30.0
 
     @property
     def broker_folder(self) -> Path:
@@ -83,6 +85,7 @@ class Settings:
             lease_s=max(_float(env, "AGENT_RADAR_LEASE_S", 30.0), timeout_s + 1),
             runtime_timeout_s=timeout_s,
             broker_key_prefix=env.get("AGENT_RADAR_BROKER_KEY_PREFIX", ""),
+            retention_days=_retention_days(env),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -101,4 +104,13 @@ class Settings:
             env["AGENT_RADAR_RUNTIME_TOKEN"] = self.runtime_token
         if self.broker_key_prefix:
             env["AGENT_RADAR_BROKER_KEY_PREFIX"] = self.broker_key_prefix
+        env["AGENT_RADAR_RETENTION_DAYS"] = str(self.retention_days)
         return env
+
+
+def _retention_days(env: Mapping[str, str]) -> float:
+    days = _float(env, "AGENT_RADAR_RETENTION_DAYS", 30.0)
+    if days < 1:
+        # A replay within a day must always find its operation (DESIGN 4.10).
+        raise ValueError(f"AGENT_RADAR_RETENTION_DAYS must be at least 1, got {days:g}")
+    return days

@@ -110,3 +110,27 @@ def op_retry(operation_id: str, reason: str, workspace_id: str | None, as_json: 
         _client().retry_operation(operation_id, reason=reason, workspace_id=workspace_id)
     )
     _emit(as_json, record, f"{record['kind']} {operation_id}: {record['status']}")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Count one batch of what would go; delete nothing.")
+@click.option(
+    "--retention-days",
+    type=float,
+    default=None,
+    help="Override AGENT_RADAR_RETENTION_DAYS (at least 1).",
+)
+@click.option("--batch", type=int, default=500, show_default=True)
+@click.option("--max-batches", type=click.IntRange(1, 10_000), default=1, show_default=True)
+@json_option
+def prune(dry_run, retention_days, batch, max_batches, as_json):
+    """Delete settled operations and events older than the retention window (fences are
+    permanent and stay). Beat does this every 10 minutes in bounded batches."""
+    result = _client().prune(
+        dry_run=dry_run, retention_days=retention_days, batch=batch, max_batches=max_batches
+    )
+    verb = "would delete" if dry_run else "deleted"
+    lines = [f"{verb} (settled before {result['cutoff']}):"] + [
+        f"  {name}: {count}" for name, count in result["rows"].items()
+    ]
+    _emit(as_json, result, "\n".join(lines))

@@ -1,0 +1,122 @@
+"""Retention (DESIGN 4.10), on both backends: settled operations and events older than the
+window go in bounded batches; open, live, still-pointed-at and fence rows stay; never under
+a day; a dry run deletes nothing."""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+
+from beat.schedule import PRUNE_TASK, beat_schedule
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import (
+    GoalFence,
+    GoalOperation,
+    MaintenanceRun,
+    Prompt,
+    SessionEvent,
+    Turn,
+)
+from tests.helpers import row_counts
+from workflows.adapters.config import Settings
+from workflows.errors import InvalidArgument, NotFound
+from workflows.goals.operations import fail_operation
+
+WS = "ws-retention"
+
+
+def age_everything(client, days: float) -> None:
+    then = utcnow() - timedelta(days=days)
+
+    def age(s):
+        s.execute(update(GoalOperation).values(created_at=then, completed_at=then))
+        s.execute(update(GoalFence).values(created_at=then, completed_at=then))
+        s.execute(update(Prompt).values(created_at=then))
+        s.execute(update(MaintenanceRun).values(started_at=then, finished_at=then))
+        s.execute(update(Turn).values(settled_at=then))
+        s.execute(update(SessionEvent).values(created_at=then))
+
+    run_transaction(client.engine, age)
+
+
+def count(client, table) -> int:
+    return run_transaction(
+        client.engine, lambda s: s.execute(select(func.count()).select_from(table)).scalar_one()
+    )
+
+
+def test_old_settled_rows_go_and_everything_else_stays(client):
+    # settled: an operation replaced by a newer one, a failed one, a completed prompt
+    old = client.set_goal(WS, "s1", "first", client_submit_id="g1")
+    newest = client.set_goal(WS, "s1", "second", client_submit_id="g2")  # supersedes g1
+    failed = client.set_goal(WS, "s2", "x", client_submit_id="g1")
+    run_transaction(
+        client.engine,
+        lambda s: fail_operation(s, s.get(GoalOperation, failed.operation_id), "no", utcnow()),
+    )
+    fence = client.fence_goal_generation(WS, "s1", old.operation_id, client_submit_id="f1")
+    prompt = client.submit_prompt(WS, "s3", "hello", client_submit_id="p1")
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(update(Prompt).values(status="completed")),
+    )
+    live_run = client.start_maintenance(WS, "s4", client_submit_id="m1")  # still running
+    age_everything(client, days=40)
+
+    preview = client.prune(dry_run=True)
+    assert preview["dry_run"] and preview["rows"]["goal_operations"] >= 2
+    before = row_counts(client.engine)
+    assert client.prune(dry_run=True)["rows"] == preview["rows"]
+    assert row_counts(client.engine) == before  # a dry run deletes nothing
+
+    done = client.prune(max_batches=5)
+    assert done["rows"]["prompts"] == 1
+    remaining = {
+        r.operation_id
+        for r in run_transaction(
+            client.engine, lambda s: s.execute(select(GoalOperation)).scalars().all()
+        )
+    }
+    assert old.operation_id not in remaining and failed.operation_id not in remaining
+    assert newest.operation_id in remaining  # open: the goal state points at it
+    assert count(client, GoalFence) == 1  # fences are permanent
+    assert client.get_maintenance(live_run.run_id).status == "running"
+    assert client.history(WS, "s4")  # a live run's records stay
+    assert client.get_fence(fence.fence_id).fence_id == fence.fence_id
+    with pytest.raises(NotFound):
+        client.get_prompt(prompt.prompt_id)
+
+
+def test_recent_rows_stay(client):
+    client.set_goal(WS, "s1", "first", client_submit_id="g1")
+    client.set_goal(WS, "s1", "second", client_submit_id="g2")
+    age_everything(client, days=2)
+    assert sum(client.prune(max_batches=5)["rows"].values()) == 0
+    assert sum(client.prune(retention_days=1.5, max_batches=5)["rows"].values()) > 0
+
+
+def test_batches_are_bounded(client):
+    for n in range(7):
+        client.set_goal(WS, f"s{n}", "x", client_submit_id="g1")
+        client.set_goal(WS, f"s{n}", "y", client_submit_id="g2")
+    age_everything(client, days=40)
+    first = client.prune(batch=3)
+    assert first["rows"]["goal_operations"] == 3
+    assert client.prune(batch=3, max_batches=10)["rows"]["goal_operations"] == 4
+
+
+@pytest.mark.parametrize("days", [0, 0.5, -1, "30", True])
+def test_a_window_under_a_day_is_refused(client, days):
+    with pytest.raises(InvalidArgument):
+        client.prune(retention_days=days)
+
+
+def test_the_retention_setting_and_the_beat_entry():
+    with pytest.raises(ValueError, match="at least 1"):
+        Settings.from_env({"AGENT_RADAR_RETENTION_DAYS": "0.5"})
+    settings = Settings.from_env({"AGENT_RADAR_RETENTION_DAYS": "45"})
+    assert settings.retention_days == 45
+    assert Settings.from_env(settings.to_env()).retention_days == 45
+    entries = beat_schedule(settings)
+    assert [e["task"] for e in entries.values() if e["task"] == PRUNE_TASK] == [PRUNE_TASK]

@@ -1,0 +1,173 @@
+"""Retention (DESIGN 4.10): settled operations and events older than the retention window
+(default 30 days, never under 24 hours, so a replay within a day always finds its operation)
+are deleted by a beat task in bounded batches. Fence rows are permanent (they forbid their
+generation forever) and are never pruned; nothing open, live or still waited on is pruned.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, delete, literal, not_, or_, select, tuple_
+from sqlalchemy.orm import Session
+
+from models.enums import (
+    LIVE_MAINTENANCE_STATUSES,
+    TERMINAL_MAINTENANCE_STATUSES,
+    TERMINAL_OPERATION_STATUSES,
+    CancelStatus,
+    PromptStatus,
+    TurnPhase,
+)
+from models.tables import (
+    CancelOperation,
+    GoalOperation,
+    GoalState,
+    MaintenanceRun,
+    Prompt,
+    SessionEvent,
+    SessionStop,
+    Turn,
+)
+from workflows.errors import InvalidArgument
+
+DEFAULT_RETENTION_DAYS = 30.0
+MIN_RETENTION_DAYS = 1.0
+BATCH = 500
+
+
+def check_retention_days(value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not MIN_RETENTION_DAYS <= value <= 36500
+    ):
+        raise InvalidArgument(
+            f"retention must be {MIN_RETENTION_DAYS:g} to 36500 days (a replay within a day "
+            "must find its operation)",
+            field="retention_days",
+        )
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One kind of row: which of them are settled and older than `cutoff`."""
+
+    name: str
+    table: Any
+    key: tuple[Any, ...]
+    prunable: Callable[[datetime], ColumnElement[bool]]
+
+
+def _live_run_records() -> Any:
+    return select(literal("maintenance:") + MaintenanceRun.run_id).where(
+        MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES)
+    )
+
+
+RULES = (
+    Rule(
+        "goal_operations",
+        GoalOperation,
+        (GoalOperation.operation_id,),
+        lambda cutoff: and_(
+            GoalOperation.status.in_(TERMINAL_OPERATION_STATUSES),
+            or_(
+                GoalOperation.completed_at < cutoff,
+                and_(GoalOperation.completed_at.is_(None), GoalOperation.created_at < cutoff),
+            ),
+            # the operation a goal state still points at stays
+            ~select(GoalState.pending_operation_id)
+            .where(GoalState.pending_operation_id == GoalOperation.operation_id)
+            .exists(),
+        ),
+    ),
+    Rule(
+        "cancel_operations",
+        CancelOperation,
+        (CancelOperation.operation_id,),
+        lambda cutoff: and_(
+            CancelOperation.status.in_((CancelStatus.COMPLETED, CancelStatus.FAILED)),
+            CancelOperation.created_at < cutoff,
+        ),
+    ),
+    Rule(
+        "turns",
+        Turn,
+        (Turn.workspace_id, Turn.session_id, Turn.turn_id),
+        lambda cutoff: and_(Turn.phase == TurnPhase.SETTLED, Turn.settled_at < cutoff),
+    ),
+    Rule(
+        "maintenance_runs",
+        MaintenanceRun,
+        (MaintenanceRun.run_id,),
+        lambda cutoff: and_(
+            MaintenanceRun.status.in_(TERMINAL_MAINTENANCE_STATUSES),
+            MaintenanceRun.finished_at < cutoff,
+        ),
+    ),
+    Rule(
+        "prompts",
+        Prompt,
+        (Prompt.prompt_id,),
+        lambda cutoff: and_(
+            Prompt.status.in_((PromptStatus.COMPLETED, PromptStatus.FAILED)),
+            Prompt.created_at < cutoff,
+        ),
+    ),
+    Rule(
+        "session_stops",
+        SessionStop,
+        (SessionStop.stop_id,),
+        lambda cutoff: and_(
+            SessionStop.created_at < cutoff,
+            not_(
+                select(MaintenanceRun.run_id)
+                .where(
+                    MaintenanceRun.run_id == SessionStop.run_id,
+                    MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES),
+                )
+                .exists()
+            ),
+        ),
+    ),
+    Rule(
+        "session_events",
+        SessionEvent,
+        (SessionEvent.id,),
+        lambda cutoff: and_(
+            SessionEvent.created_at < cutoff,
+            SessionEvent.record_id.not_in(_live_run_records()),
+        ),
+    ),
+)
+
+
+@dataclass
+class PruneResult:
+    cutoff: datetime
+    dry_run: bool
+    rows: dict[str, int] = field(default_factory=dict)  # per table: pruned (or prunable)
+
+
+def prune_batch(
+    session: Session, now: datetime, retention_days: float, batch: int, dry_run: bool
+) -> PruneResult:
+    """At most `batch` rows of each kind, in the caller's transaction. A dry run counts what
+    one batch would delete and deletes nothing."""
+    cutoff = now - timedelta(days=check_retention_days(retention_days))
+    result = PruneResult(cutoff=cutoff, dry_run=dry_run)
+    for rule in RULES:
+        keys = session.execute(select(*rule.key).where(rule.prunable(cutoff)).limit(batch)).all()
+        result.rows[rule.name] = len(keys)
+        if dry_run or not keys:
+            continue
+        if len(rule.key) == 1:
+            session.execute(delete(rule.table).where(rule.key[0].in_([k[0] for k in keys])))
+        else:
+            session.execute(
+                delete(rule.table).where(tuple_(*rule.key).in_([tuple(k) for k in keys]))
+            )
+    return result
