@@ -2,6 +2,7 @@
 parses, has the services of the product card, and every command it runs is a real CLI
 command with valid options."""
 
+import shlex
 from pathlib import Path
 
 import click
@@ -195,3 +196,60 @@ def test_compose_probes_are_real_health_commands():
             [a.replace('"$(hostname)"', "h").replace("$(hostname)", "h") for a in argv[1:]]
         )
         assert ctx.command.name == what
+
+
+def _kubernetes() -> list[dict]:
+    path = ROOT / "deploy" / "kubernetes" / "agent-radar.yaml"
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _container_commands(doc: dict) -> list[tuple[str, list[str]]]:
+    """(what, argv) of every command a manifest runs: container args and exec probes."""
+    spec = doc["spec"]["template"]["spec"]
+    found = []
+    for container in spec["containers"]:
+        found.append((f"{doc['metadata']['name']} args", container["args"]))
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            command = (container.get(probe) or {}).get("exec", {}).get("command")
+            if command:
+                if command[:2] == ["sh", "-c"]:
+                    command = shlex.split(command[2].replace('"$(hostname)"', "h"))
+                assert command[0] == "agent-radar", command
+                found.append((f"{doc['metadata']['name']} {probe}", command[1:]))
+    return found
+
+
+def test_the_kubernetes_manifests_run_real_commands_with_probes():
+    docs = _kubernetes()
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {
+        ("Job", "agent-radar-migrate"),
+        ("Deployment", "agent-radar-worker"),
+        ("Deployment", "agent-radar-beat"),
+        ("Deployment", "agent-radar-metrics"),
+        ("Service", "agent-radar-metrics"),
+        ("ScaledObject", "agent-radar-worker"),
+    } <= kinds
+    for doc in docs:
+        if doc["kind"] not in ("Job", "Deployment"):
+            continue
+        for what, argv in _container_commands(doc):
+            # parses as `agent-radar ARGV` would: an unknown command or option fails here
+            ctx = _resolve(list(argv))
+            assert ctx.command.name in argv, what
+        containers = doc["spec"]["template"]["spec"]["containers"]
+        for container in containers:
+            env_names = {e["name"] for e in container.get("env", [])}
+            secret_refs = [e["secretRef"]["name"] for e in container.get("envFrom", [])]
+            assert env_names or secret_refs, f"{doc['metadata']['name']} gets no settings"
+            for e in container.get("env", []):
+                assert "value" not in e, "settings come from the Secret, never inline"
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert deployments["agent-radar-beat"]["spec"]["replicas"] == 1
+    worker = deployments["agent-radar-worker"]["spec"]["template"]["spec"]
+    assert "livenessProbe" in worker["containers"][0]
+    beat = deployments["agent-radar-beat"]["spec"]["template"]["spec"]["containers"][0]
+    assert beat["livenessProbe"]["exec"]["command"] == ["agent-radar", "health", "beat"]
+    # Compose and Kubernetes give a stopping worker the same time.
+    grace = worker["terminationGracePeriodSeconds"]
+    assert f"{grace}s" == _compose()["services"]["worker"]["stop_grace_period"]
