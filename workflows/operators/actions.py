@@ -47,20 +47,19 @@ class Done:
 
 def audit(
     session: Session,
-    workspace_id: str,
-    session_id: str,
+    row: Any,
     action: str,
     target_id: str,
     reason: str,
     now: datetime,
     **details: Any,
 ) -> None:
-    """The action's record in the session's events (the session row is locked)."""
+    """The action's record in the events of `row`'s session (its row is locked)."""
     event_id = str(uuid.uuid4())
     append_event(
         session,
-        workspace_id,
-        session_id,
+        row.workspace_id,
+        row.session_id,
         kind=OPERATOR_EVENT,
         record_id=f"operator:{event_id}",
         idempotency_key=f"operator:{action}:{target_id}:{event_id}",
@@ -100,17 +99,7 @@ def retry(
             clear = session.get(GoalOperation, fence.clear_operation_id, populate_existing=True)
             if clear is not None and clear.status == OperationStatus.FAILED:
                 _reopen(session, clear, now, must_be_current=False)
-        audit(
-            session,
-            fence.workspace_id,
-            fence.session_id,
-            "retry",
-            operation_id,
-            reason,
-            now,
-            target_kind="fence",
-        )
-        return Done("fence", operation_id, fence.workspace_id, fence.session_id)
+        return _retried(session, fence, "fence", operation_id, reason, now)
     op = session.get(GoalOperation, operation_id, populate_existing=True)
     if not _owned(op, workspace_id):
         raise NotFound(f"no goal operation or fence {operation_id}", operation_id=operation_id)
@@ -121,17 +110,14 @@ def retry(
             f"goal operation {operation_id} is {op.status}: only a failed one is retried"
         )
     _reopen(session, op, now, must_be_current=True)
-    audit(
-        session,
-        op.workspace_id,
-        op.session_id,
-        "retry",
-        operation_id,
-        reason,
-        now,
-        target_kind="goal",
-    )
-    return Done("goal", operation_id, op.workspace_id, op.session_id)
+    return _retried(session, op, "goal", operation_id, reason, now)
+
+
+def _retried(
+    session: Session, row: Any, kind: str, operation_id: str, reason: str, now: datetime
+) -> Done:
+    audit(session, row, "retry", operation_id, reason, now, target_kind=kind)
+    return Done(kind, operation_id, row.workspace_id, row.session_id)
 
 
 def _reopen(session: Session, op: GoalOperation, now: datetime, must_be_current: bool) -> None:
@@ -196,8 +182,7 @@ def resolve(
         raise Conflict(f"run {run_id} changed meanwhile; look again")
     audit(
         session,
-        run.workspace_id,
-        run.session_id,
+        run,
         "resolve",
         run_id,
         reason,
@@ -219,8 +204,7 @@ def set_admission(
     action = "drain" if admission == "draining" else "undrain"
     audit(
         session,
-        workspace_id,
-        session_id,
+        row,
         action,
         f"{workspace_id}/{session_id}",
         reason,

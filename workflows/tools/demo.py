@@ -271,20 +271,28 @@ def _offline_fence(client: AgentRadar, sim: SimControl, say) -> bool:
     return not resumes
 
 
+def _shared_goal_revoked(client: AgentRadar, sid: str, tag: str, owner_plan: str | None = None):
+    """A shared goal applied, the owner's own plan after it (if any), then the shared
+    goal's fence delivered; returns the shared goal's operation."""
+    shared = client.wait(
+        client.set_goal(WS, sid, "follow the shared runbook", client_submit_id=f"binding-{tag}")
+    )
+    if owner_plan is not None:
+        client.wait(client.set_goal(WS, sid, owner_plan, client_submit_id=f"req-{tag}"))
+    client.wait(
+        client.fence_goal_generation(
+            WS, sid, shared.operation_id, client_submit_id=f"revoke-binding-{tag}"
+        )
+    )
+    return shared
+
+
 def _host_restart(client: AgentRadar, sim: SimControl, say) -> bool:
     # 7. the agent host restarts: the turn it ran ends interrupted, and the session's fences
     #    go back to it before anything else does
     sid = "session-r"
     sim.session(WS, sid, turn_duration_ms=0)  # its turns run until something ends them
-    shared = client.wait(
-        client.set_goal(WS, sid, "follow the shared runbook", client_submit_id="binding-r")
-    )
-    client.wait(client.set_goal(WS, sid, "owner's own plan", client_submit_id="req-r"))
-    client.wait(
-        client.fence_goal_generation(
-            WS, sid, shared.operation_id, client_submit_id="revoke-binding-r"
-        )
-    )
+    shared = _shared_goal_revoked(client, sid, "r", owner_plan="owner's own plan")
     turn_id = wait_for(lambda: client.session_info(WS, sid).active_turn_id, 30, "a running turn")
     before = client.session_info(WS, sid)
     sim.session(WS, sid, restart=True)
@@ -310,14 +318,7 @@ def _second_host(client: AgentRadar, stack: Stack, say) -> bool:
     # 8. a second agent host joins the fleet and session-m moves to it: a new epoch there,
     #    its fence goes there before its next goal, and nothing of it is sent to the first
     sid = "session-m"
-    shared = client.wait(
-        client.set_goal(WS, sid, "follow the shared runbook", client_submit_id="binding-m")
-    )
-    client.wait(
-        client.fence_goal_generation(
-            WS, sid, shared.operation_id, client_submit_id="revoke-binding-m"
-        )
-    )
+    shared = _shared_goal_revoked(client, sid, "m")
     url = f"http://127.0.0.1:{free_port()}"
     stack.start_sim("host-b", url)
     host_b = SimControl(url, client.settings.runtime_token)

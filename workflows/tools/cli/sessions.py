@@ -74,22 +74,23 @@ def session_ensure(workspace_id: str, session_id: str, as_json: bool, host_id: s
 REASON = click.option("--reason", required=True, help="Why (kept in the session's events).")
 
 
-@session.command("drain")
-@session_arguments
-@REASON
-def session_drain(workspace_id: str, session_id: str, as_json: bool, reason: str):
-    """Stop admitting maintenance on the session (an audited operator action)."""
-    info = _client().drain_session(workspace_id, session_id, reason=reason)
-    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
+def _admission_command(name: str, method: str, help_text: str) -> None:
+    """`session drain` and `session undrain`: the same audited action, two directions."""
+
+    @session.command(name, help=help_text)
+    @session_arguments
+    @REASON
+    def command(workspace_id: str, session_id: str, as_json: bool, reason: str):
+        info = getattr(_client(), method)(workspace_id, session_id, reason=reason)
+        _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
 
 
-@session.command("undrain")
-@session_arguments
-@REASON
-def session_undrain(workspace_id: str, session_id: str, as_json: bool, reason: str):
-    """Admit maintenance on the session again (an audited operator action)."""
-    info = _client().undrain_session(workspace_id, session_id, reason=reason)
-    _emit(as_json, as_dict(info), f"{workspace_id}/{session_id} admission {info.admission}")
+_admission_command(
+    "drain", "drain_session", "Stop admitting maintenance on the session (an audited action)."
+)
+_admission_command(
+    "undrain", "undrain_session", "Admit maintenance on the session again (an audited action)."
+)
 
 
 @session.command("show")
