@@ -57,7 +57,8 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
         lease_s=ctx.settings.lease_s,
         resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
     )
-    return [r.outcome for r in dispatcher.dispatch_many(wanted, steal=True)]
+    # What happened to each operation (applied, retry, held …), as Flower shows the result.
+    return {r.operation_id: r.outcome for r in dispatcher.dispatch_many(wanted, steal=True)}
 
 
 @strict_task("agent_radar.report_activity", public=True)

@@ -33,6 +33,14 @@ def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack
         1,
     )
     assert line["task"] == "agent_radar.goal.dispatch" and line["task_id"]
+    # A dispatch's result says what happened to each operation (Flower shows it too).
+    results = [
+        json.loads(x)["message"]
+        for x in worker.log_path.read_text().splitlines()
+        if x.startswith("{") and "agent_radar.goal.dispatch" in x and "succeeded" in x
+    ]
+    assert any(f"'{op.operation_id}': 'applied'" in m for m in results), results
+    assert any(f"'{op.operation_id}': 'retry'" in m for m in results), results
     # Every log record is one JSON object: no line in the text format (only Celery's start
     # banner, printed and not logged, is plain text).
     lines = worker.log_path.read_text().splitlines()
