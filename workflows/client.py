@@ -53,6 +53,12 @@ from workflows.validation import check_id, check_limit
 WAIT_POLL_S = 0.05
 
 
+def _label(record: Any) -> str:
+    """What an operator knows a message by: workspace/session and the client submit ID."""
+    submit = getattr(record, "client_submit_id", None)
+    return f"{record.workspace_id}/{record.session_id}" + (f" submit={submit}" if submit else "")
+
+
 class AgentRadar:
     def __init__(
         self,
@@ -93,11 +99,11 @@ class AgentRadar:
             with self.publisher.coalescing(task, coalesce_into) as publish:
                 record, created = run_transaction(self.engine, work)
                 if created:
-                    publish(message(record))
+                    publish(message(record), _label(record))
             return record
         record, created = run_transaction(self.engine, work)
         if created:
-            self.publisher.publish_after_commit(task, message(record))
+            self.publisher.publish_after_commit(task, message(record), _label(record))
         return record
 
     def _load(

@@ -15,14 +15,16 @@ class RecordingPublisher(TaskPublisher):
     def __init__(self, settings, fail=False, delay_s=0.05):
         super().__init__(settings)
         self.messages = []
+        self.labels = []
         self.fail = fail
         self.delay_s = delay_s
 
-    def publish(self, task_name, kwargs=None, queue=None):
+    def publish(self, task_name, kwargs=None, queue=None, label=None):
         time.sleep(self.delay_s)
         if self.fail:
             raise ConnectionError("broker unreachable")
         self.messages.append((task_name, kwargs))
+        self.labels.append(label)
         return "task-id"
 
 
@@ -116,3 +118,40 @@ def test_a_submit_that_fails_publishes_nothing_and_holds_nobody_up(settings):
     assert publisher.publish_coalesced(TASK, "operation_ids", "next")
     assert time.monotonic() - started < 1.0
     assert publisher.messages == [(TASK, {"operation_ids": ["next"]})]
+
+
+def test_a_coalesced_items_label_reaches_its_message(settings):
+    publisher = RecordingPublisher(settings, delay_s=0)
+    publisher.linger_s = 5.0
+
+    def submit(item, label):
+        with publisher.coalescing(TASK, "operation_ids") as publish:
+            publish(item, label)
+
+    submit("op-1", "acme/s1 submit=req-1")
+    assert publisher.labels == ["acme/s1 submit=req-1"]
+
+
+def test_a_label_shows_beside_the_arguments_of_a_real_message(settings):
+    """Flower and the worker log show kwargsrepr: a dispatch message carries the workspace,
+    session and client submit ID an operator knows it by."""
+    from kombu import Connection
+
+    from workflows.adapters.broker import kombu_queues, transport_options
+
+    publisher = TaskPublisher(settings)
+    try:
+        publisher.publish(TASK, {"operation_id": "op-9"}, label="acme/s1 submit=req-9")
+    finally:
+        publisher.close()
+    queue = next(q for q in kombu_queues() if q.name == "default")
+    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+        message = None
+        for _ in range(50):
+            message = queue(conn.default_channel).get(no_ack=True)
+            if message is not None:
+                break
+            time.sleep(0.1)
+    assert message is not None
+    assert message.headers["kwargsrepr"] == "{'operation_id': 'op-9'} [acme/s1 submit=req-9]"
+    assert message.decode()[1] == {"operation_id": "op-9"}  # the arguments themselves unchanged

@@ -139,7 +139,7 @@ def test_a_paused_lease_holder_cannot_write(client, stack, sim_control, settings
     finally:
         os.kill(pool_pid, signal.SIGCONT)
     eventually(
-        lambda: "['skipped']" in paused.log_path.read_text(),
+        lambda: f"{{'{op.operation_id}': 'skipped'}}" in paused.log_path.read_text(),
         timeout_s=30,
         what="the paused worker's refused write",
     )

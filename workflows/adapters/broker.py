@@ -168,8 +168,15 @@ class TaskPublisher:
         return self._producer
 
     def publish(
-        self, task_name: str, kwargs: dict[str, Any] | None = None, queue: str | None = None
+        self,
+        task_name: str,
+        kwargs: dict[str, Any] | None = None,
+        queue: str | None = None,
+        label: str | None = None,
     ) -> str:
+        """Publish one task message. `label` (e.g. the workspace, session and client submit
+        ID an internal message is about) is shown beside the arguments in Flower and the
+        worker log, so an operator finds the message by what the client knows."""
         kwargs = kwargs or {}
         queue_name = queue or queue_for(task_name)
         target = self._exchanges[queue_name]
@@ -188,7 +195,7 @@ class TaskPublisher:
             "root_id": task_id,
             "parent_id": None,
             "argsrepr": "()",
-            "kwargsrepr": repr(kwargs)[:1024],
+            "kwargsrepr": (repr(kwargs) + (f" [{label}]" if label else ""))[:1024],
             "origin": "agent-radar",
             "ignore_result": True,
         }
@@ -218,11 +225,13 @@ class TaskPublisher:
             )
         return task_id
 
-    def publish_after_commit(self, task_name: str, kwargs: dict[str, Any]) -> bool:
+    def publish_after_commit(
+        self, task_name: str, kwargs: dict[str, Any], label: str | None = None
+    ) -> bool:
         """Publish an already-committed intent. The row is the outbox: if this fails the
         sweeper publishes it later, so a failure is logged, never raised."""
         try:
-            self.publish(task_name, kwargs)
+            self.publish(task_name, kwargs, label=label)
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault leaves it to the sweeper
             log.warning(
@@ -232,16 +241,23 @@ class TaskPublisher:
             return False
 
     @contextmanager
-    def coalescing(self, task_name: str, list_kwarg: str) -> Iterator[Callable[[Any], None]]:
+    def coalescing(
+        self, task_name: str, list_kwarg: str
+    ) -> Iterator[Callable[[Any, str | None], None]]:
         """Wrap a submit that may publish one item in the list argument `list_kwarg` of a
         `task_name` message: the block commits, then calls the yielded function with its
-        item. Leaving the block publishes the item (see `publish_coalesced`); while the
-        block runs, a concurrent publish of this process waits briefly for it."""
+        item (and its label, see `publish`). Leaving the block publishes the item (see
+        `publish_coalesced`); while the block runs, a concurrent publish of this process
+        waits briefly for it."""
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
         try:
-            yield lambda item: mine.append(_Waiting(item))
+
+            def add(item: Any, label: str | None = None) -> None:
+                mine.append(_Waiting(item, label))
+
+            yield add
         finally:
             with self._changed:
                 self._submitting -= 1
@@ -274,7 +290,10 @@ class TaskPublisher:
                 task_name, list_kwarg = key
                 for start in range(0, len(batch), COALESCE_MAX_ITEMS):
                     chunk = batch[start : start + COALESCE_MAX_ITEMS]
-                    ok = self.publish_after_commit(task_name, {list_kwarg: [w.item for w in chunk]})
+                    labels = "; ".join(w.label for w in chunk if w.label)
+                    ok = self.publish_after_commit(
+                        task_name, {list_kwarg: [w.item for w in chunk]}, labels or None
+                    )
                     for waiting in chunk:
                         waiting.published = ok
         return bool(mine.published)
@@ -290,8 +309,9 @@ class TaskPublisher:
 
 
 class _Waiting:
-    __slots__ = ("item", "published")
+    __slots__ = ("item", "label", "published")
 
-    def __init__(self, item: Any) -> None:
+    def __init__(self, item: Any, label: str | None = None) -> None:
         self.item = item
+        self.label = label
         self.published: bool | None = None
