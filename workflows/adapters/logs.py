@@ -79,6 +79,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class QuietRoutine(logging.Filter):
+    """Drops Celery's INFO lines about the sweep ("received", "succeeded"): it runs every
+    2 s and would drown the lines about real work. Its warnings and errors still show."""
+
+    ROUTINE = ("agent_radar.sweep[",)
+    LOGGERS = ("celery.app.trace", "celery.worker.strategy")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO or record.name not in self.LOGGERS:
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot format is kept
+            return True
+        return not any(marker in text for marker in self.ROUTINE)
+
+
 def json_logs_wanted(env: dict[str, str] | None = None) -> bool:
     value = (env if env is not None else os.environ).get(LOG_FORMAT_ENV, "text").lower()
     if value not in ("text", "json"):
@@ -92,5 +109,6 @@ def install(logger: logging.Logger) -> None:
     for handler in logger.handlers:
         if not any(isinstance(f, ContextFilter) for f in handler.filters):
             handler.addFilter(ContextFilter())
+            handler.addFilter(QuietRoutine())
         if as_json:
             handler.setFormatter(JsonFormatter())
