@@ -646,14 +646,10 @@ def test_worker_passes_celerys_options_through(settings, stack):
     from tests.helpers import eventually
 
     name = "passthrough"
-    ready = settings.home / "run" / f"{name}.ready"
-    ready.parent.mkdir(parents=True, exist_ok=True)
-    stack.spawn(
-        name,
-        [
-            "worker",
-            "--name",
-            name,
+    stack.start_worker(
+        concurrency=1,
+        name=name,
+        extra_args=[
             "--autoscale",
             "3,1",
             "--max-tasks-per-child",
@@ -661,9 +657,7 @@ def test_worker_passes_celerys_options_through(settings, stack):
             "--prefetch-multiplier",  # not an option of ours: passed to Celery as it is
             "1",
         ],
-        ready,
     )
-    eventually(ready.exists, timeout_s=60, what="the worker")
     app = create_app(settings)
     stats = eventually(
         lambda: app.control.inspect(timeout=2).stats(), timeout_s=30, what="worker stats"

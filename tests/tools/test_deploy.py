@@ -142,9 +142,13 @@ def test_the_package_declares_ranges_and_celerys_redis_extra():
 
 
 def _exported_metrics() -> set[str]:
+    """The exporter's gauges and the workers' own series (histograms as Prometheus names
+    their parts)."""
+    from workflows.adapters.metrics import WORKER_METRICS
     from workflows.tools.metrics import METRICS
 
-    return set(METRICS)
+    parts = ("", "_bucket", "_count", "_sum")
+    return set(METRICS) | {m + p for m in WORKER_METRICS for p in parts}
 
 
 def _metric_names(expr: str) -> set[str]:
@@ -170,6 +174,10 @@ def test_the_alert_rules_use_only_metrics_the_exporter_serves():
         assert check.returncode == 0, check.stdout + check.stderr
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["metrics:9808"]
+    workers = config["scrape_configs"][1]["dns_sd_configs"][0]
+    assert (workers["names"], workers["port"]) == (["worker"], 9809)
+    worker_command = _compose()["services"]["worker"]["command"]
+    assert worker_command[worker_command.index("--metrics-port") + 1] == "9809"
 
 
 def test_the_dashboard_uses_only_metrics_the_exporter_serves():

@@ -58,3 +58,48 @@ def test_a_bad_log_format_is_refused(monkeypatch):
     monkeypatch.setenv(logs.LOG_FORMAT_ENV, "xml")
     with pytest.raises(ValueError, match="text or json"):
         logs.json_logs_wanted()
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # metrics are the same on both backends
+def test_a_worker_serves_runtime_call_metrics(settings, client, stack, sim_control):
+    """`worker --metrics-port`: latency and errors of the pool processes' runtime calls by
+    host, call and code, and dispatch batch sizes, gathered from every pool process."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.conftest import free_port
+    from workflows.adapters.metrics import WORKER_METRICS
+
+    port = free_port()
+    stack.start_worker(concurrency=2, extra_args=["--metrics-port", str(port)])
+    stack.start_beat()
+    sim_control.fault("goal", status=503, count=1)
+    op = client.wait(client.set_goal("ws-metrics", "s1", "ship it", client_submit_id="g1"), 60)
+    assert op.status == "completed" and op.attempt == 2
+
+    def scrape():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    got = eventually(scrape, what="the worker's metrics")
+    names = {name for name, _ in got}
+    for metric in WORKER_METRICS:
+        assert any(n.startswith(metric) for n in names), (metric, sorted(names))
+    goal_calls = got[
+        ("agent_radar_runtime_call_seconds_count", (("call", "goal"), ("host", "default")))
+    ]
+    assert goal_calls >= 2  # the failed attempt and the applied one
+    errors = got[
+        (
+            "agent_radar_runtime_call_errors_total",
+            (("call", "goal"), ("code", "server_error"), ("host", "default")),
+        )
+    ]
+    assert errors == 1
+    assert got[("agent_radar_dispatch_batch_size_count", ())] >= 2

@@ -13,12 +13,14 @@ that the rules store are checked again where they are stored (validation.check_j
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import urllib3
 
+from workflows.adapters import metrics
 from workflows.errors import InvalidArgument, RuntimeDisconnected, RuntimeFault
 from workflows.validation import MAX_INT, check_id, check_json_object
 
@@ -194,9 +196,15 @@ class HttpRuntime:
     # Connections kept open to the runtime: a dispatch step calls it for up to 32 sessions
     # at once (goals.statements.MAX_LANES_PER_STEP).
     def __init__(
-        self, base_url: str, token: str | None = None, timeout_s: float = 10.0, pool_size: int = 32
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        pool_size: int = 32,
+        host_id: str = "default",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.host_id = host_id  # the metrics' host label
         self.timeout = urllib3.Timeout(connect=min(timeout_s, 3.0), read=timeout_s)
         self.http = urllib3.PoolManager(maxsize=pool_size, retries=False)
         self.headers = {"Content-Type": "application/json"}
@@ -208,7 +216,24 @@ class HttpRuntime:
         every session at that host."""
         return self
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, call: str = "other"
+    ) -> dict[str, Any]:
+        """One call, timed and counted by host and call (`call` is the protocol call's name)."""
+        started = time.perf_counter()
+        try:
+            return self._request(method, path, body)
+        except (RuntimeFault, RuntimeDisconnected) as exc:
+            metrics.RUNTIME_CALL_ERRORS.labels(self.host_id, call, exc.code).inc()
+            raise
+        finally:
+            metrics.RUNTIME_CALL_SECONDS.labels(self.host_id, call).observe(
+                time.perf_counter() - started
+            )
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
         try:
@@ -270,7 +295,9 @@ class HttpRuntime:
 
     def liveness(self, workspace_id, session_id):
         return shaped(
-            self.request("GET", session_path(workspace_id, session_id) + "/liveness"),
+            self.request(
+                "GET", session_path(workspace_id, session_id) + "/liveness", call="liveness"
+            ),
             {"live": _is_bool},
             {"runtime_epoch": _is_epoch},
         )
@@ -278,7 +305,10 @@ class HttpRuntime:
     def resume(self, workspace_id, session_id, fences):
         return shaped(
             self.request(
-                "POST", session_path(workspace_id, session_id) + "/resume", {"fences": fences}
+                "POST",
+                session_path(workspace_id, session_id) + "/resume",
+                {"fences": fences},
+                call="resume",
             ),
             {},
             {"live": _is_bool, "runtime_epoch": _is_epoch},
@@ -308,6 +338,7 @@ class HttpRuntime:
                     "client_submit_id": client_submit_id,
                     "require_live": require_live,
                 },
+                call="goal",
             ),
             {"phase": _one_of("applied", "accepted")},
             {"goal": _json_object_or_none, "evidence": _json_object_or_none},
@@ -324,6 +355,7 @@ class HttpRuntime:
                 "target_revision": target_revision,
                 "require_live": require_live,
             },
+            call="goal_fence",
         )
 
     def cancel_turn(self, workspace_id, session_id, turn_id, *, operation_id, reason, require_live):
@@ -333,6 +365,7 @@ class HttpRuntime:
                 "POST",
                 path,
                 {"operation_id": operation_id, "reason": reason, "require_live": require_live},
+                call="turn_cancel",
             ),
             {"result": _one_of("canceled", "already_settled", "accepted")},
         )
@@ -342,6 +375,7 @@ class HttpRuntime:
             "POST",
             session_path(workspace_id, session_id) + "/maintenance",
             {"run_id": run_id, "kind": kind, "args": args},
+            call="maintenance_start",
         )
 
     def maintenance_status(self, workspace_id, session_id, run_id):
@@ -352,6 +386,7 @@ class HttpRuntime:
             self.request(
                 "GET",
                 f"{session_path(workspace_id, session_id)}/maintenance/{quote(run_id, safe='')}",
+                call="maintenance_status",
             ),
             {"state": _one_of("running", "done")},
         )
@@ -361,6 +396,7 @@ class HttpRuntime:
             "POST",
             f"{session_path(workspace_id, session_id)}/maintenance/{quote(run_id, safe='')}/cancel",
             {},
+            call="maintenance_cancel",
         )
 
     def submit_prompt(self, workspace_id, session_id, *, prompt_id, text):
@@ -369,6 +405,7 @@ class HttpRuntime:
                 "POST",
                 session_path(workspace_id, session_id) + "/prompts",
                 {"prompt_id": prompt_id, "text": text},
+                call="prompt",
             ),
             {},
             {"turn_id": _id_or_none},
@@ -396,7 +433,7 @@ class HostRouter:
         self.locate = locate
         self.token = token
         self.timeout_s = timeout_s
-        self.default = HttpRuntime(default_url, token, timeout_s)
+        self.default = HttpRuntime(default_url, token, timeout_s, host_id="default")
         self._hosts: dict[str, HttpRuntime] = {}
         self._lock = threading.Lock()
 
@@ -412,7 +449,9 @@ class HostRouter:
         with self._lock:
             runtime = self._hosts.get(url)
             if runtime is None:
-                runtime = self._hosts[url] = HttpRuntime(url, self.token, self.timeout_s)
+                runtime = self._hosts[url] = HttpRuntime(
+                    url, self.token, self.timeout_s, host_id=host_id
+                )
             return runtime
 
     def for_session(self, workspace_id: str, session_id: str) -> "HttpRuntime":

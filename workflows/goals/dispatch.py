@@ -23,6 +23,7 @@ from models.db import rowcount, run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
+from workflows.adapters import metrics
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
@@ -404,6 +405,8 @@ class Dispatcher:
     def _attempt_all(self, claims: list[Claim]) -> list[Attempt]:
         """Call the runtime for each claim; for several, concurrently (each on its own
         session, so no order between them matters)."""
+        if claims:
+            metrics.DISPATCH_BATCH_SIZE.observe(len(claims))
         if len(claims) <= 1:
             return [self._attempt(claim) for claim in claims]
         return list(_call_pool().map(self._attempt, claims))

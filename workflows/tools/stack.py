@@ -151,6 +151,7 @@ class Stack:
         queues: str | None = None,
         name: str | None = None,
         extra_env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
     ) -> Proc:
         name = name or f"worker-{uuid.uuid4().hex[:6]}"
         ready = self.settings.home / "run" / f"{name}.ready"
@@ -159,7 +160,7 @@ class Stack:
         args = ["worker", "-c", str(concurrency), "--name", name]
         if queues:
             args += ["-Q", queues]
-        proc = self.spawn(name, args, ready, extra_env)
+        proc = self.spawn(name, args + list(extra_args or []), ready, extra_env)
         wait_for(lambda: ready.exists() or not proc.alive() and _dead(proc), 60, f"worker {name}")
         return proc
 

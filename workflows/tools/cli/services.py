@@ -20,6 +20,13 @@ from workflows.tools.cli.common import EXIT_FAILED, _emit, _prepare_home, cli, j
 @click.option("--autoscale", default=None, help="MAX,MIN pool processes (Celery's --autoscale).")
 @click.option("--max-tasks-per-child", type=click.IntRange(1), default=None)
 @click.option("--max-memory-per-child", type=click.IntRange(1), default=None, help="KiB.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve this worker's metrics (runtime call latency and errors, batch sizes) here.",
+)
+@click.option("--metrics-address", default="0.0.0.0", show_default=True)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 @json_option
 def worker(
@@ -30,6 +37,8 @@ def worker(
     autoscale: str | None,
     max_tasks_per_child: int | None,
     max_memory_per_child: int | None,
+    metrics_port: int | None,
+    metrics_address: str,
     celery_args: tuple[str, ...],
     as_json: bool,
 ):
@@ -40,6 +49,8 @@ def worker(
     settings = Settings.from_env()
     _prepare_home(settings)
     upgrade(settings.database_url)
+    if metrics_port is not None:
+        _serve_worker_metrics(settings, metrics_address, metrics_port)
     from tasks.app import app
 
     node = f"{name or 'radar'}-{os.getpid()}@%h"
@@ -66,6 +77,26 @@ def worker(
             *celery_args,
         ]
     )
+
+
+def _serve_worker_metrics(settings: Settings, address: str, port: int) -> None:
+    """prometheus_client's multiprocess mode: every pool process writes its samples to a
+    folder of this worker's own, and this (main) process serves them all. The mode is fixed
+    when prometheus_client is first imported, so the command starts itself again (same
+    process id) with the folder set, before anything imports it."""
+    folder = settings.home / "run" / f"metrics-{os.getpid()}"
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") != str(folder):
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+        os.execv(sys.executable, [sys.executable, "-m", "workflows.tools.cli", *sys.argv[1:]])
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))
+    start_http_server(port, addr=address, registry=registry)
 
 
 @cli.command()

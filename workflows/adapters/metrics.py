@@ -1,0 +1,29 @@
+"""Worker-side metrics (DESIGN 4.10): runtime call latency and errors by host, call and code,
+and dispatch batch sizes. A worker serves them with `agent-radar worker --metrics-port N`
+(prometheus_client's multiprocess mode gathers its pool processes); the fleet gauges come from
+`agent-radar metrics`, which reads the database. Labels are bounded: host, call, code."""
+
+from prometheus_client import Counter, Histogram
+
+RUNTIME_CALL_SECONDS = Histogram(
+    "agent_radar_runtime_call_seconds",
+    "Runtime (agent host) call latency",
+    ["host", "call"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RUNTIME_CALL_ERRORS = Counter(
+    "agent_radar_runtime_call_errors",
+    "Runtime (agent host) calls that failed, by error code",
+    ["host", "call", "code"],
+)
+DISPATCH_BATCH_SIZE = Histogram(
+    "agent_radar_dispatch_batch_size",
+    "Goal operations claimed together in one dispatch step",
+    buckets=(1, 2, 4, 8, 16, 32),
+)
+# Every worker-side metric name as Prometheus exposes it (counters gain _total).
+WORKER_METRICS = (
+    "agent_radar_runtime_call_seconds",
+    "agent_radar_runtime_call_errors_total",
+    "agent_radar_dispatch_batch_size",
+)
