@@ -74,12 +74,12 @@ def test_a_stopping_worker_hands_a_long_run_back(client, stack, sim_control):
 
     first = stack.start_worker(concurrency=1)
     stack.start_beat()
-    sim_control.session(WS, SID, maintenance_duration_ms=25_000)
+    sim_control.session(WS, SID, maintenance_duration_ms=15_000)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     eventually(lambda: sim_control.calls("maintenance"), what="the run to start at the host")
     first.popen.send_signal(signal.SIGTERM)
     try:
-        first.popen.wait(15)  # without the hand-back it waits for the whole run (25 s)
+        first.popen.wait(9)  # without the hand-back it waits for the whole run (15 s)
     except subprocess.TimeoutExpired:
         raise AssertionError("the stopping worker held its shutdown for the run") from None
     assert client.get_maintenance(run.run_id).status == "running"

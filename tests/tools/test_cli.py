@@ -382,6 +382,7 @@ def test_session_stop_command(settings, client):
     assert proc.returncode == 2 and "conflict" in proc.stderr
 
 
+@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
 def test_host_commands(settings, client, sim_b):
     def hosts():
         return json.loads(run_cli(settings, "host", "list", "--json").stdout)
@@ -411,6 +412,7 @@ def test_host_commands(settings, client, sim_b):
     assert [h["host_id"] for h in hosts()] == ["default"]
 
 
+@pytest.mark.parametrize("backend", ["production"])  # CLI wiring; the rules run on both
 def test_op_commands_find_and_list_every_kind(settings, client):
     goal = client.set_goal("ws", "s1", "shared", client_submit_id="req-1")
     fence = client.fence_goal_generation("ws", "s1", goal.operation_id, client_submit_id="f-1")
@@ -442,6 +444,7 @@ def test_op_commands_find_and_list_every_kind(settings, client):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
 def test_operator_actions_from_the_cli(settings, client):
     from sqlalchemy import update
 
@@ -495,6 +498,7 @@ def test_operator_actions_from_the_cli(settings, client):
     assert "operator-action" in history and "r1" in history and "r2" in history
 
 
+@pytest.mark.parametrize("backend", ["production"])  # CLI wiring; the rules run on both
 def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
     from datetime import timedelta
 
@@ -542,6 +546,7 @@ def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
     assert status().returncode == 0  # without --check, status only reports
 
 
+@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
 def test_version_and_errors_as_json(settings):
     version = run_cli(settings, "--version")
     assert version.stdout.startswith("agent-radar, version ")
@@ -556,6 +561,7 @@ def test_version_and_errors_as_json(settings):
         assert error["error"] == code and error["message"], proc.stderr
 
 
+@pytest.mark.parametrize("backend", ["production"])  # CLI wiring; the rules run on both
 def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     import time
     import urllib.request
@@ -622,6 +628,7 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     assert all("session" not in dict(labels) for _, labels in got)
 
 
+@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
 def test_health_probes(settings, client, stack):
     def probe(*what, env=None):
         return run_cli(settings, "health", *what, "--json", check=False)
@@ -668,6 +675,7 @@ def test_worker_passes_celerys_options_through(settings, stack):
     assert (autoscaler["max"], autoscaler["min"]) == (3, 1)
 
 
+@pytest.mark.parametrize("backend", ["production"])  # CLI wiring; the rules run on both
 def test_prune_command(settings, client):
     client.set_goal("ws", "s1", "first", client_submit_id="g1")
     client.set_goal("ws", "s1", "second", client_submit_id="g2")
