@@ -46,7 +46,7 @@ from workflows.sessions.control import durable_fences, load_session, record_live
 from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
-from workflows.sessions.release import release_session
+from workflows.sessions.release import publish_epoch_effects, release_session
 from workflows.validation import check_id, check_limit
 
 # How often `wait` looks at the database; the database is the source of truth.
@@ -128,11 +128,7 @@ class AgentRadar:
                 raise NotFound(f"no {what} {key}", **error_attrs)
             if build is not None:
                 return build(s, row)
-            return (
-                record_type.from_row(row)
-                if hasattr(record_type, "from_row")
-                else records.from_row(record_type, row)
-            )
+            return records.record_of(record_type, row)
 
         return run_transaction(self.engine, load)
 
@@ -442,18 +438,14 @@ class AgentRadar:
         return self.session_info(workspace_id, session_id)
 
     def _publish_epoch(self, workspace_id: str, session_id: str, effects: EpochEffects) -> None:
-        """After a newer runtime epoch: the fences that waited on ended turns go on, and a
-        maintenance run that ended releases the session's held work."""
-        for fence_id in effects.woken_fences:
-            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
-        if effects.released:
-            release_session(
-                self.engine,
-                self.publisher.publish_after_commit,
-                workspace_id,
-                session_id,
-                utcnow(),
-            )
+        publish_epoch_effects(
+            self.engine,
+            self.publisher.publish_after_commit,
+            workspace_id,
+            session_id,
+            effects,
+            utcnow(),
+        )
 
     def stop_session(
         self, workspace_id: str, session_id: str, *, client_submit_id: str, reason: str = ""

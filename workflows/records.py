@@ -18,6 +18,13 @@ def from_row(cls: type[R], row: Any, **extra: Any) -> R:
     return cls(**values, **extra)
 
 
+def record_of(record_type: type[R], row: Any) -> R:
+    """A row as its record: through the record's own `from_row` where it has one (derived
+    fields), else field by field."""
+    own = getattr(record_type, "from_row", None)
+    return own(row) if own is not None else from_row(record_type, row)
+
+
 def as_dict(record: Any) -> dict[str, Any]:
     def convert(value):
         return value.isoformat() if isinstance(value, datetime) else value

@@ -36,7 +36,7 @@ from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
 from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.prompts import PROMPT_TASK
-from workflows.sessions.release import release_session
+from workflows.sessions.release import publish_epoch_effects
 from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
@@ -129,11 +129,10 @@ class CancelRunner:
         effects = run_transaction(self.engine, observe)
         if not effects.newer:
             return False
-        for fence_id in effects.woken_fences:
-            self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
-        if effects.released:
-            release_session(self.engine, self.publish, workspace_id, session_id, self.clock())
-        else:
+        publish_epoch_effects(
+            self.engine, self.publish, workspace_id, session_id, effects, self.clock()
+        )
+        if not effects.released:  # a release wakes the prompt queue itself
             self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
         return True
 

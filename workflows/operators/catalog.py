@@ -39,12 +39,7 @@ class Kind:
 
 
 def _plain(record_type) -> Callable[[Session, Any], Any]:
-    def build(_s: Session, row: Any) -> Any:
-        if hasattr(record_type, "from_row"):
-            return record_type.from_row(row)
-        return records.from_row(record_type, row)
-
-    return build
+    return lambda _s, row: records.record_of(record_type, row)
 
 
 KINDS: dict[str, Kind] = {

@@ -15,6 +15,7 @@ from workflows.fences import cancels
 from workflows.fences.cancels import FENCE_APPLY_TASK
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.operations import open_client_operations
+from workflows.sessions.epochs import EpochEffects
 from workflows.sessions.prompts import PROMPT_TASK
 
 Publish = Callable[[str, dict], bool]
@@ -46,3 +47,19 @@ def release_session(
     ):
         publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
     publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+
+
+def publish_epoch_effects(
+    engine: Engine,
+    publish: Publish,
+    workspace_id: str,
+    session_id: str,
+    effects: EpochEffects,
+    now: datetime,
+) -> None:
+    """After a newer runtime epoch (or a move): the fences that waited on ended turns go on,
+    and a maintenance run that ended releases the session's held work."""
+    for fence_id in effects.woken_fences:
+        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+    if effects.released:
+        release_session(engine, publish, workspace_id, session_id, now)
