@@ -7,7 +7,6 @@ many workspaces. Every gauge is read in one short read-only transaction.
 
 import math
 from collections.abc import Iterator
-from datetime import timedelta
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -16,12 +15,9 @@ from sqlalchemy.engine import Engine
 
 from models.base import utcnow
 from models.db import run_read
-from models.enums import LIVE_MAINTENANCE_STATUSES, OPEN_OPERATION_STATUSES, FenceStatus
-from models.tables import GoalFence, GoalOperation, MaintenanceRun
-from workflows import leases
-from workflows.fences.apply import WAITING_FOR_TURN
+from models.enums import FenceStatus
 from workflows.operators.catalog import KINDS
-from workflows.tools.status import OVERDUE_S, SWEEP_HEARTBEAT
+from workflows.tools.status import OVERDUE_S, fleet_facts
 
 PREFIX = "agent_radar"
 # Every metric the exporter serves (the alert rules and the dashboard may use only these).
@@ -71,7 +67,8 @@ class FleetCollector(Collector):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=facts[name])
 
     def _read(self, s) -> dict:
-        now = utcnow()
+        """The gauges `status` shows (status.fleet_facts), and operations per workspace."""
+        fleet = fleet_facts(s, utcnow())
         operations: dict[tuple[str, str, str], int] = {}
         for kind in KINDS.values():
             if not hasattr(kind.table, "status"):
@@ -83,41 +80,15 @@ class FleetCollector(Collector):
             ).all()
             for status, workspace, count in rows:
                 operations[(kind.name, status, workspace)] = count
-        due = (
-            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-            GoalOperation.next_attempt_at <= now,
-            leases.unheld(GoalOperation, now),
-        )
-        oldest = s.execute(select(func.min(GoalOperation.next_attempt_at)).where(*due)).scalar()
-        heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
+        heartbeat = fleet["sweeper_heartbeat_age_s"]
         return {
             "operations": operations,
-            "due_operations": s.execute(select(func.count()).where(*due)).scalar_one(),
-            "overdue_operations": s.execute(
-                select(func.count()).where(
-                    *due, GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S)
-                )
-            ).scalar_one(),
-            "oldest_due_age_seconds": (now - oldest).total_seconds() if oldest else 0.0,
-            "fences_pending": s.execute(
-                select(func.count()).where(GoalFence.status == FenceStatus.PENDING)
-            ).scalar_one(),
-            "fences_waiting_on_turn": s.execute(
-                select(func.count()).where(
-                    GoalFence.status == FenceStatus.PENDING,
-                    GoalFence.last_error == WAITING_FOR_TURN,
-                )
-            ).scalar_one(),
-            "held_sessions": s.execute(
-                select(func.count()).select_from(
-                    select(MaintenanceRun.workspace_id, MaintenanceRun.session_id)
-                    .where(MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
-                    .distinct()
-                    .subquery()
-                )
-            ).scalar_one(),
-            "runs_in_recovery": s.execute(
-                select(func.count()).where(MaintenanceRun.status == "recovery_required")
-            ).scalar_one(),
+            "due_operations": fleet["due"],
+            "overdue_operations": fleet["overdue"],
+            "oldest_due_age_seconds": fleet["sweeper_lag_s"],
+            "fences_pending": fleet["fences"].get(FenceStatus.PENDING, 0),
+            "fences_waiting_on_turn": fleet["fences_waiting_on_a_turn"],
+            "held_sessions": fleet["held_sessions"],
+            "runs_in_recovery": fleet["sessions_in_recovery"],
             "sweeper_heartbeat_age_seconds": math.inf if heartbeat is None else heartbeat,
         }

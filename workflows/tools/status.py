@@ -4,9 +4,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from models.base import utcnow
-from models.db import run_transaction
+from models.db import run_read
 from models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     OPEN_OPERATION_STATUSES,
@@ -30,143 +31,144 @@ OVERDUE_S = 30
 
 
 def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
-    now = now or utcnow()
+    """The fleet at a glance, in one read-only transaction."""
+    return run_read(engine, lambda s: fleet_facts(s, now or utcnow()))
 
-    def read(s) -> dict:
-        per_status = dict(
-            s.execute(
-                select(GoalOperation.status, func.count()).group_by(GoalOperation.status)
-            ).all()
+
+def fleet_facts(s: Session, now: datetime) -> dict:
+    """What `status` shows and `metrics` exports, read in the caller's transaction."""
+    per_status = dict(
+        s.execute(select(GoalOperation.status, func.count()).group_by(GoalOperation.status)).all()
+    )
+    due_filter = (
+        GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+        GoalOperation.next_attempt_at <= now,
+        leases.unheld(GoalOperation, now),
+    )
+    due = s.execute(select(func.count()).where(*due_filter)).scalar_one()
+    overdue = s.execute(
+        select(func.count()).where(
+            *due_filter, GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S)
         )
-        due_filter = (
+    ).scalar_one()
+    oldest = s.execute(
+        select(func.min(GoalOperation.next_attempt_at)).where(*due_filter)
+    ).scalar_one()
+    in_flight = s.execute(
+        select(func.count()).where(
             GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-            GoalOperation.next_attempt_at <= now,
-            leases.unheld(GoalOperation, now),
+            GoalOperation.lease_expires_at > now,
         )
-        due = s.execute(select(func.count()).where(*due_filter)).scalar_one()
-        overdue = s.execute(
+    ).scalar_one()
+    runs = dict(
+        s.execute(select(MaintenanceRun.status, func.count()).group_by(MaintenanceRun.status)).all()
+    )
+    held = s.execute(
+        select(
+            func.count(func.distinct(MaintenanceRun.workspace_id + "/" + MaintenanceRun.session_id))
+        ).where(MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
+    ).scalar_one()
+    fences = dict(
+        s.execute(select(GoalFence.status, func.count()).group_by(GoalFence.status)).all()
+    )
+    cancels = dict(
+        s.execute(
+            select(CancelOperation.status, func.count()).group_by(CancelOperation.status)
+        ).all()
+    )
+    prompts = dict(s.execute(select(Prompt.status, func.count()).group_by(Prompt.status)).all())
+    queued_prompts = prompts.get(PromptStatus.QUEUED, 0)
+    # Background rows that ran out of budget (budgets.py), by kind.
+    exhausted = {
+        kind: s.execute(
             select(func.count()).where(
-                *due_filter, GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S)
+                table.status == "failed",  # the status index narrows the scan
+                table.last_error.like(f"{budgets.BUDGET_EXHAUSTED}%"),
             )
         ).scalar_one()
-        oldest = s.execute(
-            select(func.min(GoalOperation.next_attempt_at)).where(*due_filter)
-        ).scalar_one()
-        in_flight = s.execute(
-            select(func.count()).where(
-                GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-                GoalOperation.lease_expires_at > now,
-            )
-        ).scalar_one()
-        runs = dict(
-            s.execute(
-                select(MaintenanceRun.status, func.count()).group_by(MaintenanceRun.status)
-            ).all()
+        for kind, table in (
+            ("fences", GoalFence),
+            ("cancels", CancelOperation),
+            ("prompts", Prompt),
         )
-        held = s.execute(
-            select(
-                func.count(
-                    func.distinct(MaintenanceRun.workspace_id + "/" + MaintenanceRun.session_id)
+    }
+    worst = {
+        "overdue_operations": [
+            {
+                "operation_id": r.operation_id,
+                "session": f"{r.workspace_id}/{r.session_id}",
+                "overdue_s": round((now - r.next_attempt_at).total_seconds(), 1),
+                "attempt": r.attempt,
+                "last_error": r.last_error,
+            }
+            for r in s.execute(
+                select(GoalOperation)
+                .where(
+                    *due_filter,
+                    GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S),
                 )
-            ).where(MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
-        ).scalar_one()
-        fences = dict(
-            s.execute(select(GoalFence.status, func.count()).group_by(GoalFence.status)).all()
-        )
-        cancels = dict(
-            s.execute(
-                select(CancelOperation.status, func.count()).group_by(CancelOperation.status)
-            ).all()
-        )
-        prompts = dict(s.execute(select(Prompt.status, func.count()).group_by(Prompt.status)).all())
-        queued_prompts = prompts.get(PromptStatus.QUEUED, 0)
-        # Background rows that ran out of budget (budgets.py), by kind.
-        exhausted = {
-            kind: s.execute(
-                select(func.count()).where(
-                    table.status == "failed",  # the status index narrows the scan
-                    table.last_error.like(f"{budgets.BUDGET_EXHAUSTED}%"),
+                .order_by(GoalOperation.next_attempt_at)
+                .limit(WORST)
+            ).scalars()
+        ],
+        "runs_in_recovery": [
+            {
+                "run_id": r.run_id,
+                "session": f"{r.workspace_id}/{r.session_id}",
+                "error_code": r.error_code,
+                "started_at": r.started_at.isoformat(),
+            }
+            for r in s.execute(
+                select(MaintenanceRun)
+                .where(MaintenanceRun.status == MaintenanceStatus.RECOVERY_REQUIRED)
+                .order_by(MaintenanceRun.started_at)
+                .limit(WORST)
+            ).scalars()
+        ],
+        "fences_waiting_on_a_turn": [
+            {
+                "fence_id": r.fence_id,
+                "session": f"{r.workspace_id}/{r.session_id}",
+                "cancel_operation_id": r.cancel_operation_id,
+            }
+            for r in s.execute(
+                select(GoalFence)
+                .where(
+                    GoalFence.status == FenceStatus.PENDING,
+                    GoalFence.last_error == WAITING_FOR_TURN,
                 )
-            ).scalar_one()
-            for kind, table in (
-                ("fences", GoalFence),
-                ("cancels", CancelOperation),
-                ("prompts", Prompt),
-            )
-        }
-        worst = {
-            "overdue_operations": [
-                {
-                    "operation_id": r.operation_id,
-                    "session": f"{r.workspace_id}/{r.session_id}",
-                    "overdue_s": round((now - r.next_attempt_at).total_seconds(), 1),
-                    "attempt": r.attempt,
-                    "last_error": r.last_error,
-                }
-                for r in s.execute(
-                    select(GoalOperation)
-                    .where(
-                        *due_filter,
-                        GoalOperation.next_attempt_at <= now - timedelta(seconds=OVERDUE_S),
-                    )
-                    .order_by(GoalOperation.next_attempt_at)
-                    .limit(WORST)
-                ).scalars()
-            ],
-            "runs_in_recovery": [
-                {
-                    "run_id": r.run_id,
-                    "session": f"{r.workspace_id}/{r.session_id}",
-                    "error_code": r.error_code,
-                    "started_at": r.started_at.isoformat(),
-                }
-                for r in s.execute(
-                    select(MaintenanceRun)
-                    .where(MaintenanceRun.status == MaintenanceStatus.RECOVERY_REQUIRED)
-                    .order_by(MaintenanceRun.started_at)
-                    .limit(WORST)
-                ).scalars()
-            ],
-            "fences_waiting_on_a_turn": [
-                {
-                    "fence_id": r.fence_id,
-                    "session": f"{r.workspace_id}/{r.session_id}",
-                    "cancel_operation_id": r.cancel_operation_id,
-                }
-                for r in s.execute(
-                    select(GoalFence)
-                    .where(
-                        GoalFence.status == FenceStatus.PENDING,
-                        GoalFence.last_error == WAITING_FOR_TURN,
-                    )
-                    .order_by(GoalFence.created_at)
-                    .limit(WORST)
-                ).scalars()
-            ],
-        }
-        heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
-        return {
-            "goal_operations": per_status,
-            "maintenance_runs": runs,
-            "fences": fences,
-            "cancels": cancels,
-            "held_sessions": held,
-            "sessions_in_recovery": runs.get(MaintenanceStatus.RECOVERY_REQUIRED, 0),
-            "queued_prompts": queued_prompts,
-            "prompts": prompts,
-            "budget_exhausted": exhausted,
-            "due": due,
-            "overdue": overdue,
-            "in_flight": in_flight,
-            # How far behind the workers and the sweeper are: the age of the oldest
-            # due operation nobody is working on (0 when nothing waits).
-            "sweeper_lag_s": round((now - oldest).total_seconds(), 3) if oldest else 0.0,
-            # Seconds since a sweep last finished (None: never): a dead beat shows here.
-            "sweeper_heartbeat_age_s": None if heartbeat is None else round(heartbeat, 3),
-            "worst": worst,
-        }
-
-    return run_transaction(engine, read)
+                .order_by(GoalFence.created_at)
+                .limit(WORST)
+            ).scalars()
+        ],
+    }
+    heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
+    waiting_on_a_turn = s.execute(
+        select(func.count()).where(
+            GoalFence.status == FenceStatus.PENDING, GoalFence.last_error == WAITING_FOR_TURN
+        )
+    ).scalar_one()
+    return {
+        "goal_operations": per_status,
+        "maintenance_runs": runs,
+        "fences": fences,
+        "cancels": cancels,
+        "held_sessions": held,
+        "sessions_in_recovery": runs.get(MaintenanceStatus.RECOVERY_REQUIRED, 0),
+        "queued_prompts": queued_prompts,
+        "prompts": prompts,
+        "budget_exhausted": exhausted,
+        "due": due,
+        "overdue": overdue,
+        "in_flight": in_flight,
+        # How far behind the workers and the sweeper are: the age of the oldest
+        # due operation nobody is working on (0 when nothing waits).
+        "sweeper_lag_s": round((now - oldest).total_seconds(), 3) if oldest else 0.0,
+        # Seconds since a sweep last finished (None: never): a dead beat shows here.
+        "sweeper_heartbeat_age_s": None if heartbeat is None else round(heartbeat, 3),
+        "fences_waiting_on_a_turn": waiting_on_a_turn,
+        "worst": worst,
+    }
 
 
 def problems(status: dict, sweep_interval_s: float) -> list[str]:
@@ -177,12 +179,20 @@ def problems(status: dict, sweep_interval_s: float) -> list[str]:
         found.append(f"{status['overdue']} goal operation(s) overdue")
     if status["sessions_in_recovery"]:
         found.append(f"{status['sessions_in_recovery']} maintenance run(s) need recovery")
-    age = status["sweeper_heartbeat_age_s"]
-    if age is None:
-        found.append("the sweeper has never run (is beat up?)")
-    elif age > STALE_SWEEPS * sweep_interval_s:
-        found.append(f"the sweeper last ran {age:.0f} s ago (is beat up?)")
+    stale = sweeper_problem(status["sweeper_heartbeat_age_s"], sweep_interval_s)
+    if stale:
+        found.append(stale)
     return found
+
+
+def sweeper_problem(age_s: float | None, sweep_interval_s: float) -> str | None:
+    """Why the sweeper counts as not running (no sweep finished for STALE_SWEEPS intervals,
+    or ever); None while it runs."""
+    if age_s is None:
+        return "the sweeper has never run (is beat up?)"
+    if age_s > STALE_SWEEPS * sweep_interval_s:
+        return f"the sweeper last ran {age_s:.0f} s ago (is beat up?)"
+    return None
 
 
 def render_status(status: dict) -> str:

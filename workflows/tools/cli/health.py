@@ -63,18 +63,15 @@ def health_beat(as_json: bool):
     from models.base import utcnow
     from models.db import engine_for, run_read
     from workflows import leases
-    from workflows.tools.status import STALE_SWEEPS, SWEEP_HEARTBEAT
+    from workflows.tools.status import SWEEP_HEARTBEAT, sweeper_problem
 
     settings = Settings.from_env()
     age = run_read(
         engine_for(settings.database_url),
         lambda s: leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, utcnow()),
     )
-    limit = STALE_SWEEPS * settings.sweep_interval_s
-    if age is None:
-        _report(as_json, False, "beat", "no sweep has ever finished")
-    else:
-        _report(as_json, age <= limit, "beat", f"last sweep {age:.1f} s ago (limit {limit:.0f} s)")
+    problem = sweeper_problem(age, settings.sweep_interval_s)
+    _report(as_json, problem is None, "beat", problem or f"last sweep {age:.1f} s ago")
 
 
 @health.command("worker")
