@@ -127,3 +127,12 @@ def test_operations_are_listed_by_kind_status_place_and_age(client):
 def test_bad_list_filters_are_refused(client, kwargs):
     with pytest.raises(InvalidArgument):
         client.list_operations(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("", SID, "x"), (WS, None, "x"), (WS, SID, "a\x00b"), (WS, SID, 7), (WS, SID, "x" * 256)],
+)
+def test_bad_find_arguments_are_refused(client, args):
+    with pytest.raises(InvalidArgument):
+        client.find_operations(*args)

@@ -219,3 +219,10 @@ def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):
     )
     assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
     assert [e["operation_id"] for e in SimControl(sim_b.url).effects()] == [op.operation_id]
+
+
+@pytest.mark.parametrize("host_id", ["", "h\x00", 7, ["host-b"], "h" * 256])
+def test_a_bad_host_id_in_ensure_session_is_refused_and_writes_nothing(client, host_id):
+    with pytest.raises(InvalidArgument):
+        client.ensure_session(WS, "s-bad", host_id=host_id)
+    assert session_row(client, "s-bad") is None

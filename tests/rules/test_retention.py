@@ -120,3 +120,14 @@ def test_the_retention_setting_and_the_beat_entry():
     assert Settings.from_env(settings.to_env()).retention_days == 45
     entries = beat_schedule(settings)
     assert [e["task"] for e in entries.values() if e["task"] == PRUNE_TASK] == [PRUNE_TASK]
+
+
+@pytest.mark.parametrize("batch", [0, -1, 10**6, "5", None])
+def test_a_bad_batch_is_refused_and_nothing_is_deleted(client, batch):
+    client.set_goal(WS, "s1", "first", client_submit_id="g1")
+    client.set_goal(WS, "s1", "second", client_submit_id="g2")
+    age_everything(client, days=40)
+    before = row_counts(client.engine)
+    with pytest.raises(InvalidArgument):
+        client.prune(batch=batch)
+    assert row_counts(client.engine) == before
