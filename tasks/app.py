@@ -7,6 +7,7 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    beat_init,
     worker_init,
     worker_process_init,
     worker_ready,
@@ -59,7 +60,7 @@ def celery_config(settings: Settings) -> dict:
         "task_send_sent_event": True,
         "task_soft_time_limit": TASK_SOFT_TIME_LIMIT_S,
         "task_time_limit": TASK_TIME_LIMIT_S,
-        "task_queues": kombu_queues(),
+        "task_queues": kombu_queues(settings),
         "task_default_queue": DEFAULT_QUEUE,
         "task_routes": {"agent_radar.maintenance.*": {"queue": MAINTENANCE_QUEUE}},
         "worker_hijack_root_logger": False,
@@ -99,6 +100,15 @@ def _watch_for_shutdown(sender=None, **_kwargs) -> None:
     from tasks import shutdown
 
     shutdown.watch(sender.app.agent_radar_settings if sender is not None else Settings.from_env())
+
+
+@beat_init.connect
+def _beat_sends_no_sent_events(sender=None, **_kwargs) -> None:
+    # Beat publishes only housekeeping (the sweep every few seconds, retention), whose
+    # tasks send no events (strict_task(events=False)); their `task-sent` events would
+    # leave an ever-pending task in Flower for every sweep.
+    if sender is not None:
+        sender.app.conf.task_send_sent_event = False
 
 
 @worker_ready.connect

@@ -137,13 +137,21 @@ def _ids(kwargs: dict) -> dict:
     return ids
 
 
-def strict_task(name: str, *, public: bool = False):
-    """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext."""
+def strict_task(name: str, *, public: bool = False, events: bool = True):
+    """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext.
+    `events=False` keeps the task out of Flower (no task events): housekeeping that runs
+    every few seconds would otherwise push real work out of Flower's task list."""
 
     def decorate(fn):
         signature = inspect.signature(fn)
 
-        @shared_task(name=name, bind=True, typing=False, max_retries=PUBLIC_MAX_RETRIES)
+        @shared_task(
+            name=name,
+            bind=True,
+            typing=False,
+            max_retries=PUBLIC_MAX_RETRIES,
+            send_events=events,
+        )
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
             ctx = TaskContext(self.app.agent_radar_settings)

@@ -11,7 +11,7 @@ from tasks.worker_id import worker_name
 SWEEPER_LEASE_MIN_S = 30
 
 
-@strict_task(SWEEP_TASK)
+@strict_task(SWEEP_TASK, events=False)
 def sweep(ctx):
     lease_s = max(ctx.settings.sweep_interval_s * 10, SWEEPER_LEASE_MIN_S)
     counts = sweep_once(
@@ -25,7 +25,7 @@ def sweep(ctx):
     return counts.as_dict()
 
 
-@strict_task(PRUNE_TASK)
+@strict_task(PRUNE_TASK, events=False)
 def prune(ctx):
     """Retention (DESIGN 4.10): a few bounded batches per run; the next run goes on."""
     return _client_prune(ctx)

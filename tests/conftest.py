@@ -1,14 +1,17 @@
 """Test fixtures: real databases, real brokers, real HTTP, real worker processes.
 
 Every scenario runs on both backends: `embedded` (SQLite + the filesystem transport) and
-`production` (PostgreSQL + Redis). Where PostgreSQL or Redis is unreachable the production
-cases skip with the reason — except under CI=true, where that is a failure.
+`production` (PostgreSQL + Redis). The tests that matter most for a broker (end to end,
+redelivery, restart) also run on `rabbitmq` (PostgreSQL + RabbitMQ, quorum queues), by
+overriding the `backend` fixture. Where a server is unreachable those cases skip with the
+reason — except under CI=true, where that is a failure.
 
 What each fixture starts (all torn down after the test):
 - `pg_database` (session): one throwaway PostgreSQL database, migrated to head.
 - `backend`: the parameter, `embedded` or `production`.
 - `settings`: a home folder, the backend's database (SQLite file, or the PostgreSQL database
-  truncated) and broker (a folder, or Redis under a key prefix of its own), a free port.
+  truncated) and broker (a folder, Redis under a key prefix of its own, or a RabbitMQ
+  virtual host of its own), a free port.
 - `sim`: the runtime simulator as a real HTTP server in this process, reporting through the
   real broker; `sim_control` is its `/sim/` client. `sim_b`: a second host, `host-b`.
 - `client`: the Python client against that backend and simulator (no worker).
@@ -21,7 +24,9 @@ workers), `faults/` (restarts, outages, the hostile-input campaign).
 """
 
 import os
+import shutil
 import socket
+import subprocess
 import uuid
 from dataclasses import replace
 
@@ -43,6 +48,8 @@ PG_ADMIN_URL = os.environ.get(
     "AGENT_RADAR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("AGENT_RADAR_TEST_REDIS", "redis://127.0.0.1:6379/11")
+# The shared RabbitMQ; each test gets a virtual host of its own on it (rabbitmqctl).
+RABBITMQ_URL = os.environ.get("AGENT_RADAR_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -84,6 +91,34 @@ def pg_database():
     admin.dispose()
 
 
+def rabbitmqctl(*args: str, node: str | None = None) -> str:
+    """Run rabbitmqctl (as root it reaches the local nodes); its output, or fail loudly."""
+    command = ["rabbitmqctl", *(["-n", node] if node else []), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{' '.join(command)}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture
+def rabbitmq_vhost():
+    """A virtual host of this test's own on the shared RabbitMQ, deleted afterwards with
+    everything in it: no purging, no interference with other runs."""
+    _require("RabbitMQ", "127.0.0.1", 5672)
+    if shutil.which("rabbitmqctl") is None:
+        skip_or_fail("rabbitmqctl is not installed")
+    vhost = f"radar-test-{uuid.uuid4().hex[:12]}"
+    rabbitmqctl("add_vhost", vhost)
+    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    yield vhost
+    rabbitmqctl("delete_vhost", vhost)
+
+
+def _empty_pg(pg_url: str) -> None:
+    with engine_for(pg_url).begin() as conn:
+        tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {tables}"))
+
+
 @pytest.fixture(params=["embedded", "production"])
 def backend(request) -> str:
     """Which backend this test runs on (every scenario runs on both)."""
@@ -116,10 +151,12 @@ def settings(backend, tmp_path, request):
             broker_url=REDIS_URL,
             broker_key_prefix=f"radar-test-{uuid.uuid4().hex[:12]}:",
         )
-        engine = engine_for(pg_url)
-        with engine.begin() as conn:
-            tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
-            conn.execute(text(f"TRUNCATE {tables}"))
+        _empty_pg(pg_url)
+    elif backend == "rabbitmq":
+        pg_url = request.getfixturevalue("pg_database")
+        vhost = request.getfixturevalue("rabbitmq_vhost")
+        base = replace(base, database_url=pg_url, broker_url=f"{RABBITMQ_URL}/{vhost}")
+        _empty_pg(pg_url)
     else:
         upgrade(base.database_url)
     yield base

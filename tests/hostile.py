@@ -9,9 +9,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from kombu import Connection
-
-from workflows.adapters.broker import kombu_queues, transport_options
+from workflows.adapters.broker import broker_connection, queue_named
 
 SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
 
@@ -67,10 +65,10 @@ def raw_publish(
     settings, body, *, headers=None, content_type="application/json", queue: str = "default"
 ) -> None:
     """Publish `body` as it is: bytes go out untouched, anything else as JSON."""
-    target = next(q for q in kombu_queues() if q.name == queue)
+    target = queue_named(settings, queue)
     if not isinstance(body, bytes):
         body = json.dumps(body).encode()
-    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+    with broker_connection(settings) as conn:
         conn.Producer().publish(
             body,
             exchange=target.exchange,

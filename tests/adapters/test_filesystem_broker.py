@@ -6,16 +6,15 @@ import os
 import socket
 
 import pytest
-from kombu import Connection
 from kombu.transport import filesystem
 
 from workflows.adapters.broker import (
     DEFAULT_QUEUE,
     FILESYSTEM_DRAIN_SLICE_S,
     TaskPublisher,
+    broker_connection,
     broker_folders,
-    kombu_queues,
-    transport_options,
+    queue_named,
 )
 from workflows.adapters.config import Settings
 
@@ -26,16 +25,16 @@ def _settings(tmp_path, name) -> Settings:
     return Settings(home=home, database_url=f"sqlite:///{home / 'db'}", broker_url="filesystem://")
 
 
-def _default_queue():
-    return next(q for q in kombu_queues() if q.name == DEFAULT_QUEUE)
+def _default_queue(settings: Settings):
+    return queue_named(settings, DEFAULT_QUEUE)
 
 
 def _received(settings: Settings) -> list[dict]:
     """Consume every message waiting in the default queue of this broker folder."""
     got = []
-    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+    with broker_connection(settings) as conn:
         with conn.Consumer(
-            [_default_queue()],
+            [_default_queue(settings)],
             accept=["json"],
             callbacks=[lambda body, message: (got.append(body[1]), message.ack())],
         ):
@@ -94,8 +93,8 @@ def test_a_wait_for_messages_is_cut_into_short_slices(tmp_path, monkeypatch):
         return real(self, connection, timeout=timeout)
 
     monkeypatch.setattr(filesystem.Transport, "drain_events", recording)
-    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
-        with conn.Consumer([_default_queue()], accept=["json"], callbacks=[]):
+    with broker_connection(settings) as conn:
+        with conn.Consumer([_default_queue(settings)], accept=["json"], callbacks=[]):
             with pytest.raises(socket.timeout):
                 conn.drain_events(timeout=2.0)
     assert asked == [FILESYSTEM_DRAIN_SLICE_S]

@@ -135,17 +135,15 @@ def test_a_coalesced_items_label_reaches_its_message(settings):
 def test_a_label_shows_beside_the_arguments_of_a_real_message(settings):
     """Flower and the worker log show kwargsrepr: a dispatch message carries the workspace,
     session and client submit ID an operator knows it by."""
-    from kombu import Connection
-
-    from workflows.adapters.broker import kombu_queues, transport_options
+    from workflows.adapters.broker import broker_connection, queue_named
 
     publisher = TaskPublisher(settings)
     try:
         publisher.publish(TASK, {"operation_id": "op-9"}, label="acme/s1 submit=req-9")
     finally:
         publisher.close()
-    queue = next(q for q in kombu_queues() if q.name == "default")
-    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+    queue = queue_named(settings, "default")
+    with broker_connection(settings) as conn:
         message = None
         for _ in range(50):
             message = queue(conn.default_channel).get(no_ack=True)

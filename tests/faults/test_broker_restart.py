@@ -1,19 +1,28 @@
-"""Redis restarts under a running fleet (DESIGN 9): this test's own redis-server, which keeps
-nothing on disk, is killed with goal work in flight and queued; more goal work, a compaction
+"""The broker restarts under a running fleet (DESIGN 9), for Redis and for RabbitMQ: the
+test's own server is killed with goal work in flight and queued; more goal work, a compaction
 and prompts are submitted while it is down. Once it is back, workers and beat reconnect, the
-sweeper re-publishes from the database what the restart lost, and every operation takes
-effect exactly once."""
+sweeper re-publishes from the database whatever the restart lost, and every operation takes
+effect exactly once.
 
+Redis here keeps nothing on disk, so a restart loses every queued message. RabbitMQ's quorum
+queues keep every message it confirmed: after a crash they are all still there, and workers
+apply them with no sweeper running."""
+
+import os
+import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import redis
 
 from tests.conftest import skip_or_fail
 from tests.helpers import dispatching, effects_by_operation, eventually
+from workflows.adapters.broker import broker_connection, kombu_queues, queue_named
 from workflows.tools.stack import free_port
 
 WS = "ws-restart"
@@ -64,7 +73,7 @@ class OwnRedis:
             self.proc.send_signal(signal.SIGKILL)  # a crash: whatever it held is gone
             self.proc.wait(10)
 
-    def queued(self) -> int:
+    def queued(self, settings) -> int:
         probe = redis.Redis(port=self.port)
         try:
             return sum(probe.llen(key) for key in probe.scan_iter() if probe.type(key) == b"list")
@@ -72,9 +81,117 @@ class OwnRedis:
             probe.close()
 
 
+class OwnRabbitMQ:
+    """A RabbitMQ node started (and ended) by this test only: its own node name, ports and
+    data folder, run as the `rabbitmq` user in a process group of its own. The shared
+    node is never touched. A restart keeps the data folder, as a real restart does."""
+
+    USER = "rabbitmq"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.node = f"radar{self.port}@localhost"
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        # Not under pytest's tmp_path: the rabbitmq user cannot enter root's 0700 folders.
+        self.folder = Path(tempfile.mkdtemp(prefix="radar-rabbitmq-"))
+        self.folder.chmod(0o755)
+        (self.folder / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.folder / "enabled_plugins").write_text("[].\n")
+        account = pwd.getpwnam(self.USER)
+        self.home = account.pw_dir
+        for path in [self.folder, *self.folder.iterdir()]:
+            os.chown(path, account.pw_uid, account.pw_gid)
+        self.log_path = self.folder / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": self.home,  # the rabbitmq user's Erlang cookie
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(free_port()),
+            "RABBITMQ_CONFIG_FILE": str(self.folder / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(self.folder / "data"),
+            "RABBITMQ_LOG_BASE": str(self.folder / "log"),
+            "RABBITMQ_PID_FILE": str(self.folder / "node.pid"),
+        }
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["/usr/lib/rabbitmq/bin/rabbitmq-server"],
+                env=env,
+                user=self.USER,
+                group=self.USER,
+                cwd=self.folder,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        eventually(self._accepts, timeout_s=90, poll_s=0.2, what="the RabbitMQ node to answer")
+
+    def _accepts(self) -> bool:
+        assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+        try:
+            with broker_connection(_on(self.url), connect_timeout=1) as conn:
+                conn.ensure_connection(max_retries=1, timeout=1)
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    def settle(self) -> None:
+        """Make this node one that has run for a while: the queues a fleet uses exist, and
+        a clean restart has put their registration on disk. (RabbitMQ 3.10 may lose a
+        quorum queue declared seconds before a crash: it comes back empty and refuses
+        publishes. A deployment's queues are older than that.)"""
+        from kombu.transport.native_delayed_delivery import (
+            declare_native_delayed_delivery_exchanges_and_queues,
+        )
+
+        settings = _on(self.url)
+        with broker_connection(settings) as conn:
+            for queue in kombu_queues(settings):
+                queue.bind(conn.default_channel).declare()
+            declare_native_delayed_delivery_exchanges_and_queues(conn, "quorum")
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        """A clean shutdown (RabbitMQ stops gracefully on SIGTERM)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+
+    def kill(self) -> None:
+        """A crash: SIGKILL to the whole node, no chance to sync or say goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(15)
+
+    def queued(self, settings) -> int:
+        with broker_connection(settings) as conn:
+            queue = queue_named(settings, "default").bind(conn.default_channel)
+            return queue.queue_declare(passive=True).message_count
+
+    def remove(self) -> None:
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _on(url: str):
+    from workflows.adapters.config import Settings
+
+    return Settings(home=Path("."), database_url="sqlite://", broker_url=url)
+
+
 @pytest.fixture
-def backend():
-    return "production"  # the filesystem broker has no server to restart
+def backend(request):
+    # The filesystem broker has no server to restart; the broker is this test's own.
+    return "production"
 
 
 @pytest.fixture
@@ -88,12 +205,36 @@ def own_redis(tmp_path):
 
 
 @pytest.fixture
-def settings(settings, own_redis):
-    return replace(settings, broker_url=own_redis.url)
+def own_rabbitmq():
+    if not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+        skip_or_fail("rabbitmq-server is not installed")
+    try:
+        pwd.getpwnam(OwnRabbitMQ.USER)
+    except KeyError:
+        skip_or_fail("there is no rabbitmq user to run a RabbitMQ node as")
+    if os.geteuid() != 0:
+        skip_or_fail("starting a RabbitMQ node as the rabbitmq user needs root")
+    server = OwnRabbitMQ()
+    try:
+        server.start()
+        server.settle()
+        yield server
+    finally:
+        server.remove()
 
 
-def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(
-    settings, own_redis, client, stack, sim_control
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request):
+    return request.getfixturevalue(f"own_{request.param}")
+
+
+@pytest.fixture
+def settings(settings, broker):
+    return replace(settings, broker_url=broker.url, broker_key_prefix="")
+
+
+def test_a_broker_restart_loses_nothing_and_applies_nothing_twice(
+    settings, broker, client, stack, sim_control
 ):
     workers = [stack.start_worker(concurrency=2), stack.start_worker(concurrency=1)]
     beat = stack.start_beat()
@@ -109,13 +250,13 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(
     for i in range(3):
         in_flight.append(client.set_goal(WS, f"flight-{i}", "mid-call", client_submit_id="1"))
         eventually(lambda: dispatching(client, in_flight[-1]), what="a busy pool process")
-    # ...so these messages wait in Redis and die with it.
+    # ...so these messages wait in the broker when it dies.
     queued = [
-        client.set_goal(WS, f"queued-{i}", "lost with the broker", client_submit_id="1")
+        client.set_goal(WS, f"queued-{i}", "queued at the crash", client_submit_id="1")
         for i in range(6)
     ]
-    eventually(lambda: own_redis.queued() > 0, timeout_s=10, what="messages waiting in Redis")
-    own_redis.kill()
+    eventually(lambda: broker.queued(settings) > 0, timeout_s=10, what="messages waiting")
+    broker.kill()
     sim_control.latency("goal", 0)
 
     # Submitted while the broker is down: accepted and durable; the publish fails.
@@ -129,7 +270,7 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(
         client.submit_prompt(WS, "down-p", f"prompt {i}", client_submit_id=f"p{i}")
         for i in range(2)
     ]
-    own_redis.start()  # empty: nothing it held survived
+    broker.start()
 
     every = before + in_flight + queued + down
     for op in every:
@@ -150,3 +291,26 @@ def test_a_redis_restart_loses_nothing_and_applies_nothing_twice(
     after = client.set_goal(WS, "after", "business as usual", client_submit_id="1")
     assert client.wait(after, timeout=60).status == "completed"
     assert effects_by_operation(sim_control)[after.operation_id] == 1
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_rabbitmq_keeps_confirmed_messages_through_a_crash(
+    settings, broker, client, stack, sim_control
+):
+    """Publisher confirms and quorum queues: once a submit's publish returned, its message
+    is on disk. Crash the node with the messages waiting (no worker runs), restart it, and
+    a worker — with no beat, so no sweeper to re-publish anything — applies every one."""
+    ops = [
+        client.set_goal(WS, f"kept-{i}", "outlive the crash", client_submit_id="1")
+        for i in range(5)
+    ]
+    waiting = broker.queued(settings)
+    assert waiting >= 1  # the submits coalesce: a few messages carry the five operations
+    broker.kill()
+    broker.start()
+    assert broker.queued(settings) == waiting
+    stack.start_worker(concurrency=2)
+    for op in ops:
+        assert client.wait(op, timeout=60).status == "completed", op.operation_id
+    assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in ops}
+    eventually(lambda: broker.queued(settings) == 0, what="every message acknowledged")

@@ -20,11 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from kombu import Connection
 
 from tests.helpers import eventually, row_counts
 from tests.hostile import applied, raw_publish, task_headers
-from workflows.adapters.broker import kombu_queues, transport_options
+from workflows.adapters.broker import broker_connection, queue_named
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
 from workflows.goals.dispatch import Dispatcher
@@ -498,8 +497,8 @@ def broker_messages(draw, serial=count()):
 
 
 def queue_depth(settings, name: str = "default") -> int:
-    queue = next(q for q in kombu_queues() if q.name == name)
-    with Connection(settings.broker_url, transport_options=transport_options(settings)) as conn:
+    queue = queue_named(settings, name)
+    with broker_connection(settings) as conn:
         # (an empty Redis list does not exist, so not passive: declaring it again is harmless)
         return queue.bind(conn.default_channel).queue_declare().message_count
 

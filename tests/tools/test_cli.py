@@ -628,7 +628,8 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     assert all("session" not in dict(labels) for _, labels in got)
 
 
-@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
+# Every broker: the broker probe connects, and the worker probe pings over its control queues.
+@pytest.mark.parametrize("backend", ["embedded", "production", "rabbitmq"])
 def test_health_probes(settings, client, stack):
     def probe(*what, env=None):
         return run_cli(settings, "health", *what, "--json", check=False)

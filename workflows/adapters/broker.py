@@ -7,6 +7,7 @@ the client, the sweeper and the simulator share one small publisher.
 
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -52,8 +53,33 @@ def queue_for(task_name: str) -> str:
     return MAINTENANCE_QUEUE if task_name.startswith("agent_radar.maintenance.") else DEFAULT_QUEUE
 
 
-def kombu_queues() -> list[Queue]:
+def kombu_queues(settings: Settings) -> list[Queue]:
+    """The queues, as every producer and worker declares them.
+
+    On RabbitMQ they are quorum queues (replicated, durable, fsynced before the publisher's
+    confirm) behind topic exchanges: Celery's native delayed delivery, which a countdown
+    retry needs on quorum queues, cannot route through direct exchanges. A topic binding
+    without wildcards routes exactly like a direct one. Elsewhere: direct exchanges."""
+    if settings.is_amqp_broker:
+        return [
+            Queue(
+                name,
+                Exchange(name, type="topic"),
+                routing_key=name,
+                queue_arguments={"x-queue-type": "quorum"},
+            )
+            for name in QUEUES
+        ]
     return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
+
+
+def queue_named(settings: Settings, name: str) -> Queue:
+    return next(q for q in kombu_queues(settings) if q.name == name)
+
+
+def broker_connection(settings: Settings, **kwargs: Any) -> Connection:
+    """A kombu connection to the configured broker, with its transport options."""
+    return Connection(settings.broker_url, transport_options=transport_options(settings), **kwargs)
 
 
 class Channel(filesystem.Channel):
@@ -120,6 +146,10 @@ def transport_options(settings: Settings) -> dict[str, Any]:
             "control_folder": str(folders["control"]),
             "polling_interval": FILESYSTEM_POLL_S,
         }
+    if settings.is_amqp_broker:
+        # Publisher confirms: a publish returns once RabbitMQ has the message (on a quorum
+        # queue: on disk); one it refused raises, so the row stays for the sweeper.
+        return {"confirm_publish": True}
     options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     if settings.broker_key_prefix:
         options["global_keyprefix"] = settings.broker_key_prefix
@@ -149,7 +179,8 @@ class TaskPublisher:
         self._pid = None
         self._connection = None
         self._producer = None
-        self._exchanges = {q.name: q for q in kombu_queues()}
+        self._exchanges = {q.name: q for q in kombu_queues(settings)}
+        self._events: SentEvents | None = None
         # Coalescing: items waiting for a message, per (task, list argument); how many
         # submits are still in their transaction; and the lock whose holder publishes.
         self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
@@ -160,10 +191,9 @@ class TaskPublisher:
 
     def _ensure(self):
         if self._pid != os.getpid() or self._producer is None:
-            self._connection = Connection(
-                self.settings.broker_url, transport_options=transport_options(self.settings)
-            )
+            self._connection = broker_connection(self.settings)
             self._producer = self._connection.Producer()
+            self._events = SentEvents(self._connection)
             self._pid = os.getpid()
         return self._producer
 
@@ -181,6 +211,7 @@ class TaskPublisher:
         queue_name = queue or queue_for(task_name)
         target = self._exchanges[queue_name]
         task_id = str(uuid.uuid4())
+        kwargsrepr = (repr(kwargs) + (f" [{label}]" if label else ""))[:1024]
         headers = {
             "lang": "py",
             "task": task_name,
@@ -195,7 +226,7 @@ class TaskPublisher:
             "root_id": task_id,
             "parent_id": None,
             "argsrepr": "()",
-            "kwargsrepr": (repr(kwargs) + (f" [{label}]" if label else ""))[:1024],
+            "kwargsrepr": kwargsrepr,
             "origin": "agent-radar",
             "ignore_result": True,
         }
@@ -223,6 +254,8 @@ class TaskPublisher:
                     "interval_max": 2,
                 },
             )
+            assert self._events is not None
+            self._events.task_sent(producer, task_id, task_name, kwargsrepr, target)
         return task_id
 
     def publish_after_commit(
@@ -306,6 +339,61 @@ class TaskPublisher:
                 except Exception:  # noqa: BLE001 - closing a broken connection
                     pass
             self._connection = self._producer = None
+
+
+# Celery's event exchange; Celery makes it a fanout exchange on Redis (celery.events.event).
+EVENT_EXCHANGE = "celeryev"
+
+
+class SentEvents:
+    """The `task-sent` event Celery's own producer sends when `task_send_sent_event` is on
+    (DESIGN 5): Flower shows a task from the moment it is published, under the client that
+    published it, instead of first hearing of it from the worker. The wire format is
+    Celery's event message (celery.events.event.Event), built here because `workflows/`
+    never imports Celery."""
+
+    def __init__(self, connection: Connection) -> None:
+        kind = "fanout" if connection.transport.driver_type == "redis" else "topic"
+        self.exchange = Exchange(EVENT_EXCHANGE, type=kind, delivery_mode="transient")
+        self.hostname = f"agent-radar.{os.getpid()}@{socket.gethostname()}"
+        self.clock = 0
+
+    def task_sent(
+        self, producer: Any, task_id: str, task_name: str, kwargsrepr: str, queue: Queue
+    ) -> None:
+        self.clock += 1
+        event = {
+            "type": "task-sent",
+            "uuid": task_id,
+            "root_id": task_id,
+            "parent_id": None,
+            "name": task_name,
+            "args": "()",
+            "kwargs": kwargsrepr,
+            "retries": 0,
+            "eta": None,
+            "expires": None,
+            "queue": queue.name,
+            "exchange": queue.exchange.name,
+            "routing_key": queue.routing_key,
+            "hostname": self.hostname,
+            "pid": os.getpid(),
+            "clock": self.clock,
+            "utcoffset": (time.altzone if time.daylight else time.timezone) // 3600,
+            "timestamp": time.time(),
+        }
+        try:
+            producer.publish(
+                event,
+                exchange=self.exchange,
+                routing_key="task.sent",
+                serializer="json",
+                headers={"hostname": self.hostname},
+                declare=[self.exchange],
+                delivery_mode=1,
+            )
+        except Exception as exc:  # noqa: BLE001 - monitoring must never fail a published task
+            log.debug("task-sent event for %s not sent: %s", task_id, exc)
 
 
 class _Waiting:

@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -57,6 +58,11 @@ class Settings:
     def is_embedded_broker(self) -> bool:
         return self.broker_url.startswith("filesystem://")
 
+    @property
+    def is_amqp_broker(self) -> bool:
+        """RabbitMQ (or any AMQP 0-9-1 broker): `amqp://`, `amqps://`, `pyamqp://`."""
+        return urlsplit(self.broker_url).scheme in AMQP_SCHEMES
+
     def __repr__(self) -> str:
         # Settings reach logs and operator tools; neither may show a secret in clear text.
         return (
@@ -84,7 +90,7 @@ class Settings:
             maintenance_cancel_grace_s=_float(env, "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S", 15.0),
             lease_s=max(_float(env, "AGENT_RADAR_LEASE_S", 30.0), timeout_s + 1),
             runtime_timeout_s=timeout_s,
-            broker_key_prefix=env.get("AGENT_RADAR_BROKER_KEY_PREFIX", ""),
+            broker_key_prefix=_broker_key_prefix(env),
             retention_days=_retention_days(env),
         )
 
@@ -114,3 +120,16 @@ def _retention_days(env: Mapping[str, str]) -> float:
         # A replay within a day must always find its operation (DESIGN 4.10).
         raise ValueError(f"AGENT_RADAR_RETENTION_DAYS must be at least 1, got {days:g}")
     return days
+
+
+def _broker_key_prefix(env: Mapping[str, str]) -> str:
+    prefix = env.get("AGENT_RADAR_BROKER_KEY_PREFIX", "")
+    broker = env.get("AGENT_RADAR_BROKER_URL") or ""
+    if prefix and urlsplit(broker).scheme in AMQP_SCHEMES:
+        # A setting that would silently do nothing is a trap: RabbitMQ separates deployments
+        # by virtual host (the URL's path), not by key prefix.
+        raise ValueError(
+            "AGENT_RADAR_BROKER_KEY_PREFIX applies to Redis only; on RabbitMQ give each "
+            "deployment its own virtual host in AGENT_RADAR_BROKER_URL (amqp://…/vhost)"
+        )
+    return prefix

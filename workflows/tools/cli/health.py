@@ -40,15 +40,11 @@ def health_db(as_json: bool):
 @json_option
 def health_broker(as_json: bool):
     """The broker accepts a connection."""
-    from kombu import Connection
-
-    from workflows.adapters.broker import transport_options
+    from workflows.adapters.broker import broker_connection
 
     settings = Settings.from_env()
     try:
-        with Connection(
-            settings.broker_url, transport_options=transport_options(settings), connect_timeout=5
-        ) as conn:
+        with broker_connection(settings, connect_timeout=5) as conn:
             conn.ensure_connection(max_retries=1, timeout=5)
     except Exception as exc:  # noqa: BLE001
         _report(as_json, False, "broker", f"unreachable: {exc.__class__.__name__}")

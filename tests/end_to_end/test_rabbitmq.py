@@ -1,0 +1,123 @@
+"""RabbitMQ as the production broker (DESIGN 5): PostgreSQL + RabbitMQ, quorum queues, real
+`agent-radar worker` / `beat` subprocesses, each test in a virtual host of its own. The
+restart of a RabbitMQ node is in tests/faults/test_broker_restart.py."""
+
+import pytest
+
+from tests.conftest import rabbitmqctl
+from tests.helpers import dispatching, effects_by_operation, eventually
+from workflows.adapters.broker import (
+    QUEUES,
+    broker_connection,
+    kombu_queues,
+    queue_named,
+    transport_options,
+)
+from workflows.adapters.config import Settings
+
+WS = "ws-rabbit"
+
+
+@pytest.fixture
+def backend():
+    return "rabbitmq"
+
+
+def queue_types(vhost: str) -> dict[str, str]:
+    out = rabbitmqctl("list_queues", "-p", vhost, "--quiet", "--no-table-headers", "name", "type")
+    return dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
+
+
+def depth(settings, name: str = "default") -> int:
+    with broker_connection(settings) as conn:
+        queue = queue_named(settings, name).bind(conn.default_channel)
+        return queue.queue_declare(passive=True).message_count
+
+
+def test_goal_work_runs_on_quorum_queues(settings, rabbitmq_vhost, client, stack, sim_control):
+    stack.start_worker(concurrency=2)
+    stack.start_worker(concurrency=1)
+    last = {}
+    for i in range(8):
+        client.set_goal(WS, f"s{i}", f"goal {i}", client_submit_id="set")
+        last[i] = client.clear_goal(WS, f"s{i}", client_submit_id="clear")
+    compaction = client.start_maintenance(WS, "s-m", client_submit_id="m1")
+    for i, op in last.items():
+        assert client.wait(op, timeout=60).status == "completed"
+        assert client.goal_state(WS, f"s{i}").sync_status == "synced"
+    assert client.wait(compaction, timeout=60).status == "completed"
+    assert all(n == 1 for n in effects_by_operation(sim_control).values())
+    assert len(sim_control.effects("maintenance")) == 1
+    types = queue_types(rabbitmq_vhost)
+    # The work queues are quorum queues; so are the delay queues Celery's native delayed
+    # delivery declares for countdown retries (celery_delayed_0 … 27).
+    assert {name: types[name] for name in QUEUES} == {name: "quorum" for name in QUEUES}
+    assert types["celery_delayed_0"] == "quorum" and types["celery_delayed_27"] == "quorum"
+
+
+def test_a_killed_workers_message_is_redelivered(settings, client, stack, sim_control):
+    """SIGKILL the worker mid-call: RabbitMQ puts its unacknowledged message back in the
+    queue at once (no visibility timeout to wait out); the next worker and the sweeper
+    finish the operation, and the agent applied it once."""
+    victim = stack.start_worker(concurrency=1)
+    sim_control.latency("goal", 2000)
+    op = client.set_goal(WS, "killed", "finish me", client_submit_id="1")
+    eventually(lambda: dispatching(client, op), what="the dispatch to start")
+    assert depth(settings) == 0  # the worker holds the message, unacknowledged
+    victim.kill()
+    eventually(lambda: depth(settings) == 1, what="the message back in its queue")
+    sim_control.latency("goal", 0)
+    stack.start_worker(concurrency=1)
+    stack.start_beat()
+    done = client.wait(op, timeout=90)
+    assert done.status == "completed" and done.attempt >= 2
+    assert effects_by_operation(sim_control) == {op.operation_id: 1}
+    eventually(lambda: depth(settings) == 0, what="the redelivered message acknowledged")
+
+
+def test_a_countdown_travels_through_native_delayed_delivery(settings, client, stack, sim_control):
+    """A producer that uses Celery with a countdown (as `Task.retry` does): on quorum queues
+    the message waits in RabbitMQ's delay queues, not in a worker's memory, and then arrives
+    in the `default` queue like any other."""
+    from tasks.app import create_app
+
+    stack.start_worker(concurrency=1)
+    producer = create_app(settings)
+    try:
+        producer.send_task(
+            "agent_radar.goal_control",
+            kwargs={
+                "workspace_id": WS,
+                "session_id": "later",
+                "action": "set",
+                "objective": "in three seconds",
+                "client_submit_id": "delayed-1",
+            },
+            countdown=3,
+        )
+        # Parked in the delay queues: nothing reached `default`, nothing was written.
+        assert depth(settings) == 0
+        assert client.list_goal_operations(WS, "later") == []
+        ops = eventually(
+            lambda: client.list_goal_operations(WS, "later"), timeout_s=60, what="the submit"
+        )
+    finally:
+        producer.close()
+    assert client.wait(ops[0], timeout=60).status == "completed"
+    assert effects_by_operation(sim_control) == {ops[0].operation_id: 1}
+
+
+def test_rabbitmq_settings():
+    """amqp URLs select RabbitMQ; a Redis-only key prefix beside one is refused, not ignored
+    (deployments share a RabbitMQ by virtual host)."""
+    env = {"AGENT_RADAR_BROKER_URL": "amqp://agent:secret@mq.internal:5672/radar"}
+    settings = Settings.from_env(env)
+    assert settings.is_amqp_broker and not settings.is_embedded_broker
+    assert transport_options(settings) == {"confirm_publish": True}
+    assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in kombu_queues(settings))
+    assert "secret" not in repr(settings)
+    with pytest.raises(ValueError, match="virtual host"):
+        Settings.from_env({**env, "AGENT_RADAR_BROKER_KEY_PREFIX": "team-a:"})
+    redis = Settings.from_env({"AGENT_RADAR_BROKER_URL": "redis://cache:6379/0"})
+    assert not redis.is_amqp_broker
+    assert all(q.queue_arguments is None for q in kombu_queues(redis))
