@@ -227,7 +227,9 @@ def stack(settings, sim):
     s = Stack(settings)
     s.prepare()
     yield s
-    s.stop()
+    # The test is over and its database and broker are thrown away: no warm shutdown to
+    # wait for (tests of a graceful stop stop their processes themselves).
+    s.kill()
 
 
 @pytest.fixture

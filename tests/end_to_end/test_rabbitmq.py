@@ -121,3 +121,44 @@ def test_rabbitmq_settings():
     redis = Settings.from_env({"AGENT_RADAR_BROKER_URL": "redis://cache:6379/0"})
     assert not redis.is_amqp_broker
     assert all(q.queue_arguments is None for q in kombu_queues(redis))
+
+
+def test_plain_celery_producers_as_the_readme_shows(settings, client, stack, sim_control):
+    """The README's producer for RabbitMQ works as written; one with Celery's defaults is
+    refused by RabbitMQ (the queue it would declare is not ours) and sends nothing."""
+    from celery import Celery
+    from kombu import Exchange, Queue
+
+    stack.start_worker(concurrency=1)  # declares the queues, as a running fleet has
+    kwargs = {"workspace_id": WS, "session_id": "plain", "action": "set", "objective": "hi"}
+
+    defaults = Celery("producer", broker=settings.broker_url)
+    try:
+        with pytest.raises(Exception, match="PRECONDITION_FAILED"):
+            defaults.send_task(
+                "agent_radar.goal_control", kwargs={**kwargs, "client_submit_id": "d"}
+            )
+    finally:
+        defaults.close()
+
+    app = Celery("producer", broker=settings.broker_url)
+    app.conf.task_default_queue = "default"
+    app.conf.task_queues = [
+        Queue(
+            "default",
+            Exchange("default", type="topic"),
+            routing_key="default",
+            queue_arguments={"x-queue-type": "quorum"},
+        ),
+    ]
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    try:
+        app.send_task("agent_radar.goal_control", kwargs={**kwargs, "client_submit_id": "r"})
+    finally:
+        app.close()
+    ops = eventually(
+        lambda: client.list_goal_operations(WS, "plain"), timeout_s=60, what="the submit"
+    )
+    assert [op.client_submit_id for op in ops] == ["r"]
+    assert client.wait(ops[0], timeout=60).status == "completed"
+    assert effects_by_operation(sim_control) == {ops[0].operation_id: 1}

@@ -33,6 +33,7 @@ def test_compose_has_the_product_services():
     services = _compose()["services"]
     assert set(services) == {
         "redis",
+        "rabbitmq",
         "postgres",
         "runtime-sim",
         "worker",
@@ -44,6 +45,11 @@ def test_compose_has_the_product_services():
     }
     monitoring = {name for name, svc in services.items() if "monitoring" in svc.get("profiles", [])}
     assert monitoring == {"metrics", "prometheus", "grafana"}
+    # Either broker: RabbitMQ on its profile; ours wait for whichever of the two runs.
+    assert services["rabbitmq"]["profiles"] == ["rabbitmq"]
+    for name in ("worker", "beat", "runtime-sim", "flower"):
+        needs = services[name]["depends_on"]
+        assert needs["redis"]["required"] is False and needs["rabbitmq"]["required"] is False
 
 
 def test_every_service_of_ours_runs_a_real_cli_command():
