@@ -211,9 +211,11 @@ def test_the_bench_task_is_not_registered_in_a_production_worker(client, stack, 
     assert worker.alive()
 
 
-def test_the_bench_task_checks_its_arguments(client, stack, settings):
+def test_the_bench_task_checks_its_arguments(client, stack, settings, backend):
+    from tasks.bench_tasks import Tally
+
     worker = stack.start_worker(concurrency=1, extra_env={"AGENT_RADAR_BENCH_TASKS": "1"})
-    (settings.home / "bench").mkdir()
+    tally = Tally(settings, "beef")
     for run_id in ("../../escape", "ABC", "a" * 33, 7):
         raw_publish(
             settings,
@@ -225,7 +227,7 @@ def test_the_bench_task_checks_its_arguments(client, stack, settings):
         [[], {"run_id": "beef", "index": 1}, None],
         headers=task_headers("agent_radar.bench.noop"),
     )
-    eventually(lambda: list((settings.home / "bench").glob("beef-*.done")), timeout_s=30)
+    eventually(lambda: tally.count() == 1, timeout_s=30, what="the good no-op counted")
     # The filesystem broker orders messages of the same millisecond at random: the good one
     # may run before some of the bad ones.
     log = eventually(
@@ -237,7 +239,15 @@ def test_the_bench_task_checks_its_arguments(client, stack, settings):
     )
     assert log.count("rejected agent_radar.bench.noop message") == 4
     assert "Traceback" not in log
-    assert [p.name.split("-")[0] for p in (settings.home / "bench").iterdir()] == ["beef"]
+    assert list(tally.times()) == [1]
+    if backend == "production":  # one Redis list, for the good run only
+        keys = {k.decode() for k in tally.redis.scan_iter(match=f"{settings.broker_key_prefix}*")}
+        assert {k for k in keys if ":bench:" in k} == {
+            f"{settings.broker_key_prefix}agent-radar:bench:beef"
+        }
+    else:  # one file, for the good run only
+        assert [p.name.split("-")[0] for p in (settings.home / "bench").iterdir()] == ["beef"]
+    tally.close()
 
 
 SECRET_PASSWORD = "s3cret-db-pw-" + uuid.uuid4().hex[:8]

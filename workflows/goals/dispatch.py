@@ -233,18 +233,22 @@ class Dispatcher:
                     claims.append(current)
             attempts = self._attempt_all(claims)
             lanes = list(work)
+            keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
 
-            def finish(s: Session, attempts=attempts, lanes=lanes):
+            def finish(s: Session, attempts=attempts, lanes=lanes, keys=keys):
                 recorded = self._record(s, attempts)
                 self._release(s, lanes)
-                return recorded
+                # Look for more only after the release statement, in the same transaction
+                # (one round trip less per step than a transaction of its own). A worker
+                # that found one of these lanes held had committed its operation before it
+                # tried, so this later statement sees it; one that tries after the release
+                # statement waits for this commit (the lease row is locked; on SQLite the
+                # write transactions are serialized) and then finds the lane free — or
+                # taken back here, and then this check runs again at the next release.
+                return recorded, self._next(s, keys)
 
-            results += run_transaction(self.engine, finish)
-            # Only now, with the release committed, look for more: a worker that found one
-            # of these lanes held until the commit left its operation to this check, and one
-            # that came after it has the lane.
-            keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
-            work = run_transaction(self.engine, functools.partial(self._next, keys=keys))
+            recorded, work = run_transaction(self.engine, finish)
+            results += recorded
 
         # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
         def let_go(s: Session):

@@ -1,7 +1,9 @@
-"""`agent-radar bench` (DESIGN 8): raw Celery no-ops vs goal operations end to end, latency
-at half the maximum rate, and a duplicate storm — on the configured database and broker,
-with the same worker settings for every phase."""
+"""`agent-radar bench` (DESIGN 8): a standard Celery baseline beside goal operations end to
+end — throughput, round-trip latency unloaded and at half the goal operations' maximum rate,
+and the whole machine's CPU per operation — then a duplicate storm, all on the configured
+database and broker with the same worker settings, every figure a ratio within one run."""
 
+import os
 import random
 import statistics
 import threading
@@ -10,7 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import func, insert, select
 
@@ -18,7 +20,6 @@ from models.base import utcnow
 from models.db import engine_for, run_transaction
 from models.enums import TERMINAL_OPERATION_STATUSES
 from models.tables import GoalOperation as GoalOperationRow
-from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
 from workflows.tools.simulator import SimControl
@@ -27,6 +28,16 @@ from workflows.tools.stack import Stack, free_port, wait_for
 SUBMIT_THREADS = 4
 STORM_COPIES = 5
 PHASE_TIMEOUT_S = 300
+BASELINE_TASK = "agent_radar.bench.noop"
+# Both throughput phases wait for completion polling this often (the poll is cheap on both
+# sides, and the same for both, so it weighs the same in their CPU figures).
+POLL_S = 0.05
+# Unloaded latency: one operation at a time, polling for its completion this often.
+UNLOADED_POLL_S = 0.0005
+PROGRESS_EVERY_S = 2.0
+# DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
+# multiples at most. The embedded backend's throughput target is half, its multiples double.
+TARGETS = {"throughput": 0.8, "unloaded_p50": 3.0, "paced_p99": 5.0, "cpu": 1.0}
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -35,78 +46,270 @@ def _percentile(values: list[float], pct: float) -> float:
     return ordered[index]
 
 
+def _summary(latencies_ms: list[float]) -> dict:
+    return {
+        "p50": round(statistics.median(latencies_ms), 2),
+        "p99": round(_percentile(latencies_ms, 99), 2),
+    }
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has spent busy (every process: client, workers,
+    simulator, database, broker, and whatever else runs), from /proc/stat; None elsewhere."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stats() -> dict[int, tuple[str, int, float]]:
+    """pid -> (command name, parent pid, CPU seconds so far) of every process, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                raw = fh.read()
+        except OSError:
+            continue  # gone meanwhile
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        out[int(entry)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+class Components:
+    """CPU seconds per component of the run, from /proc: the benchmark's own process (the
+    submitting client), the worker's main process and its pool processes, the simulator,
+    the database server and the broker server (every process of theirs on this machine)."""
+
+    SERVERS = {"database": ("postgres",), "broker": ("redis-server", "beam.smp")}
+
+    def __init__(self, worker_pid: int | None, sim_pid: int | None) -> None:
+        self.worker_pid = worker_pid
+        self.sim_pid = sim_pid
+
+    def snapshot(self) -> dict[str, float] | None:
+        if not os.path.isdir("/proc"):
+            return None
+        stats = _proc_stats()
+        totals = dict.fromkeys(
+            ("client", "worker main", "worker pool", "simulator", "database", "broker"), 0.0
+        )
+        for pid, (name, ppid, cpu) in stats.items():
+            if pid == os.getpid():
+                totals["client"] += cpu
+            elif pid == self.worker_pid:
+                totals["worker main"] += cpu
+            elif ppid == self.worker_pid and self.worker_pid is not None:
+                totals["worker pool"] += cpu
+            elif pid == self.sim_pid:
+                totals["simulator"] += cpu
+            else:
+                for component, names in self.SERVERS.items():
+                    if name.startswith(names):
+                        totals[component] += cpu
+        return totals
+
+    @staticmethod
+    def per_op_ms(
+        before: dict[str, float] | None, after: dict[str, float] | None, ops: int
+    ) -> dict[str, float] | None:
+        if before is None or after is None:
+            return None
+        return {k: round((after[k] - before[k]) * 1000 / ops, 3) for k in before}
+
+
+@dataclass
+class Phase:
+    """One throughput phase: its rate and the machine's CPU per operation."""
+
+    per_s: float
+    cpu_ms_per_op: float | None
+    components_ms_per_op: dict[str, float] | None = None
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+class EffectFeed:
+    """The simulator's effects, fetched incrementally (`?since=`), so polling stays cheap."""
+
+    def __init__(self, sim: SimControl) -> None:
+        self.sim = sim
+        self.seen: list[dict] = []
+
+    def poll(self) -> None:
+        self.seen += self.sim.effects(kind=None, since=len(self.seen))
+
+    def goals(self, workspace_id: str) -> list[dict]:
+        return [e for e in self.seen if e["kind"] == "goal" and e["workspace_id"] == workspace_id]
+
+
 class Bench:
-    def __init__(self, settings: Settings, operations: int, echo: Callable | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        operations: int,
+        echo: Callable | None,
+        components: Components | None = None,
+    ) -> None:
+        from tasks.app import create_app
+
         self.settings = settings
         self.n = operations
         self.echo = echo or (lambda *_: None)
         self.run_id = uuid.uuid4().hex[:8]
         self.client = AgentRadar(settings=settings)
         self.sim = SimControl(settings.runtime_url, settings.runtime_token)
-        self.publisher = TaskPublisher(settings)
+        self.feed = EffectFeed(self.sim)
+        # The baseline producer is Celery's own, configured as the workers are.
+        self.celery = create_app(settings)
+        self._tallies: list = []
+        self.components = components or Components(None, None)
 
-    def raw_noops(self) -> float:
-        from tasks.bench_tasks import completions
+    def close(self) -> None:
+        for tally in self._tallies:
+            tally.close()
+        self.celery.close()
+        self.client.close()
 
-        (self.settings.home / "bench").mkdir(parents=True, exist_ok=True)
-        started = time.time()
-        for i in range(self.n):
-            self.publisher.publish("agent_radar.bench.noop", {"run_id": self.run_id, "index": i})
-        done = wait_for(
-            lambda: (lambda t: len(t) >= self.n and t)(
-                completions(self.settings.home, self.run_id)
-            ),
-            PHASE_TIMEOUT_S,
-            "the no-op tasks",
-        )
-        return self.n / (max(done) - started)
+    # -- progress --------------------------------------------------------------------------
+    def _wait(self, label: str, count: Callable[[], int], total: int, poll_s: float = POLL_S):
+        """Poll until `count()` reaches `total`, saying how far it got every few seconds."""
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        said = time.monotonic()
+        while (done := count()) < total:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{label}: {done}/{total} after {PHASE_TIMEOUT_S} s")
+            if time.monotonic() - said >= PROGRESS_EVERY_S:
+                self.echo(f"    … {label}: {done}/{total}")
+                said = time.monotonic()
+            time.sleep(poll_s)
 
-    def _effects(self, workspace_id: str) -> list[dict]:
-        return [e for e in self.sim.effects() if e["workspace_id"] == workspace_id]
+    # -- (a) the standard Celery baseline ------------------------------------------------
+    def _tally(self):
+        from tasks.bench_tasks import Tally
 
-    def _await_effects(self, workspace_id: str, count: int) -> list[dict]:
-        return wait_for(
-            lambda: (lambda e: len(e) >= count and e)(self._effects(workspace_id)),
-            PHASE_TIMEOUT_S,
-            f"{count} effects in {workspace_id}",
-            poll_s=0.1,
-        )
+        tally = Tally(self.settings, uuid.uuid4().hex[:12])
+        self._tallies.append(tally)
+        return tally
 
-    def goals_at_full_rate(self) -> tuple[float, dict]:
-        ws = f"bench-{self.run_id}-max"
-        submitted: dict[str, float] = {}
+    def _send_noop(self, tally, index: int) -> None:
+        self.celery.send_task(BASELINE_TASK, kwargs={"run_id": tally.run_id, "index": index})
 
-        def submit(i: int) -> None:
-            t = time.time()
-            op = self.client.set_goal(ws, f"s{i}", f"objective {i}", client_submit_id="1")
-            submitted[op.operation_id] = t
-
-        started = time.time()
+    def baseline_throughput(self) -> Phase:
+        tally = self._tally()
+        parts0, cpu0, started = self.components.snapshot(), machine_busy_s(), time.time()
         with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(submit, range(self.n)))
-        effects = self._await_effects(ws, self.n)
-        finished = max(e["at"] for e in effects)
-        return self.n / (finished - started), self._audit(ws, effects, submitted)
+            list(pool.map(lambda i: self._send_noop(tally, i), range(self.n)))
+        self._wait("(a) no-ops done", tally.count, self.n)
+        cpu1, parts1 = machine_busy_s(), self.components.snapshot()
+        finished = max(tally.times().values())
+        return Phase(
+            self.n / (finished - started),
+            _cpu_ms(cpu0, cpu1, self.n),
+            Components.per_op_ms(parts0, parts1, self.n),
+        )
 
-    def goals_at_rate(self, rate_per_s: float) -> tuple[list[float], dict]:
-        ws = f"bench-{self.run_id}-paced"
-        submitted: dict[str, float] = {}
+    def baseline_unloaded(self, samples: int) -> list[float]:
+        tally = self._tally()
+        sent: dict[int, float] = {}
+        for i in range(samples):
+            sent[i] = time.time()
+            self._send_noop(tally, i)
+            self._wait("(a) unloaded", tally.count, i + 1, UNLOADED_POLL_S)
+        done = tally.times()
+        return [(done[i] - sent[i]) * 1000 for i in sent]
+
+    def baseline_at_rate(self, rate_per_s: float) -> list[float]:
+        tally = self._tally()
+        sent = self._paced(lambda i: self._send_noop(tally, i), rate_per_s)
+        self._wait("(a) paced", tally.count, self.n)
+        done = tally.times()
+        return [(done[i] - sent[i]) * 1000 for i in sent]
+
+    def _paced(self, send: Callable[[int], object], rate_per_s: float) -> dict[int, float]:
+        """Call send(0 … n-1) at `rate_per_s` from the producer threads; when each was sent."""
+        sent: dict[int, float] = {}
         interval_s = 1.0 / rate_per_s
         start = time.time()
         lock = threading.Lock()
 
-        def submit(i: int) -> None:
+        def one(i: int) -> None:
             delay = start + i * interval_s - time.time()
             if delay > 0:
                 time.sleep(delay)
             t = time.time()
-            op = self.client.set_goal(ws, f"s{i}", f"objective {i}", client_submit_id="1")
+            send(i)
             with lock:
-                submitted[op.operation_id] = t
+                sent[i] = t
 
         with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(submit, range(self.n)))
-        effects = self._await_effects(ws, self.n)
+            list(pool.map(one, range(self.n)))
+        return sent
+
+    # -- (b) goal operations ---------------------------------------------------------------
+    def _await_effects(self, workspace_id: str, count: int, label: str) -> list[dict]:
+        def applied() -> int:
+            self.feed.poll()
+            return len(self.feed.goals(workspace_id))
+
+        self._wait(label, applied, count)
+        return self.feed.goals(workspace_id)
+
+    def _set_goal(self, ws: str, i: int, submitted: dict[str, float]) -> None:
+        t = time.time()
+        op = self.client.set_goal(ws, f"s{i}", f"objective {i}", client_submit_id="1")
+        submitted[op.operation_id] = t
+
+    def goals_at_full_rate(self) -> tuple[Phase, dict]:
+        ws = f"bench-{self.run_id}-max"
+        submitted: dict[str, float] = {}
+        parts0, cpu0, started = self.components.snapshot(), machine_busy_s(), time.time()
+        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
+            list(pool.map(lambda i: self._set_goal(ws, i, submitted), range(self.n)))
+        effects = self._await_effects(ws, self.n, "(b) goals applied")
+        cpu1, parts1 = machine_busy_s(), self.components.snapshot()
+        finished = max(e["at"] for e in effects)
+        phase = Phase(
+            self.n / (finished - started),
+            _cpu_ms(cpu0, cpu1, self.n),
+            Components.per_op_ms(parts0, parts1, self.n),
+        )
+        return phase, self._audit(ws, effects, submitted)
+
+    def goals_unloaded(self, samples: int) -> tuple[list[float], dict]:
+        ws = f"bench-{self.run_id}-unloaded"
+        submitted: dict[str, float] = {}
+        for i in range(samples):
+            self._set_goal(ws, i, submitted)
+            self._wait(
+                "(b) unloaded",
+                lambda i=i: (self.feed.poll(), len(self.feed.goals(ws)))[1],
+                i + 1,
+                UNLOADED_POLL_S,
+            )
+        effects = self.feed.goals(ws)
+        latencies = [(e["at"] - submitted[e["operation_id"]]) * 1000 for e in effects]
+        return latencies, self._audit(ws, effects, submitted)
+
+    def goals_at_rate(self, rate_per_s: float) -> tuple[list[float], dict]:
+        ws = f"bench-{self.run_id}-paced"
+        ids: dict[int, str] = {}
+        lock = threading.Lock()
+
+        def send(i: int) -> None:
+            op = self.client.set_goal(ws, f"s{i}", f"objective {i}", client_submit_id="1")
+            with lock:
+                ids[i] = op.operation_id
+
+        sent = self._paced(send, rate_per_s)
+        submitted = {ids[i]: t for i, t in sent.items()}
+        effects = self._await_effects(ws, self.n, "(b) paced")
         latencies = [(e["at"] - submitted[e["operation_id"]]) * 1000 for e in effects]
         return latencies, self._audit(ws, effects, submitted)
 
@@ -133,7 +336,8 @@ class Bench:
             "the storm to settle",
             poll_s=0.2,
         )
-        return rate, self._audit(ws, self._effects(ws), submitted, allow_superseded=True)
+        self.feed.poll()
+        return rate, self._audit(ws, self.feed.goals(ws), submitted, allow_superseded=True)
 
     def _audit(
         self,
@@ -160,6 +364,27 @@ class Bench:
             and not set(per_op) - set(submitted)
             and all(per_op.get(op_id) == 1 for op_id in completed),
         }
+
+
+def _cpu_ms(before: float | None, after: float | None, ops: int) -> float | None:
+    if before is None or after is None:
+        return None
+    return round((after - before) * 1000 / ops, 3)
+
+
+def targets(settings: Settings, ratios: dict[str, float | None]) -> dict[str, dict]:
+    """Each DESIGN 8 target with this run's ratio and whether it was met."""
+    embedded = settings.is_embedded_broker or settings.database_url.startswith("sqlite")
+    out = {}
+    for name, limit in TARGETS.items():
+        if embedded:
+            limit = limit / 2 if name == "throughput" else limit * 2
+        ratio = ratios.get(name)
+        met = None
+        if ratio is not None:
+            met = ratio >= limit if name == "throughput" else ratio <= limit
+        out[name] = {"ratio": ratio, "limit": limit, "met": met}
+    return out
 
 
 # -- DESIGN 8: a sweep over a large settled history costs about what a sweep over none does --
@@ -250,42 +475,74 @@ def run_bench(
     settings = replace(settings, runtime_url=f"http://127.0.0.1:{free_port()}")
     stack = Stack(settings)
     say = echo or (lambda *_: None)
+    bench = None
     try:
         stack.prepare()
-        stack.start_sim()
+        sim = stack.start_sim()
         # Only the benchmark's own worker registers the baseline no-op task.
-        stack.start_worker(
+        worker = stack.start_worker(
             concurrency=concurrency, name="bench-worker", extra_env={"AGENT_RADAR_BENCH_TASKS": "1"}
         )
-        bench = Bench(settings, operations, echo)
+        bench = Bench(settings, operations, echo, Components(worker.pid, sim.pid))
         # (b) measures the goal operation path; continuation turns (and their reports) are
         # agent activity that would only add unrelated load.
         bench.sim.defaults(continuation_turns=False)
+        samples = max(10, min(100, operations // 10))
         say(
             f"backend: {settings.database_url.split(':', 1)[0]} + "
             f"{settings.broker_url.split(':', 1)[0]}; worker processes: {concurrency}; "
-            f"operations per phase: {operations}"
+            f"producer threads: {SUBMIT_THREADS}; operations per phase: {operations}; "
+            f"unloaded samples: {samples}"
         )
-        raw = bench.raw_noops()
-        say(f"(a) raw Celery no-op tasks:     {raw:8.1f} tasks/s")
-        goal_rate, full_audit = bench.goals_at_full_rate()
+        # Throughput first, each kind on a quiet machine.
+        base = bench.baseline_throughput()
+        say(f"(a) Celery no-op tasks:          {base.per_s:8.1f} tasks/s  {_cpu(base)}")
+        goals, full_audit = bench.goals_at_full_rate()
+        say(f"(b) goal operations to applied:  {goals.per_s:8.1f} ops/s    {_cpu(goals)}")
+        if base.components_ms_per_op and goals.components_ms_per_op:
+            say("    CPU ms per operation by component, (a) / (b):")
+            for name, a_ms in base.components_ms_per_op.items():
+                say(f"      {name:<12} {a_ms:6.2f} / {goals.components_ms_per_op[name]:6.2f}")
+        base_unloaded = bench.baseline_unloaded(samples)
+        goal_unloaded, unloaded_audit = bench.goals_unloaded(samples)
         say(
-            f"(b) goal operations to applied: {goal_rate:8.1f} ops/s   ratio (b)/(a) = "
-            f"{goal_rate / raw:.2f}"
+            f"    unloaded round trip p50: (a) {statistics.median(base_unloaded):.2f} ms, "
+            f"(b) {statistics.median(goal_unloaded):.2f} ms"
         )
-        latencies, paced_audit = bench.goals_at_rate(goal_rate / 2)
-        p50, p99 = statistics.median(latencies), _percentile(latencies, 99)
+        rate = goals.per_s / 2
+        base_paced = bench.baseline_at_rate(rate)
+        latencies, paced_audit = bench.goals_at_rate(rate)
         say(
-            f"    at half that rate ({goal_rate / 2:.1f}/s): submit->applied "
-            f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+            f"    at {rate:.1f}/s (half of (b)): (a) p50 {statistics.median(base_paced):.1f} ms "
+            f"p99 {_percentile(base_paced, 99):.1f} ms; (b) p50 "
+            f"{statistics.median(latencies):.1f} ms p99 {_percentile(latencies, 99):.1f} ms"
         )
         storm_rate, storm_audit = bench.duplicate_storm()
         say(
             f"(c) duplicate storm ({STORM_COPIES} copies of each id): {storm_rate:8.1f} "
             f"submissions/s"
         )
-        exactly_once = all(a["exactly_once"] for a in (full_audit, paced_audit, storm_audit))
+        audits = (full_audit, unloaded_audit, paced_audit, storm_audit)
+        exactly_once = all(a["exactly_once"] for a in audits)
         say(f"exactly once: {'yes' if exactly_once else 'NO'}")
+        ratios = {
+            "throughput": round(goals.per_s / base.per_s, 3),
+            "unloaded_p50": round(
+                statistics.median(goal_unloaded) / statistics.median(base_unloaded), 2
+            ),
+            "paced_p99": round(_percentile(latencies, 99) / _percentile(base_paced, 99), 2),
+            "cpu": (
+                round(goals.cpu_ms_per_op / base.cpu_ms_per_op, 2)
+                if goals.cpu_ms_per_op and base.cpu_ms_per_op
+                else None
+            ),
+        }
+        checked = targets(settings, ratios)
+        for name, t in checked.items():
+            relation = ">=" if name == "throughput" else "<="
+            verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
+            limit = f"{relation} {t['limit']:g}"
+            say(f"    (b)/(a) {name:<13} {t['ratio']!s:>6}  target {limit}: {verdict}")
         sweep = None
         if settled:
             say(f"(d) sweep cost with {settled:,} more settled operations in history:")
@@ -300,17 +557,48 @@ def run_bench(
                 "database": settings.database_url.split(":", 1)[0],
                 "broker": settings.broker_url.split(":", 1)[0],
                 "worker_processes": concurrency,
+                "producer_threads": SUBMIT_THREADS,
             },
             "operations": operations,
-            "raw_noop_per_s": round(raw, 1),
-            "goal_ops_per_s": round(goal_rate, 1),
-            "ratio": round(goal_rate / raw, 3),
-            "paced_rate_per_s": round(goal_rate / 2, 1),
-            "latency_ms": {"p50": round(p50, 1), "p99": round(p99, 1)},
+            "unloaded_samples": samples,
+            "baseline": {
+                "per_s": round(base.per_s, 1),
+                "cpu_ms_per_op": base.cpu_ms_per_op,
+                "cpu_ms_per_op_by_component": base.components_ms_per_op,
+                "unloaded_ms": _summary(base_unloaded),
+                "paced_ms": _summary(base_paced),
+            },
+            "goals": {
+                "per_s": round(goals.per_s, 1),
+                "cpu_ms_per_op": goals.cpu_ms_per_op,
+                "cpu_ms_per_op_by_component": goals.components_ms_per_op,
+                "unloaded_ms": _summary(goal_unloaded),
+                "paced_ms": _summary(latencies),
+            },
+            "ratios": ratios,
+            "targets": checked,
+            "raw_noop_per_s": round(base.per_s, 1),
+            "goal_ops_per_s": round(goals.per_s, 1),
+            "ratio": ratios["throughput"],
+            "paced_rate_per_s": round(rate, 1),
+            "latency_ms": _summary(latencies),
             "storm_submissions_per_s": round(storm_rate, 1),
-            "audit": {"full_rate": full_audit, "paced": paced_audit, "storm": storm_audit},
+            "audit": {
+                "full_rate": full_audit,
+                "unloaded": unloaded_audit,
+                "paced": paced_audit,
+                "storm": storm_audit,
+            },
             "exactly_once": exactly_once,
             "settled_sweep": sweep,
         }
     finally:
+        if bench is not None:
+            bench.close()
         stack.stop()
+
+
+def _cpu(phase: Phase) -> str:
+    if phase.cpu_ms_per_op is None:
+        return ""
+    return f"CPU {phase.cpu_ms_per_op:.2f} ms/op (whole machine)"

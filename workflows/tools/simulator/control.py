@@ -47,8 +47,9 @@ class SimControl:
     def latency(self, call: str, ms: int) -> dict:
         return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms})
 
-    def effects(self, kind: str | None = "goal") -> list[dict]:
-        effects = self.http.request("GET", "/sim/effects")["effects"]
+    def effects(self, kind: str | None = "goal", since: int = 0) -> list[dict]:
+        """The effects applied so far (after the first `since` of them, of every kind)."""
+        effects = self.http.request("GET", f"/sim/effects?since={since}")["effects"]
         return [e for e in effects if kind is None or e["kind"] == kind]
 
     def calls(self, call: str | None = None) -> list[dict]:

@@ -7,7 +7,7 @@ import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from workflows.tools.simulator.state import SESSION_PATH, Reporter, SimError, Simulator
 
@@ -56,9 +56,13 @@ def make_handler(sim: Simulator, token: str | None):
                 if not bearer_matches(self.headers.get("Authorization"), token):
                     return self._send(401, {"error": "unauthorized"})
                 body = self._body() if method == "POST" else {}
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 if path.startswith("/sim/"):
-                    result = sim.snapshot(path) if method == "GET" else sim.control(path, body)
+                    if method == "GET":
+                        since = parse_qs(query).get("since", ["0"])[0]
+                        result = sim.snapshot(path, int(since))
+                    else:
+                        result = sim.control(path, body)
                     return self._send(200, result)
                 match = SESSION_PATH.match(path)
                 reads = match and (

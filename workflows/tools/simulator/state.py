@@ -512,10 +512,12 @@ class Simulator:
                 return {}
         raise SimError(404, "not_found")
 
-    def snapshot(self, path: str) -> dict:
+    def snapshot(self, path: str, since: int = 0) -> dict:
+        """`since`: only the effects after the first `since` (a poller that has seen them
+        asks for the rest); `total` counts them all."""
         with self.lock:
             if path == "/sim/effects":
-                return {"effects": list(self.effects)}
+                return {"effects": self.effects[max(since, 0) :], "total": len(self.effects)}
             if path == "/sim/calls":
                 return {"calls": list(self.calls)}
             if path == "/sim/health":
