@@ -38,10 +38,10 @@ from workflows.goals.operations import (
 from workflows.goals.statements import (
     CLAIM,
     CLAIM_LOOKUP,
-    DUE_ANYWHERE,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
     OPS_LANES,
+    OPS_LANES_AND_DUE,
     RESCHEDULE,
     STATES_APPLYING,
 )
@@ -170,11 +170,14 @@ class Dispatcher:
 
         def open_lanes(s: Session, wanted: list[str]) -> dict[Lane, Claim | StepResult]:
             conn = s.connection()
-            first = _first_per_session(
-                conn.execute(OPS_LANES, {"b_ops": wanted, "b_now": self.clock()})
-            )
-            if first and steal:
-                due = _first_per_session(conn.execute(DUE_ANYWHERE, {"b_now": self.clock()}))
+            params = {"b_ops": wanted, "b_now": self.clock()}
+            if not steal:
+                first = _first_per_session(conn.execute(OPS_LANES, params))
+                return self._open(s, first)
+            rows = conn.execute(OPS_LANES_AND_DUE, params).all()
+            first = _first_per_session(row for row in rows if row.wanted)
+            if first:
+                due = _first_per_session(row for row in rows if not row.wanted)
                 for key, operation_id in due.items():
                     if len(first) >= MAX_LANES_PER_STEP:
                         break

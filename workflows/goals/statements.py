@@ -2,7 +2,7 @@
 (`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
 cached one on the hot path."""
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, func, literal, select, union_all, update
 
 from models.enums import OperationStatus, ProviderPhase, SyncStatus
 from workflows.goals.operations import (
@@ -35,6 +35,22 @@ DUE_ANYWHERE = (
     .where(*due_operations(bindparam("b_now")))
     .order_by(OPS.c.next_attempt_at)
     .limit(MAX_LANES_PER_STEP)
+)
+# OPS_LANES and DUE_ANYWHERE in one read, for a dispatch that steals (`wanted` tells
+# which rows are the given operations): one round trip less on every message.
+_DUE = DUE_ANYWHERE.subquery()
+OPS_LANES_AND_DUE = union_all(
+    select(*LANE_COLUMNS, literal(True).label("wanted")).where(
+        OPS_IN, *open_unheld(bindparam("b_now"))
+    ),
+    select(
+        _DUE.c.operation_id,
+        _DUE.c.workspace_id,
+        _DUE.c.session_id,
+        _DUE.c.status,
+        _DUE.c.goal_revision,
+        literal(False).label("wanted"),
+    ),
 )
 NEXT_DUE = (
     select(*LANE_COLUMNS)
