@@ -26,6 +26,12 @@ class OperationStatus(StrEnum):
 
 
 OPEN_OPERATION_STATUSES = (OperationStatus.PREPARED, OperationStatus.DISPATCHED)
+# The SQL condition "the goal operation is open", written out with its values: the partial
+# index of open operations (ix_goal_operations_open_due) is defined by it, and a query uses
+# that index only where it states the condition the same way, not through bound parameters.
+OPEN_OPERATION_SQL = "status IN ({})".format(
+    ", ".join(f"'{s.value}'" for s in OPEN_OPERATION_STATUSES)
+)
 TERMINAL_OPERATION_STATUSES = (
     OperationStatus.COMPLETED,
     OperationStatus.FAILED,

@@ -3,10 +3,11 @@
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, UTCDateTime
+from models.enums import OPEN_OPERATION_SQL
 
 ID = String(255)
 SHORT = String(32)
@@ -63,6 +64,17 @@ class GoalOperation(LeaseColumns, Base):
             "workspace_id", "session_id", "client_submit_id", name="uq_goal_operations_submit"
         ),
         Index("ix_goal_operations_due", "status", "next_attempt_at"),
+        # Open operations in due order (migration 0009): a due read walks it in order and
+        # stops at its limit. An operation passes through it twice (prepared, dispatched)
+        # and leaves dead entries behind on PostgreSQL until vacuum; a plain index scan
+        # marks those dead as it passes, where a bitmap scan of the index above read
+        # thousands of them again on every dispatch.
+        Index(
+            "ix_goal_operations_open_due",
+            "next_attempt_at",
+            postgresql_where=text(OPEN_OPERATION_SQL),
+            sqlite_where=text(OPEN_OPERATION_SQL),
+        ),
         Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
     )
 

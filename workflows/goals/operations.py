@@ -5,7 +5,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, literal_column, select, update
 from sqlalchemy.orm import Session
 
 from models.db import rowcount
@@ -25,10 +25,15 @@ ACCEPTED_BUDGET_S = 120
 BACKOFF_CAP_S = 256
 
 
+# "Open", stated with its values (see models.enums.OPEN_OPERATION_SQL): the partial index of
+# open operations serves only a query that states it this way.
+OPEN = GoalOperation.status.in_([literal_column(f"'{s.value}'") for s in OPEN_OPERATION_STATUSES])
+
+
 def open_unheld(now) -> tuple:
     """SQL conditions: the goal operation is open and no live lease holds it. `now` is a
     datetime or a bound parameter."""
-    return (GoalOperation.status.in_(OPEN_OPERATION_STATUSES), leases.unheld(GoalOperation, now))
+    return (OPEN, leases.unheld(GoalOperation, now))
 
 
 def due_operations(now) -> tuple:
@@ -162,6 +167,9 @@ _COMPLETE = (
     .returning(OPS.c.operation_id)
 )
 _COMPLETE_HELD = _COMPLETE.where(OPS.c.lease_token == bindparam("b_token"))
+# One operation with its evidence (the common case of a lone dispatch): one statement.
+_COMPLETE_WITH_EVIDENCE = _COMPLETE.values(evidence=bindparam("b_evidence"))
+_COMPLETE_HELD_WITH_EVIDENCE = _COMPLETE_HELD.values(evidence=bindparam("b_evidence"))
 _SET_EVIDENCE = (
     update(OPS)
     .where(OPS.c.operation_id == bindparam("b_op"))
@@ -194,16 +202,23 @@ def complete_applied_many(
         (row.workspace_id, row.session_id): row
         for row in conn.execute(_LOCK_STATES, {"b_keys": keys})
     }
-    params = {"b_ops": [op.operation_id for op, _goal, _evidence in applied], "b_now": now}
-    if token is None:
-        done = set(conn.execute(_COMPLETE, params).scalars())
+    params: dict[str, Any] = {
+        "b_ops": [op.operation_id for op, _goal, _evidence in applied],
+        "b_now": now,
+    }
+    if token is not None:
+        params["b_token"] = token
+    lone_proof = applied[0][2] if len(applied) == 1 else None
+    if lone_proof is not None:
+        statement = _COMPLETE_WITH_EVIDENCE if token is None else _COMPLETE_HELD_WITH_EVIDENCE
+        done = set(conn.execute(statement, {**params, "b_evidence": lone_proof}).scalars())
     else:
-        done = set(conn.execute(_COMPLETE_HELD, {**params, "b_token": token}).scalars())
+        done = set(conn.execute(_COMPLETE if token is None else _COMPLETE_HELD, params).scalars())
     evidence, synced = [], []
     for op, goal, proof in applied:
         if op.operation_id not in done:
             continue
-        if proof is not None:
+        if proof is not None and lone_proof is None:
             evidence.append({"b_op": op.operation_id, "b_evidence": proof})
         state = states.get((op.workspace_id, op.session_id))
         if state is not None and state.pending_operation_id == op.operation_id:
