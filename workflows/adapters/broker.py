@@ -188,6 +188,11 @@ class TaskPublisher:
         self._changed = threading.Condition()
         self._coalesce_lock = threading.Lock()
         self.linger_s = COALESCE_LINGER_S
+        # On kombu's emulated transports (Redis, the filesystem) a publish through a named
+        # exchange first reads the exchange's bindings from the broker (one more round trip,
+        # 0.2 ms of a 0.5 ms publish); the default exchange names the queue directly. On
+        # RabbitMQ the exchange routes (and Celery's delayed delivery needs it).
+        self._by_queue_name = not settings.is_amqp_broker
 
     def _ensure(self):
         if self._pid != os.getpid() or self._producer is None:
@@ -239,8 +244,8 @@ class TaskPublisher:
             producer = self._ensure()
             producer.publish(
                 body,
-                exchange=target.exchange,
-                routing_key=target.routing_key,
+                exchange="" if self._by_queue_name else target.exchange,
+                routing_key=target.name if self._by_queue_name else target.routing_key,
                 serializer="json",
                 headers=headers,
                 correlation_id=task_id,
