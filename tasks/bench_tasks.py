@@ -23,10 +23,6 @@ RUN_ID = re.compile(r"[0-9a-f]{1,32}")
 _redis = None  # one client per pool process, made after the fork
 
 
-def _uses_redis(settings: Settings) -> bool:
-    return settings.broker_url.startswith(("redis://", "rediss://"))
-
-
 def _redis_client(settings: Settings):
     global _redis
     if _redis is None or _redis[0] != os.getpid():
@@ -46,7 +42,7 @@ def noop(ctx, run_id: str, index: int):
         raise InvalidArgument("run_id must be 1-32 lowercase hex digits", field="run_id")
     check_int("index", index)
     line = f"{index} {time.time()}"
-    if _uses_redis(ctx.settings):
+    if ctx.settings.is_redis_broker:
         _redis_client(ctx.settings).rpush(_key(ctx.settings, run_id), line)
         return
     with open(ctx.settings.home / "bench" / f"{run_id}-{os.getpid()}.done", "a") as fh:
@@ -60,7 +56,7 @@ class Tally:
         self.settings = settings
         self.run_id = run_id
         self.redis = None
-        if _uses_redis(settings):
+        if settings.is_redis_broker:
             import redis
 
             self.redis = redis.Redis.from_url(settings.broker_url)

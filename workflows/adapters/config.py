@@ -59,6 +59,10 @@ class Settings:
         return self.broker_url.startswith("filesystem://")
 
     @property
+    def is_redis_broker(self) -> bool:
+        return urlsplit(self.broker_url).scheme in ("redis", "rediss")
+
+    @property
     def is_amqp_broker(self) -> bool:
         """RabbitMQ (or any AMQP 0-9-1 broker): `amqp://`, `amqps://`, `pyamqp://`."""
         return urlsplit(self.broker_url).scheme in AMQP_SCHEMES

@@ -40,17 +40,8 @@ DUE_ANYWHERE = (
 # which rows are the given operations): one round trip less on every message.
 _DUE = DUE_ANYWHERE.subquery()
 OPS_LANES_AND_DUE = union_all(
-    select(*LANE_COLUMNS, literal(True).label("wanted")).where(
-        OPS_IN, *open_unheld(bindparam("b_now"))
-    ),
-    select(
-        _DUE.c.operation_id,
-        _DUE.c.workspace_id,
-        _DUE.c.session_id,
-        _DUE.c.status,
-        _DUE.c.goal_revision,
-        literal(False).label("wanted"),
-    ),
+    OPS_LANES.add_columns(literal(True).label("wanted")),
+    select(*_DUE.c, literal(False).label("wanted")),
 )
 NEXT_DUE = (
     select(*LANE_COLUMNS)

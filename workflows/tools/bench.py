@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from sqlalchemy import func, insert, select
 
@@ -132,7 +132,6 @@ class Phase:
     per_s: float
     cpu_ms_per_op: float | None
     components_ms_per_op: dict[str, float] | None = None
-    latencies_ms: list[float] = field(default_factory=list)
 
 
 class EffectFeed:
@@ -201,19 +200,28 @@ class Bench:
     def _send_noop(self, tally, index: int) -> None:
         self.celery.send_task(BASELINE_TASK, kwargs={"run_id": tally.run_id, "index": index})
 
-    def baseline_throughput(self) -> Phase:
-        tally = self._tally()
+    def _throughput(self, submit: Callable[[int], object], wait: Callable[[], float]) -> Phase:
+        """submit(0 … n-1) from the producer threads, then `wait()` until all are done (it
+        returns when the last one finished): the rate, and the CPU spent meanwhile."""
         parts0, cpu0, started = self.components.snapshot(), machine_busy_s(), time.time()
         with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(lambda i: self._send_noop(tally, i), range(self.n)))
-        self._wait("(a) no-ops done", tally.count, self.n)
+            list(pool.map(submit, range(self.n)))
+        finished = wait()
         cpu1, parts1 = machine_busy_s(), self.components.snapshot()
-        finished = max(tally.times().values())
         return Phase(
             self.n / (finished - started),
             _cpu_ms(cpu0, cpu1, self.n),
             Components.per_op_ms(parts0, parts1, self.n),
         )
+
+    def baseline_throughput(self) -> Phase:
+        tally = self._tally()
+
+        def done() -> float:
+            self._wait("(a) no-ops done", tally.count, self.n)
+            return max(tally.times().values())
+
+        return self._throughput(lambda i: self._send_noop(tally, i), done)
 
     def baseline_unloaded(self, samples: int) -> list[float]:
         tally = self._tally()
@@ -253,12 +261,12 @@ class Bench:
         return sent
 
     # -- (b) goal operations ---------------------------------------------------------------
-    def _await_effects(self, workspace_id: str, count: int, label: str) -> list[dict]:
-        def applied() -> int:
-            self.feed.poll()
-            return len(self.feed.goals(workspace_id))
+    def _applied(self, workspace_id: str) -> int:
+        self.feed.poll()
+        return len(self.feed.goals(workspace_id))
 
-        self._wait(label, applied, count)
+    def _await_effects(self, workspace_id: str, count: int, label: str) -> list[dict]:
+        self._wait(label, lambda: self._applied(workspace_id), count)
         return self.feed.goals(workspace_id)
 
     def _set_goal(self, ws: str, i: int, submitted: dict[str, float]) -> None:
@@ -269,30 +277,20 @@ class Bench:
     def goals_at_full_rate(self) -> tuple[Phase, dict]:
         ws = f"bench-{self.run_id}-max"
         submitted: dict[str, float] = {}
-        parts0, cpu0, started = self.components.snapshot(), machine_busy_s(), time.time()
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(lambda i: self._set_goal(ws, i, submitted), range(self.n)))
-        effects = self._await_effects(ws, self.n, "(b) goals applied")
-        cpu1, parts1 = machine_busy_s(), self.components.snapshot()
-        finished = max(e["at"] for e in effects)
-        phase = Phase(
-            self.n / (finished - started),
-            _cpu_ms(cpu0, cpu1, self.n),
-            Components.per_op_ms(parts0, parts1, self.n),
-        )
-        return phase, self._audit(ws, effects, submitted)
+
+        def done() -> float:
+            effects = self._await_effects(ws, self.n, "(b) goals applied")
+            return max(e["at"] for e in effects)
+
+        phase = self._throughput(lambda i: self._set_goal(ws, i, submitted), done)
+        return phase, self._audit(ws, self.feed.goals(ws), submitted)
 
     def goals_unloaded(self, samples: int) -> tuple[list[float], dict]:
         ws = f"bench-{self.run_id}-unloaded"
         submitted: dict[str, float] = {}
         for i in range(samples):
             self._set_goal(ws, i, submitted)
-            self._wait(
-                "(b) unloaded",
-                lambda i=i: (self.feed.poll(), len(self.feed.goals(ws)))[1],
-                i + 1,
-                UNLOADED_POLL_S,
-            )
+            self._wait("(b) unloaded", lambda: self._applied(ws), i + 1, UNLOADED_POLL_S)
         effects = self.feed.goals(ws)
         latencies = [(e["at"] - submitted[e["operation_id"]]) * 1000 for e in effects]
         return latencies, self._audit(ws, effects, submitted)

@@ -179,13 +179,11 @@ class Stack:
         self.procs.clear()
 
     def kill(self) -> None:
-        """SIGKILL every process group at once: for throwaway stacks (the tests' teardown),
+        """SIGKILL every process group: for throwaway stacks (the tests' teardown),
         where a warm shutdown would only cost time — a prefork pool process alone takes
         2–3 s to exit (billiard sleeps a second on the way out)."""
         for proc in self.procs:
-            proc.signal_group(signal.SIGKILL)
-        for proc in self.procs:
-            proc.popen.wait(10)
+            proc.kill()
         self.procs.clear()
 
 
