@@ -58,3 +58,13 @@ def dispatching(client, op):
     """The operation's row while a worker holds it mid-dispatch, else False."""
     row = client.get_goal_operation(op.operation_id)
     return row.status == "dispatched" and row.lease_token is not None and row
+
+
+def queue_depth(settings, name: str = "default") -> int:
+    """How many messages wait in a queue of the configured broker."""
+    from workflows.adapters.broker import broker_connection, queue_named
+
+    queue = queue_named(settings, name)
+    with broker_connection(settings) as conn:
+        # (an empty Redis list does not exist, so not passive: declaring it again is harmless)
+        return queue.bind(conn.default_channel).queue_declare().message_count

@@ -5,12 +5,10 @@ restart of a RabbitMQ node is in tests/faults/test_broker_restart.py."""
 import pytest
 
 from tests.conftest import rabbitmqctl
-from tests.helpers import dispatching, effects_by_operation, eventually
+from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
 from workflows.adapters.broker import (
     QUEUES,
-    broker_connection,
     kombu_queues,
-    queue_named,
     transport_options,
 )
 from workflows.adapters.config import Settings
@@ -26,12 +24,6 @@ def backend():
 def queue_types(vhost: str) -> dict[str, str]:
     out = rabbitmqctl("list_queues", "-p", vhost, "--quiet", "--no-table-headers", "name", "type")
     return dict(line.split("\t")[:2] for line in out.splitlines() if "\t" in line)
-
-
-def depth(settings, name: str = "default") -> int:
-    with broker_connection(settings) as conn:
-        queue = queue_named(settings, name).bind(conn.default_channel)
-        return queue.queue_declare(passive=True).message_count
 
 
 def test_goal_work_runs_on_quorum_queues(settings, rabbitmq_vhost, client, stack, sim_control):
@@ -63,16 +55,16 @@ def test_a_killed_workers_message_is_redelivered(settings, client, stack, sim_co
     sim_control.latency("goal", 2000)
     op = client.set_goal(WS, "killed", "finish me", client_submit_id="1")
     eventually(lambda: dispatching(client, op), what="the dispatch to start")
-    assert depth(settings) == 0  # the worker holds the message, unacknowledged
+    assert queue_depth(settings) == 0  # the worker holds the message, unacknowledged
     victim.kill()
-    eventually(lambda: depth(settings) == 1, what="the message back in its queue")
+    eventually(lambda: queue_depth(settings) == 1, what="the message back in its queue")
     sim_control.latency("goal", 0)
     stack.start_worker(concurrency=1)
     stack.start_beat()
     done = client.wait(op, timeout=90)
     assert done.status == "completed" and done.attempt >= 2
     assert effects_by_operation(sim_control) == {op.operation_id: 1}
-    eventually(lambda: depth(settings) == 0, what="the redelivered message acknowledged")
+    eventually(lambda: queue_depth(settings) == 0, what="the redelivered message acknowledged")
 
 
 def test_a_countdown_travels_through_native_delayed_delivery(settings, client, stack, sim_control):
@@ -96,7 +88,7 @@ def test_a_countdown_travels_through_native_delayed_delivery(settings, client, s
             countdown=3,
         )
         # Parked in the delay queues: nothing reached `default`, nothing was written.
-        assert depth(settings) == 0
+        assert queue_depth(settings) == 0
         assert client.list_goal_operations(WS, "later") == []
         ops = eventually(
             lambda: client.list_goal_operations(WS, "later"), timeout_s=60, what="the submit"

@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from tests.conftest import skip_or_fail
-from tests.helpers import dispatching, effects_by_operation, eventually
-from workflows.adapters.broker import broker_connection, kombu_queues, queue_named
+from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
+from workflows.adapters.broker import broker_connection, kombu_queues
 from workflows.tools.stack import free_port
 
 WS = "ws-restart"
@@ -173,9 +173,7 @@ class OwnRabbitMQ:
             self.proc.wait(15)
 
     def queued(self, settings) -> int:
-        with broker_connection(settings) as conn:
-            queue = queue_named(settings, "default").bind(conn.default_channel)
-            return queue.queue_declare(passive=True).message_count
+        return queue_depth(settings)
 
     def remove(self) -> None:
         self.kill()

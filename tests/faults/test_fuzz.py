@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from tests.helpers import eventually, row_counts
+from tests.helpers import eventually, queue_depth, row_counts
 from tests.hostile import applied, raw_publish, task_headers
-from workflows.adapters.broker import broker_connection, queue_named
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
 from workflows.goals.dispatch import Dispatcher
@@ -494,13 +493,6 @@ def broker_messages(draw, serial=count()):
     else:
         body = [[], kwargs, None]
     return task, json.dumps(body).encode()
-
-
-def queue_depth(settings, name: str = "default") -> int:
-    queue = queue_named(settings, name)
-    with broker_connection(settings) as conn:
-        # (an empty Redis list does not exist, so not passive: declaring it again is harmless)
-        return queue.bind(conn.default_channel).queue_declare().message_count
 
 
 def test_raw_broker_messages(client, stack, settings, sim_control, backend):
