@@ -283,7 +283,7 @@ class Bench:
             return max(e["at"] for e in effects)
 
         phase = self._throughput(lambda i: self._set_goal(ws, i, submitted), done)
-        return phase, self._audit(ws, self.feed.goals(ws), submitted)
+        return phase, self._audit(ws, submitted)
 
     def goals_unloaded(self, samples: int) -> tuple[list[float], dict]:
         ws = f"bench-{self.run_id}-unloaded"
@@ -293,7 +293,7 @@ class Bench:
             self._wait("(b) unloaded", lambda: self._applied(ws), i + 1, UNLOADED_POLL_S)
         effects = self.feed.goals(ws)
         latencies = [(e["at"] - submitted[e["operation_id"]]) * 1000 for e in effects]
-        return latencies, self._audit(ws, effects, submitted)
+        return latencies, self._audit(ws, submitted)
 
     def goals_at_rate(self, rate_per_s: float) -> tuple[list[float], dict]:
         ws = f"bench-{self.run_id}-paced"
@@ -309,7 +309,7 @@ class Bench:
         submitted = {ids[i]: t for i, t in sent.items()}
         effects = self._await_effects(ws, self.n, "(b) paced")
         latencies = [(e["at"] - submitted[e["operation_id"]]) * 1000 for e in effects]
-        return latencies, self._audit(ws, effects, submitted)
+        return latencies, self._audit(ws, submitted)
 
     def duplicate_storm(self) -> tuple[float, dict]:
         ws = f"bench-{self.run_id}-storm"
@@ -327,25 +327,32 @@ class Bench:
             list(pool.map(submit, calls))
         rate = len(calls) / (time.time() - started)
         # Per session only the newest revision is sure to reach the agent (newer submits
-        # supersede older pending ones); wait for every operation to settle.
-        wait_for(
-            lambda: all(self.client.get_goal_operation(op_id).settled for op_id in submitted),
-            PHASE_TIMEOUT_S,
-            "the storm to settle",
-            poll_s=0.2,
-        )
-        self.feed.poll()
-        return rate, self._audit(ws, self.feed.goals(ws), submitted, allow_superseded=True)
+        # supersede older pending ones); the audit waits for every operation to settle.
+        return rate, self._audit(ws, submitted, allow_superseded=True)
 
-    def _audit(
-        self,
-        ws: str,
-        effects: list[dict],
-        submitted: dict[str, float],
-        allow_superseded: bool = False,
-    ) -> dict:
-        per_op = Counter(e["operation_id"] for e in effects)
-        states = {op_id: self.client.get_goal_operation(op_id).status for op_id in submitted}
+    def _settled_states(self, submitted: dict[str, float]) -> dict[str, str]:
+        """Each operation's status once it has settled. The agent's effect is seen before
+        the worker records the completion, so an operation read right after its effect
+        may still be dispatched: read it again until it settles."""
+        states: dict[str, str] = {}
+
+        def all_settled() -> bool:
+            for op_id in submitted.keys() - states.keys():
+                op = self.client.get_goal_operation(op_id)
+                if op.settled:
+                    states[op_id] = op.status
+            return len(states) == len(submitted)
+
+        wait_for(all_settled, PHASE_TIMEOUT_S, "every operation to settle", poll_s=0.05)
+        return states
+
+    def _audit(self, ws: str, submitted: dict[str, float], allow_superseded: bool = False) -> dict:
+        """Once every operation has settled: each completed one reached the agent exactly
+        once, and nothing else did."""
+        states = self._settled_states(submitted)
+        self.feed.poll()
+        per_op = Counter(e["operation_id"] for e in self.feed.goals(ws))
+        effects = sum(per_op.values())
         statuses = Counter(states.values())
         # In a storm a newer submit may supersede an operation while its call is in flight:
         # that one reached the agent once and ends superseded. Completed ones always did.
@@ -354,7 +361,7 @@ class Bench:
         return {
             "operations": len(submitted),
             "statuses": dict(statuses),
-            "effects": len(effects),
+            "effects": effects,
             "applied_twice": sum(1 for n in per_op.values() if n > 1),
             "unknown_effects": sum(1 for op_id in per_op if op_id not in submitted),
             "exactly_once": set(statuses) <= allowed
