@@ -8,11 +8,11 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Insert, bindparam, create_engine, event, insert
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
@@ -149,3 +149,40 @@ def insert_ignore(session: Session, table, values: dict | list[dict]) -> Any:
     statement = insert(table).values(values).on_conflict_do_nothing().returning(key)
     inserted = set(session.execute(statement).scalars())
     return inserted if isinstance(values, list) else bool(inserted)
+
+
+def insert_bound(table, prefix: str, columns: Iterable[str]) -> Insert:
+    """A prebuilt INSERT of these columns, each from the bound parameter `prefix + column`,
+    so that it can run beside other writes on one parameter dict (execute_writes)."""
+    return insert(table).values(
+        {name: bindparam(prefix + name, type_=table.c[name].type) for name in columns}
+    )
+
+
+def bound(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Parameters for an `insert_bound(table, prefix, …)` statement (or any statement whose
+    bound parameters are named `prefix + column`)."""
+    return {prefix + name: value for name, value in values.items()}
+
+
+_together: dict[tuple[Any, ...], Any] = {}
+
+
+def execute_writes(session: Session, statements: Sequence[Any], params: dict[str, Any]) -> None:
+    """Run these prebuilt writes, whose results nobody reads, on one dict of bound
+    parameters. On PostgreSQL they go as one statement, all but the last in a WITH clause
+    (data-modifying CTEs): one round trip instead of one each. Elsewhere they run one after
+    another. PostgreSQL runs the parts on one snapshot in no set order, so no two of them
+    may touch the same row, and none may depend on another's effect."""
+    conn = session.connection()
+    if conn.dialect.name != "postgresql" or len(statements) == 1:
+        for statement in statements:
+            conn.execute(statement, params)
+        return
+    key = tuple(statements)
+    combined = _together.get(key)
+    if combined is None:
+        *firsts, combined = statements
+        combined = combined.add_cte(*(part.cte(f"write_{i}") for i, part in enumerate(firsts)))
+        _together[key] = combined
+    conn.execute(combined, params)

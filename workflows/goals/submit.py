@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from models.db import rowcount
+from models.db import bound, execute_writes, insert_bound, rowcount
 from models.enums import (
     OPEN_OPERATION_STATUSES,
     GoalAction,
@@ -21,7 +21,15 @@ from models.enums import (
 from workflows import ids, records
 from workflows.errors import GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent
 from workflows.goals.tables import OPS, STATES, key_params
-from workflows.sessions.rows import SESSIONS, append_event, new_session_values, same_session
+from workflows.sessions.rows import (
+    INSERT_EVENT,
+    INSERT_SESSION,
+    SESSIONS,
+    SET_SEQUENCE,
+    event_params,
+    new_session_params,
+    same_session,
+)
 from workflows.validation import (
     check_action,
     check_id,
@@ -82,10 +90,13 @@ def desired_after(action: GoalAction, objective: str | None, desired: dict | Non
     return {**(desired or {}), "status": status}
 
 
-# Submit's one read: the session row (locked), its goal state, and whether the operation
-# already exists. Statements on the hot paths are built once, with bound parameters.
+# Submit's one read: the session row (locked), its event counter and goal state, and
+# whether the operation already exists. Its writes are prebuilt too, with bound parameters
+# of their own prefixes, so that they go to the database together (execute_writes): on
+# PostgreSQL a submit is one read and one write statement.
 _SUBMIT_LOOKUP = (
     select(
+        SESSIONS.c.event_sequence,
         STATES.c.revision,
         STATES.c.desired,
         STATES.c.pending_operation_id,
@@ -99,21 +110,43 @@ _SUBMIT_LOOKUP = (
     .where(*key_params(SESSIONS))
     .with_for_update(of=SESSIONS)
 )
-_INSERT_SESSION = insert(SESSIONS)
-_INSERT_STATE = insert(STATES)
-_UPDATE_STATE = update(STATES).where(*key_params(STATES))
-_INSERT_OPERATION = insert(OPS)
+_STATE_COLUMNS = (
+    "revision",
+    "desired",
+    "tombstoned",
+    "sync_status",
+    "pending_operation_id",
+    "last_error",
+)
+_INSERT_STATE = insert_bound(
+    STATES, "st_", ("workspace_id", "session_id", "observed", *_STATE_COLUMNS)
+)
+_UPDATE_STATE = (
+    update(STATES)
+    .where(*key_params(STATES))
+    .values({name: bindparam("st_" + name, type_=STATES.c[name].type) for name in _STATE_COLUMNS})
+)
+_INSERT_OPERATION = insert_bound(
+    OPS, "op_", [f.name for f in dataclasses.fields(records.GoalOperation)]
+)
 _LOAD_OPERATION = select(OPS).where(OPS.c.operation_id == bindparam("b_op"))
+_SUPERSEDED: dict[str, Any] = {
+    "status": OperationStatus.SUPERSEDED,
+    "completed_at": bindparam("b_now"),
+    "lease_owner": None,
+    "lease_token": None,
+    "lease_expires_at": None,
+}
 _SUPERSEDE = (
     update(OPS)
     .where(OPS.c.operation_id == bindparam("b_op"), OPS.c.status.in_(OPEN_OPERATION_STATUSES))
-    .values(
-        status=OperationStatus.SUPERSEDED,
-        completed_at=bindparam("b_now"),
-        lease_owner=None,
-        lease_token=None,
-        lease_expires_at=None,
-    )
+    .values(_SUPERSEDED)
+)
+# The same, for the operation a new submit replaces (beside the submit's other writes).
+_SUPERSEDE_PENDING = (
+    update(OPS)
+    .where(OPS.c.operation_id == bindparam("b_pending"), OPS.c.status.in_(OPEN_OPERATION_STATUSES))
+    .values(_SUPERSEDED)
 )
 
 
@@ -134,8 +167,7 @@ def submit(
     key = {"b_ws": request.workspace_id, "b_sid": request.session_id}
     found = conn.execute(_SUBMIT_LOOKUP, {**key, "b_op": request.operation_id}).first()
     if found is None:
-        # A new session: its row is created (and so locked) here, and nothing of it exists.
-        conn.execute(_INSERT_SESSION, new_session_values(request.workspace_id, request.session_id))
+        # A new session: its row is created (and so locked) below, and nothing of it exists.
         revision, desired, pending = 0, None, None
     elif found.existing is not None:
         existing = load_operation(session, request.operation_id)
@@ -165,8 +197,19 @@ def submit(
     if request.action in (GoalAction.PAUSE, GoalAction.RESUME) and desired is None:
         raise GoalStateAbsent(f"cannot {request.action.value}: the session has no goal")
 
+    # The session's event counter: read under the session lock, so the next value is
+    # exact; a new session's row is inserted with its first event counted.
+    sequence = 1 if found is None else found.event_sequence + 1
+    params: dict[str, Any] = {**key, "b_now": now, "b_seq": sequence}
+    writes: list[Any] = []
+    if found is None:
+        writes.append(INSERT_SESSION)
+        params |= new_session_params(request.workspace_id, request.session_id, sequence)
+    else:
+        writes.append(SET_SEQUENCE)
     if pending:
-        conn.execute(_SUPERSEDE, {"b_op": pending, "b_now": now})
+        writes.append(_SUPERSEDE_PENDING)
+        params["b_pending"] = pending
     state = {
         "revision": revision + 1,
         "desired": desired_after(request.action, request.objective, desired),
@@ -176,17 +219,15 @@ def submit(
         "last_error": None,
     }
     if has_state:
-        conn.execute(_UPDATE_STATE, {**key, **state})
+        writes.append(_UPDATE_STATE)
     else:
-        conn.execute(
-            _INSERT_STATE,
-            {
-                "workspace_id": request.workspace_id,
-                "session_id": request.session_id,
-                "observed": None,
-                **state,
-            },
-        )
+        writes.append(_INSERT_STATE)
+        state |= {
+            "workspace_id": request.workspace_id,
+            "session_id": request.session_id,
+            "observed": None,
+        }
+    params |= bound("st_", state)
     op = records.GoalOperation(
         operation_id=request.operation_id,
         workspace_id=request.workspace_id,
@@ -210,11 +251,12 @@ def submit(
         completed_at=None,
         created_at=now,
     )
-    conn.execute(_INSERT_OPERATION, dataclasses.asdict(op))
-    append_event(
-        session,
+    writes += [_INSERT_OPERATION, INSERT_EVENT]
+    params |= bound("op_", dataclasses.asdict(op))
+    params |= event_params(
         op.workspace_id,
         op.session_id,
+        sequence,
         kind="goal-control",
         record_id=f"goal-control:{op.operation_id}",
         idempotency_key=f"goal-control:{op.operation_id}",
@@ -227,6 +269,7 @@ def submit(
         },
         now=now,
     )
+    execute_writes(session, writes, params)
     return op, True
 
 

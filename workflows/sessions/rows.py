@@ -3,11 +3,11 @@
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, select, update
+from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from models.base import table_of
-from models.db import insert_ignore
+from models.db import bound, insert_bound, insert_ignore
 from models.tables import AgentSession, SessionEvent
 
 SESSIONS = table_of(AgentSession)
@@ -23,7 +23,43 @@ _NEXT_SEQUENCE = (
     .values(event_sequence=SESSIONS.c.event_sequence + 1)
     .returning(SESSIONS.c.event_sequence)
 )
-_INSERT_EVENT = insert(EVENTS)
+_EVENT_COLUMNS = (
+    "workspace_id",
+    "session_id",
+    "sequence",
+    "kind",
+    "record_id",
+    "revision",
+    "payload",
+    "optional",
+    "idempotency_key",
+    "created_at",
+)
+# Event rows take their values from `ev_`-prefixed parameters (event_params), so the insert
+# can also run beside other writes (models.db.execute_writes).
+INSERT_EVENT = insert_bound(EVENTS, "ev_", _EVENT_COLUMNS)
+# A session's event counter set to a value read under the session lock (`b_seq`).
+SET_SEQUENCE = (
+    update(SESSIONS)
+    .where(
+        SESSIONS.c.workspace_id == bindparam("b_ws"), SESSIONS.c.session_id == bindparam("b_sid")
+    )
+    .values(event_sequence=bindparam("b_seq"))
+)
+# A new session's row, from `sn_`-prefixed parameters (new_session_params).
+INSERT_SESSION = insert_bound(
+    SESSIONS,
+    "sn_",
+    (
+        "workspace_id",
+        "session_id",
+        "runtime_epoch",
+        "fences_epoch",
+        "host_id",
+        "admission",
+        "event_sequence",
+    ),
+)
 
 
 def same_session(a, b):
@@ -32,7 +68,9 @@ def same_session(a, b):
     return and_(a.workspace_id == b.workspace_id, a.session_id == b.session_id)
 
 
-def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
+def new_session_values(
+    workspace_id: str, session_id: str, event_sequence: int = 0
+) -> dict[str, Any]:
     return {
         "workspace_id": workspace_id,
         "session_id": session_id,
@@ -40,8 +78,44 @@ def new_session_values(workspace_id: str, session_id: str) -> dict[str, Any]:
         "fences_epoch": 0,
         "host_id": "default",
         "admission": "open",
-        "event_sequence": 0,
+        "event_sequence": event_sequence,
     }
+
+
+def new_session_params(workspace_id: str, session_id: str, event_sequence: int) -> dict[str, Any]:
+    """INSERT_SESSION's parameters: a new session whose first events are already counted."""
+    return bound("sn_", new_session_values(workspace_id, session_id, event_sequence))
+
+
+def event_params(
+    workspace_id: str,
+    session_id: str,
+    sequence: int,
+    *,
+    kind: str,
+    record_id: str,
+    idempotency_key: str,
+    now: datetime,
+    revision: int | None = None,
+    payload: dict[str, Any] | None = None,
+    optional: bool = False,
+) -> dict[str, Any]:
+    """INSERT_EVENT's parameters: one event at this sequence."""
+    return bound(
+        "ev_",
+        {
+            "workspace_id": workspace_id,
+            "session_id": session_id,
+            "sequence": sequence,
+            "kind": kind,
+            "record_id": record_id,
+            "revision": revision,
+            "payload": payload,
+            "optional": optional,
+            "idempotency_key": idempotency_key,
+            "created_at": now,
+        },
+    )
 
 
 def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentSession:
@@ -88,18 +162,18 @@ def append_event(
         _NEXT_SEQUENCE, {"b_ws": workspace_id, "b_sid": session_id}
     ).scalar_one()
     conn.execute(
-        _INSERT_EVENT,
-        {
-            "workspace_id": workspace_id,
-            "session_id": session_id,
-            "sequence": sequence,
-            "kind": kind,
-            "record_id": record_id,
-            "revision": revision,
-            "payload": payload,
-            "optional": optional,
-            "idempotency_key": idempotency_key,
-            "created_at": now,
-        },
+        INSERT_EVENT,
+        event_params(
+            workspace_id,
+            session_id,
+            sequence,
+            kind=kind,
+            record_id=record_id,
+            idempotency_key=idempotency_key,
+            now=now,
+            revision=revision,
+            payload=payload,
+            optional=optional,
+        ),
     )
     return sequence
