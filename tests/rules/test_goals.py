@@ -5,6 +5,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event, select
 
 from models.db import run_transaction
 from tests.helpers import Clock, row_counts
@@ -18,6 +19,7 @@ from workflows.errors import (
 )
 from workflows.goals.dispatch import Dispatcher
 from workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
+from workflows.sessions.rows import EVENTS, SESSIONS
 
 WS, SID = "ws-rules", "session-1"
 
@@ -111,6 +113,38 @@ def test_submit_sets_desired_state_and_appends_an_audit_event(client):
     assert state.desired is None and state.tombstoned and state.revision == 3
     assert cleared.status == "prepared" and cleared.provider_phase == "prepared"
     assert row_counts(client.engine)["session_events"] == 3
+
+
+def test_a_submit_is_one_read_and_one_write_on_postgresql(client, backend):
+    """The submit's writes (session row or its event counter, a superseded operation, the
+    goal state, the operation, its event) go together: one statement on PostgreSQL."""
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *_):
+        statements.append(statement.split()[0])
+
+    event.listen(client.engine, "before_cursor_execute", count)
+    try:
+        first = client.set_goal(WS, SID, "one", client_submit_id="s-1")  # a new session
+        new_session = list(statements)
+        statements.clear()
+        second = client.set_goal(WS, SID, "two", client_submit_id="s-2")  # supersedes
+        existing_session = list(statements)
+    finally:
+        event.remove(client.engine, "before_cursor_execute", count)
+    if backend == "production":
+        assert new_session == existing_session == ["SELECT", "WITH"]
+    assert client.get_goal_operation(first.operation_id).status == "superseded"
+    assert client.get_goal_operation(second.operation_id).status == "prepared"
+    state = client.goal_state(WS, SID)
+    assert (state.revision, state.pending_operation_id) == (2, second.operation_id)
+    with client.engine.connect() as conn:
+        events = conn.execute(
+            select(EVENTS.c.sequence, EVENTS.c.kind, EVENTS.c.revision).order_by(EVENTS.c.sequence)
+        ).all()
+        counter = conn.execute(select(SESSIONS.c.event_sequence)).scalar_one()
+    assert [tuple(e) for e in events] == [(1, "goal-control", 1), (2, "goal-control", 2)]
+    assert counter == 2
 
 
 def test_a_newer_submit_supersedes_the_pending_operation(client, dispatcher, sim_control):
