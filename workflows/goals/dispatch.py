@@ -37,6 +37,7 @@ from workflows.goals.operations import (
 )
 from workflows.goals.statements import (
     CLAIM,
+    CLAIM_AND_APPLYING,
     CLAIM_LOOKUP,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
@@ -290,7 +291,7 @@ class Dispatcher:
     ) -> dict[str, Claim | StepResult]:
         """Claim these operations for an attempt now (their lanes are held), or say why
         not: one read (operations, goal states, maintenance holds, session rows locked) and
-        two writes for all of them."""
+        one write (two on SQLite) for all of them."""
         now = self.clock()
         conn = session.connection()
         rows = {
@@ -310,32 +311,23 @@ class Dispatcher:
             return verdicts
         token = leases.new_token()
         expires = now + timedelta(seconds=self.lease_s)
-        taken = set(
-            conn.execute(
-                CLAIM,
-                {
-                    "b_ops": [op.operation_id for op in claimable],
-                    "b_now": now,
-                    "b_first": now,
-                    "b_owner": self.worker_id,
-                    "b_token": token,
-                    "b_expires": expires,
-                },
-            ).scalars()
-        )
-        if taken:
-            conn.execute(
-                STATES_APPLYING,
-                {
-                    "b_keys": sorted(
-                        {
-                            (op.workspace_id, op.session_id)
-                            for op in claimable
-                            if op.operation_id in taken
-                        }
-                    )
-                },
-            )
+        params = {
+            "b_ops": [op.operation_id for op in claimable],
+            "b_now": now,
+            "b_first": now,
+            "b_owner": self.worker_id,
+            "b_token": token,
+            "b_expires": expires,
+        }
+        if conn.dialect.name == "postgresql":
+            taken = set(conn.execute(CLAIM_AND_APPLYING, params).scalars())
+        else:
+            taken = set(conn.execute(CLAIM, params).scalars())
+            keys = {
+                (op.workspace_id, op.session_id) for op in claimable if op.operation_id in taken
+            }
+            if keys:
+                conn.execute(STATES_APPLYING, {"b_keys": sorted(keys)})
         for op in claimable:
             if op.operation_id not in taken:
                 verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")

@@ -2,7 +2,7 @@
 (`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
 cached one on the hot path."""
 
-from sqlalchemy import bindparam, func, literal, select, union_all, update
+from sqlalchemy import bindparam, func, literal, select, tuple_, union_all, update
 
 from models.enums import OperationStatus, ProviderPhase, SyncStatus
 from workflows.goals.operations import (
@@ -89,4 +89,18 @@ CLAIM = (
     .returning(OPS.c.operation_id)
 )
 STATES_APPLYING = update(STATES).where(keys_in(STATES)).values(sync_status=SyncStatus.APPLYING)
+# CLAIM and STATES_APPLYING for the sessions of the operations it took, as one statement
+# (PostgreSQL: the state update reads the claim's RETURNING rows): one round trip less on
+# every claim. Returns the ids taken, as CLAIM does.
+_CLAIMED = CLAIM.returning(OPS.c.workspace_id, OPS.c.session_id).cte("claimed")
+CLAIM_AND_APPLYING = select(_CLAIMED.c.operation_id).add_cte(
+    update(STATES)
+    .where(
+        tuple_(STATES.c.workspace_id, STATES.c.session_id).in_(
+            select(_CLAIMED.c.workspace_id, _CLAIMED.c.session_id)
+        )
+    )
+    .values(sync_status=SyncStatus.APPLYING)
+    .cte("applying")
+)
 RESCHEDULE = update(OPS).where(OP_KEY).values(next_attempt_at=bindparam("b_at"))
