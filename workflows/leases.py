@@ -7,7 +7,8 @@ that was paused past its expiry cannot act on a lease somebody else has since cl
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, delete, or_, update
+from sqlalchemy import String, bindparam, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from models.base import table_of
@@ -29,6 +30,30 @@ _CLAIM = (
     )
     .returning(LEASES.c.name)
 )
+# _CLAIM, and a first row for each name that has none, in one statement (PostgreSQL): a
+# session's first dispatch costs one round trip, not two. A name held by someone else
+# conflicts and is skipped (DO NOTHING takes no lock and waits only for an uncommitted
+# insert of the same name, as the two-statement form does).
+_TAKEN = _CLAIM.cte("taken")
+_WANTED = func.unnest(bindparam("b_name_array", type_=postgresql.ARRAY(String))).column_valued(
+    "name"
+)
+_CREATED = (
+    postgresql.insert(LEASES)
+    .from_select(
+        ["name", "owner", "token", "expires_at"],
+        select(
+            _WANTED,
+            bindparam("b_owner", type_=LEASES.c.owner.type),
+            bindparam("b_token", type_=LEASES.c.token.type),
+            bindparam("b_expires", type_=LEASES.c.expires_at.type),
+        ).where(_WANTED.not_in(select(_TAKEN.c.name))),
+    )
+    .on_conflict_do_nothing()
+    .returning(LEASES.c.name)
+    .cte("created")
+)
+_CLAIM_OR_CREATE = select(_TAKEN.c.name).union_all(select(_CREATED.c.name))
 _RENEW = (
     update(LEASES)
     .where(
@@ -67,18 +92,17 @@ def claim_many(
     token = new_token()
     expires = now + timedelta(seconds=ttl_s)
     conn = session.connection()
-    taken = set(
-        conn.execute(
-            _CLAIM,
-            {
-                "b_names": list(names),
-                "b_now": now,
-                "b_owner": owner,
-                "b_token": token,
-                "b_expires": expires,
-            },
-        ).scalars()
-    )
+    params = {
+        "b_names": list(names),
+        "b_now": now,
+        "b_owner": owner,
+        "b_token": token,
+        "b_expires": expires,
+    }
+    if conn.dialect.name == "postgresql":
+        params["b_name_array"] = list(names)
+        return token, set(conn.execute(_CLAIM_OR_CREATE, params).scalars())
+    taken = set(conn.execute(_CLAIM, params).scalars())
     # A name not taken is either held, or has no row yet (its first use).
     missing = [
         {"name": name, "owner": owner, "token": token, "expires_at": expires}
