@@ -147,6 +147,40 @@ def test_a_submit_is_one_read_and_one_write_on_postgresql(client, backend):
     assert counter == 2
 
 
+def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, backend):
+    """Claim: the lane (taken or created), the claim read, the claim with its goal state.
+    Record: the session lock, the completion with its goal state, the lane's release, the
+    look for more work. Each merged pair is one statement on PostgreSQL."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *_):
+        statements.append(statement.split()[0])
+
+    event.listen(client.engine, "before_cursor_execute", count)
+    try:
+        outcomes = dispatcher().dispatch(op.operation_id)
+    finally:
+        event.remove(client.engine, "before_cursor_execute", count)
+    assert [r.outcome for r in outcomes] == ["applied"]
+    if backend == "production":
+        assert statements == [
+            "SELECT",
+            "WITH",
+            "SELECT",
+            "WITH",
+            "SELECT",
+            "WITH",
+            "UPDATE",
+            "SELECT",
+        ]
+    state = client.goal_state(WS, SID)
+    assert (state.sync_status, state.pending_operation_id) == ("synced", None)
+    assert state.observed == {"objective": "ship it", "status": "active"}
+    done = client.get_goal_operation(op.operation_id)
+    assert (done.status, done.lease_token, done.evidence is not None) == ("completed", None, True)
+
+
 def test_a_newer_submit_supersedes_the_pending_operation(client, dispatcher, sim_control):
     first = client.set_goal(WS, SID, "one", client_submit_id="s-1")
     second = client.set_goal(WS, SID, "two", client_submit_id="s-2")

@@ -187,6 +187,25 @@ _STATE_APPLIED = (
 )
 
 
+_completed_and_synced: dict[Any, Any] = {}
+
+
+def _complete_and_sync(complete) -> Any:
+    """One of the _COMPLETE statements and _STATE_APPLIED for its one operation, as one
+    statement (PostgreSQL: the state update reads the completion's RETURNING row, so a
+    state is synced only by an operation that this statement completed)."""
+    statement = _completed_and_synced.get(complete)
+    if statement is None:
+        completed = complete.cte("completed")
+        synced = _STATE_APPLIED.where(
+            STATES.c.pending_operation_id.in_(select(completed.c.operation_id))
+        ).cte("synced")
+        statement = _completed_and_synced[complete] = select(completed.c.operation_id).add_cte(
+            synced
+        )
+    return statement
+
+
 def complete_applied_many(
     session: Session,
     applied: list[tuple[Any, dict | None, dict | None]],
@@ -208,34 +227,43 @@ def complete_applied_many(
     }
     if token is not None:
         params["b_token"] = token
-    lone_proof = applied[0][2] if len(applied) == 1 else None
-    if lone_proof is not None:
-        statement = _COMPLETE_WITH_EVIDENCE if token is None else _COMPLETE_HELD_WITH_EVIDENCE
-        done = set(conn.execute(statement, {**params, "b_evidence": lone_proof}).scalars())
-    else:
-        done = set(conn.execute(_COMPLETE if token is None else _COMPLETE_HELD, params).scalars())
-    evidence, synced = [], []
-    for op, goal, proof in applied:
-        if op.operation_id not in done:
-            continue
-        if proof is not None and lone_proof is None:
-            evidence.append({"b_op": op.operation_id, "b_evidence": proof})
+    # What each applied operation's goal state becomes, if the operation completes.
+    synced: dict[str, dict[str, Any]] = {}
+    for op, goal, _proof in applied:
         state = states.get((op.workspace_id, op.session_id))
         if state is not None and state.pending_operation_id == op.operation_id:
             sync = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
-            synced.append(
-                {
-                    "b_ws": op.workspace_id,
-                    "b_sid": op.session_id,
-                    "b_op": op.operation_id,
-                    "b_goal": goal,
-                    "b_sync": sync.value,
-                }
-            )
+            synced[op.operation_id] = {
+                "b_ws": op.workspace_id,
+                "b_sid": op.session_id,
+                "b_op": op.operation_id,
+                "b_goal": goal,
+                "b_sync": sync.value,
+            }
+    lone_proof = applied[0][2] if len(applied) == 1 else None
+    if lone_proof is not None:
+        statement = _COMPLETE_WITH_EVIDENCE if token is None else _COMPLETE_HELD_WITH_EVIDENCE
+        params["b_evidence"] = lone_proof
+    else:
+        statement = _COMPLETE if token is None else _COMPLETE_HELD
+    if len(applied) == 1 and synced and conn.dialect.name == "postgresql":
+        # A lone operation (the common case at low load): completed and synced in one
+        # round trip.
+        (state_params,) = synced.values()
+        return set(
+            conn.execute(_complete_and_sync(statement), {**params, **state_params}).scalars()
+        )
+    done = set(conn.execute(statement, params).scalars())
+    evidence = [
+        {"b_op": op.operation_id, "b_evidence": proof}
+        for op, _goal, proof in applied
+        if op.operation_id in done and proof is not None and lone_proof is None
+    ]
     if evidence:
         conn.execute(_SET_EVIDENCE, evidence)
-    if synced:
-        conn.execute(_STATE_APPLIED, synced)
+    states_done = [values for operation_id, values in synced.items() if operation_id in done]
+    if states_done:
+        conn.execute(_STATE_APPLIED, states_done)
     return done
 
 
