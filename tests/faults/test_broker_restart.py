@@ -306,7 +306,9 @@ def test_rabbitmq_keeps_confirmed_messages_through_a_crash(
     assert waiting >= 1  # the submits coalesce: a few messages carry the five operations
     broker.kill()
     broker.start()
-    assert broker.queued(settings) == waiting
+    # A quorum queue counts its messages once it has replayed its log: until then, moments
+    # after the node answers, it may report none.
+    eventually(lambda: broker.queued(settings) == waiting, what="the messages back in the queue")
     stack.start_worker(concurrency=2)
     for op in ops:
         assert client.wait(op, timeout=60).status == "completed", op.operation_id
