@@ -18,7 +18,7 @@ from typing import Any
 
 import kombu.transport
 from kombu import Connection, Exchange, Queue
-from kombu.transport import filesystem, virtual
+from kombu.transport import filesystem, redis, virtual
 
 from workflows.adapters.config import Settings
 
@@ -79,7 +79,35 @@ def queue_named(settings: Settings, name: str) -> Queue:
 
 def broker_connection(settings: Settings, **kwargs: Any) -> Connection:
     """A kombu connection to the configured broker, with its transport options."""
+    if settings.broker_url.startswith("redis://"):
+        kwargs.setdefault("transport", RedisTransport)
     return Connection(settings.broker_url, transport_options=transport_options(settings), **kwargs)
+
+
+class RedisChannel(redis.Channel):
+    """kombu's Redis channel, keeping one redis-py client for its commands.
+
+    Upstream builds a new client for every command sent outside its event loop (each
+    publish): 0.14 ms of CPU each, most of it copying redis-py's table of ~170 response
+    callbacks, two per submit (the message and its task-sent event). A redis-py client is
+    thread-safe and takes a connection from the channel's pool per command, so one serves
+    them all.
+    """
+
+    _kept_client: Any = None
+
+    @contextmanager
+    def conn_or_acquire(self, client=None):
+        if client:
+            yield client
+            return
+        if self._kept_client is None:
+            self._kept_client = self._create_client()
+        yield self._kept_client
+
+
+class RedisTransport(redis.Transport):
+    Channel = RedisChannel
 
 
 class Channel(filesystem.Channel):
