@@ -252,7 +252,7 @@ def submit(
         created_at=now,
     )
     writes += [_INSERT_OPERATION, INSERT_EVENT]
-    params |= bound("op_", dataclasses.asdict(op))
+    params |= bound("op_", vars(op))  # its fields, not copied (asdict copies deeply)
     params |= event_params(
         op.workspace_id,
         op.session_id,
