@@ -127,9 +127,21 @@ def run_transaction(engine: Engine, work: Callable[[Session], T], attempts: int 
     raise AssertionError("unreachable")
 
 
+_readers: dict[Engine, Engine] = {}
+
+
 def run_read(engine: Engine, work: Callable[[Session], T]) -> T:
-    """`run_transaction` for work that only reads: on SQLite it takes no write lock."""
-    return run_transaction(engine.execution_options(**{READ_ONLY: True}), work)
+    """`run_transaction` for work that only reads. On SQLite it takes no write lock. On
+    PostgreSQL it runs in autocommit, without the round trips of BEGIN and COMMIT: under
+    READ COMMITTED each statement reads its own snapshot either way."""
+    reader = _readers.get(engine)
+    if reader is None:
+        if engine.dialect.name == "postgresql":
+            reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+        else:
+            reader = engine.execution_options(**{READ_ONLY: True})
+        reader = _readers[engine] = reader
+    return run_transaction(reader, work)
 
 
 def rowcount(result: Result[Any]) -> int:

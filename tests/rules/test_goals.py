@@ -181,6 +181,27 @@ def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, b
     assert (done.status, done.lease_token, done.evidence is not None) == ("completed", None, True)
 
 
+def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
+    """Under load most dispatch messages find their operation already taken along by
+    another dispatch: such a message reads once and writes nothing."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch_many([op.operation_id], steal=True)] == [
+        "applied"
+    ]
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *_):
+        statements.append(statement.split()[0])
+
+    event.listen(client.engine, "before_cursor_execute", count)
+    try:
+        again = dispatcher("worker-b").dispatch_many([op.operation_id], steal=True)
+    finally:
+        event.remove(client.engine, "before_cursor_execute", count)
+    assert again == []
+    assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
+
+
 def test_a_newer_submit_supersedes_the_pending_operation(client, dispatcher, sim_control):
     first = client.set_goal(WS, SID, "one", client_submit_id="s-1")
     second = client.set_goal(WS, SID, "two", client_submit_id="s-2")

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
-from models.db import rowcount, run_transaction
+from models.db import rowcount, run_read, run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
@@ -169,12 +169,11 @@ class Dispatcher:
         operation and drain those lanes together, starting with these operations. With
         `steal`, a dispatch that has work also takes other due operations along."""
 
-        def open_lanes(s: Session, wanted: list[str]) -> dict[Lane, Claim | StepResult]:
+        def lanes_to_open(s: Session, wanted: list[str]) -> dict[tuple[str, str], str]:
             conn = s.connection()
             params = {"b_ops": wanted, "b_now": self.clock()}
             if not steal:
-                first = _first_per_session(conn.execute(OPS_LANES, params))
-                return self._open(s, first)
+                return _first_per_session(conn.execute(OPS_LANES, params))
             rows = conn.execute(OPS_LANES_AND_DUE, params).all()
             first = _first_per_session(row for row in rows if row.wanted)
             if first:
@@ -183,14 +182,19 @@ class Dispatcher:
                     if len(first) >= MAX_LANES_PER_STEP:
                         break
                     first.setdefault(key, operation_id)
-            return self._open(s, first)
+            return first
 
         results: list[StepResult] = []
         for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
             wanted = list(operation_ids[start : start + MAX_LANES_PER_STEP])
-            results += self._drain(
-                run_transaction(self.engine, functools.partial(open_lanes, wanted=wanted))
-            )
+            # The read needs no transaction of its own (the claim checks every row again
+            # under the session lock), so a message whose work is already done or taken —
+            # common under load, where dispatches take due work along — costs one statement.
+            first = run_read(self.engine, functools.partial(lanes_to_open, wanted=wanted))
+            if first:
+                results += self._drain(
+                    run_transaction(self.engine, functools.partial(self._open, first=first))
+                )
         return results
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
