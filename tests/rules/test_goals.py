@@ -234,6 +234,54 @@ def test_observed_that_differs_from_desired_is_diverged(client, dispatcher, sim)
     assert client.goal_state(WS, SID).sync_status == "diverged"
 
 
+def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, sim, backend):
+    """A step's applied operations (here: sets, a clear, and a pause whose agent lost its
+    goal) are completed with their evidence and their goal states synced or diverged
+    together: one statement on PostgreSQL for any number of them."""
+    for i in range(4):
+        client.set_goal(WS, f"b{i}", f"goal {i}", client_submit_id="s-1")
+        dispatcher().dispatch(client.find_goal_operation(WS, f"b{i}", "s-1").operation_id)
+    sim.sim.session(WS, "b3").goal = None  # the agent lost its goal behind our back
+    ops = [
+        client.set_goal(WS, "b0", "goal 0 again", client_submit_id="s-2"),
+        client.set_goal(WS, "b1", "goal 1 again", client_submit_id="s-2"),
+        client.clear_goal(WS, "b2", client_submit_id="c-1"),
+        client.pause_goal(WS, "b3", client_submit_id="p-1"),
+    ]
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *_):
+        statements.append(statement.split()[0])
+
+    event.listen(client.engine, "before_cursor_execute", count)
+    try:
+        outcomes = dispatcher().dispatch_many([op.operation_id for op in ops])
+    finally:
+        event.remove(client.engine, "before_cursor_execute", count)
+    assert sorted(r.outcome for r in outcomes) == ["applied"] * 4
+    if backend == "production":
+        # claim: lanes, lease, claim read, claim; record: lock, record, release, next
+        assert statements == [
+            "SELECT",
+            "WITH",
+            "SELECT",
+            "WITH",
+            "SELECT",
+            "WITH",
+            "UPDATE",
+            "SELECT",
+        ]
+    states = {sid: client.goal_state(WS, sid) for sid in ("b0", "b1", "b2", "b3")}
+    assert [states[s].sync_status for s in ("b0", "b1", "b2")] == ["synced"] * 3
+    assert states["b0"].observed == {"objective": "goal 0 again", "status": "active"}
+    assert states["b2"].observed is None and states["b2"].pending_operation_id is None
+    assert states["b3"].sync_status == "diverged"
+    for op in ops:
+        done = client.get_goal_operation(op.operation_id)
+        assert (done.status, done.provider_phase) == ("completed", "applied")
+        assert done.evidence is not None and done.lease_token is None
+
+
 def test_accepted_then_exact_goal_applied_report_completes(client, dispatcher, sim_control):
     sim_control.session(WS, SID, goal_mode="accepted", apply_delay_ms=60_000)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")

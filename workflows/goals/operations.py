@@ -5,7 +5,8 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, literal_column, select, update
+from sqlalchemy import String, bindparam, column, func, literal_column, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from models.db import rowcount
@@ -187,23 +188,68 @@ _STATE_APPLIED = (
 )
 
 
-_completed_and_synced: dict[Any, Any] = {}
+# On PostgreSQL, the whole record of a step's applied operations as one statement: each
+# completion with its evidence (kept where the answer brought none), and the goal state of
+# each one that this statement completed (the state update reads the completion's RETURNING
+# rows). The rows come as arrays, so one prebuilt statement serves any batch size.
+def _arrays(name: str, *columns):
+    return (
+        func.unnest(*(bindparam(f"b_{name}_{c.name}", type_=ARRAY(c.type)) for c in columns))
+        .table_valued(*columns)
+        .render_derived(name=name)
+    )
 
 
-def _complete_and_sync(complete) -> Any:
-    """One of the _COMPLETE statements and _STATE_APPLIED for its one operation, as one
-    statement (PostgreSQL: the state update reads the completion's RETURNING row, so a
-    state is synced only by an operation that this statement completed)."""
-    statement = _completed_and_synced.get(complete)
-    if statement is None:
-        completed = complete.cte("completed")
-        synced = _STATE_APPLIED.where(
-            STATES.c.pending_operation_id.in_(select(completed.c.operation_id))
-        ).cte("synced")
-        statement = _completed_and_synced[complete] = select(completed.c.operation_id).add_cte(
-            synced
+_APPLIED = _arrays("applied", column("op", String), column("evidence", OPS.c.evidence.type))
+_SYNCED = _arrays(
+    "synced",
+    column("ws", String),
+    column("sid", String),
+    column("op", String),
+    column("goal", STATES.c.observed.type),
+    column("sync", String),
+)
+
+
+def _record_applied(held: bool):
+    completed = (
+        update(OPS)
+        .where(OPS.c.operation_id == _APPLIED.c.op, OPS.c.status == OperationStatus.DISPATCHED)
+        .values(
+            status=OperationStatus.COMPLETED,
+            provider_phase=ProviderPhase.APPLIED,
+            completed_at=bindparam("b_now"),
+            evidence=func.coalesce(_APPLIED.c.evidence, OPS.c.evidence),
+            last_error=None,
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
         )
-    return statement
+        .returning(OPS.c.operation_id)
+    )
+    if held:
+        completed = completed.where(OPS.c.lease_token == bindparam("b_token"))
+    done = completed.cte("completed")
+    synced = (
+        update(STATES)
+        .where(
+            STATES.c.workspace_id == _SYNCED.c.ws,
+            STATES.c.session_id == _SYNCED.c.sid,
+            STATES.c.pending_operation_id == _SYNCED.c.op,
+            _SYNCED.c.op.in_(select(done.c.operation_id)),
+        )
+        .values(
+            observed=_SYNCED.c.goal,
+            sync_status=_SYNCED.c.sync,
+            pending_operation_id=None,
+            last_error=None,
+        )
+    )
+    return select(done.c.operation_id).add_cte(synced.cte("states_synced"))
+
+
+_RECORD_APPLIED = _record_applied(held=False)
+_RECORD_APPLIED_HELD = _record_applied(held=True)
 
 
 def complete_applied_many(
@@ -240,19 +286,21 @@ def complete_applied_many(
                 "b_goal": goal,
                 "b_sync": sync.value,
             }
+    if conn.dialect.name == "postgresql":
+        params |= {
+            "b_applied_op": [op.operation_id for op, _goal, _proof in applied],
+            "b_applied_evidence": [proof for _op, _goal, proof in applied],
+        }
+        for name in ("ws", "sid", "op", "goal", "sync"):
+            params[f"b_synced_{name}"] = [values[f"b_{name}"] for values in synced.values()]
+        statement = _RECORD_APPLIED if token is None else _RECORD_APPLIED_HELD
+        return set(conn.execute(statement, params).scalars())
     lone_proof = applied[0][2] if len(applied) == 1 else None
     if lone_proof is not None:
         statement = _COMPLETE_WITH_EVIDENCE if token is None else _COMPLETE_HELD_WITH_EVIDENCE
         params["b_evidence"] = lone_proof
     else:
         statement = _COMPLETE if token is None else _COMPLETE_HELD
-    if len(applied) == 1 and synced and conn.dialect.name == "postgresql":
-        # A lone operation (the common case at low load): completed and synced in one
-        # round trip.
-        (state_params,) = synced.values()
-        return set(
-            conn.execute(_complete_and_sync(statement), {**params, **state_params}).scalars()
-        )
     done = set(conn.execute(statement, params).scalars())
     evidence = [
         {"b_op": op.operation_id, "b_evidence": proof}
