@@ -2,13 +2,14 @@
 real database and the simulator over real HTTP, with a clock the test controls."""
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from models.db import run_transaction
-from tests.helpers import Clock, row_counts
+from tests.helpers import Clock, row_counts, statements_sent
 from workflows import ids
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import (
@@ -19,6 +20,7 @@ from workflows.errors import (
 )
 from workflows.goals.dispatch import Dispatcher
 from workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
+from workflows.goals.tables import OPS
 from workflows.sessions.rows import EVENTS, SESSIONS
 
 WS, SID = "ws-rules", "session-1"
@@ -115,25 +117,19 @@ def test_submit_sets_desired_state_and_appends_an_audit_event(client):
     assert row_counts(client.engine)["session_events"] == 3
 
 
-def test_a_submit_is_one_read_and_one_write_on_postgresql(client, backend):
+def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     """The submit's writes (session row or its event counter, a superseded operation, the
-    goal state, the operation, its event) go together: one statement on PostgreSQL."""
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *_):
-        statements.append(statement.split()[0])
-
-    event.listen(client.engine, "before_cursor_execute", count)
-    try:
+    goal state, the operation, its event) go together: one statement on PostgreSQL, after
+    the session lock and (for a session that exists) the read of its goal state."""
+    with statements_sent(client.engine) as statements:
         first = client.set_goal(WS, SID, "one", client_submit_id="s-1")  # a new session
         new_session = list(statements)
         statements.clear()
         second = client.set_goal(WS, SID, "two", client_submit_id="s-2")  # supersedes
         existing_session = list(statements)
-    finally:
-        event.remove(client.engine, "before_cursor_execute", count)
     if backend == "production":
-        assert new_session == existing_session == ["SELECT", "WITH"]
+        assert new_session == ["SELECT", "WITH"]
+        assert existing_session == ["SELECT", "SELECT", "WITH"]
     assert client.get_goal_operation(first.operation_id).status == "superseded"
     assert client.get_goal_operation(second.operation_id).status == "prepared"
     state = client.goal_state(WS, SID)
@@ -152,16 +148,8 @@ def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, b
     Record: the session lock, the completion with its goal state, the lane's release, the
     look for more work. Each merged pair is one statement on PostgreSQL."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *_):
-        statements.append(statement.split()[0])
-
-    event.listen(client.engine, "before_cursor_execute", count)
-    try:
+    with statements_sent(client.engine) as statements:
         outcomes = dispatcher().dispatch(op.operation_id)
-    finally:
-        event.remove(client.engine, "before_cursor_execute", count)
     assert [r.outcome for r in outcomes] == ["applied"]
     if backend == "production":
         assert statements == [
@@ -188,18 +176,33 @@ def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
     assert [r.outcome for r in dispatcher().dispatch_many([op.operation_id], steal=True)] == [
         "applied"
     ]
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *_):
-        statements.append(statement.split()[0])
-
-    event.listen(client.engine, "before_cursor_execute", count)
-    try:
+    with statements_sent(client.engine) as statements:
         again = dispatcher("worker-b").dispatch_many([op.operation_id], steal=True)
-    finally:
-        event.remove(client.engine, "before_cursor_execute", count)
     assert again == []
     assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
+
+
+def test_concurrent_submits_to_one_session_take_distinct_revisions(client):
+    """Each submit reads the goal state after it holds the session lock: on PostgreSQL a
+    read in the locking statement itself could predate the submit that held the lock, and
+    two submits would both take revision n + 1 and leave both operations pending."""
+    client.set_goal(WS, SID, "start", client_submit_id="0")
+    threads, per_thread = 6, 10
+
+    def submit(t: int) -> None:
+        for i in range(per_thread):
+            client.set_goal(WS, SID, f"goal {t}-{i}", client_submit_id=f"{t}-{i}")
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(submit, range(threads)))
+    total = 1 + threads * per_thread
+    with client.engine.connect() as conn:
+        rows = conn.execute(select(OPS.c.goal_revision, OPS.c.status, OPS.c.operation_id)).all()
+    assert sorted(r.goal_revision for r in rows) == list(range(1, total + 1))
+    open_ops = [r for r in rows if r.status == "prepared"]
+    assert len(open_ops) == 1 and open_ops[0].goal_revision == total
+    state = client.goal_state(WS, SID)
+    assert (state.revision, state.pending_operation_id) == (total, open_ops[0].operation_id)
 
 
 def test_a_newer_submit_supersedes_the_pending_operation(client, dispatcher, sim_control):
@@ -248,16 +251,8 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         client.clear_goal(WS, "b2", client_submit_id="c-1"),
         client.pause_goal(WS, "b3", client_submit_id="p-1"),
     ]
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *_):
-        statements.append(statement.split()[0])
-
-    event.listen(client.engine, "before_cursor_execute", count)
-    try:
+    with statements_sent(client.engine) as statements:
         outcomes = dispatcher().dispatch_many([op.operation_id for op in ops])
-    finally:
-        event.remove(client.engine, "before_cursor_execute", count)
     assert sorted(r.outcome for r in outcomes) == ["applied"] * 4
     if backend == "production":
         # claim: lanes, lease, claim read, claim; record: lock, record, release, next

@@ -90,13 +90,17 @@ def desired_after(action: GoalAction, objective: str | None, desired: dict | Non
     return {**(desired or {}), "status": status}
 
 
-# Submit's one read: the session row (locked), its event counter and goal state, and
-# whether the operation already exists. Its writes are prebuilt too, with bound parameters
-# of their own prefixes, so that they go to the database together (execute_writes): on
-# PostgreSQL a submit is one read and one write statement.
+# Submit's reads: the session row, locked, with its event counter; then, in a statement of
+# its own, its goal state and whether the operation already exists. Not one statement: on
+# PostgreSQL a statement reads every table at the snapshot it started with, and only the
+# rows it locks are read again after a wait for their lock, so a state read beside the lock
+# could predate the submit that held the lock (two submits would both take revision n+1).
+# The writes are prebuilt too, with bound parameters of their own prefixes, so that they go
+# to the database together (execute_writes): on PostgreSQL a submit is two reads and one
+# write statement (a new session's: one and one).
+_LOCK_SESSION = select(SESSIONS.c.event_sequence).where(*key_params(SESSIONS)).with_for_update()
 _SUBMIT_LOOKUP = (
     select(
-        SESSIONS.c.event_sequence,
         STATES.c.revision,
         STATES.c.desired,
         STATES.c.pending_operation_id,
@@ -108,7 +112,6 @@ _SUBMIT_LOOKUP = (
         )
     )
     .where(*key_params(SESSIONS))
-    .with_for_update(of=SESSIONS)
 )
 _STATE_COLUMNS = (
     "revision",
@@ -165,11 +168,14 @@ def submit(
     """
     conn = session.connection()
     key = {"b_ws": request.workspace_id, "b_sid": request.session_id}
-    found = conn.execute(_SUBMIT_LOOKUP, {**key, "b_op": request.operation_id}).first()
-    if found is None:
-        # A new session: its row is created (and so locked) below, and nothing of it exists.
-        revision, desired, pending = 0, None, None
-    elif found.existing is not None:
+    locked = conn.execute(_LOCK_SESSION, key).first()
+    # A new session: its row is created (and so locked) by the writes below, and nothing
+    # of it exists (a concurrent first submit makes one of the two inserts fail; its
+    # transaction is retried and finds the row).
+    found = None
+    if locked is not None:
+        found = conn.execute(_SUBMIT_LOOKUP, {**key, "b_op": request.operation_id}).first()
+    if found is not None and found.existing is not None:
         existing = load_operation(session, request.operation_id)
         if existing is None:  # the lookup just found it, under the session lock
             raise LookupError(f"goal operation {request.operation_id} disappeared")
@@ -180,13 +186,12 @@ def submit(
                 operation_id=existing.operation_id,
             )
         return existing, False
-    else:
-        revision, desired, pending = (
-            found.revision or 0,
-            found.desired,
-            found.pending_operation_id,
-        )
     has_state = found is not None and found.revision is not None
+    revision, desired, pending = (
+        (found.revision, found.desired, found.pending_operation_id)
+        if found is not None and has_state
+        else (0, None, None)
+    )
 
     if request.expected_revision is not None and request.expected_revision != revision:
         raise GoalGenerationSuperseded(
@@ -199,10 +204,10 @@ def submit(
 
     # The session's event counter: read under the session lock, so the next value is
     # exact; a new session's row is inserted with its first event counted.
-    sequence = 1 if found is None else found.event_sequence + 1
+    sequence = 1 if locked is None else locked.event_sequence + 1
     params: dict[str, Any] = {**key, "b_now": now, "b_seq": sequence}
     writes: list[Any] = []
-    if found is None:
+    if locked is None:
         writes.append(INSERT_SESSION)
         params |= new_session_params(request.workspace_id, request.session_id, sequence)
     else:
