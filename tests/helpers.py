@@ -1,9 +1,11 @@
 """Small helpers shared by the tests."""
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from models.base import Base, utcnow
 from models.db import run_transaction
@@ -21,6 +23,22 @@ class Clock:
     def advance(self, seconds: float) -> datetime:
         self.now += timedelta(seconds=seconds)
         return self.now
+
+
+@contextmanager
+def statements_sent(engine) -> Iterator[list[str]]:
+    """The first word of every statement the engine sends to its database in the block
+    (BEGIN and COMMIT only where the driver sends them as statements: SQLite here)."""
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, *_):
+        sent.append(statement.split()[0])
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
 
 
 def row_counts(engine) -> dict[str, int]:

@@ -3,10 +3,9 @@ never-used name under one token, skips held ones, and only the token's holder re
 
 from datetime import timedelta
 
-from sqlalchemy import event
-
 from models.base import utcnow
 from models.db import run_transaction
+from tests.helpers import statements_sent
 from workflows import leases
 
 
@@ -39,16 +38,8 @@ def test_a_claim_takes_new_free_and_expired_names_and_skips_held_ones(client):
 
 
 def test_a_claim_is_one_statement_on_postgresql(client, backend):
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *_):
-        statements.append(statement.split()[0])
-
-    event.listen(client.engine, "before_cursor_execute", count)
-    try:
+    with statements_sent(client.engine) as statements:
         _token, taken = _claim(client, ["first-use", "second"], "a", utcnow())
-    finally:
-        event.remove(client.engine, "before_cursor_execute", count)
     assert taken == {"first-use", "second"}
     if backend == "production":
         assert statements == ["WITH"]
