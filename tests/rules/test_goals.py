@@ -143,10 +143,11 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     assert counter == 2
 
 
-def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, backend):
-    """Claim: the lane (taken or created), the claim read, the claim with its goal state.
-    Record: the session lock, the completion with its goal state, the lane's release, the
-    look for more work. Each merged pair is one statement on PostgreSQL."""
+def test_a_lone_dispatch_is_nine_statements_on_postgresql(client, dispatcher, backend):
+    """The lanes read; claim: the lane (taken or created), the session lock, the claim read,
+    the claim with its goal state. Record: the session lock, the completion with its goal
+    state, the lane's release, the look for more work. Each merged pair is one statement on
+    PostgreSQL."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     with statements_sent(client.engine) as statements:
         outcomes = dispatcher().dispatch(op.operation_id)
@@ -155,6 +156,7 @@ def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, b
         assert statements == [
             "SELECT",
             "WITH",
+            "SELECT",
             "SELECT",
             "WITH",
             "SELECT",
@@ -255,10 +257,11 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         outcomes = dispatcher().dispatch_many([op.operation_id for op in ops])
     assert sorted(r.outcome for r in outcomes) == ["applied"] * 4
     if backend == "production":
-        # claim: lanes, lease, claim read, claim; record: lock, record, release, next
+        # lanes; claim: lease, lock, read, claim; record: lock, record, release, next
         assert statements == [
             "SELECT",
             "WITH",
+            "SELECT",
             "SELECT",
             "WITH",
             "SELECT",

@@ -1,6 +1,7 @@
 """Maintenance runs, the session hold and prompts (DESIGN 4.6, 4.7), on both backends."""
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 
@@ -206,6 +207,47 @@ def test_a_late_cancel_never_reopens_finalizing(client, sim_control):
     )
     assert client.cancel_maintenance(run.run_id).status == "finalizing"
     assert client.get_maintenance(run.run_id).cancel_requested_at is None
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
+    client, settings, sim_control
+):
+    """A claim waits for the session lock while a maintenance run's admission holds it. On
+    PostgreSQL it must read the session's holds after it has the lock (a read in the
+    locking statement sees the database as it was before the wait): the operation is held,
+    and the agent gets no goal call during the run."""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from workflows.maintenance import runs
+
+    op = client.set_goal(WS, SID, "not during maintenance", client_submit_id="g1")
+    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
+    request = runs.MaintenanceRequest.parse(WS, SID, "compact", client_submit_id="m1")
+    pool = ThreadPoolExecutor(1)
+    try:
+        with Session(client.engine) as admission, admission.begin():
+            runs.start(admission, request, utcnow())  # the session row stays locked
+            outcome = pool.submit(d.dispatch, op.operation_id)
+
+            def claim_waits_for_the_lock() -> bool:
+                with client.engine.connect() as probe:
+                    return bool(
+                        probe.execute(
+                            text(
+                                "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                                " current_database() AND wait_event_type = 'Lock'"
+                            )
+                        ).scalar_one()
+                    )
+
+            eventually(claim_waits_for_the_lock, what="the claim to wait for the session lock")
+        assert [r.outcome for r in outcome.result(timeout=30)] == ["held"]
+    finally:
+        pool.shutdown()
+    assert sim_control.effects() == []
+    assert client.get_goal_operation(op.operation_id).status == "prepared"
 
 
 def test_goal_operations_wait_for_the_run_without_using_budget(

@@ -39,6 +39,7 @@ from workflows.goals.statements import (
     CLAIM,
     CLAIM_AND_APPLYING,
     CLAIM_LOOKUP,
+    LOCK_SESSIONS_OF_OPS,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
     OPS_LANES,
@@ -294,10 +295,11 @@ class Dispatcher:
         self, session: Session, operation_ids: list[str]
     ) -> dict[str, Claim | StepResult]:
         """Claim these operations for an attempt now (their lanes are held), or say why
-        not: one read (operations, goal states, maintenance holds, session rows locked) and
-        one write (two on SQLite) for all of them."""
+        not: the session rows locked, one read (operations, goal states, maintenance holds)
+        and one write (two on SQLite) for all of them."""
         now = self.clock()
         conn = session.connection()
+        conn.execute(LOCK_SESSIONS_OF_OPS, {"b_ops": list(operation_ids)}).all()
         rows = {
             row.operation_id: row
             for row in conn.execute(CLAIM_LOOKUP, {"b_ops": list(operation_ids)})

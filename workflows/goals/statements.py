@@ -48,8 +48,22 @@ NEXT_DUE = (
     .where(keys_in(OPS), *due_operations(bindparam("b_now")))
     .order_by(OPS.c.goal_revision)
 )
-# A claim's one read: the operations, their session rows (locked, in key order), goal
-# states, and whether a maintenance run holds each session.
+# A claim first locks the session rows of its operations (in key order), then reads what it
+# needs in a statement of its own: on PostgreSQL a statement reads at the snapshot it started
+# with, so a read beside the lock could miss a maintenance run that started while the claim
+# waited for the lock, and call the agent during that run.
+LOCK_SESSIONS_OF_OPS = (
+    select(SESSIONS.c.workspace_id)
+    .where(
+        tuple_(SESSIONS.c.workspace_id, SESSIONS.c.session_id).in_(
+            select(OPS.c.workspace_id, OPS.c.session_id).where(OPS_IN)
+        )
+    )
+    .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
+    .with_for_update()
+)
+# A claim's read: the operations, goal states, and whether a maintenance run holds each
+# session (their session rows locked by LOCK_SESSIONS_OF_OPS).
 CLAIM_LOOKUP = (
     select(
         OPS,
@@ -69,8 +83,6 @@ CLAIM_LOOKUP = (
         .outerjoin(HOSTS, HOSTS.c.host_id == SESSIONS.c.host_id)
     )
     .where(OPS_IN)
-    .order_by(OPS.c.workspace_id, OPS.c.session_id)
-    .with_for_update(of=SESSIONS)
 )
 CLAIM = (
     update(OPS)
