@@ -84,6 +84,10 @@ def test_bench_checks_exactly_once(settings):
             "40",
             "--settled",
             "2000",
+            "--nodes",
+            "2",
+            "--hosts",
+            "2",
             "--json",
         ],
         env=env,
@@ -102,3 +106,11 @@ def test_bench_checks_exactly_once(settings):
     for phase in ("full_rate", "paced"):
         assert result["audit"][phase]["statuses"] == {"completed": 40}
         assert result["audit"][phase]["applied_twice"] == 0
+    # (e) two worker nodes and two agent hosts: every effect at its session's host
+    fleet = result["audit"]["fleet"]
+    assert (fleet["nodes"], fleet["hosts"], fleet["operations"]) == (2, 2, 40)
+    assert sum(fleet["statuses"].values()) == 40 and fleet["statuses"].get("completed", 0) > 0
+    by_host = fleet["effects_by_host"]
+    assert set(by_host) == {"default", "bench-host-1"} and all(n > 0 for n in by_host.values())
+    assert fleet["at_another_host"] == 0 and fleet["applied_twice"] == 0
+    assert result["fleet_ops_per_s"] > 0

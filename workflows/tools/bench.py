@@ -330,6 +330,71 @@ class Bench:
         # supersede older pending ones); the audit waits for every operation to settle.
         return rate, self._audit(ws, submitted, allow_superseded=True)
 
+    def fleet(self, stack: Stack, nodes: int, hosts: int) -> tuple[float, dict]:
+        """(e) More worker nodes (2 processes each, beside the bench's worker) and more agent
+        hosts (each a simulator of its own, registered and given an equal share of the
+        sessions): the operations from the producer threads over a quarter as many
+        sessions, until every one has settled; every effect must reach its session's host,
+        each completed operation exactly once."""
+        ws = f"bench-{self.run_id}-fleet"
+        controls = {"default": self.sim}
+        for i in range(1, hosts):
+            host_id, url = f"bench-host-{i}", f"http://127.0.0.1:{free_port()}"
+            stack.start_sim(host_id, url)
+            self.client.add_host(host_id, url)
+            controls[host_id] = SimControl(url, self.settings.runtime_token)
+            controls[host_id].defaults(continuation_turns=False)
+        for i in range(1, nodes):
+            stack.start_worker(concurrency=2, name=f"bench-node-{i + 1}")
+        host_ids = list(controls)
+        sessions = max(self.n // 4, 1)
+        for i in range(sessions):
+            self.client.ensure_session(ws, f"s{i}", host_id=host_ids[i % len(host_ids)])
+        host_of: dict[str, str] = {}
+        submitted: dict[str, float] = {}
+        lock = threading.Lock()
+
+        def submit(i: int) -> None:
+            t = time.time()
+            op = self.client.set_goal(
+                ws, f"s{i % sessions}", f"objective {i}", client_submit_id=str(i)
+            )
+            with lock:
+                submitted[op.operation_id] = t
+                host_of[op.operation_id] = host_ids[(i % sessions) % len(host_ids)]
+
+        started = time.time()
+        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
+            list(pool.map(submit, range(self.n)))
+        states = self._settled_states(submitted)
+        rate = self.n / (time.time() - started)
+        effects = {
+            host_id: Counter(
+                e["operation_id"] for e in control.effects() if e["operation_id"] in submitted
+            )
+            for host_id, control in controls.items()
+        }
+        everywhere = sum(effects.values(), Counter())
+        completed = [op_id for op_id, status in states.items() if status == "completed"]
+        audit = {
+            "nodes": nodes,
+            "hosts": hosts,
+            "operations": len(submitted),
+            "statuses": dict(Counter(states.values())),
+            "effects_by_host": {h: sum(c.values()) for h, c in effects.items()},
+            "at_another_host": sum(
+                n for h, c in effects.items() for op_id, n in c.items() if host_of[op_id] != h
+            ),
+            "applied_twice": sum(1 for n in everywhere.values() if n > 1),
+        }
+        audit["exactly_once"] = (
+            set(states.values()) <= {"completed", "superseded"}
+            and audit["at_another_host"] == 0
+            and audit["applied_twice"] == 0
+            and all(everywhere[op_id] == 1 for op_id in completed)
+        )
+        return rate, audit
+
     def _settled_states(self, submitted: dict[str, float]) -> dict[str, str]:
         """Each operation's status once it has settled. The agent's effect is seen before
         the worker records the completion, so an operation read right after its effect
@@ -475,6 +540,8 @@ def run_bench(
     operations: int = 400,
     concurrency: int = 2,
     settled: int = 0,
+    nodes: int = 1,
+    hosts: int = 1,
     echo: Callable | None = print,
 ) -> dict:
     settings = replace(settings, runtime_url=f"http://127.0.0.1:{free_port()}")
@@ -527,7 +594,17 @@ def run_bench(
             f"(c) duplicate storm ({STORM_COPIES} copies of each id): {storm_rate:8.1f} "
             f"submissions/s"
         )
-        audits = (full_audit, unloaded_audit, paced_audit, storm_audit)
+        fleet_rate, fleet_audit = None, None
+        if nodes > 1 or hosts > 1:
+            fleet_rate, fleet_audit = bench.fleet(stack, nodes, hosts)
+            say(
+                f"(e) {nodes} worker nodes, {hosts} agent hosts: {fleet_rate:8.1f} ops/s to all "
+                f"settled; effects by host {fleet_audit['effects_by_host']}, at another host "
+                f"{fleet_audit['at_another_host']}, applied twice {fleet_audit['applied_twice']}"
+            )
+        audits = [full_audit, unloaded_audit, paced_audit, storm_audit]
+        if fleet_audit is not None:
+            audits.append(fleet_audit)
         exactly_once = all(a["exactly_once"] for a in audits)
         say(f"exactly once: {'yes' if exactly_once else 'NO'}")
         ratios = {
@@ -593,7 +670,9 @@ def run_bench(
                 "unloaded": unloaded_audit,
                 "paced": paced_audit,
                 "storm": storm_audit,
+                "fleet": fleet_audit,
             },
+            "fleet_ops_per_s": None if fleet_rate is None else round(fleet_rate, 1),
             "exactly_once": exactly_once,
             "settled_sweep": sweep,
         }

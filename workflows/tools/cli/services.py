@@ -279,8 +279,22 @@ def demo(home: str | None, as_json: bool):
     help="Also time a sweep before and after adding this many settled operations "
     "to the database (they stay there: use a database for benchmarks).",
 )
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="(e) Also run the operations once more on this many worker nodes (2 processes each).",
+)
+@click.option(
+    "--hosts",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="(e) … and this many agent hosts, the sessions shared equally between them.",
+)
 @json_option
-def bench(operations: int, concurrency: int, settled: int, as_json: bool):
+def bench(operations: int, concurrency: int, settled: int, nodes: int, hosts: int, as_json: bool):
     """Benchmark (DESIGN 8) on the configured database and broker."""
     from workflows.tools.bench import run_bench
 
@@ -289,6 +303,8 @@ def bench(operations: int, concurrency: int, settled: int, as_json: bool):
         operations=operations,
         concurrency=concurrency,
         settled=settled,
+        nodes=nodes,
+        hosts=hosts,
         echo=None if as_json else click.echo,
     )
     _emit(as_json, result, "")
