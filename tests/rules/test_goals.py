@@ -24,6 +24,14 @@ from workflows.goals.tables import OPS
 from workflows.sessions.rows import EVENTS, SESSIONS
 
 WS, SID = "ws-rules", "session-1"
+# A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
+# taken or created, session lock, claim read, claim with its goal states); the record
+# (session lock, every applied operation with its evidence and goal state, the lanes'
+# release, the look for more work).
+LANES_READ = ["SELECT"]
+CLAIM = ["WITH", "SELECT", "SELECT", "WITH"]
+RECORD = ["SELECT", "WITH", "UPDATE", "SELECT"]
+DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
 
 
 @pytest.fixture
@@ -153,17 +161,7 @@ def test_a_lone_dispatch_is_nine_statements_on_postgresql(client, dispatcher, ba
         outcomes = dispatcher().dispatch(op.operation_id)
     assert [r.outcome for r in outcomes] == ["applied"]
     if backend == "production":
-        assert statements == [
-            "SELECT",
-            "WITH",
-            "SELECT",
-            "SELECT",
-            "WITH",
-            "SELECT",
-            "WITH",
-            "UPDATE",
-            "SELECT",
-        ]
+        assert statements == DISPATCH_STEP_STATEMENTS
     state = client.goal_state(WS, SID)
     assert (state.sync_status, state.pending_operation_id) == ("synced", None)
     assert state.observed == {"objective": "ship it", "status": "active"}
@@ -257,18 +255,7 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         outcomes = dispatcher().dispatch_many([op.operation_id for op in ops])
     assert sorted(r.outcome for r in outcomes) == ["applied"] * 4
     if backend == "production":
-        # lanes; claim: lease, lock, read, claim; record: lock, record, release, next
-        assert statements == [
-            "SELECT",
-            "WITH",
-            "SELECT",
-            "SELECT",
-            "WITH",
-            "SELECT",
-            "WITH",
-            "UPDATE",
-            "SELECT",
-        ]
+        assert statements == DISPATCH_STEP_STATEMENTS  # the same as for one operation
     states = {sid: client.goal_state(WS, sid) for sid in ("b0", "b1", "b2", "b3")}
     assert [states[s].sync_status for s in ("b0", "b1", "b2")] == ["synced"] * 3
     assert states["b0"].observed == {"objective": "goal 0 again", "status": "active"}
