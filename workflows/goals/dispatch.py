@@ -299,11 +299,9 @@ class Dispatcher:
         and one write (two on SQLite) for all of them."""
         now = self.clock()
         conn = session.connection()
-        conn.execute(LOCK_SESSIONS_OF_OPS, {"b_ops": list(operation_ids)}).all()
-        rows = {
-            row.operation_id: row
-            for row in conn.execute(CLAIM_LOOKUP, {"b_ops": list(operation_ids)})
-        }
+        wanted = {"b_ops": list(operation_ids)}
+        conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
+        rows = {row.operation_id: row for row in conn.execute(CLAIM_LOOKUP, wanted)}
         verdicts: dict[str, Claim | StepResult] = {}
         claimable: list[records.GoalOperation] = []
         for operation_id in operation_ids:

@@ -153,18 +153,20 @@ _LOCK_STATES = (
     .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update(of=SESSIONS)
 )
+# What a completed operation's row becomes (besides its evidence).
+_COMPLETED: dict[str, Any] = {
+    "status": OperationStatus.COMPLETED,
+    "provider_phase": ProviderPhase.APPLIED,
+    "completed_at": bindparam("b_now"),
+    "last_error": None,
+    "lease_owner": None,
+    "lease_token": None,
+    "lease_expires_at": None,
+}
 _COMPLETE = (
     update(OPS)
     .where(OPS_IN, OPS.c.status == OperationStatus.DISPATCHED)
-    .values(
-        status=OperationStatus.COMPLETED,
-        provider_phase=ProviderPhase.APPLIED,
-        completed_at=bindparam("b_now"),
-        last_error=None,
-        lease_owner=None,
-        lease_token=None,
-        lease_expires_at=None,
-    )
+    .values(_COMPLETED)
     .returning(OPS.c.operation_id)
 )
 _COMPLETE_HELD = _COMPLETE.where(OPS.c.lease_token == bindparam("b_token"))
@@ -215,16 +217,7 @@ def _record_applied(held: bool):
     completed = (
         update(OPS)
         .where(OPS.c.operation_id == _APPLIED.c.op, OPS.c.status == OperationStatus.DISPATCHED)
-        .values(
-            status=OperationStatus.COMPLETED,
-            provider_phase=ProviderPhase.APPLIED,
-            completed_at=bindparam("b_now"),
-            evidence=func.coalesce(_APPLIED.c.evidence, OPS.c.evidence),
-            last_error=None,
-            lease_owner=None,
-            lease_token=None,
-            lease_expires_at=None,
-        )
+        .values({**_COMPLETED, "evidence": func.coalesce(_APPLIED.c.evidence, OPS.c.evidence)})
         .returning(OPS.c.operation_id)
     )
     if held:
@@ -288,7 +281,7 @@ def complete_applied_many(
             }
     if conn.dialect.name == "postgresql":
         params |= {
-            "b_applied_op": [op.operation_id for op, _goal, _proof in applied],
+            "b_applied_op": params["b_ops"],
             "b_applied_evidence": [proof for _op, _goal, proof in applied],
         }
         for name in ("ws", "sid", "op", "goal", "sync"):

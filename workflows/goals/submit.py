@@ -133,23 +133,21 @@ _INSERT_OPERATION = insert_bound(
     OPS, "op_", [f.name for f in dataclasses.fields(records.GoalOperation)]
 )
 _LOAD_OPERATION = select(OPS).where(OPS.c.operation_id == bindparam("b_op"))
-_SUPERSEDED: dict[str, Any] = {
-    "status": OperationStatus.SUPERSEDED,
-    "completed_at": bindparam("b_now"),
-    "lease_owner": None,
-    "lease_token": None,
-    "lease_expires_at": None,
-}
+# An open operation superseded (`b_superseded`): by a newer submit, beside its other
+# writes, or by a claim that finds its goal state moved on (supersede).
 _SUPERSEDE = (
     update(OPS)
-    .where(OPS.c.operation_id == bindparam("b_op"), OPS.c.status.in_(OPEN_OPERATION_STATUSES))
-    .values(_SUPERSEDED)
-)
-# The same, for the operation a new submit replaces (beside the submit's other writes).
-_SUPERSEDE_PENDING = (
-    update(OPS)
-    .where(OPS.c.operation_id == bindparam("b_pending"), OPS.c.status.in_(OPEN_OPERATION_STATUSES))
-    .values(_SUPERSEDED)
+    .where(
+        OPS.c.operation_id == bindparam("b_superseded"),
+        OPS.c.status.in_(OPEN_OPERATION_STATUSES),
+    )
+    .values(
+        status=OperationStatus.SUPERSEDED,
+        completed_at=bindparam("b_now"),
+        lease_owner=None,
+        lease_token=None,
+        lease_expires_at=None,
+    )
 )
 
 
@@ -213,8 +211,8 @@ def submit(
     else:
         writes.append(SET_SEQUENCE)
     if pending:
-        writes.append(_SUPERSEDE_PENDING)
-        params["b_pending"] = pending
+        writes.append(_SUPERSEDE)
+        params["b_superseded"] = pending
     state = {
         "revision": revision + 1,
         "desired": desired_after(request.action, request.objective, desired),
@@ -279,5 +277,5 @@ def submit(
 
 
 def supersede(session: Session, operation_id: str, now: datetime) -> bool:
-    result = session.connection().execute(_SUPERSEDE, {"b_op": operation_id, "b_now": now})
+    result = session.connection().execute(_SUPERSEDE, {"b_superseded": operation_id, "b_now": now})
     return rowcount(result) == 1

@@ -15,51 +15,21 @@ EVENTS = table_of(SessionEvent)
 
 # Built once: hot paths run these on every operation, and building a statement costs more
 # than executing a cached one.
+_SESSION_KEY = (
+    SESSIONS.c.workspace_id == bindparam("b_ws"),
+    SESSIONS.c.session_id == bindparam("b_sid"),
+)
 _NEXT_SEQUENCE = (
     update(SESSIONS)
-    .where(
-        SESSIONS.c.workspace_id == bindparam("b_ws"), SESSIONS.c.session_id == bindparam("b_sid")
-    )
+    .where(*_SESSION_KEY)
     .values(event_sequence=SESSIONS.c.event_sequence + 1)
     .returning(SESSIONS.c.event_sequence)
 )
-_EVENT_COLUMNS = (
-    "workspace_id",
-    "session_id",
-    "sequence",
-    "kind",
-    "record_id",
-    "revision",
-    "payload",
-    "optional",
-    "idempotency_key",
-    "created_at",
-)
 # Event rows take their values from `ev_`-prefixed parameters (event_params), so the insert
 # can also run beside other writes (models.db.execute_writes).
-INSERT_EVENT = insert_bound(EVENTS, "ev_", _EVENT_COLUMNS)
+INSERT_EVENT = insert_bound(EVENTS, "ev_", [c.name for c in EVENTS.c if not c.primary_key])
 # A session's event counter set to a value read under the session lock (`b_seq`).
-SET_SEQUENCE = (
-    update(SESSIONS)
-    .where(
-        SESSIONS.c.workspace_id == bindparam("b_ws"), SESSIONS.c.session_id == bindparam("b_sid")
-    )
-    .values(event_sequence=bindparam("b_seq"))
-)
-# A new session's row, from `sn_`-prefixed parameters (new_session_params).
-INSERT_SESSION = insert_bound(
-    SESSIONS,
-    "sn_",
-    (
-        "workspace_id",
-        "session_id",
-        "runtime_epoch",
-        "fences_epoch",
-        "host_id",
-        "admission",
-        "event_sequence",
-    ),
-)
+SET_SEQUENCE = update(SESSIONS).where(*_SESSION_KEY).values(event_sequence=bindparam("b_seq"))
 
 
 def same_session(a, b):
@@ -80,6 +50,10 @@ def new_session_values(
         "admission": "open",
         "event_sequence": event_sequence,
     }
+
+
+# A new session's row, from `sn_`-prefixed parameters (new_session_params).
+INSERT_SESSION = insert_bound(SESSIONS, "sn_", new_session_values("", ""))
 
 
 def new_session_params(workspace_id: str, session_id: str, event_sequence: int) -> dict[str, Any]:
