@@ -374,25 +374,18 @@ class Bench:
             )
             for host_id, control in controls.items()
         }
-        everywhere = sum(effects.values(), Counter())
-        completed = [op_id for op_id, status in states.items() if status == "completed"]
+        at_another_host = sum(
+            n for h, c in effects.items() for op_id, n in c.items() if host_of[op_id] != h
+        )
         audit = {
             "nodes": nodes,
             "hosts": hosts,
             "operations": len(submitted),
-            "statuses": dict(Counter(states.values())),
+            **_exactly_once(states, sum(effects.values(), Counter()), allow_superseded=True),
             "effects_by_host": {h: sum(c.values()) for h, c in effects.items()},
-            "at_another_host": sum(
-                n for h, c in effects.items() for op_id, n in c.items() if host_of[op_id] != h
-            ),
-            "applied_twice": sum(1 for n in everywhere.values() if n > 1),
+            "at_another_host": at_another_host,
         }
-        audit["exactly_once"] = (
-            set(states.values()) <= {"completed", "superseded"}
-            and audit["at_another_host"] == 0
-            and audit["applied_twice"] == 0
-            and all(everywhere[op_id] == 1 for op_id in completed)
-        )
+        audit["exactly_once"] = audit["exactly_once"] and at_another_host == 0
         return rate, audit
 
     def _settled_states(self, submitted: dict[str, float]) -> dict[str, str]:
@@ -417,23 +410,27 @@ class Bench:
         states = self._settled_states(submitted)
         self.feed.poll()
         per_op = Counter(e["operation_id"] for e in self.feed.goals(ws))
-        effects = sum(per_op.values())
-        statuses = Counter(states.values())
-        # In a storm a newer submit may supersede an operation while its call is in flight:
-        # that one reached the agent once and ends superseded. Completed ones always did.
-        allowed = {"completed", "superseded"} if allow_superseded else {"completed"}
-        completed = {op_id for op_id, status in states.items() if status == "completed"}
-        return {
-            "operations": len(submitted),
-            "statuses": dict(statuses),
-            "effects": effects,
-            "applied_twice": sum(1 for n in per_op.values() if n > 1),
-            "unknown_effects": sum(1 for op_id in per_op if op_id not in submitted),
-            "exactly_once": set(statuses) <= allowed
-            and all(n == 1 for n in per_op.values())
-            and not set(per_op) - set(submitted)
-            and all(per_op.get(op_id) == 1 for op_id in completed),
-        }
+        return {"operations": len(submitted), **_exactly_once(states, per_op, allow_superseded)}
+
+
+def _exactly_once(states: dict[str, str], per_op: Counter, allow_superseded: bool) -> dict:
+    """The audit of settled operations (`states`: id -> status) against the agent's effects
+    (`per_op`: id -> how many reached it). In a storm a newer submit may supersede an
+    operation while its call is in flight: that one reached the agent once and ends
+    superseded. Completed ones always did."""
+    statuses = Counter(states.values())
+    allowed = {"completed", "superseded"} if allow_superseded else {"completed"}
+    completed = {op_id for op_id, status in states.items() if status == "completed"}
+    return {
+        "statuses": dict(statuses),
+        "effects": sum(per_op.values()),
+        "applied_twice": sum(1 for n in per_op.values() if n > 1),
+        "unknown_effects": sum(1 for op_id in per_op if op_id not in states),
+        "exactly_once": set(statuses) <= allowed
+        and all(n == 1 for n in per_op.values())
+        and not set(per_op) - set(states)
+        and all(per_op.get(op_id) == 1 for op_id in completed),
+    }
 
 
 def _cpu_ms(before: float | None, after: float | None, ops: int) -> float | None:
