@@ -77,6 +77,9 @@ def test_session_ensure_resumes_an_offline_session(settings, client, sim_control
         (["goal", "pause", "ws", "s1", "--submit-id", "a"], "goal_state_absent"),
         (["goal", "launch", "ws", "s1"], "No such command 'launch'"),
         (["goal", "show", "ws", "nobody"], "not_found"),
+        (["bench", "--nodes", "0"], "not in the range"),
+        (["bench", "--hosts", "9"], "not in the range"),
+        (["bench", "--nodes", "two"], "is not a valid integer"),
     ],
 )
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):
