@@ -658,14 +658,24 @@ def test_a_dispatch_under_a_backlog_takes_other_due_operations_along(
     assert len(sim_control.effects()) == 6
 
 
-def test_a_dispatch_with_nothing_to_do_takes_nothing_along(client, dispatcher, sim_control, clock):
+def test_a_dispatch_whose_work_is_done_still_takes_due_work_along(
+    client, dispatcher, sim_control, clock
+):
+    """Under load the messages queue behind the work they carry: most find their operation
+    already taken along. Such a message takes whatever is due, so an operation waits for the
+    next message any worker takes, not for its own to come up in the queue."""
     done = client.set_goal(WS, "done", "x", client_submit_id="1")
     clock.advance(1)
     dispatcher().dispatch(done.operation_id)
     waiting = client.set_goal(WS, "waiting", "x", client_submit_id="1")
     clock.advance(1)
-    assert dispatcher().dispatch_many([done.operation_id], steal=True) == []
-    assert client.get_goal_operation(waiting.operation_id).status == "prepared"
+    results = dispatcher().dispatch_many([done.operation_id], steal=True)
+    assert [(r.operation_id, r.outcome) for r in results] == [(waiting.operation_id, "applied")]
+    assert client.get_goal_operation(waiting.operation_id).status == "completed"
+    assert [e["operation_id"] for e in sim_control.effects()] == [
+        done.operation_id,
+        waiting.operation_id,
+    ]
 
 
 def test_a_batch_skips_a_session_whose_lane_another_worker_holds(

@@ -168,7 +168,10 @@ class Dispatcher:
     def dispatch_many(self, operation_ids: list[str], steal: bool = False) -> list[StepResult]:
         """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
         operation and drain those lanes together, starting with these operations. With
-        `steal`, a dispatch that has work also takes other due operations along."""
+        `steal`, a dispatch also takes other due operations along, even when its own were
+        already taken: under load the messages queue behind their work and most find it
+        taken along by an earlier one, and taking what is due then serves the operations
+        whose messages are still in the queue."""
 
         def lanes_to_open(s: Session, wanted: list[str]) -> dict[tuple[str, str], str]:
             conn = s.connection()
@@ -177,20 +180,19 @@ class Dispatcher:
                 return _first_per_session(conn.execute(OPS_LANES, params))
             rows = conn.execute(OPS_LANES_AND_DUE, params).all()
             first = _first_per_session(row for row in rows if row.wanted)
-            if first:
-                due = _first_per_session(row for row in rows if not row.wanted)
-                for key, operation_id in due.items():
-                    if len(first) >= MAX_LANES_PER_STEP:
-                        break
-                    first.setdefault(key, operation_id)
+            due = _first_per_session(row for row in rows if not row.wanted)
+            for key, operation_id in due.items():
+                if len(first) >= MAX_LANES_PER_STEP:
+                    break
+                first.setdefault(key, operation_id)
             return first
 
         results: list[StepResult] = []
         for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
             wanted = list(operation_ids[start : start + MAX_LANES_PER_STEP])
             # The read needs no transaction of its own (the claim checks every row again
-            # under the session lock), so a message whose work is already done or taken —
-            # common under load, where dispatches take due work along — costs one statement.
+            # under the session lock), so a message whose work is already done or taken,
+            # with nothing else due, costs one statement.
             first = run_read(self.engine, functools.partial(lanes_to_open, wanted=wanted))
             if first:
                 results += self._drain(
