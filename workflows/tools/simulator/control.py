@@ -47,9 +47,11 @@ class SimControl:
     def latency(self, call: str, ms: int) -> dict:
         return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms})
 
-    def effects(self, kind: str | None = "goal", since: int = 0) -> list[dict]:
-        """The effects applied so far (after the first `since` of them, of every kind)."""
-        effects = self.http.request("GET", f"/sim/effects?since={since}")["effects"]
+    def effects(self, kind: str | None = "goal", since: int = 0, wait_s: float = 0.0) -> list[dict]:
+        """The effects applied so far (after the first `since` of them, of every kind); with
+        `wait_s`, the simulator first waits up to that long for one more."""
+        query = f"since={since}" + (f"&wait_s={wait_s}" if wait_s else "")
+        effects = self.http.request("GET", f"/sim/effects?{query}")["effects"]
         return [e for e in effects if kind is None or e["kind"] == kind]
 
     def calls(self, call: str | None = None) -> list[dict]:

@@ -59,8 +59,10 @@ def make_handler(sim: Simulator, token: str | None):
                 path, _, query = self.path.partition("?")
                 if path.startswith("/sim/"):
                     if method == "GET":
-                        since = parse_qs(query).get("since", ["0"])[0]
-                        result = sim.snapshot(path, int(since))
+                        params = parse_qs(query)
+                        since = params.get("since", ["0"])[0]
+                        wait_s = params.get("wait_s", ["0"])[0]
+                        result = sim.snapshot(path, int(since), float(wait_s))
                     else:
                         result = sim.control(path, body)
                     return self._send(200, result)

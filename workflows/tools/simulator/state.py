@@ -98,9 +98,16 @@ class Fault:
     session_id: str | None = None
 
 
+# The longest an effects poller may wait for a new effect, and how often it looks anyway.
+MAX_WAIT_S = 5.0
+WAIT_SLICE_S = 0.05
+
+
 class Simulator:
     def __init__(self, reporter: Reporter | None = None, host_id: str = "default") -> None:
         self.lock = threading.RLock()
+        # Notified after each protocol call, for pollers that wait for new effects.
+        self.changed = threading.Condition(self.lock)
         self.reporter = reporter
         # The host this simulator is (DESIGN 4.9): every report names it.
         self.host_id = host_id
@@ -139,6 +146,13 @@ class Simulator:
             delay_ms = self.latency_ms.get(call, 0)
         if delay_ms:
             time.sleep(delay_ms / 1000)
+        with self.lock:
+            try:
+                return self._answer(call, ws, sid, body)
+            finally:
+                self.changed.notify_all()
+
+    def _answer(self, call: str, ws: str, sid: str, body: dict) -> dict:
         with self.lock:
             sess = self.session(ws, sid)
             if sess.missing:
@@ -512,11 +526,21 @@ class Simulator:
                 return {}
         raise SimError(404, "not_found")
 
-    def snapshot(self, path: str, since: int = 0) -> dict:
+    def snapshot(self, path: str, since: int = 0, wait_s: float = 0.0) -> dict:
         """`since`: only the effects after the first `since` (a poller that has seen them
-        asks for the rest); `total` counts them all."""
+        asks for the rest); `total` counts them all. `wait_s` (at most MAX_WAIT_S): wait
+        that long for more than `since` effects before answering, so a poller that wants
+        the next effect at once need not ask over and over (each ask costs this process
+        the time it would spend answering the calls under test)."""
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            raise SimError(422, "rejected", detail=f"wait_s must be 0 to {MAX_WAIT_S}")
         with self.lock:
             if path == "/sim/effects":
+                deadline = time.monotonic() + wait_s
+                while len(self.effects) <= since and (left := deadline - time.monotonic()) > 0:
+                    # In slices: effects made outside a protocol call (a delayed apply or
+                    # report) notify nobody.
+                    self.changed.wait(min(left, WAIT_SLICE_S))
                 return {"effects": self.effects[max(since, 0) :], "total": len(self.effects)}
             if path == "/sim/calls":
                 return {"calls": list(self.calls)}
