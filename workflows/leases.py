@@ -5,6 +5,7 @@ that was paused past its expiry cannot act on a lease somebody else has since cl
 """
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from sqlalchemy import String, bindparam, delete, func, or_, select, update
@@ -30,14 +31,38 @@ _CLAIM = (
     )
     .returning(LEASES.c.name)
 )
-# _CLAIM, and a first row for each name that has none, in one statement (PostgreSQL): a
-# session's first dispatch costs one round trip, not two. A name held by someone else
-# conflicts and is skipped (DO NOTHING takes no lock and waits only for an uncommitted
-# insert of the same name, as the two-statement form does).
-_TAKEN = _CLAIM.cte("taken")
-_WANTED = func.unnest(bindparam("b_name_array", type_=postgresql.ARRAY(String))).column_valued(
-    "name"
+# _CLAIM for the names given as `b_skip_names` (PostgreSQL), without waiting for a row
+# that another transaction has locked (it is taking or letting go of that lease now): such
+# a name is left out, as a held one is.
+_FREE_UNLOCKED = (
+    select(LEASES.c.name)
+    .where(
+        LEASES.c.name.in_(bindparam("b_skip_names", expanding=True)),
+        or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now")),
+    )
+    .with_for_update(skip_locked=True)
 )
+_CLAIM_UNLOCKED = (
+    update(LEASES)
+    .where(LEASES.c.name.in_(_FREE_UNLOCKED.scalar_subquery()))
+    .values(
+        owner=bindparam("b_owner"), token=bindparam("b_token"), expires_at=bindparam("b_expires")
+    )
+    .returning(LEASES.c.name)
+)
+# _CLAIM (and _CLAIM_UNLOCKED), and a first row for each name that has none, in one
+# statement (PostgreSQL): a session's first dispatch costs one round trip, not two. A name
+# held by someone else conflicts and is skipped (DO NOTHING takes no lock and waits only for
+# an uncommitted insert of the same name, as the two-statement form does).
+_TAKEN = (
+    select(_CLAIM.cte("waited").c.name)
+    .union_all(select(_CLAIM_UNLOCKED.cte("unlocked").c.name))
+    .cte("taken")
+)
+_WANTED = func.unnest(bindparam("b_name_array", type_=postgresql.ARRAY(String))).column_valued(
+    "wanted_name"
+)
+_EXISTING = LEASES.alias("existing")
 _CREATED = (
     postgresql.insert(LEASES)
     .from_select(
@@ -47,7 +72,11 @@ _CREATED = (
             bindparam("b_owner", type_=LEASES.c.owner.type),
             bindparam("b_token", type_=LEASES.c.token.type),
             bindparam("b_expires", type_=LEASES.c.expires_at.type),
-        ).where(_WANTED.not_in(select(_TAKEN.c.name))),
+        ).where(
+            # Only names with no row yet: inserting over a row that another transaction is
+            # updating would wait for it (so the names taken, which have rows, are out too).
+            ~select(_EXISTING.c.name).where(_EXISTING.c.name == _WANTED).exists()
+        ),
     )
     .on_conflict_do_nothing()
     .returning(LEASES.c.name)
@@ -85,10 +114,17 @@ def claim(session: Session, name: str, owner: str, ttl_s: float, now: datetime) 
 
 
 def claim_many(
-    session: Session, names: list[str], owner: str, ttl_s: float, now: datetime
+    session: Session,
+    names: list[str],
+    owner: str,
+    ttl_s: float,
+    now: datetime,
+    unlocked_only: Collection[str] = (),
 ) -> tuple[str, set[str]]:
     """Take each of these leases that is free or expired, all under one new token; returns
-    the token and the names taken. A held lease is skipped without waiting for it."""
+    the token and the names taken. A held lease is skipped without waiting for it; one that
+    another transaction is taking or releasing right now is waited for, unless it is among
+    `unlocked_only` (on PostgreSQL; SQLite runs one writer at a time)."""
     token = new_token()
     expires = now + timedelta(seconds=ttl_s)
     conn = session.connection()
@@ -100,7 +136,12 @@ def claim_many(
         "b_expires": expires,
     }
     if conn.dialect.name == "postgresql":
-        params["b_name_array"] = list(names)
+        skip = set(unlocked_only) & set(names)
+        params |= {
+            "b_names": [name for name in names if name not in skip],
+            "b_skip_names": sorted(skip),
+            "b_name_array": list(names),
+        }
         return token, set(conn.execute(_CLAIM_OR_CREATE, params).scalars())
     taken = set(conn.execute(_CLAIM, params).scalars())
     # A name not taken is either held, or has no row yet (its first use).

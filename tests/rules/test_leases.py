@@ -1,11 +1,14 @@
 """Named leases (DESIGN 4.8) on both backends: one claim takes every free, expired or
 never-used name under one token, skips held ones, and only the token's holder releases."""
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+
+import pytest
 
 from models.base import utcnow
 from models.db import run_transaction
-from tests.helpers import statements_sent
+from tests.helpers import eventually, statements_sent
 from workflows import leases
 
 
@@ -43,3 +46,70 @@ def test_a_claim_is_one_statement_on_postgresql(client, backend):
     assert taken == {"first-use", "second"}
     if backend == "production":
         assert statements == ["WITH"]
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_lease_being_taken_right_now_is_skipped_only_where_asked(client):
+    """A dispatch stealing a backlog does not wait for a lane that another transaction is
+    taking (it leaves it to that one); a dispatch for its own operation waits, and then
+    finds the lane held."""
+    from sqlalchemy.orm import Session
+
+    now = utcnow()
+    token, _taken = _claim(client, ["busy", "free"], "setup", now)
+    run_transaction(client.engine, lambda s: leases.release_many(s, ["busy", "free"], token))
+    pool = ThreadPoolExecutor(1)
+    try:
+        with Session(client.engine) as other, other.begin():
+            assert leases.claim_many(other, ["busy"], "other", 10, now)[1] == {"busy"}
+            # Uncommitted: the "busy" row is locked until `other` commits.
+            skipping = pool.submit(
+                lambda: run_transaction(
+                    client.engine,
+                    lambda s: leases.claim_many(
+                        s, ["busy", "free"], "stealer", 10, now, unlocked_only={"busy", "free"}
+                    ),
+                )
+            )
+            assert skipping.result(timeout=30)[1] == {"free"}
+            waiting = pool.submit(_claim, client, ["busy"], "owner", now)
+            eventually(
+                lambda: _lock_waits(client) == 1, what="the plain claim to wait for the lock"
+            )
+            assert not waiting.done()
+        assert waiting.result(timeout=30)[1] == set()  # `other` committed: held
+    finally:
+        pool.shutdown()
+
+
+def _lock_waits(client) -> int:
+    from sqlalchemy import text
+
+    with client.engine.connect() as probe:
+        return probe.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_new_sessions_first_submit_creates_its_lane_free(client):
+    """So a dispatch takes the lane by an update, which a stealing dispatch can skip while
+    another is taking it (an insert of a new row would wait for the other's commit)."""
+    from sqlalchemy import select
+
+    from models.tables import Lease
+    from workflows import ids
+
+    client.set_goal("ws-lanes", "new", "x", client_submit_id="1")
+    rows = run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            select(Lease.owner, Lease.token, Lease.expires_at).where(
+                Lease.name == ids.lane_name("ws-lanes", "new")
+            )
+        ).all(),
+    )
+    assert [tuple(row) for row in rows] == [(None, None, None)]

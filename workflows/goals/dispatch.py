@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -174,6 +174,8 @@ class Dispatcher:
         whose messages are still in the queue."""
 
         def lanes_to_open(s: Session, wanted: list[str]) -> dict[tuple[str, str], str]:
+            """Per session lane to open, the operation to start with: the given ones' and
+            (stealing) other due ones'."""
             conn = s.connection()
             params = {"b_ops": wanted, "b_now": self.clock()}
             if not steal:
@@ -195,8 +197,17 @@ class Dispatcher:
             # with nothing else due, costs one statement.
             first = run_read(self.engine, functools.partial(lanes_to_open, wanted=wanted))
             if first:
+                # Lanes taken along are not waited for: a dispatch that is taking one right
+                # now (another stealing the same backlog, most often) keeps it, and this one
+                # goes on with the rest instead of waiting to find it taken. The given
+                # operations' lanes are waited for (see _drain).
+                given = set(wanted)
+                along = {key for key, operation_id in first.items() if operation_id not in given}
                 results += self._drain(
-                    run_transaction(self.engine, functools.partial(self._open, first=first))
+                    run_transaction(
+                        self.engine,
+                        functools.partial(self._open, first=first, along=along),
+                    )
                 )
         return results
 
@@ -207,22 +218,34 @@ class Dispatcher:
         )
 
     def _take_lanes(
-        self, s: Session, keys: Iterable[tuple[str, str]]
+        self,
+        s: Session,
+        keys: Iterable[tuple[str, str]],
+        along: Collection[tuple[str, str]] = (),
     ) -> dict[tuple[str, str], Lane]:
         """Take the lanes of these sessions that nobody holds. A held lane is not ours to
-        drain: its holder checks once more for due work when it releases."""
+        drain: its holder checks once more for due work when it releases. A lane of `along`
+        that another transaction is taking or letting go of is left out without waiting."""
         names = {ids.lane_name(*key): key for key in keys}
         token, taken = leases.claim_many(
-            s, sorted(names), self.worker_id, self.lease_s, self.clock()
+            s,
+            sorted(names),
+            self.worker_id,
+            self.lease_s,
+            self.clock(),
+            unlocked_only={ids.lane_name(*key) for key in along},
         )
         return {(ws, sid): Lane(ws, sid, token) for ws, sid in (names[name] for name in taken)}
 
     def _open(
-        self, s: Session, first: dict[tuple[str, str], str]
+        self,
+        s: Session,
+        first: dict[tuple[str, str], str],
+        along: Collection[tuple[str, str]] = (),
     ) -> dict[Lane, Claim | StepResult]:
         """Take the lanes of these sessions and claim each one's given operation (a fresh
         lane needs no renewal before the claim)."""
-        lanes = self._take_lanes(s, first) if first else {}
+        lanes = self._take_lanes(s, first, along) if first else {}
         if not lanes:
             return {}
         claims = self._claim_ops(s, [first[key] for key in lanes])

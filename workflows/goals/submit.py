@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from models.db import bound, execute_writes, insert_bound, rowcount
@@ -21,6 +22,7 @@ from models.enums import (
 from workflows import ids, records
 from workflows.errors import GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent
 from workflows.goals.tables import OPS, STATES, key_params
+from workflows.leases import LEASES
 from workflows.sessions.rows import (
     INSERT_EVENT,
     INSERT_SESSION,
@@ -151,6 +153,9 @@ _SUPERSEDE = (
 )
 
 
+_CREATE_LANE = postgresql.insert(LEASES).values(name=bindparam("b_lane")).on_conflict_do_nothing()
+
+
 def load_operation(session: Session, operation_id: str) -> records.GoalOperation | None:
     row = session.connection().execute(_LOAD_OPERATION, {"b_op": operation_id}).first()
     return None if row is None else records.from_row(records.GoalOperation, row)
@@ -208,6 +213,12 @@ def submit(
     if locked is None:
         writes.append(INSERT_SESSION)
         params |= new_session_params(request.workspace_id, request.session_id, sequence)
+        if conn.dialect.name == "postgresql":
+            # The session's lane, free: a dispatch then takes it by an update, which one
+            # stealing the same backlog can skip while it is being taken (an insert of the
+            # same new row would wait for the other's commit).
+            writes.append(_CREATE_LANE)
+            params["b_lane"] = ids.lane_name(request.workspace_id, request.session_id)
     else:
         writes.append(SET_SEQUENCE)
     if pending:
