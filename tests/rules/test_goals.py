@@ -698,6 +698,9 @@ def test_a_batch_skips_a_session_whose_lane_another_worker_holds(
 
 
 def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, sim_control, clock):
+    """A step calls the runtime for at most MAX_LANES_PER_STEP lanes at once, the given
+    operations first; a dispatch that steals then goes on with the rest of the backlog in
+    its next step, taken at the end of the first, without another message."""
     from workflows.goals.dispatch import MAX_LANES_PER_STEP
 
     given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
@@ -706,17 +709,29 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, si
         for i in range(MAX_LANES_PER_STEP)
     ]
     clock.advance(1)
-    results = dispatcher().dispatch_many([op.operation_id for op in given], steal=True)
-    applied = {r.operation_id for r in results if r.outcome == "applied"}
-    assert [r.outcome for r in results] == ["applied"] * MAX_LANES_PER_STEP, [
+    d = dispatcher()
+    steps: list[list[str]] = []
+    attempt_all = d._attempt_all
+
+    def counted(claims):
+        steps.append([claim.op.operation_id for claim in claims])
+        return attempt_all(claims)
+
+    d._attempt_all = counted
+    results = d.dispatch_many([op.operation_id for op in given], steal=True)
+    assert [r.outcome for r in results] == ["applied"] * (10 + MAX_LANES_PER_STEP), [
         client.get_goal_operation(r.operation_id).last_error
         for r in results
         if r.outcome != "applied"
     ]
-    assert {op.operation_id for op in given} <= applied
-    left = [op for op in others if op.operation_id not in applied]
-    assert len(left) == 10
-    assert {client.get_goal_operation(op.operation_id).status for op in left} == {"prepared"}
+    assert [len(step) for step in steps] == [MAX_LANES_PER_STEP, 10]
+    assert {op.operation_id for op in given} <= set(steps[0])
+    assert sorted(steps[0] + steps[1]) == sorted(op.operation_id for op in given + others)
     # Given more operations than one step takes, a dispatch runs them in several steps.
-    results = dispatcher().dispatch_many([op.operation_id for op in left] * 4)
-    assert sorted(r.operation_id for r in results) == sorted(op.operation_id for op in left)
+    more = [
+        client.set_goal(WS, f"more-{i}", "x", client_submit_id="1")
+        for i in range(MAX_LANES_PER_STEP + 8)
+    ]
+    clock.advance(1)
+    results = dispatcher().dispatch_many([op.operation_id for op in more])
+    assert sorted(r.operation_id for r in results) == sorted(op.operation_id for op in more)

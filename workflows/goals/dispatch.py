@@ -42,6 +42,7 @@ from workflows.goals.statements import (
     LOCK_SESSIONS_OF_OPS,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
+    NEXT_DUE_AND_ANYWHERE,
     OPS_LANES,
     OPS_LANES_AND_DUE,
     RESCHEDULE,
@@ -67,6 +68,22 @@ def _first_per_session(rows) -> dict[tuple[str, str], str]:
         if row.status in OPEN_OPERATION_STATUSES:
             first.setdefault((row.workspace_id, row.session_id), row.operation_id)
     return first
+
+
+def _with_due_along(rows, is_given: Callable[[Any], bool]) -> dict[tuple[str, str], str]:
+    """Per session, the operation to start its lane with: the given rows' first, then
+    other due ones' (rows of a read that steals), up to MAX_LANES_PER_STEP lanes."""
+    rows = list(rows)
+    first = _first_per_session(row for row in rows if is_given(row))
+    for key, operation_id in _first_per_session(r for r in rows if not is_given(r)).items():
+        if len(first) >= MAX_LANES_PER_STEP:
+            break
+        first.setdefault(key, operation_id)
+    return first
+
+
+def _mine(row) -> bool:
+    return bool(row.mine)
 
 
 CALL_THREADS = MAX_LANES_PER_STEP
@@ -181,13 +198,7 @@ class Dispatcher:
             if not steal:
                 return _first_per_session(conn.execute(OPS_LANES, params))
             rows = conn.execute(OPS_LANES_AND_DUE, params).all()
-            first = _first_per_session(row for row in rows if row.wanted)
-            due = _first_per_session(row for row in rows if not row.wanted)
-            for key, operation_id in due.items():
-                if len(first) >= MAX_LANES_PER_STEP:
-                    break
-                first.setdefault(key, operation_id)
-            return first
+            return _with_due_along(rows, lambda row: row.wanted)
 
         results: list[StepResult] = []
         for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
@@ -207,7 +218,8 @@ class Dispatcher:
                     run_transaction(
                         self.engine,
                         functools.partial(self._open, first=first, along=along),
-                    )
+                    ),
+                    steal,
                 )
         return results
 
@@ -251,10 +263,10 @@ class Dispatcher:
         claims = self._claim_ops(s, [first[key] for key in lanes])
         return {lane: claims[first[key]] for key, lane in lanes.items()}
 
-    def _drain(self, work: dict[Lane, Claim | StepResult]) -> list[StepResult]:
+    def _drain(self, work: dict[Lane, Claim | StepResult], steal: bool = False) -> list[StepResult]:
         """Each step calls the runtime for every claimed operation (outside any
-        transaction); then one transaction records every outcome and releases the lanes,
-        and one more takes back the lanes that have due work and claims it."""
+        transaction); then one transaction records every outcome, releases the lanes, takes
+        back those that have due work and claims it (with `steal`, other due work too)."""
         results: list[StepResult] = []
         for _ in range(LANE_MAX_STEPS):
             if not work:
@@ -279,7 +291,7 @@ class Dispatcher:
                 # statement waits for this commit (the lease row is locked; on SQLite the
                 # write transactions are serialized) and then finds the lane free — or
                 # taken back here, and then this check runs again at the next release.
-                return recorded, self._next(s, keys)
+                return recorded, self._next(s, keys, steal)
 
             recorded, work = run_transaction(self.engine, finish)
             results += recorded
@@ -300,11 +312,19 @@ class Dispatcher:
         for token in {lane.token for lane in lanes}:
             leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
 
-    def _next(self, s: Session, keys: list[tuple[str, str]]) -> dict[Lane, Claim | StepResult]:
-        """Take the lanes of these sessions that have due work, and claim it. A lane someone
+    def _next(
+        self, s: Session, keys: list[tuple[str, str]], steal: bool = False
+    ) -> dict[Lane, Claim | StepResult]:
+        """Take the lanes of these sessions that have due work, and claim it; with `steal`,
+        other due work too (its lanes not waited for, as in dispatch_many). A lane someone
         holds is left to its holder, who runs this check after its release commits."""
-        due = s.connection().execute(NEXT_DUE, {"b_keys": sorted(set(keys)), "b_now": self.clock()})
-        return self._open(s, _first_per_session(due))
+        params = {"b_keys": sorted(set(keys)), "b_now": self.clock()}
+        conn = s.connection()
+        if not steal:
+            return self._open(s, _first_per_session(conn.execute(NEXT_DUE, params)))
+        first = _with_due_along(conn.execute(NEXT_DUE_AND_ANYWHERE, params).all(), _mine)
+        mine = set(keys)
+        return self._open(s, first, along={key for key in first if key not in mine})
 
     # -- operations ------------------------------------------------------------------------
     def _claim(

@@ -48,6 +48,14 @@ NEXT_DUE = (
     .where(keys_in(OPS), *due_operations(bindparam("b_now")))
     .order_by(OPS.c.goal_revision)
 )
+# NEXT_DUE and DUE_ANYWHERE in one read, for a step that steals (`mine` tells which rows are
+# of its own lanes): work that came due during the step is taken at its end, in the
+# transaction already open, instead of after its message has gone through the broker.
+NEXT_DUE_AND_ANYWHERE = union_all(
+    # (unordered: SQLite takes no ORDER BY in a part of a UNION; _first_per_session sorts)
+    NEXT_DUE.order_by(None).add_columns(literal(True).label("mine")),
+    select(*_DUE.c, literal(False).label("mine")),
+)
 # A claim first locks the session rows of its operations (in key order), then reads what it
 # needs in a statement of its own: on PostgreSQL a statement reads at the snapshot it started
 # with, so a read beside the lock could miss a maintenance run that started while the claim
