@@ -38,6 +38,10 @@ POLL_S = 0.05
 UNLOADED_POLL_S = 0.0005
 EFFECT_WAIT_S = 0.5
 PROGRESS_EVERY_S = 2.0
+# A throughput phase's CPU counts until the worker has spent none for this long (its event
+# loop's own timers wake it every second or two, for a few clock ticks).
+IDLE_FOR_S = 0.3
+IDLE_POLL_S = 0.05
 # DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.
 TARGETS = {"throughput": 0.8, "unloaded_p50": 3.0, "paced_p99": 5.0, "cpu": 1.0}
@@ -68,22 +72,26 @@ def machine_busy_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _proc_stat(pid: int | str) -> tuple[str, int, float] | None:
+    """(command name, parent pid, CPU seconds so far) of a process, from /proc; None if it
+    is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _proc_stats() -> dict[int, tuple[str, int, float]]:
-    """pid -> (command name, parent pid, CPU seconds so far) of every process, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                raw = fh.read()
-        except OSError:
-            continue  # gone meanwhile
-        name = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        out[int(entry)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    return out
+    """pid -> _proc_stat of every process."""
+    return {
+        int(entry): stat
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and (stat := _proc_stat(entry)) is not None
+    }
 
 
 class Components:
@@ -118,6 +126,36 @@ class Components:
                     if name.startswith(names):
                         totals[component] += cpu
         return totals
+
+    def worker_cpu_s(self) -> float | None:
+        """CPU seconds of the worker's main and pool processes so far (reads only theirs:
+        cheap enough to poll)."""
+        if self.worker_pid is None:
+            return None
+        try:
+            with open(f"/proc/{self.worker_pid}/task/{self.worker_pid}/children") as fh:
+                pids = [self.worker_pid, *(int(pid) for pid in fh.read().split())]
+        except OSError:
+            return None
+        return sum(stat[2] for pid in pids if (stat := _proc_stat(pid)) is not None)
+
+    def wait_until_worker_idle(self, idle_for_s: float, timeout_s: float) -> bool:
+        """Wait until the worker's processes (main and pool) have spent no CPU for
+        `idle_for_s`; False if they were still busy after `timeout_s` (or there is no
+        /proc to tell)."""
+        last = self.worker_cpu_s()
+        if last is None:
+            return False
+        deadline = time.monotonic() + timeout_s
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < idle_for_s:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(IDLE_POLL_S)
+            now = self.worker_cpu_s()
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+        return True
 
     @staticmethod
     def per_op_ms(
@@ -210,6 +248,10 @@ class Bench:
         with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
             list(pool.map(submit, range(self.n)))
         finished = wait()
+        # The CPU counts until the worker is idle again, not only until the last operation
+        # is done: what the worker does after it (acks and events, the last record, messages
+        # whose work a dispatch already took along) is spent on this phase's operations.
+        self.components.wait_until_worker_idle(IDLE_FOR_S, PHASE_TIMEOUT_S)
         cpu1, parts1 = machine_busy_s(), self.components.snapshot()
         return Phase(
             self.n / (finished - started),
