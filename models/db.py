@@ -12,10 +12,25 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Insert, bindparam, create_engine, event, insert
+from sqlalchemy import (
+    Boolean,
+    Insert,
+    String,
+    TypeDecorator,
+    any_,
+    bindparam,
+    create_engine,
+    event,
+    insert,
+    tuple_,
+)
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -198,3 +213,86 @@ def execute_writes(session: Session, statements: Sequence[Any], params: dict[str
         combined = combined.add_cte(*(part.cte(f"write_{i}") for i, part in enumerate(firsts)))
         _together[key] = combined
     conn.execute(combined, params)
+
+
+class InList(ColumnElement[bool]):
+    """`column IN :name`, the parameter a list. On PostgreSQL it is `column = ANY(:name)`,
+    one array parameter: the statement's text is the same for any length of the list, so
+    psycopg converts it once and prepares it, and the server plans it once, where an
+    expanded IN list is a new statement for every length. Elsewhere an expanding IN."""
+
+    inherit_cache = True
+    type = Boolean()
+    _is_implicitly_boolean = True  # a condition as it is (no `= 1` where there is no BOOLEAN)
+    _traverse_internals = [
+        ("column", InternalTraversal.dp_clauseelement),
+        ("name", InternalTraversal.dp_string),
+    ]
+
+    def __init__(self, column: Any, name: str) -> None:
+        self.column = column
+        self.name = name
+
+
+@compiles(InList)
+def _in_list(element: InList, compiler: Any, **kw: Any) -> str:
+    return compiler.process(element.column.in_(bindparam(element.name, expanding=True)), **kw)
+
+
+@compiles(InList, "postgresql")
+def _in_array(element: InList, compiler: Any, **kw: Any) -> str:
+    array = bindparam(element.name, type_=postgresql.ARRAY(element.column.type))
+    return compiler.process(element.column == any_(array), **kw)
+
+
+def in_list(column: Any, name: str) -> InList:
+    return InList(column, name)
+
+
+class _Pairs(TypeDecorator):
+    """A list of (a, b) pairs as a two-dimensional text array (psycopg dumps lists)."""
+
+    impl = postgresql.ARRAY(String, dimensions=2)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else [list(pair) for pair in value]
+
+
+class PairsIn(ColumnElement[bool]):
+    """`(a, b) IN :name`, the parameter a list of pairs. On PostgreSQL the list goes as one
+    two-dimensional array (see InList); elsewhere an expanding IN."""
+
+    inherit_cache = True
+    type = Boolean()
+    _is_implicitly_boolean = True
+    _traverse_internals = [
+        ("first", InternalTraversal.dp_clauseelement),
+        ("second", InternalTraversal.dp_clauseelement),
+        ("name", InternalTraversal.dp_string),
+    ]
+
+    def __init__(self, first: Any, second: Any, name: str) -> None:
+        self.first = first
+        self.second = second
+        self.name = name
+
+
+@compiles(PairsIn)
+def _pairs_in_list(element: PairsIn, compiler: Any, **kw: Any) -> str:
+    pairs = tuple_(element.first, element.second).in_(bindparam(element.name, expanding=True))
+    return compiler.process(pairs, **kw)
+
+
+@compiles(PairsIn, "postgresql")
+def _pairs_in_array(element: PairsIn, compiler: Any, **kw: Any) -> str:
+    first, second = (compiler.process(column, **kw) for column in (element.first, element.second))
+    pairs = compiler.process(bindparam(element.name, type_=_Pairs()), **kw)
+    return (
+        f"({first}, {second}) IN (SELECT ({pairs})[i][1], ({pairs})[i][2]"
+        f" FROM generate_subscripts({pairs}, 1) AS i)"
+    )
+
+
+def pairs_in(first: Any, second: Any, name: str) -> PairsIn:
+    return PairsIn(first, second, name)

@@ -1,9 +1,10 @@
 """The goal tables as SQLAlchemy Core objects, and the conditions the prebuilt statements of
 goal control share: hot paths execute statements built once, with bound parameters."""
 
-from sqlalchemy import bindparam, tuple_
+from sqlalchemy import bindparam
 
 from models.base import table_of
+from models.db import in_list, pairs_in
 from models.tables import GoalOperation, GoalState
 
 OPS = table_of(GoalOperation)
@@ -16,11 +17,10 @@ def key_params(table):
 
 
 def keys_in(column_owner):
-    """`(workspace_id, session_id) IN :b_keys` for a table's columns."""
-    return tuple_(column_owner.c.workspace_id, column_owner.c.session_id).in_(
-        bindparam("b_keys", expanding=True)
-    )
+    """`(workspace_id, session_id) IN :b_keys` for a table's columns (`b_keys`: a list of
+    (workspace_id, session_id) pairs)."""
+    return pairs_in(column_owner.c.workspace_id, column_owner.c.session_id, "b_keys")
 
 
-# `b_ops` expands to a list of operation ids.
-OPS_IN = OPS.c.operation_id.in_(bindparam("b_ops", expanding=True))
+# `b_ops`: a list of operation ids.
+OPS_IN = in_list(OPS.c.operation_id, "b_ops")
