@@ -15,14 +15,11 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import (
     Boolean,
     Insert,
-    String,
-    TypeDecorator,
     any_,
     bindparam,
     create_engine,
     event,
     insert,
-    tuple_,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import CursorResult, Engine, Result
@@ -247,52 +244,3 @@ def _in_array(element: InList, compiler: Any, **kw: Any) -> str:
 
 def in_list(column: Any, name: str) -> InList:
     return InList(column, name)
-
-
-class _Pairs(TypeDecorator):
-    """A list of (a, b) pairs as a two-dimensional text array (psycopg dumps lists)."""
-
-    impl = postgresql.ARRAY(String, dimensions=2)
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Any) -> Any:
-        return None if value is None else [list(pair) for pair in value]
-
-
-class PairsIn(ColumnElement[bool]):
-    """`(a, b) IN :name`, the parameter a list of pairs. On PostgreSQL the list goes as one
-    two-dimensional array (see InList); elsewhere an expanding IN."""
-
-    inherit_cache = True
-    type = Boolean()
-    _is_implicitly_boolean = True
-    _traverse_internals = [
-        ("first", InternalTraversal.dp_clauseelement),
-        ("second", InternalTraversal.dp_clauseelement),
-        ("name", InternalTraversal.dp_string),
-    ]
-
-    def __init__(self, first: Any, second: Any, name: str) -> None:
-        self.first = first
-        self.second = second
-        self.name = name
-
-
-@compiles(PairsIn)
-def _pairs_in_list(element: PairsIn, compiler: Any, **kw: Any) -> str:
-    pairs = tuple_(element.first, element.second).in_(bindparam(element.name, expanding=True))
-    return compiler.process(pairs, **kw)
-
-
-@compiles(PairsIn, "postgresql")
-def _pairs_in_array(element: PairsIn, compiler: Any, **kw: Any) -> str:
-    first, second = (compiler.process(column, **kw) for column in (element.first, element.second))
-    pairs = compiler.process(bindparam(element.name, type_=_Pairs()), **kw)
-    return (
-        f"({first}, {second}) IN (SELECT ({pairs})[i][1], ({pairs})[i][2]"
-        f" FROM generate_subscripts({pairs}, 1) AS i)"
-    )
-
-
-def pairs_in(first: Any, second: Any, name: str) -> PairsIn:
-    return PairsIn(first, second, name)

@@ -742,7 +742,7 @@ def test_a_dispatch_step_sends_the_same_statements_for_any_batch(client, dispatc
     """Lists of operations and lanes go as one array parameter on PostgreSQL: a step of one
     operation and one of three send the same statement texts (psycopg converts and prepares
     each once, the server plans it once), where an expanded IN list made a new statement for
-    every length."""
+    every length. Lists of session keys (pairs) still expand (see keys_in)."""
     from sqlalchemy import event
 
     def texts_of_a_step(session_ids):
@@ -765,5 +765,9 @@ def test_a_dispatch_step_sends_the_same_statements_for_any_batch(client, dispatc
     one = texts_of_a_step(["alone"])
     # Ids with what an array literal must escape: they go in and out of the arrays intact.
     three = texts_of_a_step(['{"first"}', "se,cond", "th\\ird NULL"])
-    assert one == three
-    assert any("= ANY (" in text for text in one)
+
+    def of_lists(texts):
+        return [text for text in texts if "b_keys" not in text]
+
+    assert of_lists(one) == of_lists(three)
+    assert len(of_lists(one)) >= 6 and any("= ANY (" in text for text in one)
