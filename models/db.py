@@ -12,22 +12,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import (
-    Boolean,
-    Insert,
-    any_,
-    bindparam,
-    create_engine,
-    event,
-    insert,
-)
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import Insert, bindparam, create_engine, event, insert
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.sql.visitors import InternalTraversal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -210,37 +198,3 @@ def execute_writes(session: Session, statements: Sequence[Any], params: dict[str
         combined = combined.add_cte(*(part.cte(f"write_{i}") for i, part in enumerate(firsts)))
         _together[key] = combined
     conn.execute(combined, params)
-
-
-class InList(ColumnElement[bool]):
-    """`column IN :name`, the parameter a list. On PostgreSQL it is `column = ANY(:name)`,
-    one array parameter: the statement's text is the same for any length of the list, so
-    psycopg converts it once and prepares it, and the server plans it once, where an
-    expanded IN list is a new statement for every length. Elsewhere an expanding IN."""
-
-    inherit_cache = True
-    type = Boolean()
-    _is_implicitly_boolean = True  # a condition as it is (no `= 1` where there is no BOOLEAN)
-    _traverse_internals = [
-        ("column", InternalTraversal.dp_clauseelement),
-        ("name", InternalTraversal.dp_string),
-    ]
-
-    def __init__(self, column: Any, name: str) -> None:
-        self.column = column
-        self.name = name
-
-
-@compiles(InList)
-def _in_list(element: InList, compiler: Any, **kw: Any) -> str:
-    return compiler.process(element.column.in_(bindparam(element.name, expanding=True)), **kw)
-
-
-@compiles(InList, "postgresql")
-def _in_array(element: InList, compiler: Any, **kw: Any) -> str:
-    array = bindparam(element.name, type_=postgresql.ARRAY(element.column.type))
-    return compiler.process(element.column == any_(array), **kw)
-
-
-def in_list(column: Any, name: str) -> InList:
-    return InList(column, name)

@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from models.base import table_of
-from models.db import in_list, insert_ignore, rowcount
+from models.db import insert_ignore, rowcount
 from models.tables import Heartbeat, Lease
 from workflows import ids
 
@@ -21,7 +21,7 @@ LEASES = table_of(Lease)
 # Reservations the sweeper takes before it re-publishes work that has no row lease of its own
 # (an unclaimed maintenance run, a prompt queue): one message per reservation interval.
 REPUBLISH_PREFIX = "republish:"
-_NAMES = in_list(LEASES.c.name, "b_names")
+_NAMES = LEASES.c.name.in_(bindparam("b_names", expanding=True))
 # Built once: every dispatch claims and releases lanes, several at a time.
 _CLAIM = (
     update(LEASES)
@@ -37,7 +37,7 @@ _CLAIM = (
 _FREE_UNLOCKED = (
     select(LEASES.c.name)
     .where(
-        in_list(LEASES.c.name, "b_skip_names"),
+        LEASES.c.name.in_(bindparam("b_skip_names", expanding=True)),
         or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now")),
     )
     .with_for_update(skip_locked=True)

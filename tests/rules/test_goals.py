@@ -735,39 +735,3 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, si
     clock.advance(1)
     results = dispatcher().dispatch_many([op.operation_id for op in more])
     assert sorted(r.operation_id for r in results) == sorted(op.operation_id for op in more)
-
-
-@pytest.mark.parametrize("backend", ["production"])
-def test_a_dispatch_step_sends_the_same_statements_for_any_batch(client, dispatcher, clock):
-    """Lists of operations and lanes go as one array parameter on PostgreSQL: a step of one
-    operation and one of three send the same statement texts (psycopg converts and prepares
-    each once, the server plans it once), where an expanded IN list made a new statement for
-    every length. Lists of session keys (pairs) still expand (see keys_in)."""
-    from sqlalchemy import event
-
-    def texts_of_a_step(session_ids):
-        ops = [client.set_goal(WS, sid, "x", client_submit_id="1") for sid in session_ids]
-        clock.advance(1)
-        sent: list[str] = []
-
-        def record(_conn, _cursor, statement, *_):
-            sent.append(statement)
-
-        event.listen(client.engine, "before_cursor_execute", record)
-        try:
-            outcomes = dispatcher().dispatch_many([op.operation_id for op in ops])
-        finally:
-            event.remove(client.engine, "before_cursor_execute", record)
-        assert [r.outcome for r in outcomes] == ["applied"] * len(ops)
-        assert {client.goal_state(WS, sid).sync_status for sid in session_ids} == {"synced"}
-        return sent
-
-    one = texts_of_a_step(["alone"])
-    # Ids with what an array literal must escape: they go in and out of the arrays intact.
-    three = texts_of_a_step(['{"first"}', "se,cond", "th\\ird NULL"])
-
-    def of_lists(texts):
-        return [text for text in texts if "b_keys" not in text]
-
-    assert of_lists(one) == of_lists(three)
-    assert len(of_lists(one)) >= 6 and any("= ANY (" in text for text in one)
