@@ -86,3 +86,18 @@ def queue_depth(settings, name: str = "default") -> int:
     with broker_connection(settings) as conn:
         # (an empty Redis list does not exist, so not passive: declaring it again is harmless)
         return queue.bind(conn.default_channel).queue_declare().message_count
+
+
+def goal_call(runtime, workspace_id: str, session_id: str) -> dict:
+    """One `set` goal call straight to a runtime (no product code in between), its
+    operation id named after the session."""
+    return runtime.apply_goal(
+        workspace_id,
+        session_id,
+        operation_id=f"op-{session_id}",
+        action="set",
+        objective="x",
+        revision=1,
+        client_submit_id="1",
+        require_live=True,
+    )

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests import helpers
 from tests.hostile import applied
 from workflows.adapters.runtime import HostRouter
 from workflows.errors import RuntimeFault
@@ -51,16 +52,7 @@ def silent():
 
 
 def goal_call(runtime, sid: str):
-    return runtime.apply_goal(
-        WS,
-        sid,
-        operation_id=f"op-{sid}",
-        action="set",
-        objective="o",
-        revision=1,
-        client_submit_id="c",
-        require_live=True,
-    )
+    return helpers.goal_call(runtime, WS, sid)
 
 
 def test_a_hanging_host_stalls_only_its_own_calls(host, silent):

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.helpers import goal_call
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import RuntimeFault
 
@@ -17,16 +18,7 @@ def backend():
 
 
 def _apply(settings, sid: str) -> None:
-    HttpRuntime(settings.runtime_url, settings.runtime_token).apply_goal(
-        WS,
-        sid,
-        operation_id=f"op-{sid}",
-        action="set",
-        objective="x",
-        revision=1,
-        client_submit_id="1",
-        require_live=True,
-    )
+    goal_call(HttpRuntime(settings.runtime_url, settings.runtime_token), WS, sid)
 
 
 @pytest.fixture
