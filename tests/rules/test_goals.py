@@ -735,3 +735,33 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(client, dispatcher, si
     clock.advance(1)
     results = dispatcher().dispatch_many([op.operation_id for op in more])
     assert sorted(r.operation_id for r in results) == sorted(op.operation_id for op in more)
+
+
+def test_a_dispatch_lets_go_of_a_backlog_after_its_time(
+    client, dispatcher, sim_control, clock, monkeypatch
+):
+    """A dispatch that steals drains a backlog step after step, but starts no step after
+    DRAIN_BUDGET_S: what it had claimed for the next one goes back, due at once, its lanes
+    free, its attempt not counted."""
+    from workflows.goals import dispatch as dispatch_module
+    from workflows.goals.dispatch import MAX_LANES_PER_STEP
+
+    monkeypatch.setattr(dispatch_module, "DRAIN_BUDGET_S", 0.0)
+    ops = [
+        client.set_goal(WS, f"backlog-{i}", "x", client_submit_id="1")
+        for i in range(MAX_LANES_PER_STEP + 5)
+    ]
+    clock.advance(1)
+    results = dispatcher().dispatch_many([ops[0].operation_id], steal=True)
+    assert [r.outcome for r in results] == ["applied"] * MAX_LANES_PER_STEP
+    left = [op for op in ops if op.operation_id not in {r.operation_id for r in results}]
+    assert len(left) == 5
+    for op in left:
+        back = client.get_goal_operation(op.operation_id)
+        # Claimed and given back: open, no lease, the attempt not counted.
+        assert (back.status, back.attempt, back.lease_token) == ("dispatched", 0, None)
+    assert set(_lane_tokens(client, [op.session_id for op in ops]).values()) == {None}
+    # The next message (whichever) takes them.
+    again = dispatcher().dispatch_many([ops[0].operation_id], steal=True)
+    assert sorted(r.operation_id for r in again) == sorted(op.operation_id for op in left)
+    assert len(sim_control.effects()) == len(ops)

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,8 +58,12 @@ DISPATCH_TASK = "agent_radar.goal.dispatch"
 # A held operation is looked at again after this long even if no release woke it (the
 # release is a publish after commit; this bounds the wait if that publish was lost).
 HOLD_RECHECK_S = 30
-# A lane holder drains at most this many steps before it lets another worker have the lane.
+# A lane holder drains at most this many steps, and starts none after this long, before it
+# lets go (another worker, or its next message, takes the rest): a dispatch that steals
+# could otherwise drain a backlog for as long as it lasts, and with slow agent hosts (a step
+# waits up to the runtime timeout) run into the task's time limit mid-step.
 LANE_MAX_STEPS = 64
+DRAIN_BUDGET_S = 60.0
 
 
 def _first_per_session(rows) -> dict[tuple[str, str], str]:
@@ -268,9 +273,12 @@ class Dispatcher:
         transaction); then one transaction records every outcome, releases the lanes, takes
         back those that have due work and claims it (with `steal`, other due work too)."""
         results: list[StepResult] = []
-        for _ in range(LANE_MAX_STEPS):
+        deadline = time.monotonic() + DRAIN_BUDGET_S
+        for step in range(LANE_MAX_STEPS):
             if not work:
                 return results
+            if step and time.monotonic() > deadline:
+                break
             claims = []
             for current in work.values():
                 if isinstance(current, StepResult):  # nothing to call; move the lane on
