@@ -182,6 +182,13 @@ class Dispatcher:
         # Client operations may bring an offline session back (user-triggered, fences
         # preloaded); fence-made operations never do.
         self.resume_session = resume_session
+        # Whether a dispatch that steals takes due work wherever it is: with its own
+        # operations already taken, and at the end of each step. On PostgreSQL it skips the
+        # lanes others are taking (SKIP LOCKED). On SQLite every write transaction waits
+        # for the one write lock, so such a dispatch queues behind the one already draining
+        # the backlog to find its work taken (embedded, 400 operations: 282 → 167 ops/s and
+        # CPU ×1.9); there it takes other due work only along its own.
+        self.steals_anywhere = engine.dialect.name == "postgresql"
 
     # -- lanes -----------------------------------------------------------------------------
     def dispatch(self, operation_id: str) -> list[StepResult]:
@@ -190,10 +197,10 @@ class Dispatcher:
     def dispatch_many(self, operation_ids: list[str], steal: bool = False) -> list[StepResult]:
         """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
         operation and drain those lanes together, starting with these operations. With
-        `steal`, a dispatch also takes other due operations along, even when its own were
-        already taken: under load the messages queue behind their work and most find it
-        taken along by an earlier one, and taking what is due then serves the operations
-        whose messages are still in the queue."""
+        `steal`, a dispatch also takes other due operations along — where it
+        `steals_anywhere`, even when its own were already taken: under load the messages
+        queue behind their work and most find it taken along by an earlier one, and taking
+        what is due then serves the operations whose messages are still in the queue."""
 
         def lanes_to_open(s: Session, wanted: list[str]) -> dict[tuple[str, str], str]:
             """Per session lane to open, the operation to start with: the given ones' and
@@ -203,6 +210,8 @@ class Dispatcher:
             if not steal:
                 return _first_per_session(conn.execute(OPS_LANES, params))
             rows = conn.execute(OPS_LANES_AND_DUE, params).all()
+            if not self.steals_anywhere and not any(row.wanted for row in rows):
+                return {}
             return _with_due_along(rows, lambda row: row.wanted)
 
         results: list[StepResult] = []
@@ -328,7 +337,7 @@ class Dispatcher:
         holds is left to its holder, who runs this check after its release commits."""
         params = {"b_keys": sorted(set(keys)), "b_now": self.clock()}
         conn = s.connection()
-        if not steal:
+        if not steal or not self.steals_anywhere:
             return self._open(s, _first_per_session(conn.execute(NEXT_DUE, params)))
         first = _with_due_along(conn.execute(NEXT_DUE_AND_ANYWHERE, params).all(), _mine)
         mine = set(keys)
