@@ -75,16 +75,22 @@ def _first_per_session(rows) -> dict[tuple[str, str], str]:
     return first
 
 
-def _with_due_along(rows, is_given: Callable[[Any], bool]) -> dict[tuple[str, str], str]:
+def _with_due_along(
+    rows, is_given: Callable[[Any], bool]
+) -> tuple[dict[tuple[str, str], str], set[tuple[str, str]]]:
     """Per session, the operation to start its lane with: the given rows' first, then
-    other due ones' (rows of a read that steals), up to MAX_LANES_PER_STEP lanes."""
+    other due ones' (rows of a read that steals), up to MAX_LANES_PER_STEP lanes; and the
+    sessions taken along (those that only other due rows brought)."""
     rows = list(rows)
     first = _first_per_session(row for row in rows if is_given(row))
+    along: set[tuple[str, str]] = set()
     for key, operation_id in _first_per_session(r for r in rows if not is_given(r)).items():
         if len(first) >= MAX_LANES_PER_STEP:
             break
-        first.setdefault(key, operation_id)
-    return first
+        if key not in first:
+            first[key] = operation_id
+            along.add(key)
+    return first, along
 
 
 def _mine(row) -> bool:
@@ -202,16 +208,18 @@ class Dispatcher:
         queue behind their work and most find it taken along by an earlier one, and taking
         what is due then serves the operations whose messages are still in the queue."""
 
-        def lanes_to_open(s: Session, wanted: list[str]) -> dict[tuple[str, str], str]:
+        def lanes_to_open(
+            s: Session, wanted: list[str]
+        ) -> tuple[dict[tuple[str, str], str], set[tuple[str, str]]]:
             """Per session lane to open, the operation to start with: the given ones' and
-            (stealing) other due ones'."""
+            (stealing) other due ones'; and the sessions taken along."""
             conn = s.connection()
             params = {"b_ops": wanted, "b_now": self.clock()}
             if not steal:
-                return _first_per_session(conn.execute(OPS_LANES, params))
+                return _first_per_session(conn.execute(OPS_LANES, params)), set()
             rows = conn.execute(OPS_LANES_AND_DUE, params).all()
             if not self.steals_anywhere and not any(row.wanted for row in rows):
-                return {}
+                return {}, set()
             return _with_due_along(rows, lambda row: row.wanted)
 
         results: list[StepResult] = []
@@ -220,14 +228,12 @@ class Dispatcher:
             # The read needs no transaction of its own (the claim checks every row again
             # under the session lock), so a message whose work is already done or taken,
             # with nothing else due, costs one statement.
-            first = run_read(self.engine, functools.partial(lanes_to_open, wanted=wanted))
+            first, along = run_read(self.engine, functools.partial(lanes_to_open, wanted=wanted))
             if first:
                 # Lanes taken along are not waited for: a dispatch that is taking one right
                 # now (another stealing the same backlog, most often) keeps it, and this one
                 # goes on with the rest instead of waiting to find it taken. The given
                 # operations' lanes are waited for (see _drain).
-                given = set(wanted)
-                along = {key for key, operation_id in first.items() if operation_id not in given}
                 results += self._drain(
                     run_transaction(
                         self.engine,
@@ -339,9 +345,8 @@ class Dispatcher:
         conn = s.connection()
         if not steal or not self.steals_anywhere:
             return self._open(s, _first_per_session(conn.execute(NEXT_DUE, params)))
-        first = _with_due_along(conn.execute(NEXT_DUE_AND_ANYWHERE, params).all(), _mine)
-        mine = set(keys)
-        return self._open(s, first, along={key for key in first if key not in mine})
+        first, along = _with_due_along(conn.execute(NEXT_DUE_AND_ANYWHERE, params).all(), _mine)
+        return self._open(s, first, along)
 
     # -- operations ------------------------------------------------------------------------
     def _claim(
