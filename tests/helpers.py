@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, text
 
 from models.base import Base, utcnow
 from models.db import run_transaction
@@ -101,3 +101,14 @@ def goal_call(runtime, workspace_id: str, session_id: str) -> dict:
         client_submit_id="1",
         require_live=True,
     )
+
+
+def lock_waits(engine) -> int:
+    """How many sessions of this PostgreSQL database are waiting for a lock right now."""
+    with engine.connect() as probe:
+        return probe.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()

@@ -8,7 +8,7 @@ import pytest
 
 from models.base import utcnow
 from models.db import run_transaction
-from tests.helpers import eventually, statements_sent
+from tests.helpers import eventually, lock_waits, statements_sent
 from workflows import leases
 
 
@@ -74,24 +74,12 @@ def test_a_lease_being_taken_right_now_is_skipped_only_where_asked(client):
             assert skipping.result(timeout=30)[1] == {"free"}
             waiting = pool.submit(_claim, client, ["busy"], "owner", now)
             eventually(
-                lambda: _lock_waits(client) == 1, what="the plain claim to wait for the lock"
+                lambda: lock_waits(client.engine) == 1, what="the plain claim to wait for the lock"
             )
             assert not waiting.done()
         assert waiting.result(timeout=30)[1] == set()  # `other` committed: held
     finally:
         pool.shutdown()
-
-
-def _lock_waits(client) -> int:
-    from sqlalchemy import text
-
-    with client.engine.connect() as probe:
-        return probe.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
 
 
 @pytest.mark.parametrize("backend", ["production"])

@@ -12,7 +12,7 @@ from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import Lease, MaintenanceRun, Prompt
-from tests.helpers import eventually, row_counts
+from tests.helpers import eventually, lock_waits, row_counts
 from workflows import leases
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import (
@@ -217,7 +217,6 @@ def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
     PostgreSQL it must read the session's holds after it has the lock (a read in the
     locking statement sees the database as it was before the wait): the operation is held,
     and the agent gets no goal call during the run."""
-    from sqlalchemy import text
     from sqlalchemy.orm import Session
 
     from workflows.maintenance import runs
@@ -231,18 +230,10 @@ def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
             runs.start(admission, request, utcnow())  # the session row stays locked
             outcome = pool.submit(d.dispatch, op.operation_id)
 
-            def claim_waits_for_the_lock() -> bool:
-                with client.engine.connect() as probe:
-                    return bool(
-                        probe.execute(
-                            text(
-                                "SELECT count(*) FROM pg_stat_activity WHERE datname ="
-                                " current_database() AND wait_event_type = 'Lock'"
-                            )
-                        ).scalar_one()
-                    )
-
-            eventually(claim_waits_for_the_lock, what="the claim to wait for the session lock")
+            eventually(
+                lambda: lock_waits(client.engine) > 0,
+                what="the claim to wait for the session lock",
+            )
         assert [r.outcome for r in outcome.result(timeout=30)] == ["held"]
     finally:
         pool.shutdown()
