@@ -10,15 +10,17 @@ is larger than MAX_ANSWER_BYTES, is a retryable `bad_response` fault for that on
 that the rules store are checked again where they are stored (validation.check_json …).
 """
 
+import http.client
 import json
 import re
+import select
+import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
-from urllib.parse import quote
-
-import urllib3
+from typing import Any, Protocol, cast
+from urllib.parse import quote, urlsplit
 
 from workflows.adapters import metrics
 from workflows.errors import InvalidArgument, RuntimeDisconnected, RuntimeFault
@@ -177,19 +179,98 @@ def session_path(workspace_id: str, session_id: str) -> str:
     return f"/v1/workspaces/{quote(workspace_id, safe='')}/sessions/{quote(session_id, safe='')}"
 
 
-def _read_bounded(response) -> bytes:
-    """At most MAX_ANSWER_BYTES + 1 bytes of the answer. A connection with unread data left
-    (or a failed read) is closed rather than given back to the pool."""
-    try:
-        raw = response.read(MAX_ANSWER_BYTES + 1)
-    except BaseException:
-        response.close()
-        raise
-    if len(raw) > MAX_ANSWER_BYTES:
-        response.close()
-    else:
-        response.release_conn()
-    return raw
+class HostConnections:
+    """Keep-alive HTTP/1.1 connections to one agent host, shared by the threads of a step.
+
+    Built on the standard library's `http.client`: a goal call through urllib3 cost twice
+    the CPU (0.52–0.58 ms against 0.28 ms a call, measured on this protocol's requests), and
+    a step makes one call per session. A connection goes back to the idle set only after
+    its whole answer was read; one the host closed while idle is noticed (it reads as
+    ready) and replaced before use, as urllib3 does. `connect_s` bounds the connection,
+    `read_s` each wait for the answer's bytes. No call is retried here: a failure is the
+    caller's to classify (DESIGN 6)."""
+
+    def __init__(self, base_url: str, connect_s: float, read_s: float, size: int) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidArgument(f"not an http(s) URL: {base_url!r}", field="url")
+        self._make: Callable[..., http.client.HTTPConnection] = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        self.host, self.port = parts.hostname, parts.port
+        self.prefix = parts.path.rstrip("/")
+        self.connect_s, self.read_s, self.size = connect_s, read_s, size
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        # An adapter dropped without close() closes its idle connections as it goes.
+        weakref.finalize(self, _close_all, self._idle)
+
+    def _take(self) -> http.client.HTTPConnection:
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._make(self.host, self.port, timeout=self.connect_s)
+            if not _dropped(conn):
+                return conn
+            conn.close()
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self.size:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """One request: the status and at most MAX_ANSWER_BYTES + 1 bytes of the answer.
+        Raises OSError (TimeoutError for a timeout) or http.client.HTTPException."""
+        conn = self._take()
+        try:
+            if conn.sock is None:
+                conn.connect()
+                cast(socket.socket, conn.sock).settimeout(self.read_s)
+            conn.request(method, self.prefix + path, body=body, headers=headers)
+            try:
+                response = conn.getresponse()
+                raw = response.read(MAX_ANSWER_BYTES + 1)
+                if len(raw) <= MAX_ANSWER_BYTES and response.length:
+                    # The host closed before its Content-Length (a read with a size does
+                    # not say so itself): a cut answer is no answer.
+                    raise http.client.IncompleteRead(raw, response.length)
+            except ValueError as exc:  # http.client lets a malformed chunk size through
+                raise http.client.HTTPException(f"malformed answer: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
+        if response.isclosed() and not response.will_close:
+            self._give_back(conn)  # the whole answer was read, and the host keeps it open
+        else:
+            conn.close()  # an answer left unread (over the limit), or the host closes it
+        return response.status, raw
+
+    def close(self) -> None:
+        with self._lock:
+            idle = self._idle[:]
+            self._idle.clear()
+        _close_all(idle)
+
+
+def _close_all(connections: list[http.client.HTTPConnection]) -> None:
+    for conn in connections:
+        conn.close()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle keep-alive connection was closed by the host (or sent something
+    unasked): either way its socket reads as ready, and it is not to be used."""
+    if conn.sock is None:
+        return True
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class HttpRuntime:
@@ -205,8 +286,7 @@ class HttpRuntime:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.host_id = host_id  # the metrics' host label
-        self.timeout = urllib3.Timeout(connect=min(timeout_s, 3.0), read=timeout_s)
-        self.http = urllib3.PoolManager(maxsize=pool_size, retries=False)
+        self.http = HostConnections(self.base_url, min(timeout_s, 3.0), timeout_s, pool_size)
         self.headers = {"Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
@@ -234,27 +314,22 @@ class HttpRuntime:
     def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
         try:
-            response = self.http.request(
-                method,
-                url,
-                body=data,
-                headers=self.headers,
-                timeout=self.timeout,
-                preload_content=False,
-            )
-            raw = _read_bounded(response)
-        except urllib3.exceptions.TimeoutError as exc:
+            status, raw = self.http.request(method, path, data, self.headers)
+        except TimeoutError as exc:
             raise RuntimeFault(
-                f"runtime timed out: {exc}", code="timeout", retryable=True, http_status=None
+                f"runtime timed out: {exc or 'no answer in time'}",
+                code="timeout",
+                retryable=True,
+                http_status=None,
             ) from None
-        except urllib3.exceptions.HTTPError as exc:
+        except (OSError, http.client.HTTPException) as exc:
+            why = _printable(f"{exc.__class__.__name__}: {exc}")
             raise RuntimeFault(
-                f"runtime unreachable: {exc}", code="unreachable", retryable=True, http_status=None
+                f"runtime unreachable: {why}", code="unreachable", retryable=True, http_status=None
             ) from None
-        return self._decode(response.status, raw)
+        return self._decode(status, raw)
 
     @staticmethod
     def _decode(status: int, raw: bytes) -> dict[str, Any]:

@@ -1,0 +1,219 @@
+"""The HTTP adapter's connections to an agent host, against a raw socket that misbehaves on
+purpose: keep-alive connections are reused, one the host closed while idle is replaced
+without a fault, and every broken, slow or oversized answer is a retryable fault of that one
+call whose connection is never used again."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
+from workflows.errors import RuntimeFault
+
+APPLIED = b'{"phase": "applied", "goal": {"objective": "o"}, "evidence": {}}'
+
+
+def answer(body: bytes = APPLIED, status: str = "200 OK", close: bool = False) -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if close else "")
+    return head.encode() + b"\r\n" + body
+
+
+CLOSE = "close"
+
+
+class ScriptedHost:
+    """A host on a real socket: each request on each connection is answered by
+    `script(connection_number, request_number)`, which returns the bytes to send (with
+    `CLOSE` after them: then close the connection; None: send nothing and close it; "hang":
+    send nothing and keep it open)."""
+
+    def __init__(self, script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests = 0
+        self.paths: list[str] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._open.append(conn)
+            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        reader = conn.makefile("rb")
+        try:
+            for request_number in range(1, 1000):
+                length = 0
+                if not (line := reader.readline()):
+                    return
+                self.paths.append(line.split()[1].decode())
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if not line:
+                    return
+                reader.read(length)
+                self.requests += 1
+                out = self.script(number, request_number)
+                if out == "hang":
+                    time.sleep(30)
+                    return
+                if out is None:
+                    return
+                if isinstance(out, tuple):
+                    conn.sendall(out[0])
+                    return
+                conn.sendall(out)
+        except OSError:
+            return
+        finally:
+            reader.close()
+            conn.close()
+
+    def close(self) -> None:
+        self._sock.close()
+        for conn in self._open:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+
+@pytest.fixture
+def scripted():
+    hosts: list[ScriptedHost] = []
+
+    def make(script) -> ScriptedHost:
+        hosts.append(ScriptedHost(script))
+        return hosts[-1]
+
+    yield make
+    for host in hosts:
+        host.close()
+
+
+def goal(runtime: HttpRuntime) -> dict:
+    return runtime.apply_goal(
+        "ws",
+        "s1",
+        operation_id="op-1",
+        action="set",
+        objective="o",
+        revision=1,
+        client_submit_id="1",
+        require_live=True,
+    )
+
+
+def test_calls_share_one_keep_alive_connection(scripted):
+    host = scripted(lambda conn, req: answer())
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    for _ in range(5):
+        assert goal(runtime)["phase"] == "applied"
+    assert (host.connections, host.requests) == (1, 5)
+
+
+def test_a_connection_the_host_closed_while_idle_is_replaced_without_a_fault(scripted):
+    # The host keeps no connection after its answer, without saying so (no Connection:
+    # close): the adapter finds it closed before its next call and opens another.
+    host = scripted(lambda conn, req: (answer(), CLOSE))
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    for _ in range(3):
+        assert goal(runtime)["phase"] == "applied"
+        time.sleep(0.05)  # the host's close reaches this side
+    assert (host.connections, host.requests) == (3, 3)
+
+
+def test_connection_close_is_honoured(scripted):
+    host = scripted(lambda conn, req: answer(close=True))
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    for _ in range(3):
+        assert goal(runtime)["phase"] == "applied"
+    assert host.connections == 3
+
+
+def test_a_chunked_answer_is_read_whole_and_its_connection_kept(scripted):
+    body = APPLIED
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n" % (10, body[:10])
+        + b"%x\r\n%s\r\n" % (len(body) - 10, body[10:])
+        + b"0\r\n\r\n"
+    )
+    host = scripted(lambda conn, req: chunked)
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    assert goal(runtime)["goal"] == {"objective": "o"}
+    assert goal(runtime)["phase"] == "applied"
+    assert host.connections == 1
+
+
+BROKEN = {
+    "closed without an answer": (None, "unreachable"),
+    "not HTTP": (b"SSH-2.0-OpenSSH_9.0\r\n\r\n", "unreachable"),
+    "bad chunk size": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        "unreachable",
+    ),
+    "cut short": ((answer()[:-10], CLOSE), "unreachable"),
+    "header line too long": (
+        b"HTTP/1.1 200 OK\r\nX-Pad: " + b"x" * 70_000 + b"\r\n\r\n{}",
+        "unreachable",
+    ),
+    "over the size limit": (answer(b'{"pad": "' + b"x" * MAX_ANSWER_BYTES + b'"}'), "bad_response"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_answer_faults_that_call_and_its_connection_is_not_reused(scripted, case):
+    broken, code = BROKEN[case]
+    # The first connection's first answer is broken; every later call gets a good answer,
+    # on a connection of its own.
+    host = scripted(lambda conn, req: broken if conn == 1 and req == 1 else answer())
+    runtime = HttpRuntime(host.url, timeout_s=2.0)
+    with pytest.raises(RuntimeFault) as raised:
+        goal(runtime)
+    assert raised.value.code == code and raised.value.retryable
+    assert raised.value.http_status in (None, 200)
+    assert str(raised.value).isprintable()
+    assert goal(runtime)["phase"] == "applied"
+    assert host.connections == 2
+
+
+def test_a_host_that_never_answers_is_a_timeout(scripted):
+    host = scripted(lambda conn, req: "hang" if conn == 1 else answer())
+    runtime = HttpRuntime(host.url, timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(RuntimeFault) as raised:
+        goal(runtime)
+    assert raised.value.code == "timeout" and raised.value.retryable
+    assert 0.4 < time.monotonic() - started < 5
+    assert goal(runtime)["phase"] == "applied"
+
+
+def test_a_host_that_is_gone_is_unreachable():
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(RuntimeFault) as raised:
+        goal(HttpRuntime(url, timeout_s=1.0))
+    assert raised.value.code == "unreachable" and raised.value.retryable
+
+
+def test_a_base_path_prefixes_every_call(scripted):
+    host = scripted(lambda conn, req: answer())
+    goal(HttpRuntime(host.url + "/agents/", timeout_s=5.0))
+    assert host.paths == ["/agents/v1/workspaces/ws/sessions/s1/goal"]
