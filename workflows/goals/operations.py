@@ -13,7 +13,7 @@ from models.db import rowcount
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import budgets, leases, records
-from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in
+from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
 from workflows.sessions.rows import SESSIONS, lock_session, same_session
 
 # Budgets of DESIGN 4.2: past these an operation fails instead of retrying forever.
@@ -140,7 +140,7 @@ def fail_operation(
     return True
 
 
-# Statements for many sessions at once are built once; `b_keys` and `b_ops` expand to lists.
+# Statements for many sessions at once are built once; `b_ops` expands to a list.
 _LOCK_STATES = (
     select(
         SESSIONS.c.workspace_id,
@@ -149,7 +149,7 @@ _LOCK_STATES = (
         STATES.c.pending_operation_id,
     )
     .select_from(SESSIONS.outerjoin(STATES, same_session(STATES.c, SESSIONS.c)))
-    .where(keys_in(SESSIONS))
+    .where(sessions_of_ops(SESSIONS))
     .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update(of=SESSIONS)
 )
@@ -255,10 +255,10 @@ def complete_applied_many(
     evidence): the sessions are locked (in key order), then a few statements cover them all.
     With `token`, only operations still leased under it. Returns the ids completed."""
     conn = session.connection()
-    keys = sorted({(op.workspace_id, op.session_id) for op, _goal, _evidence in applied})
+    ops = sorted({op.operation_id for op, _goal, _evidence in applied})
     states = {
         (row.workspace_id, row.session_id): row
-        for row in conn.execute(_LOCK_STATES, {"b_keys": keys})
+        for row in conn.execute(_LOCK_STATES, {"b_ops": ops})
     }
     params: dict[str, Any] = {
         "b_ops": [op.operation_id for op, _goal, _evidence in applied],

@@ -9,7 +9,7 @@ from workflows.goals.operations import (
     due_operations,
     open_unheld,
 )
-from workflows.goals.tables import OPS, OPS_IN, STATES, keys_in
+from workflows.goals.tables import OPS, OPS_IN, STATES, keys_in, sessions_of_ops
 from workflows.maintenance.runs import holds
 from workflows.sessions.hosts import HOSTS
 from workflows.sessions.rows import SESSIONS, same_session
@@ -62,11 +62,7 @@ NEXT_DUE_AND_ANYWHERE = union_all(
 # waited for the lock, and call the agent during that run.
 LOCK_SESSIONS_OF_OPS = (
     select(SESSIONS.c.workspace_id)
-    .where(
-        tuple_(SESSIONS.c.workspace_id, SESSIONS.c.session_id).in_(
-            select(OPS.c.workspace_id, OPS.c.session_id).where(OPS_IN)
-        )
-    )
+    .where(sessions_of_ops(SESSIONS))
     .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update()
 )

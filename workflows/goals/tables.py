@@ -1,7 +1,7 @@
 """The goal tables as SQLAlchemy Core objects, and the conditions the prebuilt statements of
 goal control share: hot paths execute statements built once, with bound parameters."""
 
-from sqlalchemy import bindparam, tuple_
+from sqlalchemy import bindparam, select, tuple_
 
 from models.base import table_of
 from models.tables import GoalOperation, GoalState
@@ -24,3 +24,14 @@ def keys_in(column_owner):
 
 # `b_ops` expands to a list of operation ids.
 OPS_IN = OPS.c.operation_id.in_(bindparam("b_ops", expanding=True))
+
+
+def sessions_of_ops(column_owner):
+    """`(workspace_id, session_id)` is that of one of the operations `:b_ops`. Reached through
+    the operations' primary key, its plan does not rest on the tables' statistics: a list of
+    session keys (keys_in) in one busy workspace, on a table that grew since its last ANALYZE,
+    was planned as a scan of the whole workspace (PostgreSQL, 2,000 new sessions: 2.4 ms a
+    statement against 0.2 ms)."""
+    return tuple_(column_owner.c.workspace_id, column_owner.c.session_id).in_(
+        select(OPS.c.workspace_id, OPS.c.session_id).where(OPS_IN)
+    )
