@@ -106,6 +106,9 @@ def test_bench_checks_exactly_once(settings):
     for phase in ("full_rate", "paced"):
         assert result["audit"][phase]["statuses"] == {"completed": 40}
         assert result["audit"][phase]["applied_twice"] == 0
+    # the warm-up's operations are run (and audited), not measured
+    assert result["warm_up_operations"] == 50
+    assert result["audit"]["warm_up"]["statuses"] == {"completed": 50}
     # (e) two worker nodes and two agent hosts: every effect at its session's host
     fleet = result["audit"]["fleet"]
     assert (fleet["nodes"], fleet["hosts"], fleet["operations"]) == (2, 2, 40)
