@@ -28,6 +28,8 @@ import shutil
 import socket
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -73,22 +75,31 @@ def _require(name: str, host: str, port: int) -> None:
         skip_or_fail(f"{name} is not reachable at {host}:{port}")
 
 
-@pytest.fixture(scope="session")
-def pg_database():
-    """A throwaway PostgreSQL database for this test session, migrated to head."""
+@contextmanager
+def throwaway_pg_database(prefix: str) -> Iterator[str]:
+    """A PostgreSQL database of its own (its URL), migrated to head, dropped afterwards."""
     _require("PostgreSQL", "127.0.0.1", 5432)
-    name = f"agent_radar_test_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    yield url
-    forget_engines()
-    engine_for(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        forget_engines()
+        engine_for(url).dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_database():
+    """A throwaway PostgreSQL database for this test session, migrated to head."""
+    with throwaway_pg_database("agent_radar_test") as url:
+        yield url
 
 
 def rabbitmqctl(*args: str, node: str | None = None) -> str:

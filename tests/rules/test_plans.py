@@ -3,14 +3,12 @@
 a statement about a few sessions reads those few, not the whole busy workspace."""
 
 import json
-import uuid
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import event, text
 
-from models.db import engine_for, forget_engines
-from models.migrate import upgrade
-from tests.conftest import PG_ADMIN_URL, _require
+from models.db import engine_for
+from tests.conftest import throwaway_pg_database
 from workflows.goals.operations import _LOCK_STATES
 from workflows.goals.statements import CLAIM_LOOKUP, LOCK_SESSIONS_OF_OPS
 
@@ -22,14 +20,7 @@ WS = "busy-workspace"
 def unanalyzed():
     """A database of its own: 2,000 sessions of one workspace, each with a goal state and an
     operation, and autovacuum off, so no table has statistics."""
-    _require("PostgreSQL", "127.0.0.1", 5432)
-    name = f"agent_radar_plans_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        upgrade(url)
+    with throwaway_pg_database("agent_radar_plans") as url:
         engine = engine_for(url)
         with engine.begin() as conn:
             for table in ("agent_sessions", "goal_states", "goal_operations"):
@@ -64,12 +55,6 @@ def unanalyzed():
                 {"ws": WS, "n": SESSIONS},
             )
         yield engine
-    finally:
-        forget_engines()
-        engine_for(url).dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def rows_read_and_dropped(engine, statement, params) -> int:
