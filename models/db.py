@@ -83,6 +83,14 @@ def engine_for(url: str) -> Engine:
     return engine
 
 
+def dispose_engine(url: str) -> None:
+    """Close this process's engine for `url` (its pooled connections, and on SQLite the
+    database files they hold open) and forget it; the next engine_for makes a new one."""
+    engine = _engines.pop((os.getpid(), normalize_url(url)), None)
+    if engine is not None:
+        engine.dispose()
+
+
 def forget_engines() -> None:
     """Drop engines inherited through fork without touching the parent's connections."""
     for (pid, _url), engine in list(_engines.items()):

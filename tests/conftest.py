@@ -36,7 +36,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from models.base import Base
-from models.db import engine_for, forget_engines
+from models.db import dispose_engine, engine_for, forget_engines
 from models.migrate import upgrade
 from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
@@ -171,6 +171,10 @@ def settings(backend, tmp_path, request):
     else:
         upgrade(base.database_url)
     yield base
+    if backend == "embedded":
+        # This test's own database: its engine (pooled connections, each holding the
+        # database's files open) goes with it, or a whole run gathers open files.
+        dispose_engine(base.database_url)
     if base.broker_key_prefix:
         import redis
 
