@@ -186,8 +186,13 @@ def test_cancel_during_the_work_writes_four_records(client, executor, sim_contro
     cancelling = client.cancel_maintenance(run.run_id)
     assert (cancelling.status, cancelling.revision) == ("cancelling", 2)
     again = client.cancel_maintenance(run.run_id)  # already cancelling: ignored
-    # the executor's heartbeat may renew the lease in between; nothing else may change
-    assert replace(again, lease_expires_at=None) == replace(cancelling, lease_expires_at=None)
+    if again.status == "cancelling":
+        # the executor's heartbeat may renew the lease in between; nothing else may change
+        assert replace(again, lease_expires_at=None) == replace(cancelling, lease_expires_at=None)
+    else:
+        # The executor (polling every 20 ms) saw the cancel between the two calls and has
+        # moved the run on; the second cancel wrote nothing (the records below say so).
+        assert again.status in ("finalizing", "cancelled"), again
     worker.join(10)
     assert worker.result == "cancelled"
     assert statuses(client, run.run_id) == [
