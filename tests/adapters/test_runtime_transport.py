@@ -217,3 +217,63 @@ def test_a_base_path_prefixes_every_call(scripted):
     host = scripted(lambda conn, req: answer())
     goal(HttpRuntime(host.url + "/agents/", timeout_s=5.0))
     assert host.paths == ["/agents/v1/workspaces/ws/sessions/s1/goal"]
+
+
+@pytest.fixture
+def tls_host(tmp_path):
+    """A TLS agent host with a certificate of its own for 127.0.0.1, and a verify path that
+    trusts it (as an operator's CA bundle would)."""
+    import json
+    import shutil
+    import ssl
+    import subprocess
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"phase": "applied", "goal": {"objective": "o"}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", cert
+    server.shutdown()
+    server.server_close()
+
+
+def test_https_verifies_the_host_and_keeps_its_connection(tls_host, monkeypatch):
+    url, cert = tls_host
+    # Not trusted: the call is a retryable fault that says why.
+    with pytest.raises(RuntimeFault) as raised:
+        goal(HttpRuntime(url, timeout_s=5.0))
+    assert raised.value.code == "unreachable" and "CERTIFICATE_VERIFY_FAILED" in str(raised.value)
+    # Trusted: calls go through, on one kept connection.
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    runtime = HttpRuntime(url, timeout_s=5.0)
+    for _ in range(3):
+        assert goal(runtime)["phase"] == "applied"
+    assert len(runtime.http._idle) == 1
