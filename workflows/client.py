@@ -47,7 +47,7 @@ from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
 from workflows.sessions.release import publish_epoch_effects, release_session
-from workflows.validation import check_id, check_limit
+from workflows.validation import check_id, check_limit, check_url
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05
@@ -602,7 +602,7 @@ class AgentRadar:
         """Register an agent host. The same URL again changes nothing; another one is a
         Conflict unless `replace`. The host `default` is AGENT_RADAR_RUNTIME_URL."""
         host_id = hosts.check_host_id(host_id, allow_default=False)
-        url = hosts.check_url(url)
+        url = check_url(url)
         return run_transaction(
             self.engine, lambda s: hosts.add_host(s, host_id, url, utcnow(), replace)
         )

@@ -10,6 +10,7 @@ either backend.
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from models.enums import GoalAction
 from workflows.errors import InvalidArgument
@@ -196,3 +197,29 @@ def check_objective(action: GoalAction, objective: Any) -> str | None:
     if not isinstance(objective, str) or not objective.strip():
         raise InvalidArgument("goal set needs a non-empty objective string", field="objective")
     return check_text("objective", objective, MAX_OBJECTIVE_BYTES)
+
+
+# An agent host's base URL: the operator's registration of a host, and every adapter to one.
+MAX_URL_CHARS = 2048
+
+
+def check_url(value: Any) -> str:
+    """An agent host's base URL: http or https, a host name, no credentials, query or
+    fragment (the token is AGENT_RADAR_RUNTIME_TOKEN, sent as a header)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_URL_CHARS:
+        raise InvalidArgument(f"url must be a string of 1-{MAX_URL_CHARS} characters", field="url")
+    if not value.isprintable() or any(ch.isspace() for ch in value):
+        raise InvalidArgument("url must be printable, without spaces", field="url")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidArgument(f"url is not a valid URL: {exc}", field="url") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgument("url must be http:// or https:// with a host", field="url")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidArgument("url must not carry credentials", field="url")
+    if parts.query or parts.fragment:
+        raise InvalidArgument("url must not have a query or a fragment", field="url")
+    del port
+    return value.rstrip("/")

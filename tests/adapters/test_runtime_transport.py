@@ -10,7 +10,7 @@ import time
 import pytest
 
 from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
-from workflows.errors import RuntimeFault
+from workflows.errors import InvalidArgument, RuntimeFault
 
 APPLIED = b'{"phase": "applied", "goal": {"objective": "o"}, "evidence": {}}'
 
@@ -277,3 +277,14 @@ def test_https_verifies_the_host_and_keeps_its_connection(tls_host, monkeypatch)
     for _ in range(3):
         assert goal(runtime)["phase"] == "applied"
     assert len(runtime.http._idle) == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://127.0.0.1:21", "http://", "http://127.0.0.1:99999", "http://u:p@127.0.0.1", "x"],
+)
+def test_an_adapter_takes_only_a_host_url_that_registration_would(url):
+    # The check of `agent-radar host add` (validation.check_url), before any connection.
+    with pytest.raises(InvalidArgument) as raised:
+        HttpRuntime(url)
+    assert raised.value.field == "url"

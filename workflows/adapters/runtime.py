@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 
 from workflows.adapters import metrics
 from workflows.errors import InvalidArgument, RuntimeDisconnected, RuntimeFault
-from workflows.validation import MAX_INT, check_id, check_json_object
+from workflows.validation import MAX_INT, check_id, check_json_object, check_url
 
 # Runtime answers that a goal dispatch retries with backoff; everything else is final.
 RETRYABLE_CODES = frozenset(
@@ -191,9 +191,7 @@ class HostConnections:
     caller's to classify (DESIGN 6)."""
 
     def __init__(self, base_url: str, connect_s: float, read_s: float, size: int) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidArgument(f"not an http(s) URL: {base_url!r}", field="url")
+        parts = urlsplit(check_url(base_url))
         self._make: Callable[..., http.client.HTTPConnection] = (
             http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         )

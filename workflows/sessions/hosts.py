@@ -9,7 +9,6 @@ addresses: a message can name a host, never supply one.
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -24,29 +23,6 @@ from workflows.validation import check_id
 
 HOSTS = table_of(RuntimeHost)
 DEFAULT_HOST = "default"
-MAX_URL_CHARS = 2048
-
-
-def check_url(value: Any) -> str:
-    """An agent host's base URL: http or https, a host name, no credentials, query or
-    fragment (the token is AGENT_RADAR_RUNTIME_TOKEN, sent as a header)."""
-    if not isinstance(value, str) or not value or len(value) > MAX_URL_CHARS:
-        raise InvalidArgument(f"url must be a string of 1-{MAX_URL_CHARS} characters", field="url")
-    if not value.isprintable() or any(ch.isspace() for ch in value):
-        raise InvalidArgument("url must be printable, without spaces", field="url")
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidArgument(f"url is not a valid URL: {exc}", field="url") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidArgument("url must be http:// or https:// with a host", field="url")
-    if parts.username is not None or parts.password is not None:
-        raise InvalidArgument("url must not carry credentials", field="url")
-    if parts.query or parts.fragment:
-        raise InvalidArgument("url must not have a query or a fragment", field="url")
-    del port
-    return value.rstrip("/")
 
 
 def check_host_id(value: Any, *, allow_default: bool = True) -> str:
