@@ -255,15 +255,12 @@ def complete_applied_many(
     evidence): the sessions are locked (in key order), then a few statements cover them all.
     With `token`, only operations still leased under it. Returns the ids completed."""
     conn = session.connection()
-    ops = sorted({op.operation_id for op, _goal, _evidence in applied})
+    operation_ids = [op.operation_id for op, _goal, _evidence in applied]
     states = {
         (row.workspace_id, row.session_id): row
-        for row in conn.execute(_LOCK_STATES, {"b_ops": ops})
+        for row in conn.execute(_LOCK_STATES, {"b_ops": operation_ids})
     }
-    params: dict[str, Any] = {
-        "b_ops": [op.operation_id for op, _goal, _evidence in applied],
-        "b_now": now,
-    }
+    params: dict[str, Any] = {"b_ops": operation_ids, "b_now": now}
     if token is not None:
         params["b_token"] = token
     # What each applied operation's goal state becomes, if the operation completes.
