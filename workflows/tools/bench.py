@@ -10,9 +10,10 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlalchemy import func, insert, select
 
@@ -50,6 +51,13 @@ IDLE_POLL_S = 0.05
 # DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.
 TARGETS = {"throughput": 0.8, "unloaded_p50": 3.0, "paced_p99": 5.0, "cpu": 1.0}
+
+
+def _from_producers(send: Callable[[Any], object], items: Iterable[Any]) -> None:
+    """Call send(item) for every item from the SUBMIT_THREADS producer threads, as phase (b)
+    and the baseline both send; returns when all are sent (a failure is raised)."""
+    with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
+        list(pool.map(send, items))
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -239,13 +247,11 @@ class Bench:
         """Run `count` operations of each kind, from the producer threads, and wait until
         the worker is idle again (see WARM_UP); the goal operations' audit."""
         tally = self._tally()
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(lambda i: self._send_noop(tally, i), range(count)))
+        _from_producers(lambda i: self._send_noop(tally, i), range(count))
         self._wait("warm-up (a)", tally.count, count)
         ws = f"bench-{self.run_id}-warm-up"
         submitted: dict[str, float] = {}
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(lambda i: self._set_goal(ws, i, submitted), range(count)))
+        _from_producers(lambda i: self._set_goal(ws, i, submitted), range(count))
         self._await_effects(ws, count, "warm-up (b)")
         self.components.wait_until_worker_idle(IDLE_FOR_S, PHASE_TIMEOUT_S)
         return self._audit(ws, submitted)
@@ -265,8 +271,7 @@ class Bench:
         """submit(0 … n-1) from the producer threads, then `wait()` until all are done (it
         returns when the last one finished): the rate, and the CPU spent meanwhile."""
         parts0, cpu0, started = self.components.snapshot(), machine_busy_s(), time.time()
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(submit, range(self.n)))
+        _from_producers(submit, range(self.n))
         finished = wait()
         # The CPU counts until the worker is idle again, not only until the last operation
         # is done: what the worker does after it (acks and events, the last record, messages
@@ -321,8 +326,7 @@ class Bench:
             with lock:
                 sent[i] = t
 
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(one, range(self.n)))
+        _from_producers(one, range(self.n))
         return sent
 
     # -- (b) goal operations ---------------------------------------------------------------
@@ -390,8 +394,7 @@ class Bench:
             submitted.setdefault(op.operation_id, time.time())
 
         started = time.time()
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(submit, calls))
+        _from_producers(submit, calls)
         rate = len(calls) / (time.time() - started)
         # Per session only the newest revision is sure to reach the agent (newer submits
         # supersede older pending ones); the audit waits for every operation to settle.
@@ -431,8 +434,7 @@ class Bench:
                 host_of[op.operation_id] = host_ids[(i % sessions) % len(host_ids)]
 
         started = time.time()
-        with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-            list(pool.map(submit, range(self.n)))
+        _from_producers(submit, range(self.n))
         states = self._settled_states(submitted)
         rate = self.n / (time.time() - started)
         effects = {
