@@ -1,10 +1,13 @@
 """Hostile peers for the tests: an agent host on a real socket that answers each session as
-told, and raw broker messages published the way any producer (or attacker) with broker access
-could. Shared by the rules, end-to-end and campaign tests."""
+told, a raw socket that answers each request as scripted (or never), and raw broker messages
+published the way any producer (or attacker) with broker access could. Shared by the rules,
+end-to-end and campaign tests."""
 
 import json
 import re
+import socket
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
@@ -54,6 +57,82 @@ class HostileHost:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+CLOSE = "close"
+HANG = "hang"
+
+
+class ScriptedHost:
+    """A host on a real socket: each request on each connection is answered by
+    `script(connection_number, request_number)`, which returns the bytes to send (with
+    `CLOSE` after them: then close the connection; None: send nothing and close it; HANG:
+    send nothing and keep it open). `accepted` is released for each connection taken."""
+
+    def __init__(self, script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests = 0
+        self.paths: list[str] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._open: list[socket.socket] = []
+        self.accepted = threading.Semaphore(0)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._open.append(conn)
+            self.accepted.release()
+            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        reader = conn.makefile("rb")
+        try:
+            for request_number in range(1, 1000):
+                length = 0
+                if not (line := reader.readline()):
+                    return
+                self.paths.append(line.split()[1].decode())
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if not line:
+                    return
+                reader.read(length)
+                self.requests += 1
+                out = self.script(number, request_number)
+                if out == HANG:
+                    time.sleep(30)
+                    return
+                if out is None:
+                    return
+                if isinstance(out, tuple):
+                    conn.sendall(out[0])
+                    return
+                conn.sendall(out)
+        except OSError:
+            return
+        finally:
+            reader.close()
+            conn.close()
+
+    def close(self) -> None:
+        self._sock.close()
+        for conn in self._open:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
 
 
 def applied(body):

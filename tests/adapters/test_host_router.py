@@ -2,51 +2,22 @@
 URL through that host's own connection pool, so a host that hangs holds only its own
 connections and its own calls, each of which ends at the per-call timeout."""
 
-import socket
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests import helpers
-from tests.hostile import applied
+from tests.hostile import HANG, ScriptedHost, applied
 from workflows.adapters.runtime import HostRouter
 from workflows.errors import RuntimeFault
 
 WS = "ws-router"
 
 
-class SilentHost:
-    """An agent host that accepts connections and reads requests, and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.held: list[socket.socket] = []
-        self.accepted = threading.Semaphore(0)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-            self.accepted.release()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
 @pytest.fixture
 def silent():
-    h = SilentHost()
+    """An agent host that accepts connections and reads requests, and never answers."""
+    h = ScriptedHost(lambda connection, request: HANG)
     yield h
     h.close()
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.hostile import CLOSE, HANG, ScriptedHost
 from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
 from workflows.errors import InvalidArgument, RuntimeFault
 
@@ -19,79 +20,6 @@ def answer(body: bytes = APPLIED, status: str = "200 OK", close: bool = False) -
     head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if close else "")
     return head.encode() + b"\r\n" + body
-
-
-CLOSE = "close"
-
-
-class ScriptedHost:
-    """A host on a real socket: each request on each connection is answered by
-    `script(connection_number, request_number)`, which returns the bytes to send (with
-    `CLOSE` after them: then close the connection; None: send nothing and close it; "hang":
-    send nothing and keep it open)."""
-
-    def __init__(self, script) -> None:
-        self.script = script
-        self.connections = 0
-        self.requests = 0
-        self.paths: list[str] = []
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self._open.append(conn)
-            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
-        reader = conn.makefile("rb")
-        try:
-            for request_number in range(1, 1000):
-                length = 0
-                if not (line := reader.readline()):
-                    return
-                self.paths.append(line.split()[1].decode())
-                while (line := reader.readline()) not in (b"\r\n", b""):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                if not line:
-                    return
-                reader.read(length)
-                self.requests += 1
-                out = self.script(number, request_number)
-                if out == "hang":
-                    time.sleep(30)
-                    return
-                if out is None:
-                    return
-                if isinstance(out, tuple):
-                    conn.sendall(out[0])
-                    return
-                conn.sendall(out)
-        except OSError:
-            return
-        finally:
-            reader.close()
-            conn.close()
-
-    def close(self) -> None:
-        self._sock.close()
-        for conn in self._open:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
 
 
 @pytest.fixture
@@ -195,7 +123,7 @@ def test_a_broken_answer_faults_that_call_and_its_connection_is_not_reused(scrip
 
 
 def test_a_host_that_never_answers_is_a_timeout(scripted):
-    host = scripted(lambda conn, req: "hang" if conn == 1 else answer())
+    host = scripted(lambda conn, req: HANG if conn == 1 else answer())
     runtime = HttpRuntime(host.url, timeout_s=0.5)
     started = time.monotonic()
     with pytest.raises(RuntimeFault) as raised:
