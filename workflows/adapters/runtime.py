@@ -200,7 +200,7 @@ class HostConnections:
         self.connect_s, self.read_s, self.size = connect_s, read_s, size
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        # An adapter dropped without close() closes its idle connections as it goes.
+        # The idle connections close when the adapter is dropped.
         weakref.finalize(self, _close_all, self._idle)
 
     def _take(self) -> http.client.HTTPConnection:
@@ -248,12 +248,6 @@ class HostConnections:
         else:
             conn.close()  # an answer left unread (over the limit), or the host closes it
         return response.status, raw
-
-    def close(self) -> None:
-        with self._lock:
-            idle = self._idle[:]
-            self._idle.clear()
-        _close_all(idle)
 
 
 def _close_all(connections: list[http.client.HTTPConnection]) -> None:
