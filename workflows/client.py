@@ -16,7 +16,7 @@ from models.tables import MaintenanceRun as MaintenanceRunRow
 from models.tables import Prompt as PromptRow
 from models.tables import SessionStop as SessionStopRow
 from workflows import ids, records
-from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.broker import FLUSH_TIMEOUT_S, TaskPublisher
 from workflows.adapters.config import Settings
 from workflows.adapters.runtime import HostRouter, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
@@ -94,7 +94,9 @@ class AgentRadar:
         """Commit an intent (`work(session) -> (record, created)`), then publish its task.
         A replay publishes nothing; a failed publish is left to the sweeper (the row is
         the outbox). With `coalesce_into`, `message(record)` is one item of that list
-        argument, shared with concurrent submits of this process."""
+        argument, handed to the publisher's sender thread, which shares a message among the
+        submits of this process; the call returns after the commit (`flush` waits for the
+        message, and `close` or the end of the process publishes what is left)."""
         if coalesce_into:
             with self.publisher.coalescing(task, coalesce_into) as publish:
                 record, created = run_transaction(self.engine, work)
@@ -131,6 +133,12 @@ class AgentRadar:
             return records.record_of(record_type, row)
 
         return run_transaction(self.engine, load)
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until the messages of this process's goal submits are at the broker (a goal
+        submit returns once its intent is committed); False if some still wait after
+        `timeout_s`: the sweeper publishes those."""
+        return self.publisher.flush(timeout_s)
 
     def close(self) -> None:
         self.publisher.close()

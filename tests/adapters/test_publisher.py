@@ -1,12 +1,18 @@
-"""Coalesced publishing: concurrent submits of one process share dispatch messages, and every
-item is in exactly one message (or reported unpublished, for the sweeper)."""
+"""Coalesced publishing: the submits of one process hand their items to a sender thread and
+return; the sender gives a burst of them a few messages, and every item is in exactly one
+message (or reported unpublished, for the sweeper)."""
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
 import pytest
 
-from workflows.adapters.broker import TaskPublisher
+from tests.helpers import eventually
+from workflows.adapters.broker import COALESCE_MAX_ITEMS, TaskPublisher
 
 TASK = "agent_radar.goal.dispatch"
 
@@ -102,6 +108,7 @@ def test_the_wait_for_a_submit_in_its_transaction_is_bounded(settings):
     assert publisher.publish_coalesced(TASK, "operation_ids", "fast")
     assert time.monotonic() - started < 0.9
     thread.join(5)
+    assert publisher.flush(5)
     assert publisher.messages == [
         (TASK, {"operation_ids": ["fast"]}),
         (TASK, {"operation_ids": ["slow"]}),
@@ -131,7 +138,158 @@ def test_a_coalesced_items_label_reaches_its_message(settings):
             publish(item, label)
 
     submit("op-1", "acme/s1 submit=req-1")
+    assert publisher.flush(5)
     assert publisher.labels == ["acme/s1 submit=req-1"]
+
+
+def _submit(publisher, item):
+    with publisher.coalescing(TASK, "operation_ids") as publish:
+        publish(item)
+
+
+def test_a_submit_returns_before_its_message_is_published(settings):
+    """The committed row is the accepted intent: the submit does not wait for the broker.
+    `flush` waits for the sender, and then the message is there."""
+    publisher = RecordingPublisher(settings, delay_s=0.5)
+    started = time.monotonic()
+    _submit(publisher, "op-1")
+    assert time.monotonic() - started < 0.4
+    assert publisher.messages == []
+    assert publisher.flush(5)
+    assert publisher.messages == [(TASK, {"operation_ids": ["op-1"]})]
+
+
+def test_a_burst_shares_messages_beyond_the_number_of_submitting_threads(settings):
+    """Four threads submitting back to back: while a message is on its way, the items of
+    the next submits gather, so messages carry more than four items (at most
+    COALESCE_MAX_ITEMS), and every item is in exactly one of them."""
+    publisher = RecordingPublisher(settings, delay_s=0.02)
+
+    def submit_many(t):
+        for i in range(25):
+            _submit(publisher, f"op-{t}-{i}")
+
+    threads = [threading.Thread(target=submit_many, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert publisher.flush(10)
+    sizes = [len(kwargs["operation_ids"]) for _task, kwargs in publisher.messages]
+    published = [item for _task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
+    assert sorted(published) == sorted(f"op-{t}-{i}" for t in range(4) for i in range(25))
+    assert max(sizes) > 4 and max(sizes) <= COALESCE_MAX_ITEMS
+    assert len(publisher.messages) < 100 / 4
+
+
+def test_close_publishes_what_the_sender_still_holds(settings):
+    publisher = RecordingPublisher(settings, delay_s=0.2)
+    for i in range(3):
+        _submit(publisher, f"op-{i}")
+    publisher.close()
+    published = [item for _task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
+    assert sorted(published) == ["op-0", "op-1", "op-2"]
+
+
+def test_a_failed_message_leaves_its_items_to_the_sweeper_and_holds_nobody_up(settings, caplog):
+    publisher = RecordingPublisher(settings, fail=True, delay_s=0)
+    _submit(publisher, "op-1")
+    assert publisher.flush(5)  # settled: failed, not waiting
+    assert publisher.messages == []
+    assert "the sweeper will publish it" in caplog.text
+    publisher.fail = False
+    _submit(publisher, "op-2")
+    assert publisher.flush(5)
+    assert publisher.messages == [(TASK, {"operation_ids": ["op-2"]})]
+
+
+def test_the_sender_thread_ends_when_idle(settings):
+    publisher = RecordingPublisher(settings, delay_s=0)
+    publisher.sender_idle_s = 0.05
+
+    def senders():
+        return {t for t in threading.enumerate() if t.name == "agent-radar-publisher"}
+
+    others = senders()  # of earlier tests' publishers
+    _submit(publisher, "op-1")
+    assert publisher.flush(5)
+    mine = senders() - others
+    assert len(mine) == 1
+    eventually(lambda: not any(t.is_alive() for t in mine), timeout_s=5, what="the sender to end")
+    _submit(publisher, "op-2")  # a new one starts for the next item
+    assert publisher.flush(5)
+    assert [kwargs["operation_ids"] for _task, kwargs in publisher.messages] == [["op-1"], ["op-2"]]
+
+
+def test_a_forked_child_publishes_none_of_its_parents_items(settings):
+    """Items waiting at a fork are the parent's: its sender publishes them, the child's
+    flush has nothing to wait for, and the child's own items still go out."""
+    publisher = RecordingPublisher(settings, delay_s=0.3)
+    _submit(publisher, "parent-1")
+    _submit(publisher, "parent-2")  # waits while the first message is on its way
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        code = 0
+        try:
+            if not publisher.flush(0.01):
+                code = 1
+            elif any("parent-2" in kwargs["operation_ids"] for _t, kwargs in publisher.messages):
+                code = 2
+            else:
+                publisher.delay_s = 0
+                _submit(publisher, "child-1")
+                if not publisher.flush(5) or publisher.messages[-1][1] != {
+                    "operation_ids": ["child-1"]
+                }:
+                    code = 3
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert publisher.flush(5)
+    published = [item for _task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
+    assert sorted(published) == ["parent-1", "parent-2"]
+
+
+def test_a_process_that_ends_without_close_publishes_its_items(settings):
+    """A script or a CLI command may submit and exit: the items its sender still holds are
+    published at exit, to the real broker."""
+    script = textwrap.dedent(
+        """
+        import time
+        from workflows.adapters.broker import TaskPublisher
+        from workflows.adapters.config import Settings
+
+        publisher = TaskPublisher(Settings.from_env())
+        original = publisher.publish
+
+        def slow(*args, **kwargs):
+            time.sleep(0.3)  # still on its way when the script ends
+            return original(*args, **kwargs)
+
+        publisher.publish = slow
+        for i in range(3):
+            with publisher.coalescing("agent_radar.goal.dispatch", "operation_ids") as add:
+                add(f"op-{i}")
+        """
+    )
+    env = {**os.environ, **settings.to_env()}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert _queued_items(settings) == ["op-0", "op-1", "op-2"]
+
+
+def _queued_items(settings) -> list[str]:
+    from workflows.adapters.broker import broker_connection, queue_named
+
+    queue = queue_named(settings, "default")
+    items = []
+    with broker_connection(settings) as conn:
+        while (message := queue(conn.default_channel).get(no_ack=True)) is not None:
+            items.extend(message.decode()[1]["operation_ids"])
+    return sorted(items)
 
 
 def test_a_label_shows_beside_the_arguments_of_a_real_message(settings):

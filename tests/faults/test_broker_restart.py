@@ -295,13 +295,15 @@ def test_a_broker_restart_loses_nothing_and_applies_nothing_twice(
 def test_rabbitmq_keeps_confirmed_messages_through_a_crash(
     settings, broker, client, stack, sim_control
 ):
-    """Publisher confirms and quorum queues: once a submit's publish returned, its message
-    is on disk. Crash the node with the messages waiting (no worker runs), restart it, and
-    a worker — with no beat, so no sweeper to re-publish anything — applies every one."""
+    """Publisher confirms and quorum queues: once a submit's message is published (`flush`
+    returned), it is on disk. Crash the node with the messages waiting (no worker runs),
+    restart it, and a worker — with no beat, so no sweeper to re-publish anything — applies
+    every one."""
     ops = [
         client.set_goal(WS, f"kept-{i}", "outlive the crash", client_submit_id="1")
         for i in range(5)
     ]
+    assert client.flush()
     waiting = broker.queued(settings)
     assert waiting >= 1  # the submits coalesce: a few messages carry the five operations
     broker.kill()

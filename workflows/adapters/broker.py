@@ -5,12 +5,14 @@ task message protocol v2 — the same wire format any producer in any language u
 the client, the sweeper and the simulator share one small publisher.
 """
 
+import atexit
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,9 +42,16 @@ FILESYSTEM_POLL_S = 0.01
 FILESYSTEM_DRAIN_SLICE_S = 0.2
 # At most this many items share one coalesced message (see TaskPublisher.coalescing).
 COALESCE_MAX_ITEMS = 16
-# A coalesced publish waits at most this long for submits of this process that are still in
-# their transaction, so that they share its message.
+# A coalesced message waits at most this long for submits of this process that are still in
+# their transaction, so that they share it.
 COALESCE_LINGER_S = 0.005
+# The publisher's sender thread ends after this long without items; the next item starts
+# another. A process that stops submitting keeps no thread, nor the publisher, alive.
+SENDER_IDLE_S = 1.0
+# How long closing a publisher, or the end of its process, waits for items handed to the
+# sender. Past it the items stay unpublished: their committed rows are the outbox, and the
+# sweeper publishes them.
+FLUSH_TIMEOUT_S = 10.0
 # Redis re-delivers an unacknowledged message after this long; it must exceed the longest
 # task (task_time_limit) or a slow task would run twice at once.
 VISIBILITY_TIMEOUT_S = 3600
@@ -209,13 +218,18 @@ class TaskPublisher:
         self._producer = None
         self._exchanges = {q.name: q for q in kombu_queues(settings)}
         self._events: SentEvents | None = None
-        # Coalescing: items waiting for a message, per (task, list argument); how many
-        # submits are still in their transaction; and the lock whose holder publishes.
+        # Coalescing (see `coalescing`), all of it this process's and guarded by `_changed`:
+        # items waiting for a message, per (task, list argument); how many submits are still
+        # in their transaction; how many items are handed over and not yet published or
+        # failed; and whether the sender thread runs.
+        self._changed = threading.Condition()
         self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
         self._submitting = 0
-        self._changed = threading.Condition()
-        self._coalesce_lock = threading.Lock()
+        self._pending = 0
+        self._sending = False
         self.linger_s = COALESCE_LINGER_S
+        self.sender_idle_s = SENDER_IDLE_S
+        _LIVE.add(self)
         # On kombu's emulated transports (Redis, the filesystem) a publish through a named
         # exchange first reads the exchange's bindings from the broker (one more round trip,
         # 0.2 ms of a 0.5 ms publish); the default exchange names the queue directly. On
@@ -303,8 +317,17 @@ class TaskPublisher:
             log.warning(
                 "publish of %s %s failed (%s); the sweeper will publish it", task_name, kwargs, exc
             )
-            self.close()
+            self._release()
             return False
+
+    def _after_fork(self) -> None:
+        """A forked child starts with fresh locks (one a parent's thread held at the fork
+        would stay held) and no items: those waiting are its parent's, whose sender
+        publishes them. Its connection is its own too (`_ensure`)."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._waiting, self._submitting, self._pending = {}, 0, 0
+        self._sending = False
 
     @contextmanager
     def coalescing(
@@ -312,9 +335,13 @@ class TaskPublisher:
     ) -> Iterator[Callable[[Any, str | None], None]]:
         """Wrap a submit that may publish one item in the list argument `list_kwarg` of a
         `task_name` message: the block commits, then calls the yielded function with its
-        item (and its label, see `publish`). Leaving the block publishes the item (see
-        `publish_coalesced`); while the block runs, a concurrent publish of this process
-        waits briefly for it."""
+        item (and its label, see `publish`). Leaving the block hands the item to this
+        process's sender thread and returns at once: the committed row is the accepted
+        intent, and the sender publishes it with the items of this process's other submits
+        at that moment, so a burst of submits costs a few messages, not one each. While the
+        block runs, the sender waits briefly (COALESCE_LINGER_S) for its item. A failed
+        message is logged and left to the sweeper, its rows being the outbox; `flush` waits
+        for the sender."""
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
@@ -327,44 +354,82 @@ class TaskPublisher:
         finally:
             with self._changed:
                 self._submitting -= 1
+                for waiting in mine:
+                    self._hand_over((task_name, list_kwarg), waiting)
                 self._changed.notify_all()
-        if mine:
-            self._publish((task_name, list_kwarg), mine[0])
 
     def publish_coalesced(self, task_name: str, list_kwarg: str, item: Any) -> bool:
-        """Publish `item` in the list argument `list_kwarg` of a `task_name` message that it
-        shares with the items of this process's other submits at that moment — and, for at
-        most COALESCE_LINGER_S, of those still in their transaction (`coalescing`) — so a
-        burst of concurrent submits costs a few messages, not one each; a lone submit is
-        published at once. Returns once the message carrying `item` was published (True)
-        or failed (False, logged; the committed row is the outbox)."""
-        return self._publish((task_name, list_kwarg), _Waiting(item))
-
-    def _publish(self, key: tuple[str, str], mine: "_Waiting") -> bool:
+        """Hand `item` to the sender (see `coalescing`) and wait for its message: True once
+        published, False if that failed (logged; the committed row is the outbox)."""
+        mine = _Waiting(item)
         with self._changed:
-            self._waiting.setdefault(key, []).append(mine)
+            self._hand_over((task_name, list_kwarg), mine)
             self._changed.notify_all()
-        with self._coalesce_lock:
-            # Whoever holds the lock publishes everything waiting, ours included if an
-            # earlier holder has not already.
-            if mine.published is None:
-                deadline = time.monotonic() + self.linger_s
-                with self._changed:
-                    while self._submitting and (left := deadline - time.monotonic()) > 0:
-                        self._changed.wait(left)
-                    batch = self._waiting.pop(key, [])
-                task_name, list_kwarg = key
-                for start in range(0, len(batch), COALESCE_MAX_ITEMS):
-                    chunk = batch[start : start + COALESCE_MAX_ITEMS]
-                    labels = "; ".join(w.label for w in chunk if w.label)
+            while mine.published is None:
+                self._changed.wait()
+        return mine.published
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until every item this process handed to the sender is published or failed;
+        False if some still wait after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._pending and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+            return not self._pending
+
+    def _hand_over(self, key: tuple[str, str], waiting: "_Waiting") -> None:
+        # The caller holds `_changed` and notifies.
+        self._waiting.setdefault(key, []).append(waiting)
+        self._pending += 1
+        if not self._sending:
+            self._sending = True
+            threading.Thread(target=self._send, name="agent-radar-publisher", daemon=True).start()
+
+    def _send(self) -> None:
+        """The sender thread: publishes what is waiting, a message per COALESCE_MAX_ITEMS
+        items of one key, until it has had nothing to do for `sender_idle_s`."""
+        while True:
+            with self._changed:
+                idle_until = time.monotonic() + self.sender_idle_s
+                while not self._waiting:
+                    left = idle_until - time.monotonic()
+                    if left <= 0:
+                        self._sending = False
+                        return
+                    self._changed.wait(left)
+                key = next(iter(self._waiting))
+                # Submits still in their transaction get a moment to join this message.
+                linger_until = time.monotonic() + self.linger_s
+                while (
+                    self._submitting
+                    and len(self._waiting[key]) < COALESCE_MAX_ITEMS
+                    and (left := linger_until - time.monotonic()) > 0
+                ):
+                    self._changed.wait(left)
+                batch = self._waiting.pop(key)
+            task_name, list_kwarg = key
+            for start in range(0, len(batch), COALESCE_MAX_ITEMS):
+                chunk = batch[start : start + COALESCE_MAX_ITEMS]
+                labels = "; ".join(w.label for w in chunk if w.label)
+                ok = False
+                try:
                     ok = self.publish_after_commit(
                         task_name, {list_kwarg: [w.item for w in chunk]}, labels or None
                     )
-                    for waiting in chunk:
-                        waiting.published = ok
-        return bool(mine.published)
+                finally:
+                    with self._changed:
+                        for waiting in chunk:
+                            waiting.published = ok
+                        self._pending -= len(chunk)
+                        self._changed.notify_all()
 
     def close(self) -> None:
+        """Publish what the sender still holds (see `flush`), then drop the connection."""
+        self.flush()
+        self._release()
+
+    def _release(self) -> None:
         with self._lock:
             if self._connection is not None and self._pid == os.getpid():
                 try:
@@ -372,6 +437,26 @@ class TaskPublisher:
                 except Exception:  # noqa: BLE001 - closing a broken connection
                     pass
             self._connection = self._producer = None
+
+
+# Every publisher of this process: its exit publishes what their senders still hold (a
+# short-lived process, a CLI command or a script, may submit and end without `close()`),
+# and a forked child resets them.
+_LIVE: "weakref.WeakSet[TaskPublisher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for publisher in list(_LIVE):
+        publisher.flush()
+
+
+def _reset_after_fork() -> None:
+    for publisher in list(_LIVE):
+        publisher._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 # Celery's event exchange; Celery makes it a fanout exchange on Redis (celery.events.event).
