@@ -203,6 +203,28 @@ def test_a_failed_message_leaves_its_items_to_the_sweeper_and_holds_nobody_up(se
     assert publisher.messages == [(TASK, {"operation_ids": ["op-2"]})]
 
 
+def test_when_the_broker_fails_the_waiting_items_go_to_the_sweeper_at_once(settings):
+    """Once a message failed (after its retries), the rest of its batch is left to the
+    sweeper too: an outage does not make the sender wait out the retries once per
+    COALESCE_MAX_ITEMS items while the items pile up. Three messages' worth of items wait
+    while the first publish fails: one more attempt, not three."""
+    publisher = RecordingPublisher(settings, fail=True, delay_s=0.3)
+    calls = []
+    original = publisher.publish
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    publisher.publish = counting
+    _submit(publisher, "first")
+    for i in range(COALESCE_MAX_ITEMS * 3):
+        _submit(publisher, f"op-{i}")
+    assert publisher.flush(10)
+    assert publisher.messages == []
+    assert len(calls) <= 2
+
+
 def test_the_sender_thread_ends_when_idle(settings):
     publisher = RecordingPublisher(settings, delay_s=0)
     publisher.sender_idle_s = 0.05

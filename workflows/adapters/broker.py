@@ -409,14 +409,18 @@ class TaskPublisher:
                     self._changed.wait(left)
                 batch = self._waiting.pop(key)
             task_name, list_kwarg = key
+            broker_failed = False
             for start in range(0, len(batch), COALESCE_MAX_ITEMS):
                 chunk = batch[start : start + COALESCE_MAX_ITEMS]
                 labels = "; ".join(w.label for w in chunk if w.label)
                 ok = False
                 try:
-                    ok = self.publish_after_commit(
+                    # Once a message of the batch failed (after its retries), the rest are
+                    # left to the sweeper too, rather than each waiting out the retries.
+                    ok = not broker_failed and self.publish_after_commit(
                         task_name, {list_kwarg: [w.item for w in chunk]}, labels or None
                     )
+                    broker_failed = not ok
                 finally:
                     with self._changed:
                         for waiting in chunk:
