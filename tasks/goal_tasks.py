@@ -33,6 +33,10 @@ def goal_control(
         client_submit_id=client_submit_id,
         expected_revision=expected_revision,
     )
+    # A pool process runs one task at a time, so its submits share no message; the message
+    # goes out before the task is acknowledged, as it would without the sender thread (a
+    # recycled pool process may not run its exit handlers).
+    ctx.publisher.flush()
     return {"operation_id": op.operation_id, "status": op.status}
 
 
