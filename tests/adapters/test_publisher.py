@@ -225,6 +225,28 @@ def test_when_the_broker_fails_the_waiting_items_go_to_the_sweeper_at_once(setti
     assert len(calls) <= 2
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_sender_killed_by_an_unexpected_error_leaves_nothing_waiting(settings):
+    """An error no publish expects ends the sender thread: its items are reported
+    unpublished (the sweeper's), `flush` does not wait for them, and the next item starts
+    a new sender."""
+
+    class Broken(RecordingPublisher):
+        broken = True
+
+        def publish_after_commit(self, task_name, kwargs, label=None):
+            if self.broken:
+                raise SystemError("a bug")
+            return super().publish_after_commit(task_name, kwargs, label)
+
+    publisher = Broken(settings, delay_s=0)
+    assert publisher.publish_coalesced(TASK, "operation_ids", "op-1") is False
+    assert publisher.flush(1)
+    publisher.broken = False
+    assert publisher.publish_coalesced(TASK, "operation_ids", "op-2") is True
+    assert publisher.messages == [(TASK, {"operation_ids": ["op-2"]})]
+
+
 def test_the_sender_thread_ends_when_idle(settings):
     publisher = RecordingPublisher(settings, delay_s=0)
     publisher.sender_idle_s = 0.05

@@ -389,44 +389,61 @@ class TaskPublisher:
     def _send(self) -> None:
         """The sender thread: publishes what is waiting, a message per COALESCE_MAX_ITEMS
         items of one key, until it has had nothing to do for `sender_idle_s`."""
-        while True:
+        try:
+            while (work := self._next_batch()) is not None:
+                self._publish_batch(*work)
+        except BaseException:
+            # Whatever killed it, the next item starts another sender.
             with self._changed:
-                idle_until = time.monotonic() + self.sender_idle_s
-                while not self._waiting:
-                    left = idle_until - time.monotonic()
-                    if left <= 0:
-                        self._sending = False
-                        return
-                    self._changed.wait(left)
-                key = next(iter(self._waiting))
-                # Submits still in their transaction get a moment to join this message.
-                linger_until = time.monotonic() + self.linger_s
-                while (
-                    self._submitting
-                    and len(self._waiting[key]) < COALESCE_MAX_ITEMS
-                    and (left := linger_until - time.monotonic()) > 0
-                ):
-                    self._changed.wait(left)
-                batch = self._waiting.pop(key)
-            task_name, list_kwarg = key
-            broker_failed = False
+                self._sending = False
+            raise
+
+    def _next_batch(self) -> tuple[tuple[str, str], list["_Waiting"]] | None:
+        with self._changed:
+            idle_until = time.monotonic() + self.sender_idle_s
+            while not self._waiting:
+                left = idle_until - time.monotonic()
+                if left <= 0:
+                    self._sending = False
+                    return None
+                self._changed.wait(left)
+            key = next(iter(self._waiting))
+            # Submits still in their transaction get a moment to join this message.
+            linger_until = time.monotonic() + self.linger_s
+            while (
+                self._submitting
+                and len(self._waiting[key]) < COALESCE_MAX_ITEMS
+                and (left := linger_until - time.monotonic()) > 0
+            ):
+                self._changed.wait(left)
+            return key, self._waiting.pop(key)
+
+    def _publish_batch(self, key: tuple[str, str], batch: list["_Waiting"]) -> None:
+        """A message per COALESCE_MAX_ITEMS items. Once one failed (after its retries), the
+        rest are left to the sweeper too, rather than each waiting out the retries; so is
+        the rest of a batch that an unexpected error cut short."""
+        task_name, list_kwarg = key
+        settled = 0
+        try:
             for start in range(0, len(batch), COALESCE_MAX_ITEMS):
                 chunk = batch[start : start + COALESCE_MAX_ITEMS]
                 labels = "; ".join(w.label for w in chunk if w.label)
-                ok = False
-                try:
-                    # Once a message of the batch failed (after its retries), the rest are
-                    # left to the sweeper too, rather than each waiting out the retries.
-                    ok = not broker_failed and self.publish_after_commit(
-                        task_name, {list_kwarg: [w.item for w in chunk]}, labels or None
-                    )
-                    broker_failed = not ok
-                finally:
-                    with self._changed:
-                        for waiting in chunk:
-                            waiting.published = ok
-                        self._pending -= len(chunk)
-                        self._changed.notify_all()
+                ok = self.publish_after_commit(
+                    task_name, {list_kwarg: [w.item for w in chunk]}, labels or None
+                )
+                self._settle(chunk, ok)
+                settled += len(chunk)
+                if not ok:
+                    break
+        finally:
+            self._settle(batch[settled:], False)
+
+    def _settle(self, items: list["_Waiting"], published: bool) -> None:
+        with self._changed:
+            for waiting in items:
+                waiting.published = published
+            self._pending -= len(items)
+            self._changed.notify_all()
 
     def close(self) -> None:
         """Publish what the sender still holds (see `flush`), then drop the connection."""
