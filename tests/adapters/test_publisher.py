@@ -75,6 +75,12 @@ def test_a_failed_message_reports_each_of_its_items_unpublished(settings):
     assert publisher.messages == []
 
 
+def _submit(publisher, item, label=None):
+    """A submit whose transaction has committed: its item goes to the sender."""
+    with publisher.coalescing(TASK, "operation_ids") as publish:
+        publish(item, label)
+
+
 def _submit_in_background(publisher, item, transaction_s):
     """A submit that spends `transaction_s` in its transaction, then publishes `item`."""
     entered = threading.Event()
@@ -132,19 +138,9 @@ def test_a_submit_that_fails_publishes_nothing_and_holds_nobody_up(settings):
 def test_a_coalesced_items_label_reaches_its_message(settings):
     publisher = RecordingPublisher(settings, delay_s=0)
     publisher.linger_s = 5.0
-
-    def submit(item, label):
-        with publisher.coalescing(TASK, "operation_ids") as publish:
-            publish(item, label)
-
-    submit("op-1", "acme/s1 submit=req-1")
+    _submit(publisher, "op-1", "acme/s1 submit=req-1")
     assert publisher.flush(5)
     assert publisher.labels == ["acme/s1 submit=req-1"]
-
-
-def _submit(publisher, item):
-    with publisher.coalescing(TASK, "operation_ids") as publish:
-        publish(item)
 
 
 def test_a_submit_returns_before_its_message_is_published(settings):
