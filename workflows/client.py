@@ -47,10 +47,12 @@ from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
 from workflows.sessions.release import publish_epoch_effects, release_session
-from workflows.validation import check_id, check_limit, check_url
+from workflows.validation import check_id, check_limit, check_seconds, check_url
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05
+# The longest `flush` may be asked to wait.
+MAX_FLUSH_S = 3600.0
 
 
 def _label(record: Any) -> str:
@@ -138,7 +140,7 @@ class AgentRadar:
         """Wait until the messages of this process's goal submits are at the broker (a goal
         submit returns once its intent is committed); False if some still wait after
         `timeout_s`: the sweeper publishes those."""
-        return self.publisher.flush(timeout_s)
+        return self.publisher.flush(check_seconds("timeout_s", timeout_s, maximum=MAX_FLUSH_S))
 
     def close(self) -> None:
         self.publisher.close()

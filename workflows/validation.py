@@ -82,6 +82,15 @@ def check_optional_int(
     return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
+def check_seconds(name: str, value: Any, *, maximum: float) -> float:
+    """A duration the caller gives in seconds: a number from 0 to `maximum` (not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:
+        raise InvalidArgument(
+            f"{name} must be a number of seconds from 0 to {maximum:g}", field=name
+        )
+    return float(value)
+
+
 def check_limit(value: Any) -> int:
     return check_int("limit", value, minimum=1, maximum=MAX_LIMIT)
 

@@ -25,6 +25,11 @@ def report(**parts):
 
 
 BAD_CALLS = {
+    "flush timeout as text": lambda c: c.flush("10"),
+    "flush timeout negative": lambda c: c.flush(-1),
+    "flush timeout NaN": lambda c: c.flush(float("nan")),
+    "flush timeout infinite": lambda c: c.flush(float("inf")),
+    "flush timeout as a bool": lambda c: c.flush(True),
     "objective with NUL": lambda c: c.set_goal(WS, SID, "a\x00b", client_submit_id="1"),
     "objective with a lone surrogate": lambda c: c.set_goal(
         WS, SID, "a\ud800", client_submit_id="1"
@@ -98,6 +103,13 @@ def test_bad_input_is_a_typed_error_and_writes_nothing(client, name):
     with pytest.raises(InvalidArgument):
         BAD_CALLS[name](client)
     assert row_counts(client.engine) == before
+
+
+def test_flush_takes_any_number_of_seconds_in_range(client):
+    client.set_goal(WS, SID, "x", client_submit_id="1")
+    assert client.flush(5) is True
+    assert client.flush(0) is True  # nothing waits any more
+    assert client.flush(2.5) is True
 
 
 def test_a_report_slightly_ahead_is_accepted_and_a_rejected_one_freezes_nothing(client):
