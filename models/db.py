@@ -8,14 +8,22 @@ import logging
 import os
 import random
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Insert, bindparam, create_engine, event, insert
-from sqlalchemy.engine import CursorResult, Engine, Result
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine, Result
+from sqlalchemy.exc import (
+    DBAPIError,
+    IntegrityError,
+    MultipleResultsFound,
+    NoResultFound,
+    OperationalError,
+)
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,12 +123,21 @@ def session_scope(engine: Engine) -> Iterator[Session]:
             yield session
 
 
-def run_transaction(engine: Engine, work: Callable[[Session], T], attempts: int | None = None) -> T:
-    """Run `work` in its own transaction, retrying transient database faults."""
+def run_transaction(
+    engine: Engine,
+    work: Callable[[Session], T],
+    attempts: int | None = None,
+    *,
+    direct: bool = False,
+) -> T:
+    """Run `work` in its own transaction, retrying transient database faults. With
+    `direct`, on PostgreSQL, `work` gets a Direct in place of the ORM session: for work on
+    a hot path whose statements are prebuilt and go through `session.connection()`."""
     attempts = attempts or TRANSACTION_ATTEMPTS
+    scope = direct_scope if direct and engine.dialect.name == "postgresql" else session_scope
     for attempt in range(1, attempts + 1):
         try:
-            with session_scope(engine) as session:
+            with scope(engine) as session:
                 return work(session)
         except Exception as exc:  # noqa: BLE001 - classified below
             if attempt == attempts or not _is_transient(exc):
@@ -138,7 +155,7 @@ def run_transaction(engine: Engine, work: Callable[[Session], T], attempts: int 
 _readers: dict[Engine, Engine] = {}
 
 
-def run_read(engine: Engine, work: Callable[[Session], T]) -> T:
+def run_read(engine: Engine, work: Callable[[Session], T], *, direct: bool = False) -> T:
     """`run_transaction` for work that only reads. On SQLite it takes no write lock. On
     PostgreSQL it runs in autocommit, without the round trips of BEGIN and COMMIT: under
     READ COMMITTED each statement reads its own snapshot either way."""
@@ -149,7 +166,175 @@ def run_read(engine: Engine, work: Callable[[Session], T]) -> T:
         else:
             reader = engine.execution_options(**{READ_ONLY: True})
         reader = _readers[engine] = reader
-    return run_transaction(reader, work)
+    return run_transaction(reader, work, direct=direct)
+
+
+class Rows:
+    """The rows of a statement that a Direct ran, fetched at once, with the part of
+    SQLAlchemy's Result that the direct work uses (rows read by attribute or position)."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, rows: list[Any], count: int) -> None:
+        self._rows = rows
+        self.rowcount = count
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+    def all(self) -> list[Any]:
+        return list(self._rows)
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def one_or_none(self) -> Any:
+        if len(self._rows) > 1:
+            raise MultipleResultsFound("more than one row where at most one was expected")
+        return self.first()
+
+    def one(self) -> Any:
+        row = self.one_or_none()
+        if row is None:
+            raise NoResultFound("no row where one was expected")
+        return row
+
+    def scalars(self) -> "Rows":
+        return Rows([row[0] for row in self._rows], self.rowcount)
+
+    def scalar(self) -> Any:
+        row = self.first()
+        return None if row is None else row[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any:
+        row = self.one_or_none()
+        return None if row is None else row[0]
+
+
+# Per dialect, each statement a Direct ran, compiled; held only as long as the statement
+# lives (the prebuilt ones: for good).
+_compiled: "weakref.WeakKeyDictionary[Dialect, weakref.WeakKeyDictionary[Any, SQLCompiler]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _bind(process: Any, value: Any) -> Any:
+    """A value as its type's bind processor makes it (a tuple's has one per element)."""
+    if callable(process):
+        return process(value)
+    return tuple(v if p is None else p(v) for p, v in zip(process, value, strict=True))
+
+
+class DirectConnection:
+    """`Connection.execute` for a Direct: the statement compiled once, its parameters bound
+    as SQLAlchemy binds them (expanding lists, JSON), and sent through psycopg itself. The
+    engine's cursor events still see it; a list of parameter sets (executemany) goes
+    through SQLAlchemy."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.dialect = conn.dialect
+        self._driver: Any = conn.connection.driver_connection
+        by_statement = _compiled.get(conn.dialect)
+        if by_statement is None:
+            by_statement = _compiled[conn.dialect] = weakref.WeakKeyDictionary()
+        self._by_statement = by_statement
+
+    def execute(self, statement: Any, parameters: Any = None) -> Any:
+        if isinstance(parameters, list):
+            return self._conn.execute(statement, parameters)
+        from psycopg import Error as DriverError
+        from psycopg.rows import namedtuple_row
+
+        compiled = self._by_statement.get(statement)
+        if compiled is None:
+            compiled = cast(SQLCompiler, statement.compile(dialect=self.dialect))
+            self._by_statement[statement] = compiled
+        state = compiled.construct_expanded_state(parameters or {})
+        sql, params = state.statement, dict(state.parameters)
+        for processors in (compiled._bind_processors, state.processors):
+            for name, process in processors.items():
+                if name in params:
+                    params[name] = _bind(process, params[name])
+        events = self._conn.dispatch
+        if events.before_cursor_execute:
+            events.before_cursor_execute(self._conn, None, sql, params, None, False)
+        cursor = self._driver.cursor(row_factory=namedtuple_row)
+        try:
+            cursor.execute(sql, params)
+            fetched = cursor.fetchall() if cursor.description is not None else []
+            rows = Rows(fetched, cursor.rowcount)
+        except DriverError as exc:
+            # Wrapped as SQLAlchemy wraps it, so that run_transaction's retry and every
+            # caller see the same errors as through the session. A connection the server
+            # dropped is invalidated by the rollback that follows (SQLAlchemy's own check).
+            lost = bool(self._driver.broken)
+            raise DBAPIError.instance(
+                sql, params, exc, DriverError, connection_invalidated=lost, dialect=self.dialect
+            ) from exc
+        finally:
+            cursor.close()
+        return rows
+
+
+class Direct:
+    """The stand-in for the ORM session that `run_transaction(direct=True)` hands its work
+    on PostgreSQL: `connection()` runs statements through psycopg without SQLAlchemy's
+    execution around each one (DirectConnection), which on a lone goal operation's path
+    is a good part of its time. Everything else of the session's (ORM reads and writes,
+    `execute`, `flush`) goes to a session opened on the same connection and transaction
+    when first asked for."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._direct = DirectConnection(conn)
+        self._session: Session | None = None
+
+    def connection(self) -> DirectConnection:
+        return self._direct
+
+    def get_bind(self) -> Connection:
+        return self._conn
+
+    def _orm(self) -> Session:
+        if self._session is None:
+            self._session = Session(
+                bind=self._conn,
+                autoflush=False,
+                expire_on_commit=False,
+                join_transaction_mode="rollback_only",
+            )
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._orm(), name)
+
+    def flush_orm(self) -> None:
+        """Write what the ORM session holds (before the transaction commits)."""
+        if self._session is not None:
+            self._session.flush()
+
+    def close_orm(self) -> None:
+        if self._session is not None:
+            self._session.close()
+
+
+@contextmanager
+def direct_scope(engine: Engine) -> Iterator[Session]:
+    """`session_scope` for direct work (see Direct): commits on success, rolls back on any
+    exception."""
+    with engine.connect() as conn:
+        with conn.begin():
+            direct = Direct(conn)
+            try:
+                # Direct offers the part of Session's surface that direct work uses.
+                yield cast(Session, direct)
+                direct.flush_orm()
+            finally:
+                direct.close_orm()
 
 
 def rowcount(result: Result[Any]) -> int:

@@ -101,7 +101,7 @@ class AgentRadar:
         message, and `close` or the end of the process publishes what is left)."""
         if coalesce_into:
             with self.publisher.coalescing(task, coalesce_into) as publish:
-                record, created = run_transaction(self.engine, work)
+                record, created = run_transaction(self.engine, work, direct=True)
                 if created:
                     publish(message(record), _label(record))
             return record

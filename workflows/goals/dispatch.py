@@ -228,7 +228,9 @@ class Dispatcher:
             # The read needs no transaction of its own (the claim checks every row again
             # under the session lock), so a message whose work is already done or taken,
             # with nothing else due, costs one statement.
-            first, along = run_read(self.engine, functools.partial(lanes_to_open, wanted=wanted))
+            first, along = run_read(
+                self.engine, functools.partial(lanes_to_open, wanted=wanted), direct=True
+            )
             if first:
                 # Lanes taken along are not waited for: a dispatch that is taking one right
                 # now (another stealing the same backlog, most often) keeps it, and this one
@@ -238,6 +240,7 @@ class Dispatcher:
                     run_transaction(
                         self.engine,
                         functools.partial(self._open, first=first, along=along),
+                        direct=True,
                     ),
                     steal,
                 )
@@ -246,7 +249,11 @@ class Dispatcher:
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
         return self._drain(
-            run_transaction(self.engine, lambda s: self._next(s, [(workspace_id, session_id)]))
+            run_transaction(
+                self.engine,
+                lambda s: self._next(s, [(workspace_id, session_id)]),
+                direct=True,
+            )
         )
 
     def _take_lanes(
@@ -316,7 +323,7 @@ class Dispatcher:
                 # taken back here, and then this check runs again at the next release.
                 return recorded, self._next(s, keys, steal)
 
-            recorded, work = run_transaction(self.engine, finish)
+            recorded, work = run_transaction(self.engine, finish, direct=True)
             results += recorded
 
         # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
@@ -327,7 +334,7 @@ class Dispatcher:
             self._release(s, list(work))
 
         if work:
-            run_transaction(self.engine, let_go)
+            run_transaction(self.engine, let_go, direct=True)
         return results
 
     @staticmethod

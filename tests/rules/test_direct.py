@@ -1,0 +1,225 @@
+"""Direct transactions (models.db.Direct): the hot paths' statements sent through psycopg
+without SQLAlchemy's execution around each, on PostgreSQL; an ORM session elsewhere. What
+the work sees must be what a session would give it: the same rows, binds, errors, retries
+and rollbacks."""
+
+import pytest
+from sqlalchemy import bindparam, select, text, update
+from sqlalchemy.exc import IntegrityError, MultipleResultsFound, NoResultFound, ProgrammingError
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import Direct, engine_for, run_read, run_transaction
+from models.tables import AgentSession
+from tests.helpers import row_counts, statements_sent
+from workflows.goals.tables import OPS, STATES
+from workflows.sessions.rows import SESSIONS, lock_session
+
+WS, SID = "ws-direct", "s-1"
+_STATE = select(STATES.c.revision, STATES.c.desired).where(
+    STATES.c.workspace_id == bindparam("b_ws"), STATES.c.session_id == bindparam("b_sid")
+)
+_OPS_OF = select(OPS.c.operation_id).where(
+    OPS.c.operation_id.in_(bindparam("b_ops", expanding=True))
+)
+_SET_DESIRED = (
+    update(STATES)
+    .where(STATES.c.workspace_id == bindparam("b_ws"), STATES.c.session_id == bindparam("b_sid"))
+    .values(desired=bindparam("b_desired", type_=STATES.c.desired.type))
+)
+KEY = {"b_ws": WS, "b_sid": SID}
+
+
+def _goal(client, objective: str = "one", submit_id: str = "s-1"):
+    return client.set_goal(WS, SID, objective, client_submit_id=submit_id)
+
+
+def test_direct_work_gets_a_direct_on_postgresql_and_a_session_elsewhere(client, backend):
+    kind = run_transaction(client.engine, lambda s: type(s), direct=True)
+    assert kind is (Direct if backend == "production" else Session)
+    assert run_read(client.engine, lambda s: type(s), direct=True) is kind
+    # Without `direct`, every backend's work gets the ORM session, as before.
+    assert run_transaction(client.engine, lambda s: type(s)) is Session
+
+
+def test_rows_binds_and_expanding_lists_read_as_through_a_session(client):
+    first = _goal(client)
+    second = client.set_goal(WS, "s-2", "two", client_submit_id="s-1")
+
+    def read(s):
+        conn = s.connection()
+        state = conn.execute(_STATE, KEY).first()
+        ids = set(
+            conn.execute(
+                _OPS_OF, {"b_ops": [first.operation_id, second.operation_id, "x"]}
+            ).scalars()
+        )
+        return state, ids
+
+    (direct_state, direct_ids) = run_transaction(client.engine, read, direct=True)
+    (state, ids) = run_transaction(client.engine, read)
+    assert direct_ids == ids == {first.operation_id, second.operation_id}
+    # By attribute and by position, JSON loaded, as a session's row.
+    assert (direct_state.revision, direct_state.desired) == (state.revision, state.desired)
+    assert direct_state[1] == {"objective": "one", "status": "active"}
+
+
+def test_json_binds_go_through_the_column_type(client):
+    _goal(client)
+    desired = {"objective": 'ünïcode "quoted" {braces}', "status": "paused", "n": [1, 2.5, None]}
+
+    def write(s):
+        return s.connection().execute(_SET_DESIRED, {**KEY, "b_desired": desired}).rowcount
+
+    assert run_transaction(client.engine, write, direct=True) == 1
+    assert client.goal_state(WS, SID).desired == desired
+
+    # None is SQL NULL (the column is none_as_null), as through the session.
+    run_transaction(
+        client.engine,
+        lambda s: s.connection().execute(_SET_DESIRED, {**KEY, "b_desired": None}),
+        direct=True,
+    )
+    with client.engine.connect() as conn:
+        nulls = text("SELECT count(*) FROM goal_states WHERE desired IS NULL")
+        assert conn.execute(nulls).scalar_one() == 1
+
+
+def test_result_shapes_and_their_errors(client):
+    _goal(client)
+    client.set_goal(WS, "s-2", "two", client_submit_id="s-1")
+    every = select(SESSIONS.c.session_id).order_by(SESSIONS.c.session_id)
+    none = select(SESSIONS.c.session_id).where(SESSIONS.c.session_id == "absent")
+
+    def shapes(s):
+        conn = s.connection()
+        return (
+            conn.execute(every).all(),
+            conn.execute(every).scalars().all(),
+            conn.execute(every).scalar(),
+            conn.execute(none).first(),
+            conn.execute(none).scalar_one_or_none(),
+            list(conn.execute(every)),
+        )
+
+    rows, scalars, scalar, first, maybe, iterated = run_transaction(
+        client.engine, shapes, direct=True
+    )
+    assert [r.session_id for r in rows] == scalars == ["s-1", "s-2"] == [r[0] for r in iterated]
+    assert (scalar, first, maybe) == ("s-1", None, None)
+    with pytest.raises(MultipleResultsFound):
+        run_transaction(client.engine, lambda s: s.connection().execute(every).one(), direct=True)
+    with pytest.raises(NoResultFound):
+        run_transaction(
+            client.engine, lambda s: s.connection().execute(none).scalar_one(), direct=True
+        )
+
+
+def test_a_failed_direct_transaction_writes_nothing(client):
+    _goal(client)
+    before = row_counts(client.engine)
+
+    def half(s):
+        s.connection().execute(_SET_DESIRED, {**KEY, "b_desired": {"objective": "lost"}})
+        raise RuntimeError("the work fails after a write")
+
+    with pytest.raises(RuntimeError):
+        run_transaction(client.engine, half, direct=True)
+    assert client.goal_state(WS, SID).desired == {"objective": "one", "status": "active"}
+    assert row_counts(client.engine) == before
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_driver_errors_surface_as_sqlalchemy_errors(client):
+    op = _goal(client)
+    duplicate = OPS.insert().values(
+        operation_id=op.operation_id,
+        workspace_id=WS,
+        session_id=SID,
+        client_submit_id="other",
+        origin="client",
+        action="set",
+        goal_revision=9,
+        status="prepared",
+        provider_phase="prepared",
+        attempt=0,
+        next_attempt_at=utcnow(),
+        created_at=utcnow(),
+    )
+    # A unique key taken: IntegrityError, which run_transaction retries (a concurrent first
+    # insert) until its attempts run out, as through a session.
+    with pytest.raises(IntegrityError):
+        run_transaction(
+            client.engine, lambda s: s.connection().execute(duplicate), attempts=2, direct=True
+        )
+    with pytest.raises(ProgrammingError):
+        run_transaction(
+            client.engine, lambda s: s.connection().execute(text("SELEC 1")), direct=True
+        )
+    # The pooled connection is usable after either.
+    assert (
+        run_read(
+            client.engine,
+            lambda s: s.connection().execute(_STATE, KEY).first().revision,
+            direct=True,
+        )
+        == 1
+    )
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_connection_lost_mid_transaction_is_retried_on_a_fresh_one(client):
+    """The server ends the transaction's connection: the error is transient and marks the
+    connection invalid, and the retry runs on another."""
+    _goal(client)
+    attempts = []
+
+    def work(s):
+        conn = s.connection()
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        attempts.append(pid)
+        if len(attempts) == 1:
+            with client.engine.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        return conn.execute(_SET_DESIRED, {**KEY, "b_desired": {"objective": "kept"}}).rowcount
+
+    assert run_transaction(client.engine, work, direct=True) == 1
+    assert len(attempts) == 2 and attempts[0] != attempts[1]
+    assert client.goal_state(WS, SID).desired == {"objective": "kept"}
+
+
+def test_orm_work_in_a_direct_transaction_shares_its_connection(client):
+    """What is not a prebuilt statement on `connection()` (ORM reads, `add`, `flush`) goes
+    to a session on the same connection and transaction: it sees the direct writes, and its
+    own are committed or rolled back with them."""
+    _goal(client)
+
+    def mixed(s, fail: bool):
+        s.connection().execute(_SET_DESIRED, {**KEY, "b_desired": {"objective": "direct"}})
+        row = lock_session(s, WS, "s-new")  # creates the session row through the ORM
+        row.event_sequence = 7
+        seen = s.execute(select(STATES.c.desired)).scalar_one()
+        if fail:
+            raise RuntimeError("after both kinds of write")
+        return seen
+
+    with pytest.raises(RuntimeError):
+        run_transaction(client.engine, lambda s: mixed(s, True), direct=True)
+    assert client.goal_state(WS, SID).desired == {"objective": "one", "status": "active"}
+    assert run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, "s-new"))) is None
+
+    assert run_transaction(client.engine, lambda s: mixed(s, False), direct=True) == {
+        "objective": "direct"
+    }
+    assert client.goal_state(WS, SID).desired == {"objective": "direct"}
+    created = run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, "s-new")))
+    assert created is not None and created.event_sequence == 7
+
+
+def test_direct_statements_reach_the_engine_events(client, backend):
+    """The engine's cursor events see a direct statement, as they see a session's (what the
+    statement-count tests and any tracing rely on)."""
+    with statements_sent(client.engine) as statements:
+        run_read(client.engine, lambda s: s.connection().execute(_STATE, KEY).first(), direct=True)
+    assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
+    assert engine_for(str(client.settings.database_url)) is client.engine
