@@ -106,6 +106,15 @@ def test_bench_checks_exactly_once(settings):
     for phase in ("full_rate", "paced"):
         assert result["audit"][phase]["statuses"] == {"completed": 40}
         assert result["audit"][phase]["applied_twice"] == 0
+    # Where goal operations outran the baseline, both were timed again at half of the
+    # baseline's maximum rate, a rate both sustain.
+    common = result["paced_at_common_rate"]
+    if result["goal_ops_per_s"] > result["raw_noop_per_s"]:
+        assert abs(common["rate_per_s"] - result["raw_noop_per_s"] / 2) <= 0.1
+        assert common["goals_ms"]["p99"] > 0 and common["baseline_ms"]["p99"] > 0
+        assert result["audit"]["paced_common"]["statuses"] == {"completed": 40}
+    else:
+        assert common is None and result["audit"]["paced_common"] is None
     # the warm-up's operations are run (and audited), not measured
     assert result["warm_up_operations"] == 50
     assert result["audit"]["warm_up"]["statuses"] == {"completed": 50}
