@@ -255,12 +255,14 @@ class DirectConnection:
             self._by_statement[statement] = compiled
         state = compiled.construct_expanded_state(parameters or {})
         sql, params = state.statement, dict(state.parameters)
+        # The compiled statement's own processors (JSON, booleans), then those of the
+        # values an expanding list spread into (SQLAlchemy's execution applies both).
         for processors in (compiled._bind_processors, state.processors):
             for name, process in processors.items():
                 if name in params:
                     params[name] = _bind(process, params[name])
         events = self._conn.dispatch
-        if events.before_cursor_execute:
+        if events.before_cursor_execute:  # (no cursor or execution context to give them)
             events.before_cursor_execute(self._conn, None, sql, params, None, False)
         cursor = self._driver.cursor(row_factory=namedtuple_row)
         try:

@@ -74,6 +74,18 @@ def test_json_binds_go_through_the_column_type(client):
     assert run_transaction(client.engine, write, direct=True) == 1
     assert client.goal_state(WS, SID).desired == desired
 
+    # Several parameter sets (executemany) go through SQLAlchemy, on the same transaction.
+    client.set_goal(WS, "s-2", "two", client_submit_id="s-1")
+    both = [
+        {"b_ws": WS, "b_sid": sid, "b_desired": {"objective": f"many {sid}"}}
+        for sid in (SID, "s-2")
+    ]
+    run_transaction(
+        client.engine, lambda s: s.connection().execute(_SET_DESIRED, both), direct=True
+    )
+    assert client.goal_state(WS, "s-2").desired == {"objective": "many s-2"}
+    assert client.goal_state(WS, SID).desired == {"objective": f"many {SID}"}
+
     # None is SQL NULL (the column is none_as_null), as through the session.
     run_transaction(
         client.engine,
