@@ -284,6 +284,10 @@ class TaskPublisher:
         )
         with self._lock:
             producer = self._ensure()
+            # The event's time is when the publish began: on RabbitMQ the publish returns
+            # once the broker confirms it, and a worker may have received the message by
+            # then (Flower would show it received before it was sent).
+            sent_at = time.time()
             producer.publish(
                 body,
                 exchange="" if self._by_queue_name else target.exchange,
@@ -302,7 +306,7 @@ class TaskPublisher:
                 },
             )
             assert self._events is not None
-            self._events.task_sent(producer, task_id, task_name, kwargsrepr, target)
+            self._events.task_sent(producer, task_id, task_name, kwargsrepr, target, sent_at)
         return task_id
 
     def publish_after_commit(
@@ -498,7 +502,13 @@ class SentEvents:
         self.clock = 0
 
     def task_sent(
-        self, producer: Any, task_id: str, task_name: str, kwargsrepr: str, queue: Queue
+        self,
+        producer: Any,
+        task_id: str,
+        task_name: str,
+        kwargsrepr: str,
+        queue: Queue,
+        sent_at: float,
     ) -> None:
         self.clock += 1
         event = {
@@ -519,7 +529,7 @@ class SentEvents:
             "pid": os.getpid(),
             "clock": self.clock,
             "utcoffset": (time.altzone if time.daylight else time.timezone) // 3600,
-            "timestamp": time.time(),
+            "timestamp": sent_at,
         }
         try:
             producer.publish(
