@@ -25,11 +25,11 @@ from workflows.sessions.rows import EVENTS, SESSIONS
 
 WS, SID = "ws-rules", "session-1"
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
-# taken or created, session lock, claim read, claim with its goal states); the record
+# taken or created, session lock, the claim read with the claim and its goal states); the record
 # (session lock, every applied operation with its evidence and goal state, the lanes'
 # release, the look for more work).
 LANES_READ = ["SELECT"]
-CLAIM = ["WITH", "SELECT", "SELECT", "WITH"]
+CLAIM = ["WITH", "SELECT", "WITH"]
 RECORD = ["SELECT", "WITH", "UPDATE", "SELECT"]
 DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
 
@@ -151,9 +151,9 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     assert counter == 2
 
 
-def test_a_lone_dispatch_is_nine_statements_on_postgresql(client, dispatcher, backend):
-    """The lanes read; claim: the lane (taken or created), the session lock, the claim read,
-    the claim with its goal state. Record: the session lock, the completion with its goal
+def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, backend):
+    """The lanes read; claim: the lane (taken or created), the session lock, the claim read
+    with the claim and its goal state. Record: the session lock, the completion with its goal
     state, the lane's release, the look for more work. Each merged pair is one statement on
     PostgreSQL."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
@@ -167,6 +167,72 @@ def test_a_lone_dispatch_is_nine_statements_on_postgresql(client, dispatcher, ba
     assert state.observed == {"objective": "ship it", "status": "active"}
     done = client.get_goal_operation(op.operation_id)
     assert (done.status, done.lease_token, done.evidence is not None) == ("completed", None, True)
+
+
+def test_a_claim_its_judgement_holds_back_is_given_back(
+    client, dispatcher, sim_control, monkeypatch, backend
+):
+    """Should the claim statement take an operation that the dispatcher's own judgement
+    holds back (a row that changed between the statement's snapshot and its update), the
+    claim is undone in the same transaction, the operation and its goal state as they were,
+    and the judgement's outcome written: nothing reaches the agent."""
+    from workflows.goals import dispatch as dispatch_module
+
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    before = client.get_goal_operation(op.operation_id)
+    state_before = client.goal_state(WS, SID)
+    judged = []
+
+    def held_back(row, operation_id, now):
+        judged.append(operation_id)
+        return "held"
+
+    monkeypatch.setattr(dispatch_module, "_obstacle", held_back)
+    with statements_sent(client.engine) as statements:
+        assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["held"]
+    assert judged == [op.operation_id]
+    if backend == "production":
+        # lanes read, lane, session lock, read and claim; the claim given back (the
+        # operation, its goal state), the reschedule; the lane's release
+        assert statements[:4] == LANES_READ + ["WITH", "SELECT", "WITH"]
+        assert statements[4:7] == ["UPDATE", "UPDATE", "UPDATE"]
+    after = client.get_goal_operation(op.operation_id)
+    assert (after.status, after.provider_phase, after.attempt) == (
+        before.status,
+        before.provider_phase,
+        before.attempt,
+    )
+    assert (after.lease_token, after.first_dispatched_at) == (None, None)
+    assert after.next_attempt_at > before.next_attempt_at  # rescheduled, as held work is
+    assert client.goal_state(WS, SID).sync_status == state_before.sync_status
+    assert sim_control.effects() == []
+    monkeypatch.undo()  # the operation is still open: its next dispatch applies it once
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    assert [e["revision"] for e in sim_control.effects()] == [1]
+
+
+def test_work_the_claim_statement_left_is_claimed_on_its_own(
+    client, dispatcher, sim_control, monkeypatch, backend
+):
+    """What the judgement lets go but the claim statement did not take (a row that
+    changed under it) is claimed by a statement of its own, and applied once."""
+    from sqlalchemy import false
+
+    from workflows.goals import dispatch as dispatch_module
+    from workflows.goals.statements import CLAIM_LOOKUP, STATES
+
+    took_nothing = CLAIM_LOOKUP.add_columns(
+        false().label("taken"), STATES.c.sync_status.label("state_sync")
+    )
+    monkeypatch.setattr(dispatch_module, "LOOKUP_AND_CLAIM", took_nothing)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    with statements_sent(client.engine) as statements:
+        assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    if backend == "production":
+        assert statements[:4] == LANES_READ + ["WITH", "SELECT", "SELECT"]
+        assert statements[4] == "WITH"  # the claim of its own
+    assert [e["revision"] for e in sim_control.effects()] == [1]
+    assert client.get_goal_operation(op.operation_id).status == "completed"
 
 
 def test_a_message_for_settled_work_costs_one_read(client, dispatcher):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
@@ -30,6 +30,7 @@ from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
+    DISPATCH_BUDGET_S,
     backoff_s,
     budget_exhausted,
     complete_applied,
@@ -40,13 +41,16 @@ from workflows.goals.statements import (
     CLAIM,
     CLAIM_AND_APPLYING,
     CLAIM_LOOKUP,
+    GIVE_BACK,
     LOCK_SESSIONS_OF_OPS,
+    LOOKUP_AND_CLAIM,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
     NEXT_DUE_AND_ANYWHERE,
     OPS_LANES,
     OPS_LANES_AND_DUE,
     RESCHEDULE,
+    STATE_SYNC,
     STATES_APPLYING,
 )
 from workflows.goals.submit import supersede
@@ -99,6 +103,50 @@ def _mine(row) -> bool:
 
 CALL_THREADS = MAX_LANES_PER_STEP
 _pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _obstacle(row, operation_id: str, now: datetime) -> str | None:
+    """Why an operation (its claim-lookup row) cannot be attempted now; None if it can.
+    "gone" (settled or unknown), "leased" (another worker is on it), "superseded",
+    "held" (a maintenance run holds the session), "failed" (its budget is spent: see
+    budget_exhausted) or "accepted" (acknowledged, waiting for its applied report).
+    LOOKUP_AND_CLAIM takes exactly the operations this lets go."""
+    if row is None or row.status not in OPEN_OPERATION_STATUSES:
+        return "gone"
+    if row.lease_expires_at is not None and row.lease_expires_at > now:
+        return "leased"
+    if row.state_revision != row.goal_revision or row.state_pending != operation_id:
+        return "superseded"
+    if row.held:
+        return "held"
+    if budget_exhausted(row, now):
+        return "failed"
+    if row.provider_phase == ProviderPhase.ACCEPTED:
+        return "accepted"
+    return None
+
+
+def _give_back(conn, row, token: str) -> None:
+    """Undo LOOKUP_AND_CLAIM's claim of one operation: its row and its goal state's sync
+    status as the statement read them."""
+    conn.execute(
+        GIVE_BACK,
+        {
+            "b_op": row.operation_id,
+            "b_token": token,
+            "b_status": row.status,
+            "b_phase": row.provider_phase,
+            "b_attempt": row.attempt,
+            "b_first": row.first_dispatched_at,
+            "b_owner": row.lease_owner,
+            "b_old_token": row.lease_token,
+            "b_expires": row.lease_expires_at,
+        },
+    )
+    conn.execute(
+        STATE_SYNC,
+        {"b_ws": row.workspace_id, "b_sid": row.session_id, "b_sync": row.state_sync},
+    )
 
 
 def _call_pool() -> ThreadPoolExecutor:
@@ -369,43 +417,53 @@ class Dispatcher:
         self, session: Session, operation_ids: list[str]
     ) -> dict[str, Claim | StepResult]:
         """Claim these operations for an attempt now (their lanes are held), or say why
-        not: the session rows locked, one read (operations, goal states, maintenance holds)
-        and one write (two on SQLite) for all of them."""
+        not: the session rows locked, then on PostgreSQL one statement that reads them
+        (operations, goal states, maintenance holds) and claims those that may go
+        (LOOKUP_AND_CLAIM); elsewhere the read and a write (two on SQLite)."""
         now = self.clock()
         conn = session.connection()
         wanted = {"b_ops": list(operation_ids)}
         conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
-        rows = {row.operation_id: row for row in conn.execute(CLAIM_LOOKUP, wanted)}
-        verdicts: dict[str, Claim | StepResult] = {}
-        claimable: list[records.GoalOperation] = []
-        for operation_id in operation_ids:
-            row = rows.get(operation_id)
-            verdict = self._verdict(session, row, operation_id, now)
-            if verdict is not None:
-                verdicts[operation_id] = verdict
-            else:
-                claimable.append(records.from_row(records.GoalOperation, row))
-        if not claimable:
-            return verdicts
         token = leases.new_token()
         expires = now + timedelta(seconds=self.lease_s)
         params = {
-            "b_ops": [op.operation_id for op in claimable],
+            **wanted,
             "b_now": now,
             "b_first": now,
             "b_owner": self.worker_id,
             "b_token": token,
             "b_expires": expires,
         }
-        if conn.dialect.name == "postgresql":
-            taken = set(conn.execute(CLAIM_AND_APPLYING, params).scalars())
+        postgresql = conn.dialect.name == "postgresql"
+        if postgresql:
+            budget_since = now - timedelta(seconds=DISPATCH_BUDGET_S)
+            lookup = conn.execute(LOOKUP_AND_CLAIM, {**params, "b_budget_since": budget_since})
         else:
-            taken = set(conn.execute(CLAIM, params).scalars())
-            keys = {
-                (op.workspace_id, op.session_id) for op in claimable if op.operation_id in taken
-            }
-            if keys:
-                conn.execute(STATES_APPLYING, {"b_keys": sorted(keys)})
+            lookup = conn.execute(CLAIM_LOOKUP, wanted)
+        rows = {row.operation_id: row for row in lookup}
+        verdicts: dict[str, Claim | StepResult] = {}
+        taken: set[str] = set()
+        claimable: list[records.GoalOperation] = []
+        for operation_id in operation_ids:
+            row = rows.get(operation_id)
+            obstacle = _obstacle(row, operation_id, now)
+            if postgresql and row is not None and row.taken:
+                if obstacle is None:
+                    taken.add(operation_id)
+                    claimable.append(records.from_row(records.GoalOperation, row))
+                    continue
+                # The statement took one that this judgement holds back (a row that changed
+                # between the statement's snapshot and its update): give it back first.
+                _give_back(conn, row, token)
+            if obstacle is not None:
+                verdicts[operation_id] = self._verdict(session, row, operation_id, obstacle, now)
+            else:
+                claimable.append(records.from_row(records.GoalOperation, row))
+        late = [op for op in claimable if op.operation_id not in taken]
+        if late:
+            # What the judgement lets go and the statement did not take (SQLite, or a row
+            # that changed under it), claimed on its own: taken if it still may go.
+            taken |= self._claim_now(conn, params, late)
         for op in claimable:
             if op.operation_id not in taken:
                 verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")
@@ -427,31 +485,36 @@ class Dispatcher:
             )
         return verdicts
 
+    @staticmethod
+    def _claim_now(conn, params: dict[str, Any], ops: list[records.GoalOperation]) -> set[str]:
+        """CLAIM (with their goal states' `applying`) of operations judged free to go; the
+        ids it took."""
+        params = {**params, "b_ops": [op.operation_id for op in ops]}
+        if conn.dialect.name == "postgresql":
+            return set(conn.execute(CLAIM_AND_APPLYING, params).scalars())
+        taken = set(conn.execute(CLAIM, params).scalars())
+        keys = {(op.workspace_id, op.session_id) for op in ops if op.operation_id in taken}
+        if keys:
+            conn.execute(STATES_APPLYING, {"b_keys": sorted(keys)})
+        return taken
+
     def _verdict(
-        self, session: Session, row, operation_id: str, now: datetime
-    ) -> StepResult | None:
-        """Why an operation (its claim-lookup row) cannot be attempted now, with what that
-        implies written; None if it can."""
-        if row is None or row.status not in OPEN_OPERATION_STATUSES:
-            return StepResult(operation_id, "skipped")
-        if row.lease_expires_at is not None and row.lease_expires_at > now:
-            return StepResult(operation_id, "skipped")  # another worker is on it
-        if row.state_revision != row.goal_revision or row.state_pending != operation_id:
+        self, session: Session, row, operation_id: str, obstacle: str, now: datetime
+    ) -> StepResult:
+        """What an operation's obstacle (see _obstacle) means, with what that implies
+        written."""
+        if obstacle == "superseded":
             supersede(session, operation_id, now)
             return StepResult(operation_id, "superseded")
         conn = session.connection()
-        if row.held:
+        if obstacle == "held":
             # Parked behind a maintenance run: no attempt, no budget used. The run's
             # release makes it due again; until then the sweeper leaves it alone.
             conn.execute(
                 RESCHEDULE, {"b_op": operation_id, "b_at": now + timedelta(seconds=HOLD_RECHECK_S)}
             )
             return StepResult(operation_id, "held")
-        reason = budget_exhausted(row, now)
-        if reason:
-            fail_operation(session, row, reason, now)
-            return StepResult(operation_id, "failed")
-        if row.provider_phase == ProviderPhase.ACCEPTED:
+        if obstacle == "accepted":
             # Acknowledged; the applied report completes it. Wake again at the deadline.
             conn.execute(
                 RESCHEDULE,
@@ -461,7 +524,10 @@ class Dispatcher:
                 },
             )
             return StepResult(operation_id, "skipped")
-        return None
+        if obstacle == "failed":
+            fail_operation(session, row, cast(str, budget_exhausted(row, now)), now)
+            return StepResult(operation_id, "failed")
+        return StepResult(operation_id, "skipped")  # gone, or another worker is on it
 
     def _unclaim(self, session: Session, claim: Claim) -> None:
         """Give back a claim that will not be attempted now; it is due again at once."""

@@ -2,14 +2,15 @@
 (`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
 cached one on the hot path."""
 
-from sqlalchemy import bindparam, func, literal, select, tuple_, union_all, update
+from sqlalchemy import bindparam, func, literal, or_, select, tuple_, union_all, update
 
 from models.enums import OperationStatus, ProviderPhase, SyncStatus
 from workflows.goals.operations import (
+    DISPATCH_MAX_ATTEMPTS,
     due_operations,
     open_unheld,
 )
-from workflows.goals.tables import OPS, OPS_IN, STATES, keys_in, sessions_of_ops
+from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in, sessions_of_ops
 from workflows.maintenance.runs import holds
 from workflows.sessions.hosts import HOSTS
 from workflows.sessions.rows import SESSIONS, same_session
@@ -119,4 +120,61 @@ CLAIM_AND_APPLYING = select(_CLAIMED.c.operation_id).add_cte(
     .values(sync_status=SyncStatus.APPLYING)
     .cte("applying")
 )
+# CLAIM_LOOKUP and the claim in one statement (PostgreSQL): one round trip less on every
+# claim. The claim takes exactly the operations that the dispatcher's _obstacle lets through
+# (open and unheld, its goal state's current operation, no maintenance run holding the
+# session, not accepted, within its dispatch budget: `b_budget_since` is now − the time
+# budget) and says which it took (`taken`); the rows are read at the statement's snapshot,
+# taken after the session lock, as CLAIM_LOOKUP's own statement would be, so they show each
+# operation as it was before this claim. The dispatcher judges the rest (superseded, held,
+# failed …) from those rows, and gives back a claim its own judgement would not have made.
+_TAKEN = (
+    CLAIM.where(
+        same_session(STATES.c, OPS.c),
+        STATES.c.revision == OPS.c.goal_revision,
+        STATES.c.pending_operation_id == OPS.c.operation_id,
+        ~holds(OPS.c.workspace_id, OPS.c.session_id),
+        OPS.c.provider_phase != ProviderPhase.ACCEPTED,
+        OPS.c.attempt < DISPATCH_MAX_ATTEMPTS,
+        or_(
+            OPS.c.first_dispatched_at.is_(None),
+            OPS.c.first_dispatched_at > bindparam("b_budget_since"),
+        ),
+    )
+    .returning(OPS.c.workspace_id, OPS.c.session_id)
+    .cte("taken")
+)
+LOOKUP_AND_CLAIM = (
+    CLAIM_LOOKUP.add_columns(
+        _TAKEN.c.operation_id.is_not(None).label("taken"),
+        STATES.c.sync_status.label("state_sync"),
+    )
+    .outerjoin(_TAKEN, _TAKEN.c.operation_id == OPS.c.operation_id)
+    .add_cte(
+        update(STATES)
+        .where(
+            tuple_(STATES.c.workspace_id, STATES.c.session_id).in_(
+                select(_TAKEN.c.workspace_id, _TAKEN.c.session_id)
+            )
+        )
+        .values(sync_status=SyncStatus.APPLYING)
+        .cte("taken_applying")
+    )
+)
+# LOOKUP_AND_CLAIM's claim of one operation undone: the row as the statement read it (the
+# lease columns included), and its goal state's sync status.
+GIVE_BACK = (
+    update(OPS)
+    .where(OP_KEY, OPS.c.lease_token == bindparam("b_token"))
+    .values(
+        status=bindparam("b_status"),
+        provider_phase=bindparam("b_phase"),
+        attempt=bindparam("b_attempt"),
+        first_dispatched_at=bindparam("b_first", type_=OPS.c.first_dispatched_at.type),
+        lease_owner=bindparam("b_owner"),
+        lease_token=bindparam("b_old_token"),
+        lease_expires_at=bindparam("b_expires", type_=OPS.c.lease_expires_at.type),
+    )
+)
+STATE_SYNC = update(STATES).where(*key_params(STATES)).values(sync_status=bindparam("b_sync"))
 RESCHEDULE = update(OPS).where(OP_KEY).values(next_attempt_at=bindparam("b_at"))
