@@ -1,6 +1,9 @@
 """Coalesced publishing: the submits of one process hand their items to a sender thread and
 return; the sender gives a burst of them a few messages, and every item is in exactly one
-message (or reported unpublished, for the sweeper)."""
+message (or reported unpublished, for the sweeper). A lone submit, with nothing to share its
+message with, publishes it itself. The tests of the sender's own workings turn that off
+(`lone_publishes`), so that back-to-back submits queue behind the sender as concurrent ones
+do."""
 
 import os
 import subprocess
@@ -20,8 +23,9 @@ TASK = "agent_radar.goal.dispatch"
 class RecordingPublisher(TaskPublisher):
     """Records instead of talking to a broker; slow, so concurrent callers pile up."""
 
-    def __init__(self, settings, fail=False, delay_s=0.05):
+    def __init__(self, settings, fail=False, delay_s=0.05, lone_publishes=False):
         super().__init__(settings)
+        self.lone_publishes = lone_publishes
         self.messages = []
         self.labels = []
         self.fail = fail
@@ -143,9 +147,76 @@ def test_a_coalesced_items_label_reaches_its_message(settings):
     assert publisher.labels == ["acme/s1 submit=req-1"]
 
 
+def test_a_lone_submit_publishes_its_own_message_before_it_returns(settings):
+    """Nothing else to share it with: the message goes out from the submit's own thread,
+    without the hand-over to the sender, and no sender thread starts."""
+    publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
+    threads = []
+    original = publisher.publish
+
+    def recording_thread(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return original(*args, **kwargs)
+
+    publisher.publish = recording_thread
+    _submit(publisher, "op-1", "acme/s1 submit=req-1")
+    assert publisher.messages == [(TASK, {"operation_ids": ["op-1"]})]
+    assert publisher.labels == ["acme/s1 submit=req-1"]
+    assert threads == [threading.current_thread()]
+    assert publisher.flush(0.01)
+
+
+def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(settings):
+    """While a lone submit's message is on its way, the next submit does not wait for the
+    broker: it hands its item over and returns, and the sender publishes it after."""
+    publisher = RecordingPublisher(settings, delay_s=0.4, lone_publishes=True)
+    began = threading.Event()
+    original = publisher.publish
+
+    def signalling(*args, **kwargs):
+        began.set()
+        return original(*args, **kwargs)
+
+    publisher.publish = signalling
+    first = threading.Thread(target=_submit, args=(publisher, "op-1"))
+    first.start()
+    assert began.wait(5)
+    started = time.monotonic()
+    _submit(publisher, "op-2")
+    assert time.monotonic() - started < 0.3
+    first.join(5)
+    assert publisher.flush(5)
+    assert publisher.messages == [
+        (TASK, {"operation_ids": ["op-1"]}),
+        (TASK, {"operation_ids": ["op-2"]}),
+    ]
+
+
+def test_after_a_failed_message_a_lone_submit_returns_at_once(settings, caplog):
+    """A lone submit whose message failed (after its retries) waited for the broker once;
+    the next ones hand over and return at once, until a message goes out again."""
+    publisher = RecordingPublisher(settings, fail=True, delay_s=0.3, lone_publishes=True)
+    _submit(publisher, "op-1")
+    assert "the sweeper will publish it" in caplog.text
+    started = time.monotonic()
+    _submit(publisher, "op-2")
+    assert time.monotonic() - started < 0.2
+    assert publisher.flush(5)
+    publisher.fail = False
+    publisher.delay_s = 0
+    _submit(publisher, "op-3")  # handed over still; this message goes out
+    assert publisher.flush(5)
+    _submit(publisher, "op-4")  # alone again, and published before the submit returns
+    assert publisher.messages == [
+        (TASK, {"operation_ids": ["op-3"]}),
+        (TASK, {"operation_ids": ["op-4"]}),
+    ]
+
+
 def test_a_submit_returns_before_its_message_is_published(settings):
-    """The committed row is the accepted intent: the submit does not wait for the broker.
-    `flush` waits for the sender, and then the message is there."""
+    """The committed row is the accepted intent: a submit handing its item to the sender
+    does not wait for the broker. `flush` waits for the sender, and then the message is
+    there."""
     publisher = RecordingPublisher(settings, delay_s=0.5)
     started = time.monotonic()
     _submit(publisher, "op-1")

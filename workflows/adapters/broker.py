@@ -220,15 +220,19 @@ class TaskPublisher:
         self._events: SentEvents | None = None
         # Coalescing (see `coalescing`), all of it this process's and guarded by `_changed`:
         # items waiting for a message, per (task, list argument); how many submits are still
-        # in their transaction; how many items are handed over and not yet published or
-        # failed; and whether the sender thread runs.
+        # in their transaction; how many items are handed over (or being published by their
+        # own submit) and not yet published or failed; whether the sender thread runs; and
+        # whether the last message went out.
         self._changed = threading.Condition()
         self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
         self._submitting = 0
         self._pending = 0
         self._sending = False
+        self._published_last = True
         self.linger_s = COALESCE_LINGER_S
         self.sender_idle_s = SENDER_IDLE_S
+        # Whether a lone submit publishes its own message (see `coalescing`).
+        self.lone_publishes = True
         _LIVE.add(self)
         # On kombu's emulated transports (Redis, the filesystem) a publish through a named
         # exchange first reads the exchange's bindings from the broker (one more round trip,
@@ -332,6 +336,7 @@ class TaskPublisher:
         self._changed = threading.Condition()
         self._waiting, self._submitting, self._pending = {}, 0, 0
         self._sending = False
+        self._published_last = True
 
     @contextmanager
     def coalescing(
@@ -345,22 +350,48 @@ class TaskPublisher:
         at that moment, so a burst of submits costs a few messages, not one each. While the
         block runs, the sender waits briefly (COALESCE_LINGER_S) for its item. A failed
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
-        for the sender."""
+        for the sender.
+
+        A lone submit (no other submit of this process in its transaction, no message on its
+        way or waiting) has nothing to share its message with: it publishes the message
+        itself before it returns, rather than wait for the hand-over to the sender thread.
+        It does so only while the last message went out: once one failed (the broker is
+        down, most likely), submits hand over and return at once until one goes out again."""
+        key = (task_name, list_kwarg)
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
-        try:
 
-            def add(item: Any, label: str | None = None) -> None:
-                mine.append(_Waiting(item, label))
+        def add(item: Any, label: str | None = None) -> None:
+            mine.append(_Waiting(item, label))
 
-            yield add
-        finally:
+        def leave(alone_may_publish: bool) -> bool:
             with self._changed:
                 self._submitting -= 1
-                for waiting in mine:
-                    self._hand_over((task_name, list_kwarg), waiting)
-                self._changed.notify_all()
+                alone = bool(
+                    alone_may_publish
+                    and self.lone_publishes
+                    and mine
+                    and not self._submitting
+                    and not self._pending
+                    and not self._waiting
+                    and self._published_last
+                )
+                if alone:
+                    self._pending += len(mine)
+                else:
+                    for waiting in mine:
+                        self._hand_over(key, waiting)
+                    self._changed.notify_all()
+            return alone
+
+        try:
+            yield add
+        except BaseException:
+            leave(alone_may_publish=False)  # an item already added still goes out
+            raise
+        if leave(alone_may_publish=True):
+            self._publish_batch(key, mine)
 
     def publish_coalesced(self, task_name: str, list_kwarg: str, item: Any) -> bool:
         """Hand `item` to the sender (see `coalescing`) and wait for its message: True once
@@ -444,6 +475,8 @@ class TaskPublisher:
 
     def _settle(self, items: list["_Waiting"], published: bool) -> None:
         with self._changed:
+            if items:
+                self._published_last = published
             for waiting in items:
                 waiting.published = published
             self._pending -= len(items)
