@@ -47,7 +47,7 @@ from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
 from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
 from workflows.sessions.release import publish_epoch_effects, release_session
-from workflows.validation import check_id, check_limit, check_seconds, check_url
+from workflows.validation import MAX_WAIT_S, check_id, check_limit, check_seconds, check_url
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05
@@ -656,7 +656,9 @@ class AgentRadar:
 
     # -- waiting ---------------------------------------------------------------------------
     def wait(self, record: Any, timeout: float = 30.0) -> Any:
-        """Poll until the record reaches a terminal status; TimeoutError otherwise."""
+        """Poll until the record reaches a terminal status; TimeoutError after `timeout`
+        seconds (0 to MAX_WAIT_S) otherwise."""
+        timeout = check_seconds("timeout", timeout, maximum=MAX_WAIT_S)
         reload: Callable[[], Any]
         if isinstance(record, GoalOperation):
             reload, name = (

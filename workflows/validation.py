@@ -82,6 +82,11 @@ def check_optional_int(
     return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
+# The longest a caller may wait for a record to settle (a day; `AgentRadar.wait`, the CLI's
+# `--wait`): a NaN or an infinite timeout would never end.
+MAX_WAIT_S = 86400.0
+
+
 def check_seconds(name: str, value: Any, *, maximum: float) -> float:
     """A duration the caller gives in seconds: a number from 0 to `maximum` (not NaN)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= maximum:

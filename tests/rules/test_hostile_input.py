@@ -105,6 +105,25 @@ def test_bad_input_is_a_typed_error_and_writes_nothing(client, name):
     assert row_counts(client.engine) == before
 
 
+@pytest.mark.parametrize("timeout", ["10", -1, float("nan"), float("inf"), True, None, 86401])
+def test_a_bad_wait_timeout_is_a_typed_error_at_once(client, timeout):
+    """A NaN deadline would never pass: the wait would poll for ever."""
+    op = client.set_goal(WS, SID, "x", client_submit_id="1")
+    started = time.monotonic()
+    with pytest.raises(InvalidArgument) as caught:
+        client.wait(op, timeout=timeout)
+    assert caught.value.field == "timeout"
+    assert time.monotonic() - started < 1.0
+
+
+def test_wait_takes_any_number_of_seconds_in_range(client):
+    op = client.set_goal(WS, SID, "x", client_submit_id="1")
+    with pytest.raises(TimeoutError):
+        client.wait(op, timeout=0)  # no worker here: it stays open
+    with pytest.raises(TimeoutError):
+        client.wait(op, timeout=0.2)
+
+
 def test_flush_takes_any_number_of_seconds_in_range(client):
     client.set_goal(WS, SID, "x", client_submit_id="1")
     assert client.flush(5) is True

@@ -80,6 +80,15 @@ def test_session_ensure_resumes_an_offline_session(settings, client, sim_control
         (["bench", "--nodes", "0"], "not in the range"),
         (["bench", "--hosts", "9"], "not in the range"),
         (["bench", "--nodes", "two"], "is not a valid integer"),
+        # a wait that would never end (or never begin) is refused before the submit
+        (["goal", "set", "ws", "s1", "x", "--submit-id", "a", "--wait", "nan"], "--wait must be"),
+        (["goal", "clear", "ws", "s1", "--submit-id", "a", "--wait", "86401"], "--wait must be"),
+        (["fence", "ws", "s1", "op", "--submit-id", "f", "--wait", "inf"], "--wait must be"),
+        (
+            ["maintenance", "start", "ws", "s1", "--submit-id", "m", "--wait", "nan"],
+            "--wait must be",
+        ),
+        (["session", "stop", "ws", "s1", "--submit-id", "s", "--wait", "1e9"], "--wait must be"),
     ],
 )
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):

@@ -11,7 +11,8 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from workflows.adapters.config import Settings
-from workflows.errors import AgentRadarError
+from workflows.errors import AgentRadarError, InvalidArgument
+from workflows.validation import MAX_WAIT_S, check_seconds
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -22,6 +23,30 @@ def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
         click.echo(json.dumps(payload, default=str, sort_keys=True))
     else:
         click.echo(text if text is not None else json.dumps(payload, default=str, indent=2))
+
+
+def wait_option(default_s: float, until: str):
+    """`--wait [N]`: wait up to N seconds (`default_s` without N) until `until`. N is checked
+    before the command does anything: a bad one is a usage error and writes nothing."""
+
+    def checked(_ctx, _param, value):
+        if value is None:
+            return None
+        try:
+            return check_seconds("--wait", value, maximum=MAX_WAIT_S)
+        except InvalidArgument as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return click.option(
+        "--wait",
+        "wait_s",
+        is_flag=False,
+        flag_value=default_s,
+        type=float,
+        default=None,
+        callback=checked,
+        help=f"Wait (up to N s, default {default_s:g}) until {until}.",
+    )
 
 
 def json_option(fn):

@@ -3,7 +3,14 @@
 import click
 
 from workflows.records import as_dict
-from workflows.tools.cli.common import _client, _emit, cli, json_option, session_arguments
+from workflows.tools.cli.common import (
+    _client,
+    _emit,
+    cli,
+    json_option,
+    session_arguments,
+    wait_option,
+)
 
 
 @cli.group()
@@ -39,15 +46,7 @@ def _goal_command(action: str, takes_objective: bool):
     params += [
         click.option("--submit-id", "submit_id", required=True, help="Client submit ID."),
         click.option("--expected-revision", type=int, default=None),
-        click.option(
-            "--wait",
-            "wait_s",
-            is_flag=False,
-            flag_value=30.0,
-            type=float,
-            default=None,
-            help="Wait (up to N s, default 30) until it settles.",
-        ),
+        wait_option(30, "it settles"),
     ]
     for decorate in reversed(params):  # click lists parameters in decoration order
         command = decorate(command)
@@ -78,15 +77,7 @@ def goal_show(workspace_id: str, session_id: str, as_json: bool):
 @click.argument("target_operation_id")
 @click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
 @click.option("--reason", default="", help="Why this generation is revoked.")
-@click.option(
-    "--wait",
-    "wait_s",
-    is_flag=False,
-    flag_value=30.0,
-    type=float,
-    default=None,
-    help="Wait (up to N s, default 30) until the fence is delivered.",
-)
+@wait_option(30, "the fence is delivered")
 @json_option
 def fence(workspace_id, session_id, target_operation_id, submit_id, reason, wait_s, as_json):
     """Revoke one exact goal generation (and clear it if it is still current)."""

@@ -3,7 +3,14 @@
 import click
 
 from workflows.records import as_dict
-from workflows.tools.cli.common import _client, _emit, cli, json_option, session_arguments
+from workflows.tools.cli.common import (
+    _client,
+    _emit,
+    cli,
+    json_option,
+    session_arguments,
+    wait_option,
+)
 
 
 @cli.group("maintenance")
@@ -35,15 +42,7 @@ def _run_line(run) -> str:
     default=None,
     help="The runtime epoch you saw; refused (runtime_draining) if the session moved on.",
 )
-@click.option(
-    "--wait",
-    "wait_s",
-    is_flag=False,
-    flag_value=300.0,
-    type=float,
-    default=None,
-    help="Wait (up to N s, default 300) until the run settles.",
-)
+@wait_option(300, "the run settles")
 def maintenance_start(
     workspace_id, session_id, as_json, kind, turn, submit_id, expected_epoch, wait_s
 ):

@@ -5,7 +5,14 @@ import click
 
 from workflows.errors import AgentRadarError
 from workflows.records import as_dict
-from workflows.tools.cli.common import _client, _emit, cli, json_option, session_arguments
+from workflows.tools.cli.common import (
+    _client,
+    _emit,
+    cli,
+    json_option,
+    session_arguments,
+    wait_option,
+)
 
 
 @cli.command()
@@ -105,15 +112,7 @@ def session_show(workspace_id: str, session_id: str, as_json: bool):
 @session_arguments
 @click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
 @click.option("--reason", default="", help="Why the session is stopped (audited).")
-@click.option(
-    "--wait",
-    "wait_s",
-    is_flag=False,
-    flag_value=60.0,
-    type=float,
-    default=None,
-    help="Wait (up to N s, default 60) until the turn and the run have ended.",
-)
+@wait_option(60, "the turn and the run have ended")
 def session_stop(workspace_id, session_id, as_json, submit_id, reason, wait_s):
     """Cancel the session's running turn and its active maintenance run (queued prompts and
     goal operations stay queued)."""
