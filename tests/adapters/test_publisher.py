@@ -192,10 +192,26 @@ def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(setti
     ]
 
 
+def test_submits_in_quick_succession_share_the_sender_even_one_at_a_time(settings):
+    """A submit that began within the linger of the one before it is not lone: a producer
+    submitting back to back from one thread keeps sharing messages, and does not wait for
+    the broker on each submit."""
+    publisher = RecordingPublisher(settings, delay_s=0.3, lone_publishes=True)
+    publisher.linger_s = 10.0
+    _submit(publisher, "op-1")  # the first: lone, published before it returned
+    assert publisher.messages == [(TASK, {"operation_ids": ["op-1"]})]
+    started = time.monotonic()
+    _submit(publisher, "op-2")  # began 0.3 s after op-1, within the linger: handed over
+    assert time.monotonic() - started < 0.2
+    assert publisher.flush(5)
+    assert publisher.messages[-1] == (TASK, {"operation_ids": ["op-2"]})
+
+
 def test_after_a_failed_message_a_lone_submit_returns_at_once(settings, caplog):
     """A lone submit whose message failed (after its retries) waited for the broker once;
     the next ones hand over and return at once, until a message goes out again."""
     publisher = RecordingPublisher(settings, fail=True, delay_s=0.3, lone_publishes=True)
+    publisher.linger_s = 0  # every submit here counts as spaced from the one before
     _submit(publisher, "op-1")
     assert "the sweeper will publish it" in caplog.text
     started = time.monotonic()

@@ -7,6 +7,7 @@ the client, the sweeper and the simulator share one small publisher.
 
 import atexit
 import logging
+import math
 import os
 import socket
 import threading
@@ -221,14 +222,16 @@ class TaskPublisher:
         # Coalescing (see `coalescing`), all of it this process's and guarded by `_changed`:
         # items waiting for a message, per (task, list argument); how many submits are still
         # in their transaction; how many items are handed over (or being published by their
-        # own submit) and not yet published or failed; whether the sender thread runs; and
-        # whether the last message went out.
+        # own submit) and not yet published or failed; whether the sender thread runs;
+        # whether the last message went out; and when the last submit began.
         self._changed = threading.Condition()
         self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
         self._submitting = 0
         self._pending = 0
         self._sending = False
         self._published_last = True
+        self._last_began = -math.inf
+        self._last_began = -math.inf
         self.linger_s = COALESCE_LINGER_S
         self.sender_idle_s = SENDER_IDLE_S
         # Whether a lone submit publishes its own message (see `coalescing`).
@@ -337,6 +340,7 @@ class TaskPublisher:
         self._waiting, self._submitting, self._pending = {}, 0, 0
         self._sending = False
         self._published_last = True
+        self._last_began = -math.inf
 
     @contextmanager
     def coalescing(
@@ -352,15 +356,20 @@ class TaskPublisher:
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
         for the sender.
 
-        A lone submit (no other submit of this process in its transaction, no message on its
-        way or waiting) has nothing to share its message with: it publishes the message
-        itself before it returns, rather than wait for the hand-over to the sender thread.
+        A lone submit (none other of this process began within COALESCE_LINGER_S before it or
+        is in its transaction, no message on its way or waiting) has nothing to share its
+        message with: it publishes the message itself before it returns, rather than wait
+        for the hand-over to the sender thread. Submits that follow each other closer than
+        that (a producer under load) keep sharing messages through the sender.
         It does so only while the last message went out: once one failed (the broker is
         down, most likely), submits hand over and return at once until one goes out again."""
         key = (task_name, list_kwarg)
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
+            began = time.monotonic()
+            spaced = began - self._last_began >= self.linger_s
+            self._last_began = began
 
         def add(item: Any, label: str | None = None) -> None:
             mine.append(_Waiting(item, label))
@@ -370,6 +379,7 @@ class TaskPublisher:
                 self._submitting -= 1
                 alone = bool(
                     alone_may_publish
+                    and spaced
                     and self.lone_publishes
                     and mine
                     and not self._submitting
