@@ -106,20 +106,27 @@ CLAIM = (
     .returning(OPS.c.operation_id)
 )
 STATES_APPLYING = update(STATES).where(keys_in(STATES)).values(sync_status=SyncStatus.APPLYING)
+
+
 # CLAIM and STATES_APPLYING for the sessions of the operations it took, as one statement
 # (PostgreSQL: the state update reads the claim's RETURNING rows): one round trip less on
 # every claim. Returns the ids taken, as CLAIM does.
-_CLAIMED = CLAIM.returning(OPS.c.workspace_id, OPS.c.session_id).cte("claimed")
-CLAIM_AND_APPLYING = select(_CLAIMED.c.operation_id).add_cte(
-    update(STATES)
-    .where(
-        tuple_(STATES.c.workspace_id, STATES.c.session_id).in_(
-            select(_CLAIMED.c.workspace_id, _CLAIMED.c.session_id)
+def _applying(claimed, name: str):
+    """STATES_APPLYING for the sessions of a claim's RETURNING rows, as a CTE."""
+    return (
+        update(STATES)
+        .where(
+            tuple_(STATES.c.workspace_id, STATES.c.session_id).in_(
+                select(claimed.c.workspace_id, claimed.c.session_id)
+            )
         )
+        .values(sync_status=SyncStatus.APPLYING)
+        .cte(name)
     )
-    .values(sync_status=SyncStatus.APPLYING)
-    .cte("applying")
-)
+
+
+_CLAIMED = CLAIM.returning(OPS.c.workspace_id, OPS.c.session_id).cte("claimed")
+CLAIM_AND_APPLYING = select(_CLAIMED.c.operation_id).add_cte(_applying(_CLAIMED, "applying"))
 # CLAIM_LOOKUP and the claim in one statement (PostgreSQL): one round trip less on every
 # claim. The claim takes exactly the operations that the dispatcher's _obstacle lets through
 # (open and unheld, its goal state's current operation, no maintenance run holding the
@@ -150,16 +157,7 @@ LOOKUP_AND_CLAIM = (
         STATES.c.sync_status.label("state_sync"),
     )
     .outerjoin(_TAKEN, _TAKEN.c.operation_id == OPS.c.operation_id)
-    .add_cte(
-        update(STATES)
-        .where(
-            tuple_(STATES.c.workspace_id, STATES.c.session_id).in_(
-                select(_TAKEN.c.workspace_id, _TAKEN.c.session_id)
-            )
-        )
-        .values(sync_status=SyncStatus.APPLYING)
-        .cte("taken_applying")
-    )
+    .add_cte(_applying(_TAKEN, "taken_applying"))
 )
 # LOOKUP_AND_CLAIM's claim of one operation undone: the row as the statement read it (the
 # lease columns included), and its goal state's sync status.
