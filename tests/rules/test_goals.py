@@ -170,12 +170,12 @@ def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, b
 
 
 def test_a_claim_its_judgement_holds_back_is_given_back(
-    client, dispatcher, sim_control, monkeypatch, backend
+    client, dispatcher, sim_control, monkeypatch, backend, caplog
 ):
     """Should the claim statement take an operation that the dispatcher's own judgement
-    holds back (a row that changed between the statement's snapshot and its update), the
-    claim is undone in the same transaction, the operation and its goal state as they were,
-    and the judgement's outcome written: nothing reaches the agent."""
+    holds back (the two disagreeing: a bug, made here by a judgement that holds everything
+    back), the claim is undone in the same transaction, the operation and its goal state as
+    they were, and the judgement's outcome written: nothing reaches the agent."""
     from workflows.goals import dispatch as dispatch_module
 
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
@@ -196,6 +196,8 @@ def test_a_claim_its_judgement_holds_back_is_given_back(
         # operation, its goal state), the reschedule; the lane's release
         assert statements[:4] == LANES_READ + ["WITH", "SELECT", "WITH"]
         assert statements[4:7] == ["UPDATE", "UPDATE", "UPDATE"]
+        assert "LOOKUP_AND_CLAIM and _obstacle disagree" in caplog.text
+    caplog.clear()  # made to disagree on purpose (see the client fixture)
     after = client.get_goal_operation(op.operation_id)
     assert (after.status, after.provider_phase, after.attempt) == (
         before.status,
@@ -214,8 +216,9 @@ def test_a_claim_its_judgement_holds_back_is_given_back(
 def test_work_the_claim_statement_left_is_claimed_on_its_own(
     client, dispatcher, sim_control, monkeypatch, backend
 ):
-    """What the judgement lets go but the claim statement did not take (a row that
-    changed under it) is claimed by a statement of its own, and applied once."""
+    """What the judgement lets go but the claim statement did not take (a row another
+    transaction changed after the statement's snapshot; here, a statement that takes
+    nothing) is claimed by a statement of its own, and applied once."""
     from sqlalchemy import false
 
     from workflows.goals import dispatch as dispatch_module

@@ -452,8 +452,16 @@ class Dispatcher:
                     taken.add(operation_id)
                     claimable.append(records.from_row(records.GoalOperation, row))
                     continue
-                # The statement took one that this judgement holds back (a row that changed
-                # between the statement's snapshot and its update): give it back first.
+                # The statement took one that this judgement holds back. The statement
+                # takes a row only if the version it read (this one) passed its conditions,
+                # so this means that they and _obstacle no longer agree: a bug. Give the
+                # claim back rather than call the agent against the judgement.
+                log.error(
+                    "goal operation %s: claimed by the statement but held back (%s); "
+                    "LOOKUP_AND_CLAIM and _obstacle disagree",
+                    operation_id,
+                    obstacle,
+                )
                 _give_back(conn, row, token)
             if obstacle is not None:
                 verdicts[operation_id] = self._verdict(session, row, operation_id, obstacle, now)
@@ -461,8 +469,10 @@ class Dispatcher:
                 claimable.append(records.from_row(records.GoalOperation, row))
         late = [op for op in claimable if op.operation_id not in taken]
         if late:
-            # What the judgement lets go and the statement did not take (SQLite, or a row
-            # that changed under it), claimed on its own: taken if it still may go.
+            # What the judgement lets go and the statement did not take (SQLite; on
+            # PostgreSQL a row another transaction changed after the statement's snapshot,
+            # which the update then found no longer passing), claimed on its own: taken if
+            # it still may go.
             taken |= self._claim_now(conn, params, late)
         for op in claimable:
             if op.operation_id not in taken:

@@ -133,8 +133,11 @@ CLAIM_AND_APPLYING = select(_CLAIMED.c.operation_id).add_cte(_applying(_CLAIMED,
 # session, not accepted, within its dispatch budget: `b_budget_since` is now − the time
 # budget) and says which it took (`taken`); the rows are read at the statement's snapshot,
 # taken after the session lock, as CLAIM_LOOKUP's own statement would be, so they show each
-# operation as it was before this claim. The dispatcher judges the rest (superseded, held,
-# failed …) from those rows, and gives back a claim its own judgement would not have made.
+# operation as it was before this claim. The update takes a row only if that version passed
+# (PostgreSQL re-checks a row another transaction changed meanwhile, and may then leave it),
+# so the judgement and the claim agree. The dispatcher judges the rest (superseded, held,
+# failed …) from those rows, and gives back a claim its own judgement would not have made
+# (the two disagreeing would be a bug).
 _TAKEN = (
     CLAIM.where(
         same_session(STATES.c, OPS.c),
