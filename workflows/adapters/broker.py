@@ -213,25 +213,12 @@ class TaskPublisher:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._lock = threading.Lock()
         self._pid = None
         self._connection = None
         self._producer = None
         self._exchanges = {q.name: q for q in kombu_queues(settings)}
         self._events: SentEvents | None = None
-        # Coalescing (see `coalescing`), all of it this process's and guarded by `_changed`:
-        # items waiting for a message, per (task, list argument); how many submits are still
-        # in their transaction; how many items are handed over (or being published by their
-        # own submit) and not yet published or failed; whether the sender thread runs;
-        # whether the last message went out; and when the last submit began.
-        self._changed = threading.Condition()
-        self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
-        self._submitting = 0
-        self._pending = 0
-        self._sending = False
-        self._published_last = True
-        self._last_began = -math.inf
-        self._last_began = -math.inf
+        self._fresh_state()
         self.linger_s = COALESCE_LINGER_S
         self.sender_idle_s = SENDER_IDLE_S
         # Whether a lone submit publishes its own message (see `coalescing`).
@@ -331,16 +318,27 @@ class TaskPublisher:
             self._release()
             return False
 
+    def _fresh_state(self) -> None:
+        """The publish lock, and the coalescing state (see `coalescing`), all of it this
+        process's and guarded by `_changed`: items waiting for a message, per (task, list
+        argument); how many submits are still in their transaction; how many items are
+        handed over (or being published by their own submit) and not yet published or
+        failed; whether the sender thread runs; whether the last message went out; and when
+        the last submit began."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
+        self._submitting = 0
+        self._pending = 0
+        self._sending = False
+        self._published_last = True
+        self._last_began = -math.inf
+
     def _after_fork(self) -> None:
         """A forked child starts with fresh locks (one a parent's thread held at the fork
         would stay held) and no items: those waiting are its parent's, whose sender
         publishes them. Its connection is its own too (`_ensure`)."""
-        self._lock = threading.Lock()
-        self._changed = threading.Condition()
-        self._waiting, self._submitting, self._pending = {}, 0, 0
-        self._sending = False
-        self._published_last = True
-        self._last_began = -math.inf
+        self._fresh_state()
 
     @contextmanager
     def coalescing(
@@ -360,9 +358,10 @@ class TaskPublisher:
         is in its transaction, no message on its way or waiting) has nothing to share its
         message with: it publishes the message itself before it returns, rather than wait
         for the hand-over to the sender thread. Submits that follow each other closer than
-        that (a producer under load) keep sharing messages through the sender.
-        It does so only while the last message went out: once one failed (the broker is
-        down, most likely), submits hand over and return at once until one goes out again."""
+        that (a producer under load) keep sharing messages through the sender. A lone
+        submit publishes itself only while the last message went out: once one failed (the
+        broker is down, most likely), submits hand over and return at once until one goes
+        out again."""
         key = (task_name, list_kwarg)
         mine: list[_Waiting] = []
         with self._changed:
