@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
 from workflows.adapters.broker import broker_connection, queue_named
+from workflows.tools.simulator.server import STOP_POLL_S
 
 SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
 
@@ -48,7 +49,7 @@ class HostileHost:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(STOP_POLL_S,), daemon=True).start()
 
     @property
     def url(self) -> str:

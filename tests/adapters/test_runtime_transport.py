@@ -12,6 +12,7 @@ import pytest
 from tests.hostile import CLOSE, HANG, ScriptedHost
 from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
 from workflows.errors import InvalidArgument, RuntimeFault
+from workflows.tools.simulator.server import STOP_POLL_S
 
 APPLIED = b'{"phase": "applied", "goal": {"objective": "o"}, "evidence": {}}'
 
@@ -187,7 +188,7 @@ def tls_host(tmp_path):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(STOP_POLL_S,), daemon=True).start()
     yield f"https://127.0.0.1:{server.server_address[1]}", cert
     server.shutdown()
     server.server_close()

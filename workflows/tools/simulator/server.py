@@ -89,6 +89,11 @@ def make_handler(sim: Simulator, token: str | None):
     return Handler
 
 
+# How often the serving loop looks for a stop request: `stop()` waits up to this long
+# (socketserver's default, half a second, is paid by every stop: every test's teardown).
+STOP_POLL_S = 0.05
+
+
 class _Server(ThreadingHTTPServer):
     # A worker calls the runtime for a whole dispatch step at once (up to 32 connections
     # per worker process); socketserver's default listen backlog of 5 would reset some.
@@ -117,14 +122,12 @@ class SimServer:
         return f"http://{host}:{port}"
 
     def start(self) -> "SimServer":
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, daemon=True, name="runtime-sim"
-        )
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True, name="runtime-sim")
         self.thread.start()
         return self
 
     def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        self.httpd.serve_forever(poll_interval=STOP_POLL_S)
 
     def stop(self) -> None:
         self.httpd.shutdown()
