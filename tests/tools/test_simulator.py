@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.helpers import goal_call
+from tests.helpers import eventually, goal_call
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import RuntimeFault
 
@@ -56,3 +56,39 @@ def test_a_bad_wait_is_rejected(settings, sim_control, wait_s):
     with pytest.raises(RuntimeFault) as caught:
         sim_control.http.request("GET", f"/sim/effects?since=0&wait_s={wait_s}")
     assert caught.value.http_status == 422
+
+
+def test_a_stopped_simulator_reports_nothing_more():
+    """After `close` (which `SimServer.stop` calls) no timer fires and no report goes out,
+    and a report already on its way is waited for: the reporter (a publisher, with its
+    broker connection) can then be closed without a late report opening it again."""
+    from workflows.tools.simulator.state import Simulator
+
+    reported = []
+    release = threading.Event()
+
+    def reporter(report):
+        if report.get("slow"):
+            release.wait(5)
+        reported.append(report)
+
+    sim = Simulator(reporter)
+    report = {"workspace_id": WS, "session_id": "s"}
+    sim._later(200, sim.report, {**report, "late": True})
+    (timer,) = sim._timers
+    on_its_way = threading.Thread(target=sim.report, args=({**report, "slow": True},))
+    on_its_way.start()
+    eventually(lambda: sim._reporting == 1, what="the slow report to start")
+    closing = threading.Thread(target=sim.close)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive()  # waiting for the report on its way
+    release.set()
+    closing.join(5)
+    on_its_way.join(5)
+    assert not closing.is_alive()
+    timer.join(5)
+    sim.report(report)
+    sim._later(0, sim.report, report)
+    assert [r.get("slow") for r in reported] == [True]  # the late one never fired
+    assert not sim._timers

@@ -130,5 +130,7 @@ class SimServer:
         self.httpd.serve_forever(poll_interval=STOP_POLL_S)
 
     def stop(self) -> None:
+        """Stop serving and reporting (after this the reporter may be closed)."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.sim.close()

@@ -111,7 +111,22 @@ class Simulator:
         self.reporter = reporter
         # The host this simulator is (DESIGN 4.9): every report names it.
         self.host_id = host_id
+        # After close(): no timer fires, no report goes out (see close).
+        self.closed = False
+        self._timers: set[threading.Timer] = set()
+        self._reporting = 0
         self.reset()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop reporting: the pending timers (turns that would settle, goals that would
+        apply later) are cancelled, and reports already on their way are waited for, so that
+        the reporter (a publisher, with its broker connection) can be closed after this."""
+        with self.changed:
+            self.closed = True
+            for timer in self._timers:
+                timer.cancel()
+            self._timers.clear()
+            self.changed.wait_for(lambda: not self._reporting, timeout_s)
 
     def reset(self) -> None:
         with self.lock:
@@ -299,10 +314,20 @@ class Simulator:
             },
         )
 
-    @staticmethod
-    def _later(delay_ms: int, fn, *args) -> None:
-        timer = threading.Timer(delay_ms / 1000, fn, args=args)
+    def _later(self, delay_ms: int, fn, *args) -> None:
+        def fire() -> None:
+            with self.lock:
+                self._timers.discard(timer)
+                if self.closed:
+                    return
+            fn(*args)
+
+        timer = threading.Timer(delay_ms / 1000, fire)
         timer.daemon = True
+        with self.lock:
+            if self.closed:
+                return
+            self._timers.add(timer)
         timer.start()
 
     def _prompt(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
@@ -462,10 +487,18 @@ class Simulator:
             if sess is not None:
                 facts["runtime_epoch"] = sess.epoch
             report = {**report, "session": facts}
+        with self.changed:
+            if self.closed:
+                return
+            self._reporting += 1
         try:
             self.reporter(report)
         except Exception:  # noqa: BLE001 - an agent host keeps running if reporting fails
             log.exception("runtime-sim: report failed")
+        finally:
+            with self.changed:
+                self._reporting -= 1
+                self.changed.notify_all()
 
     # -- control ---------------------------------------------------------------------------
     def control(self, path: str, body: dict) -> dict:
