@@ -41,9 +41,12 @@ def goal_control(
 
 
 @strict_task("agent_radar.goal.dispatch")
-def dispatch(ctx, operation_id=None, operation_ids=None):
+def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, session_id=None):
     """One operation (`operation_id`, as the sweeper publishes) or several submitted together
-    (`operation_ids`, as a client coalesces them)."""
+    (`operation_ids`, as a client coalesces them). A message of one operation may name its
+    session (`workspace_id`, `session_id`, as a lone submit's does): its lane is then taken
+    without a read first. That is a claim the dispatcher checks, not trusted: named wrongly,
+    the attempt is rolled back and the operation dispatched as if unnamed."""
     if (operation_id is None) == (operation_ids is None):
         raise InvalidArgument(
             "give exactly one of operation_id and operation_ids", field="operation_id"
@@ -53,6 +56,14 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
         if operation_id is not None
         else check_ids("operation_ids", operation_ids, COALESCE_MAX_ITEMS)
     )
+    session_of = None
+    if workspace_id is not None or session_id is not None:
+        if len(wanted) != 1:
+            raise InvalidArgument(
+                "workspace_id and session_id name the session of one operation",
+                field="workspace_id",
+            )
+        session_of = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
     # The client is only needed for the rare resume of an offline session.
     dispatcher = Dispatcher(
         ctx.engine,
@@ -62,7 +73,8 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
         resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
     )
     # What happened to each operation (applied, retry, held …), as Flower shows the result.
-    return {r.operation_id: r.outcome for r in dispatcher.dispatch_many(wanted, steal=True)}
+    results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
+    return {r.operation_id: r.outcome for r in results}
 
 
 @strict_task("agent_radar.report_activity", public=True)

@@ -251,6 +251,110 @@ def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
     assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
 
 
+def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
+    """So that the worker takes the session's lane without reading it first."""
+    from tests.adapters.test_publisher import RecordingPublisher
+    from workflows.client import AgentRadar
+
+    publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
+    c = AgentRadar(settings=settings, publisher=publisher)
+    op = c.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    c.close()
+    assert publisher.messages == [
+        (
+            "agent_radar.goal.dispatch",
+            {"operation_ids": [op.operation_id], "workspace_id": WS, "session_id": SID},
+        )
+    ]
+
+
+def test_a_message_that_names_the_session_skips_the_lanes_read(
+    client, dispatcher, sim_control, backend
+):
+    """The lane of the named session is taken at once, in the claim's transaction: on
+    PostgreSQL a lone dispatch is then seven statements (no lanes read)."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    with statements_sent(client.engine) as statements:
+        outcomes = dispatcher().dispatch_many([op.operation_id], steal=True, session_of=(WS, SID))
+    assert [r.outcome for r in outcomes] == ["applied"]
+    if backend == "production":
+        assert statements == CLAIM + RECORD
+    assert [e["operation_id"] for e in sim_control.effects()] == [op.operation_id]
+    assert client.get_goal_operation(op.operation_id).status == "completed"
+    assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): None}
+
+
+@pytest.mark.parametrize("named", ["another-session", "no-such-session"])
+def test_a_wrongly_named_session_is_rolled_back_and_the_operation_applied_once(
+    client, dispatcher, sim_control, settings, named
+):
+    """A message's session is its word, not the database's: named wrongly (another
+    session, with open work of its own, or none at all), the lane taken for it and the claim
+    are rolled back, and the operation is dispatched as if nothing were named: applied
+    once. The named session is left as it was, and no lane row is made for a session that
+    does not exist."""
+    other = client.set_goal(WS, "another-session", "not now", client_submit_id="o-1")
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    lanes_before = _lane_tokens(client, [SID, "another-session", "no-such-session"])
+    held_during_call = []
+
+    class Watched(HttpRuntime):
+        def apply_goal(self, workspace_id, session_id, **call):
+            held_during_call.append(_lane_tokens(client, [session_id]))
+            return super().apply_goal(workspace_id, session_id, **call)
+
+    d = dispatcher()
+    d.runtime = Watched(settings.runtime_url, timeout_s=2)
+    outcomes = d.dispatch_many([op.operation_id], session_of=(WS, named))
+    # the operation was called with its own session's lane held
+    assert [list(tokens) for tokens in held_during_call] == [[ids.lane_name(WS, SID)]]
+    assert None not in held_during_call[0].values()
+    assert [(r.operation_id, r.outcome) for r in outcomes] == [(op.operation_id, "applied")]
+    assert [e["operation_id"] for e in sim_control.effects()] == [op.operation_id]
+    untouched = client.get_goal_operation(other.operation_id)
+    assert (untouched.status, untouched.attempt, untouched.lease_token) == ("prepared", 0, None)
+    lanes_after = _lane_tokens(client, [SID, "another-session", "no-such-session"])
+    mine = ids.lane_name(WS, SID)
+    assert lanes_after.pop(mine) is None  # taken and released by the unnamed dispatch
+    lanes_before.pop(mine, None)
+    assert lanes_after == lanes_before  # on SQLite a lane's row is made on its first use
+    assert ids.lane_name(WS, "no-such-session") not in lanes_after
+
+
+def test_a_named_message_for_settled_work_writes_nothing(client, dispatcher, sim_control):
+    """A second message for an operation already applied, naming its session: the lane
+    taken for it is rolled back with the rest, nothing is called, nothing written."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    before = (row_counts(client.engine), client.get_goal_operation(op.operation_id))
+    again = dispatcher("worker-b").dispatch_many(
+        [op.operation_id], steal=True, session_of=(WS, SID)
+    )
+    assert again == []
+    assert (row_counts(client.engine), client.get_goal_operation(op.operation_id)) == before
+    assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): None}
+    assert len(sim_control.effects()) == 1
+
+
+def test_a_named_message_leaves_a_lane_another_worker_holds(client, dispatcher, sim_control):
+    """The named session's lane is held (another worker drains it): this dispatch takes
+    nothing and calls nothing; the holder finds the operation when it releases."""
+    from workflows import leases
+
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    token, taken = run_transaction(
+        client.engine,
+        lambda s: leases.claim_many(
+            s, [ids.lane_name(WS, SID)], "worker-b", 60, dispatcher().clock()
+        ),
+    )
+    assert taken == {ids.lane_name(WS, SID)}
+    assert dispatcher().dispatch_many([op.operation_id], session_of=(WS, SID)) == []
+    assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): token}
+    assert client.get_goal_operation(op.operation_id).status == "prepared"
+    assert sim_control.effects() == []
+
+
 def test_concurrent_submits_to_one_session_take_distinct_revisions(client):
     """Each submit reads the goal state after it holds the session lock: on PostgreSQL a
     read in the locking statement itself could predate the submit that held the lock, and

@@ -341,15 +341,15 @@ class TaskPublisher:
         self._fresh_state()
 
     @contextmanager
-    def coalescing(
-        self, task_name: str, list_kwarg: str
-    ) -> Iterator[Callable[[Any, str | None], None]]:
+    def coalescing(self, task_name: str, list_kwarg: str) -> Iterator[Callable[..., None]]:
         """Wrap a submit that may publish one item in the list argument `list_kwarg` of a
         `task_name` message: the block commits, then calls the yielded function with its
         item (and its label, see `publish`). Leaving the block hands the item to this
         process's sender thread and returns at once: the committed row is the accepted
         intent, and the sender publishes it with the items of this process's other submits
-        at that moment, so a burst of submits costs a few messages, not one each. While the
+        at that moment, so a burst of submits costs a few messages, not one each. An item
+        may come with `alone`, more arguments for a message that carries it alone (what
+        saves its consumer a read, for example), left out of a shared one. While the
         block runs, the sender waits briefly (COALESCE_LINGER_S) for its item. A failed
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
         for the sender.
@@ -370,8 +370,8 @@ class TaskPublisher:
             spaced = began - self._last_began >= self.linger_s
             self._last_began = began
 
-        def add(item: Any, label: str | None = None) -> None:
-            mine.append(_Waiting(item, label))
+        def add(item: Any, label: str | None = None, alone: dict[str, Any] | None = None) -> None:
+            mine.append(_Waiting(item, label, alone))
 
         def leave(alone_may_publish: bool) -> bool:
             with self._changed:
@@ -472,9 +472,10 @@ class TaskPublisher:
             for start in range(0, len(batch), COALESCE_MAX_ITEMS):
                 chunk = batch[start : start + COALESCE_MAX_ITEMS]
                 labels = "; ".join(w.label for w in chunk if w.label)
-                ok = self.publish_after_commit(
-                    task_name, {list_kwarg: [w.item for w in chunk]}, labels or None
-                )
+                kwargs = {list_kwarg: [w.item for w in chunk]}
+                if len(chunk) == 1 and chunk[0].alone:
+                    kwargs |= chunk[0].alone
+                ok = self.publish_after_commit(task_name, kwargs, labels or None)
                 self._settle(chunk, ok)
                 settled += len(chunk)
                 if not ok:
@@ -588,9 +589,12 @@ class SentEvents:
 
 
 class _Waiting:
-    __slots__ = ("item", "label", "published")
+    __slots__ = ("item", "label", "alone", "published")
 
-    def __init__(self, item: Any, label: str | None = None) -> None:
+    def __init__(
+        self, item: Any, label: str | None = None, alone: dict[str, Any] | None = None
+    ) -> None:
         self.item = item
         self.label = label
+        self.alone = alone  # more arguments for a message of this item alone
         self.published: bool | None = None

@@ -173,6 +173,11 @@ def apply_goal(runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any
     )
 
 
+class _NotAsNamed(Exception):
+    """A dispatch message named its operation's session wrongly, or the operation was not
+    there to claim (see Dispatcher._dispatch_named)."""
+
+
 @dataclass
 class StepResult:
     operation_id: str
@@ -248,13 +253,25 @@ class Dispatcher:
     def dispatch(self, operation_id: str) -> list[StepResult]:
         return self.dispatch_many([operation_id])
 
-    def dispatch_many(self, operation_ids: list[str], steal: bool = False) -> list[StepResult]:
+    def dispatch_many(
+        self,
+        operation_ids: list[str],
+        steal: bool = False,
+        session_of: tuple[str, str] | None = None,
+    ) -> list[StepResult]:
         """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
         operation and drain those lanes together, starting with these operations. With
         `steal`, a dispatch also takes other due operations along — where it
         `steals_anywhere`, even when its own were already taken: under load the messages
         queue behind their work and most find it taken along by an earlier one, and taking
-        what is due then serves the operations whose messages are still in the queue."""
+        what is due then serves the operations whose messages are still in the queue.
+
+        `session_of` names the session of the one given operation, as its message says (see
+        `_dispatch_named`)."""
+        if session_of is not None and len(operation_ids) == 1:
+            named = self._dispatch_named(operation_ids[0], session_of, steal)
+            if named is not None:
+                return named
 
         def lanes_to_open(
             s: Session, wanted: list[str]
@@ -293,6 +310,34 @@ class Dispatcher:
                     steal,
                 )
         return results
+
+    def _dispatch_named(
+        self, operation_id: str, key: tuple[str, str], steal: bool
+    ) -> list[StepResult] | None:
+        """Take the lane of the session a message names and claim the operation in one
+        transaction, without the read that finds its session (a round trip less for a lone
+        submit's message). The name is the message's word, so it only stands if the claim
+        took this very operation of this very session; anything else (another session's
+        operation, one already settled or taken, a lane someone holds) rolls the whole
+        transaction back, lane and all, and returns None: the caller then dispatches as if
+        nothing were named."""
+
+        def opened(s: Session) -> dict[Lane, Claim | StepResult]:
+            work = self._open(s, {key: operation_id})
+            claims = list(work.values())
+            if not (
+                len(claims) == 1
+                and isinstance(claim := claims[0], Claim)
+                and (claim.op.workspace_id, claim.op.session_id) == key
+            ):
+                raise _NotAsNamed
+            return work
+
+        try:
+            work = run_transaction(self.engine, opened, direct=True)
+        except _NotAsNamed:
+            return None
+        return self._drain(work, steal)
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
