@@ -498,7 +498,8 @@ class Simulator:
         finally:
             with self.changed:
                 self._reporting -= 1
-                self.changed.notify_all()
+                if self.closed and not self._reporting:
+                    self.changed.notify_all()  # close() waits for this
 
     # -- control ---------------------------------------------------------------------------
     def control(self, path: str, body: dict) -> dict:
