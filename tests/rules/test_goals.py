@@ -271,8 +271,10 @@ def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
 def test_a_message_that_names_the_session_skips_the_lanes_read(
     client, dispatcher, sim_control, backend
 ):
-    """The lane of the named session is taken at once, in the claim's transaction: on
-    PostgreSQL a lone dispatch is then seven statements (no lanes read)."""
+    """On PostgreSQL the lane of the named session is taken at once, in the claim's
+    transaction: a lone dispatch is then seven statements (no lanes read). On SQLite the
+    name is not used (`takes_named_lanes`): the dispatch is the unnamed one, with the same
+    outcome."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     with statements_sent(client.engine) as statements:
         outcomes = dispatcher().dispatch_many([op.operation_id], steal=True, session_of=(WS, SID))
