@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from models.db import run_transaction
 from tests.helpers import Clock, row_counts, statements_sent
@@ -783,8 +783,6 @@ def test_malformed_turn_reports_write_nothing(client, turn):
 
 
 def _lane_tokens(client, session_ids):
-    from sqlalchemy import select
-
     from models.tables import Lease
 
     names = [ids.lane_name(WS, sid) for sid in session_ids]
@@ -857,6 +855,55 @@ def test_a_dispatch_whose_work_is_done_still_takes_due_work_along(
         done.operation_id,
         waiting.operation_id,
     ]
+
+
+@pytest.mark.parametrize("backend", ["production"])  # where a step's end takes work anywhere
+def test_a_steps_end_leaves_work_just_come_due_to_its_message(
+    client, dispatcher, sim_control, clock
+):
+    """At a step's end a dispatch that steals takes other sessions' work only once it has
+    been due for STEAL_AFTER: work due for less has its message on the way (most often to
+    an idle process), which would otherwise wait for the lane this step creates only to
+    find its work taken."""
+    from workflows.goals.dispatch import STEAL_AFTER
+
+    own = client.set_goal(WS, "own", "x", client_submit_id="1")
+    fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
+    stale = client.set_goal(WS, "stale", "x", client_submit_id="1")
+    clock.advance(1)
+
+    def due_at(op, at):
+        run_transaction(
+            client.engine,
+            lambda s: s.execute(
+                update(OPS).where(OPS.c.operation_id == op.operation_id).values(next_attempt_at=at)
+            ),
+        )
+
+    # Not due when the dispatch starts (its message's read would take them along); both
+    # come due during its step, one of them just now, the other STEAL_AFTER ago.
+    due_at(fresh, clock.now + timedelta(hours=1))
+    due_at(stale, clock.now + timedelta(hours=1))
+    d = dispatcher()
+    attempt_all = d._attempt_all
+
+    def meanwhile(claims):
+        due_at(fresh, clock.now - STEAL_AFTER / 2)
+        due_at(stale, clock.now - STEAL_AFTER)
+        return attempt_all(claims)
+
+    d._attempt_all = meanwhile
+    results = d.dispatch_many([own.operation_id], steal=True)
+    assert [(r.operation_id, r.outcome) for r in results] == [
+        (own.operation_id, "applied"),
+        (stale.operation_id, "applied"),
+    ]
+    assert client.get_goal_operation(fresh.operation_id).status == "prepared"
+    assert set(_lane_tokens(client, ["fresh"]).values()) <= {None}
+    # Its own message takes it.
+    d._attempt_all = attempt_all
+    assert [r.outcome for r in d.dispatch_many([fresh.operation_id], steal=True)] == ["applied"]
+    assert len(sim_control.effects()) == 3
 
 
 def test_a_batch_skips_a_session_whose_lane_another_worker_holds(

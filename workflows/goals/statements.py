@@ -51,11 +51,13 @@ NEXT_DUE = (
 )
 # NEXT_DUE and DUE_ANYWHERE in one read, for a step that steals (`mine` tells which rows are
 # of its own lanes): work that came due during the step is taken at its end, in the
-# transaction already open, instead of after its message has gone through the broker.
+# transaction already open, instead of after its message has gone through the broker —
+# elsewhere only work due since `b_stale` (see dispatch.STEAL_AFTER).
+_STALE_DUE = DUE_ANYWHERE.where(OPS.c.next_attempt_at <= bindparam("b_stale")).subquery()
 NEXT_DUE_AND_ANYWHERE = union_all(
     # (unordered: SQLite takes no ORDER BY in a part of a UNION; _first_per_session sorts)
     NEXT_DUE.order_by(None).add_columns(literal(True).label("mine")),
-    select(*_DUE.c, literal(False).label("mine")),
+    select(*_STALE_DUE.c, literal(False).label("mine")),
 )
 # A claim first locks the session rows of its operations (in key order), then reads what it
 # needs in a statement of its own: on PostgreSQL a statement reads at the snapshot it started
