@@ -7,10 +7,12 @@ that was paused past its expiry cannot act on a lease somebody else has since cl
 import uuid
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import String, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import Executable
 
 from models.base import table_of
 from models.db import insert_ignore, rowcount
@@ -83,6 +85,9 @@ _CREATED = (
     .cte("created")
 )
 _CLAIM_OR_CREATE = select(_TAKEN.c.name).union_all(select(_CREATED.c.name))
+# The names _CLAIM_OR_CREATE takes, as a CTE for a statement that goes on with them in the
+# same round trip (claim_many's `and_then`).
+CLAIMED = _CLAIM_OR_CREATE.cte("claimed")
 _RENEW = (
     update(LEASES)
     .where(
@@ -120,11 +125,16 @@ def claim_many(
     ttl_s: float,
     now: datetime,
     unlocked_only: Collection[str] = (),
+    and_then: tuple[Executable, dict[str, Any]] | None = None,
 ) -> tuple[str, set[str]]:
     """Take each of these leases that is free or expired, all under one new token; returns
     the token and the names taken. A held lease is skipped without waiting for it; one that
     another transaction is taking or releasing right now is waited for, unless it is among
-    `unlocked_only` (on PostgreSQL; SQLite runs one writer at a time)."""
+    `unlocked_only` (on PostgreSQL; SQLite runs one writer at a time).
+
+    `and_then` (PostgreSQL; ignored elsewhere): a statement built on CLAIMED that goes on
+    with the names taken in the same round trip, and its own parameters. Its rows are
+    `(name, lease)`: a name taken where `lease` is true, a row of its own where not."""
     token = new_token()
     expires = now + timedelta(seconds=ttl_s)
     conn = session.connection()
@@ -142,6 +152,10 @@ def claim_many(
             "b_skip_names": sorted(skip),
             "b_name_array": list(names),
         }
+        if and_then is not None:
+            statement, more = and_then
+            rows = conn.execute(statement, {**params, **more})
+            return token, {row.name for row in rows if row.lease}
         return token, set(conn.execute(_CLAIM_OR_CREATE, params).scalars())
     taken = set(conn.execute(_CLAIM, params).scalars())
     # A name not taken is either held, or has no row yet (its first use).

@@ -25,11 +25,11 @@ from workflows.sessions.rows import EVENTS, SESSIONS
 
 WS, SID = "ws-rules", "session-1"
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
-# taken or created, session lock, the claim read with the claim and its goal states); the record
-# (session lock, every applied operation with its evidence and goal state, the lanes'
-# release, the look for more work).
+# taken or created with the session locks, the claim read with the claim and its goal
+# states); the record (session lock, every applied operation with its evidence and goal
+# state, the lanes' release, the look for more work).
 LANES_READ = ["SELECT"]
-CLAIM = ["WITH", "SELECT", "WITH"]
+CLAIM = ["WITH", "WITH"]
 RECORD = ["SELECT", "WITH", "UPDATE", "SELECT"]
 DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
 
@@ -151,9 +151,9 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     assert counter == 2
 
 
-def test_a_lone_dispatch_is_eight_statements_on_postgresql(client, dispatcher, backend):
-    """The lanes read; claim: the lane (taken or created), the session lock, the claim read
-    with the claim and its goal state. Record: the session lock, the completion with its goal
+def test_a_lone_dispatch_is_seven_statements_on_postgresql(client, dispatcher, backend):
+    """The lanes read; claim: the lane (taken or created) with the session lock, the claim
+    read with the claim and its goal state. Record: the session lock, the completion with its goal
     state, the lane's release, the look for more work. Each merged pair is one statement on
     PostgreSQL."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
@@ -192,10 +192,10 @@ def test_a_claim_its_judgement_holds_back_is_given_back(
         assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["held"]
     assert judged == [op.operation_id]
     if backend == "production":
-        # lanes read, lane, session lock, read and claim; the claim given back (the
-        # operation, its goal state), the reschedule; the lane's release
-        assert statements[:4] == LANES_READ + ["WITH", "SELECT", "WITH"]
-        assert statements[4:7] == ["UPDATE", "UPDATE", "UPDATE"]
+        # lanes read, lane with the session lock, read and claim; the claim given back
+        # (the operation, its goal state), the reschedule; the lane's release
+        assert statements[:3] == LANES_READ + CLAIM
+        assert statements[3:6] == ["UPDATE", "UPDATE", "UPDATE"]
         assert "LOOKUP_AND_CLAIM and _obstacle disagree" in caplog.text
     caplog.clear()  # made to disagree on purpose (see the client fixture)
     after = client.get_goal_operation(op.operation_id)
@@ -232,8 +232,8 @@ def test_work_the_claim_statement_left_is_claimed_on_its_own(
     with statements_sent(client.engine) as statements:
         assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
     if backend == "production":
-        assert statements[:4] == LANES_READ + ["WITH", "SELECT", "SELECT"]
-        assert statements[4] == "WITH"  # the claim of its own
+        assert statements[:3] == LANES_READ + ["WITH", "SELECT"]
+        assert statements[3] == "WITH"  # the claim of its own
     assert [e["revision"] for e in sim_control.effects()] == [1]
     assert client.get_goal_operation(op.operation_id).status == "completed"
 
@@ -272,7 +272,7 @@ def test_a_message_that_names_the_session_skips_the_lanes_read(
     client, dispatcher, sim_control, backend
 ):
     """On PostgreSQL the lane of the named session is taken at once, in the claim's
-    transaction: a lone dispatch is then seven statements (no lanes read). On SQLite the
+    transaction: a lone dispatch is then six statements (no lanes read). On SQLite the
     name is not used (`takes_named_lanes`): the dispatch is the unnamed one, with the same
     outcome."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")

@@ -52,6 +52,7 @@ from workflows.goals.statements import (
     RESCHEDULE,
     STATE_SYNC,
     STATES_APPLYING,
+    TAKE_LANES_AND_LOCK,
 )
 from workflows.goals.submit import supersede
 from workflows.sessions.rows import lock_session
@@ -368,11 +369,21 @@ class Dispatcher:
         s: Session,
         keys: Iterable[tuple[str, str]],
         along: Collection[tuple[str, str]] = (),
+        first: dict[tuple[str, str], str] | None = None,
     ) -> dict[tuple[str, str], Lane]:
         """Take the lanes of these sessions that nobody holds. A held lane is not ours to
         drain: its holder checks once more for due work when it releases. A lane of `along`
-        that another transaction is taking or letting go of is left out without waiting."""
+        that another transaction is taking or letting go of is left out without waiting.
+        Given `first` (each lane's operation to claim; PostgreSQL), the same statement locks
+        the sessions of the operations of the lanes it took (TAKE_LANES_AND_LOCK)."""
         names = {ids.lane_name(*key): key for key in keys}
+        and_then = None
+        if first is not None:
+            lane_ops = {name: first[key] for name, key in names.items()}
+            and_then = (
+                TAKE_LANES_AND_LOCK,
+                {"b_lane_names": list(lane_ops), "b_lane_ops": list(lane_ops.values())},
+            )
         token, taken = leases.claim_many(
             s,
             sorted(names),
@@ -380,6 +391,7 @@ class Dispatcher:
             self.lease_s,
             self.clock(),
             unlocked_only={ids.lane_name(*key) for key in along},
+            and_then=and_then,
         )
         return {(ws, sid): Lane(ws, sid, token) for ws, sid in (names[name] for name in taken)}
 
@@ -391,10 +403,13 @@ class Dispatcher:
     ) -> dict[Lane, Claim | StepResult]:
         """Take the lanes of these sessions and claim each one's given operation (a fresh
         lane needs no renewal before the claim)."""
-        lanes = self._take_lanes(s, first, along) if first else {}
+        if not first:
+            return {}
+        locks = s.connection().dialect.name == "postgresql"
+        lanes = self._take_lanes(s, first, along, first if locks else None)
         if not lanes:
             return {}
-        claims = self._claim_ops(s, [first[key] for key in lanes])
+        claims = self._claim_ops(s, [first[key] for key in lanes], sessions_locked=locks)
         return {lane: claims[first[key]] for key, lane in lanes.items()}
 
     def _drain(self, work: dict[Lane, Claim | StepResult], steal: bool = False) -> list[StepResult]:
@@ -474,16 +489,18 @@ class Dispatcher:
         return self._claim_ops(session, [operation_id])[operation_id]
 
     def _claim_ops(
-        self, session: Session, operation_ids: list[str]
+        self, session: Session, operation_ids: list[str], sessions_locked: bool = False
     ) -> dict[str, Claim | StepResult]:
         """Claim these operations for an attempt now (their lanes are held), or say why
-        not: the session rows locked, then on PostgreSQL one statement that reads them
-        (operations, goal states, maintenance holds) and claims those that may go
-        (LOOKUP_AND_CLAIM); elsewhere the read and a write (two on SQLite)."""
+        not: the session rows locked (unless the lanes' statement did, `sessions_locked`),
+        then on PostgreSQL one statement that reads them (operations, goal states,
+        maintenance holds) and claims those that may go (LOOKUP_AND_CLAIM); elsewhere the
+        read and a write (two on SQLite)."""
         now = self.clock()
         conn = session.connection()
         wanted = {"b_ops": list(operation_ids)}
-        conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
+        if not sessions_locked:
+            conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
         token = leases.new_token()
         expires = now + timedelta(seconds=self.lease_s)
         params = {
