@@ -88,6 +88,68 @@ _CLAIM_OR_CREATE = select(_TAKEN.c.name).union_all(select(_CREATED.c.name))
 # The names _CLAIM_OR_CREATE takes, as a CTE for a statement that goes on with them in the
 # same round trip (claim_many's `and_then`).
 CLAIMED = _CLAIM_OR_CREATE.cte("claimed")
+
+
+def claim_or_create_one_if(condition: Any) -> Any:
+    """_CLAIM_OR_CREATE for the one name `b_name` (PostgreSQL), taken only while `condition`
+    (an SQL expression, read at the statement's snapshot) holds: where it does not, nothing
+    is written. A CTE of the name taken, for a statement built on it (`claim_named`)."""
+    free = or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now"))
+    values = {
+        "owner": bindparam("b_owner", type_=LEASES.c.owner.type),
+        "token": bindparam("b_token", type_=LEASES.c.token.type),
+        "expires_at": bindparam("b_expires", type_=LEASES.c.expires_at.type),
+    }
+    name = bindparam("b_name", type_=LEASES.c.name.type)
+    waited = (
+        update(LEASES)
+        .where(LEASES.c.name == name, free, condition)
+        .values(values)
+        .returning(LEASES.c.name)
+        .cte("named_waited")
+    )
+    existing = LEASES.alias("named_existing")
+    created = (
+        postgresql.insert(LEASES)
+        .from_select(
+            ["name", "owner", "token", "expires_at"],
+            select(name, *values.values()).where(
+                ~select(existing.c.name).where(existing.c.name == name).exists(), condition
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(LEASES.c.name)
+        .cte("named_created")
+    )
+    return select(waited.c.name).union_all(select(created.c.name)).cte("named_claimed")
+
+
+def claim_named(
+    session: Session,
+    statement: Executable,
+    name: str,
+    owner: str,
+    ttl_s: float,
+    now: datetime,
+    params: dict[str, Any],
+) -> tuple[str, bool]:
+    """Run a statement built on `claim_or_create_one_if` (its rows `(name, lease)` as with
+    claim_many's `and_then`) for this name; the new token, and whether it was taken."""
+    token = new_token()
+    rows = session.connection().execute(
+        statement,
+        {
+            **params,
+            "b_name": name,
+            "b_now": now,
+            "b_owner": owner,
+            "b_token": token,
+            "b_expires": now + timedelta(seconds=ttl_s),
+        },
+    )
+    return token, any(row.lease for row in rows)
+
+
 _RENEW = (
     update(LEASES)
     .where(

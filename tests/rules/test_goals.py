@@ -3,10 +3,11 @@ real database and the simulator over real HTTP, with a clock the test controls."
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from models.db import run_transaction
 from tests.helpers import Clock, row_counts, statements_sent
@@ -287,14 +288,13 @@ def test_a_message_that_names_the_session_skips_the_lanes_read(
 
 
 @pytest.mark.parametrize("named", ["another-session", "no-such-session"])
-def test_a_wrongly_named_session_is_rolled_back_and_the_operation_applied_once(
+def test_a_wrongly_named_session_takes_nothing_and_the_operation_is_applied_once(
     client, dispatcher, sim_control, settings, named
 ):
     """A message's session is its word, not the database's: named wrongly (another
-    session, with open work of its own, or none at all), the lane taken for it and the claim
-    are rolled back, and the operation is dispatched as if nothing were named: applied
-    once. The named session is left as it was, and no lane row is made for a session that
-    does not exist."""
+    session, with open work of its own, or none at all), no lane is taken for it, and the
+    operation is dispatched as if nothing were named: applied once. The named session is
+    left as it was, and no lane row is made for a session that does not exist."""
     other = client.set_goal(WS, "another-session", "not now", client_submit_id="o-1")
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     lanes_before = _lane_tokens(client, [SID, "another-session", "no-such-session"])
@@ -307,7 +307,9 @@ def test_a_wrongly_named_session_is_rolled_back_and_the_operation_applied_once(
 
     d = dispatcher()
     d.runtime = Watched(settings.runtime_url, timeout_s=2)
-    outcomes = d.dispatch_many([op.operation_id], session_of=(WS, named))
+    with _rollbacks(client.engine) as rolled_back:
+        outcomes = d.dispatch_many([op.operation_id], session_of=(WS, named))
+    assert rolled_back == []
     # the operation was called with its own session's lane held
     assert [list(tokens) for tokens in held_during_call] == [[ids.lane_name(WS, SID)]]
     assert None not in held_during_call[0].values()
@@ -323,16 +325,34 @@ def test_a_wrongly_named_session_is_rolled_back_and_the_operation_applied_once(
     assert ids.lane_name(WS, "no-such-session") not in lanes_after
 
 
+@contextmanager
+def _rollbacks(engine):
+    """The transactions the engine rolled back in the block."""
+    seen: list[object] = []
+
+    def record(conn):
+        seen.append(conn)
+
+    event.listen(engine, "rollback", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "rollback", record)
+
+
 def test_a_named_message_for_settled_work_writes_nothing(client, dispatcher, sim_control):
-    """A second message for an operation already applied, naming its session: the lane
-    taken for it is rolled back with the rest, nothing is called, nothing written."""
+    """A second message for an operation already applied, naming its session: no lane is
+    taken, nothing is called, nothing written, and (on PostgreSQL) nothing is rolled back
+    either: psycopg forgets the statements it prepared on a connection that rolls back."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
     before = (row_counts(client.engine), client.get_goal_operation(op.operation_id))
-    again = dispatcher("worker-b").dispatch_many(
-        [op.operation_id], steal=True, session_of=(WS, SID)
-    )
+    with _rollbacks(client.engine) as rolled_back:
+        again = dispatcher("worker-b").dispatch_many(
+            [op.operation_id], steal=True, session_of=(WS, SID)
+        )
     assert again == []
+    assert rolled_back == []
     assert (row_counts(client.engine), client.get_goal_operation(op.operation_id)) == before
     assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): None}
     assert len(sim_control.effects()) == 1
@@ -351,7 +371,9 @@ def test_a_named_message_leaves_a_lane_another_worker_holds(client, dispatcher, 
         ),
     )
     assert taken == {ids.lane_name(WS, SID)}
-    assert dispatcher().dispatch_many([op.operation_id], session_of=(WS, SID)) == []
+    with _rollbacks(client.engine) as rolled_back:
+        assert dispatcher().dispatch_many([op.operation_id], session_of=(WS, SID)) == []
+    assert rolled_back == []
     assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): token}
     assert client.get_goal_operation(op.operation_id).status == "prepared"
     assert sim_control.effects() == []

@@ -45,6 +45,7 @@ from workflows.goals.statements import (
     LOCK_SESSIONS_OF_OPS,
     LOOKUP_AND_CLAIM,
     MAX_LANES_PER_STEP,
+    NAMED_LANE_AND_LOCK,
     NEXT_DUE,
     NEXT_DUE_AND_ANYWHERE,
     OPS_LANES,
@@ -331,28 +332,38 @@ class Dispatcher:
     ) -> list[StepResult] | None:
         """Take the lane of the session a message names and claim the operation in one
         transaction, without the read that finds its session (a round trip less for a lone
-        submit's message). The name is the message's word, so it only stands if the claim
-        took this very operation of this very session; anything else (another session's
-        operation, one already settled or taken, a lane someone holds) rolls the whole
-        transaction back, lane and all, and returns None: the caller then dispatches as if
-        nothing were named."""
+        submit's message); None if this dispatch is then to go on as if nothing were named.
+        The name is the message's word: the lane is taken only if the operation is open and
+        unleased in that very session (NAMED_LANE_AND_LOCK), and otherwise (another
+        session's operation, one already settled or taken, a lane someone holds) nothing is
+        written, the transaction ends without a rollback. A claim that then does not take
+        this very operation (a maintenance hold, a newer revision …) rolls the whole
+        transaction back, lane and all."""
 
-        def opened(s: Session) -> dict[Lane, Claim | StepResult]:
-            work = self._open(s, {key: operation_id})
-            claims = list(work.values())
+        def opened(s: Session) -> dict[Lane, Claim | StepResult] | None:
+            token, taken = leases.claim_named(
+                s,
+                NAMED_LANE_AND_LOCK,
+                ids.lane_name(*key),
+                self.worker_id,
+                self.lease_s,
+                self.clock(),
+                {"b_op": operation_id, "b_ws": key[0], "b_sid": key[1]},
+            )
+            if not taken:
+                return None
+            claim = self._claim_ops(s, [operation_id], sessions_locked=True)[operation_id]
             if not (
-                len(claims) == 1
-                and isinstance(claim := claims[0], Claim)
-                and (claim.op.workspace_id, claim.op.session_id) == key
+                isinstance(claim, Claim) and (claim.op.workspace_id, claim.op.session_id) == key
             ):
                 raise _NotAsNamed
-            return work
+            return {Lane(*key, token): claim}
 
         try:
             work = run_transaction(self.engine, opened, direct=True)
         except _NotAsNamed:
             return None
-        return self._drain(work, steal)
+        return None if work is None else self._drain(work, steal)
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""

@@ -12,7 +12,7 @@ from workflows.goals.operations import (
     open_unheld,
 )
 from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in, sessions_of_ops
-from workflows.leases import CLAIMED
+from workflows.leases import CLAIMED, claim_or_create_one_if
 from workflows.maintenance.runs import holds
 from workflows.sessions.hosts import HOSTS
 from workflows.sessions.rows import SESSIONS, same_session
@@ -103,6 +103,30 @@ _LOCKED = (
 )
 TAKE_LANES_AND_LOCK = select(CLAIMED.c.name, literal(True).label("lease")).union_all(
     select(_LOCKED.c.workspace_id, literal(False))
+)
+# For a message that names the session of its one operation (dispatch._dispatch_named): the
+# named session's lane, taken only if the operation is open and unleased in that very
+# session, and that session's row locked once the lane is taken — else nothing is written,
+# and the transaction ends without a rollback (psycopg forgets every statement it had
+# prepared on a connection that rolls back, and they are planned anew afterwards).
+_NAMED_OPEN = (
+    select(OPS.c.operation_id)
+    .where(
+        OPS.c.operation_id == bindparam("b_op"),
+        *key_params(OPS),
+        *open_unheld(bindparam("b_now")),
+    )
+    .exists()
+)
+_NAMED_LANE = claim_or_create_one_if(_NAMED_OPEN)
+_NAMED_LOCKED = (
+    select(SESSIONS.c.workspace_id)
+    .where(*key_params(SESSIONS), select(_NAMED_LANE.c.name).exists())
+    .with_for_update()
+    .cte("named_locked")
+)
+NAMED_LANE_AND_LOCK = select(_NAMED_LANE.c.name, literal(True).label("lease")).union_all(
+    select(_NAMED_LOCKED.c.workspace_id, literal(False))
 )
 # A claim's read: the operations, goal states, and whether a maintenance run holds each
 # session (their session rows locked by LOCK_SESSIONS_OF_OPS).
