@@ -235,3 +235,29 @@ def test_direct_statements_reach_the_engine_events(client, backend):
         run_read(client.engine, lambda s: s.connection().execute(_STATE, KEY).first(), direct=True)
     assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
     assert engine_for(str(client.settings.database_url)) is client.engine
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_process_goes_on_with_its_most_recent_connection(client):
+    """After a burst of concurrent transactions left several connections in the pool, the
+    next transactions take the most recent one, with the statements prepared on it (psycopg
+    prepares a text on its sixth use on a connection), not each pooled one in turn."""
+    hot = select(OPS.c.operation_id).where(OPS.c.workspace_id == bindparam("b_ws"))
+
+    def prepared(s) -> set[str]:
+        listed = s.connection().execute(text("SELECT statement FROM pg_prepared_statements"))
+        return {" ".join(statement.split()) for statement in listed.scalars()}
+
+    def run(s):
+        for _ in range(6):
+            s.connection().execute(hot, {"b_ws": WS})
+        return prepared(s)
+
+    conns = [client.engine.connect() for _ in range(3)]
+    for conn in conns:
+        conn.close()
+    statements = run_transaction(client.engine, run, direct=True)
+    hot_sql = " ".join(str(hot.compile(dialect=client.engine.dialect)).split())
+    assert hot_sql.replace("%(b_ws)s", "$1") in statements
+    for _ in range(3):
+        assert run_read(client.engine, prepared, direct=True) >= statements
