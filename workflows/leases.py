@@ -164,6 +164,18 @@ _RELEASE = (
     .where(_NAMES, LEASES.c.token == bindparam("b_token"))
     .values(owner=None, token=None, expires_at=None)
 )
+# _RELEASE as a CTE for a statement that does other writes too (PostgreSQL; its names an
+# array, `b_release_names`, under `b_release_token`): a holder's release in the round trip
+# of its last write.
+RELEASE_CTE = (
+    update(LEASES)
+    .where(
+        LEASES.c.name == func.any(bindparam("b_release_names", type_=postgresql.ARRAY(String))),
+        LEASES.c.token == bindparam("b_release_token"),
+    )
+    .values(owner=None, token=None, expires_at=None)
+    .cte("released")
+)
 
 
 # The lease columns of a row its holder lets go of.

@@ -28,10 +28,10 @@ WS, SID = "ws-rules", "session-1"
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
 # taken or created with the session locks, the claim read with the claim and its goal
 # states); the record (session lock, every applied operation with its evidence and goal
-# state, the lanes' release, the look for more work).
+# state with the lanes' release, the look for more work).
 LANES_READ = ["SELECT"]
 CLAIM = ["WITH", "WITH"]
-RECORD = ["SELECT", "WITH", "UPDATE", "SELECT"]
+RECORD = ["SELECT", "WITH", "SELECT"]
 DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
 
 
@@ -152,10 +152,10 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     assert counter == 2
 
 
-def test_a_lone_dispatch_is_seven_statements_on_postgresql(client, dispatcher, backend):
+def test_a_lone_dispatch_is_six_statements_on_postgresql(client, dispatcher, backend):
     """The lanes read; claim: the lane (taken or created) with the session lock, the claim
-    read with the claim and its goal state. Record: the session lock, the completion with its goal
-    state, the lane's release, the look for more work. Each merged pair is one statement on
+    read with the claim and its goal state. Record: the session lock, the completion with its
+    goal state and the lane's release, the look for more work. Each merged pair is one statement on
     PostgreSQL."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     with statements_sent(client.engine) as statements:
@@ -273,7 +273,7 @@ def test_a_message_that_names_the_session_skips_the_lanes_read(
     client, dispatcher, sim_control, backend
 ):
     """On PostgreSQL the lane of the named session is taken at once, in the claim's
-    transaction: a lone dispatch is then six statements (no lanes read). On SQLite the
+    transaction: a lone dispatch is then five statements (no lanes read). On SQLite the
     name is not used (`takes_named_lanes`): the dispatch is the unnamed one, with the same
     outcome."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
@@ -484,6 +484,30 @@ def test_accepted_then_exact_goal_applied_report_completes(client, dispatcher, s
     done = client.get_goal_operation(op.operation_id)
     assert (done.status, done.provider_phase) == ("completed", "applied")
     assert client.goal_state(WS, SID).sync_status == "synced"
+
+
+def test_a_step_releases_its_lanes_with_its_record_or_after_it(
+    client, dispatcher, sim_control, backend
+):
+    """A step whose every call was applied releases its lanes in its record's statement on
+    PostgreSQL; one with any other outcome (here an accepted goal, waiting for its report)
+    records that outcome and releases in a statement of its own. Either way every lane is
+    free after the step, and the applied operation is completed once."""
+    sim_control.session(WS, "accepting", goal_mode="accepted", apply_delay_ms=60_000)
+    alone = client.set_goal(WS, "alone", "x", client_submit_id="1")
+    with statements_sent(client.engine) as statements:
+        assert [r.outcome for r in dispatcher().dispatch(alone.operation_id)] == ["applied"]
+    if backend == "production":
+        assert "UPDATE" not in statements  # no release of its own
+    applied = client.set_goal(WS, "applied", "x", client_submit_id="1")
+    accepted = client.set_goal(WS, "accepting", "x", client_submit_id="1")
+    results = dispatcher().dispatch_many([applied.operation_id, accepted.operation_id])
+    assert sorted((r.operation_id, r.outcome) for r in results) == sorted(
+        [(applied.operation_id, "applied"), (accepted.operation_id, "accepted")]
+    )
+    assert set(_lane_tokens(client, ["alone", "applied", "accepting"]).values()) == {None}
+    assert client.get_goal_operation(applied.operation_id).status == "completed"
+    assert client.get_goal_operation(accepted.operation_id).provider_phase == "accepted"
 
 
 def test_accepted_without_report_fails_after_its_budget(client, dispatcher, sim_control, clock):

@@ -264,6 +264,9 @@ class Dispatcher:
         # runs, medians: p99 at half rate 250 and 285 → 390 ms, at the common rate 71 and
         # 68 → 122 ms).
         self.takes_named_lanes = engine.dialect.name == "postgresql"
+        # Whether a step's record releases its lanes in its own statement (PostgreSQL:
+        # data-modifying CTEs), one round trip less on every step.
+        self.releases_in_record = engine.dialect.name == "postgresql"
 
     # -- lanes -----------------------------------------------------------------------------
     def dispatch(self, operation_id: str) -> list[StepResult]:
@@ -445,8 +448,9 @@ class Dispatcher:
             keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
 
             def finish(s: Session, attempts=attempts, lanes=lanes, keys=keys):
-                recorded = self._record(s, attempts)
-                self._release(s, lanes)
+                recorded, released = self._record(s, attempts, lanes)
+                if not released:
+                    self._release(s, lanes)
                 # Look for more only after the release statement, in the same transaction
                 # (one round trip less per step than a transaction of its own). A worker
                 # that found one of these lanes held had committed its operation before it
@@ -675,16 +679,26 @@ class Dispatcher:
             )
             return Attempt(claim, fault=fault, retryable=True)
 
-    def _record(self, s: Session, attempts: list[Attempt]) -> list[StepResult]:
+    def _record(
+        self, s: Session, attempts: list[Attempt], lanes: list[Lane]
+    ) -> tuple[list[StepResult], bool]:
         """Record every attempt's outcome in the caller's transaction. Applied answers, the
-        common case, are recorded together; any other outcome one by one."""
+        common case, are recorded together; any other outcome one by one. Where every
+        attempt was applied under one claim, and the lanes were taken together (PostgreSQL),
+        the lanes are released in the record's statement: the results, and whether they
+        were."""
         applied: list[Attempt] = []
         others: list[Attempt] = []
         for a in attempts:
             is_applied = a.answer is not None and a.answer.get("phase") == "applied"
             (applied if is_applied else others).append(a)
+        tokens = {a.claim.token for a in applied}
+        lane_tokens = {lane.token for lane in lanes}
+        release = None
+        if self.releases_in_record and not others and len(tokens) == 1 == len(lane_tokens):
+            release = ([lane.name for lane in lanes], lane_tokens.pop())
         results = []
-        for token in {a.claim.token for a in applied}:
+        for token in tokens:
             mine = [a for a in applied if a.claim.token == token]
             done = complete_applied_many(
                 s,
@@ -694,6 +708,7 @@ class Dispatcher:
                 ],
                 self.clock(),
                 token,
+                release=release,
             )
             results += [
                 StepResult(
@@ -707,7 +722,7 @@ class Dispatcher:
                 results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
             else:
                 results.append(self._answer_outcome(s, a.claim, a.answer or {}))
-        return results
+        return results, release is not None
 
     def _call_runtime(self, runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:
         try:

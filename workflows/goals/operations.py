@@ -243,6 +243,8 @@ def _record_applied(held: bool):
 
 _RECORD_APPLIED = _record_applied(held=False)
 _RECORD_APPLIED_HELD = _record_applied(held=True)
+# _RECORD_APPLIED_HELD and the release of the step's lanes (leases.RELEASE_CTE).
+_RECORD_APPLIED_HELD_RELEASING = _RECORD_APPLIED_HELD.add_cte(leases.RELEASE_CTE)
 
 
 def complete_applied_many(
@@ -250,10 +252,14 @@ def complete_applied_many(
     applied: list[tuple[Any, dict | None, dict | None]],
     now: datetime,
     token: str | None = None,
+    release: tuple[list[str], str] | None = None,
 ) -> set[str]:
     """Record authoritative evidence that the agent applied each (operation, goal,
     evidence): the sessions are locked (in key order), then a few statements cover them all.
-    With `token`, only operations still leased under it. Returns the ids completed."""
+    With `token`, only operations still leased under it. Returns the ids completed.
+
+    `release` (PostgreSQL, with `token`): lease names and their token, released in the
+    same statement as the record."""
     conn = session.connection()
     operation_ids = [op.operation_id for op, _goal, _evidence in applied]
     states = {
@@ -284,7 +290,14 @@ def complete_applied_many(
         for name in ("ws", "sid", "op", "goal", "sync"):
             params[f"b_synced_{name}"] = [values[f"b_{name}"] for values in synced.values()]
         statement = _RECORD_APPLIED if token is None else _RECORD_APPLIED_HELD
+        if release is not None:
+            if token is None:
+                raise ValueError("a record that releases is one of held operations")
+            statement = _RECORD_APPLIED_HELD_RELEASING
+            params |= {"b_release_names": release[0], "b_release_token": release[1]}
         return set(conn.execute(statement, params).scalars())
+    if release is not None:
+        raise ValueError("a record releases in its own statement only on PostgreSQL")
     lone_proof = applied[0][2] if len(applied) == 1 else None
     if lone_proof is not None:
         statement = _COMPLETE_WITH_EVIDENCE if token is None else _COMPLETE_HELD_WITH_EVIDENCE
