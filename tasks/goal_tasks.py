@@ -46,7 +46,7 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     (`operation_ids`, as a client coalesces them). A message of one operation may name its
     session (`workspace_id`, `session_id`, as a lone submit's does): its lane is then taken
     without a read first. That is a claim the dispatcher checks, not trusted: named wrongly,
-    the attempt is rolled back and the operation dispatched as if unnamed."""
+    no lane is taken for it and the operation is dispatched as if unnamed."""
     if (operation_id is None) == (operation_ids is None):
         raise InvalidArgument(
             "give exactly one of operation_id and operation_ids", field="operation_id"

@@ -24,15 +24,17 @@ LEASES = table_of(Lease)
 # (an unclaimed maintenance run, a prompt queue): one message per reservation interval.
 REPUBLISH_PREFIX = "republish:"
 _NAMES = LEASES.c.name.in_(bindparam("b_names", expanding=True))
+# A lease no one holds (never taken, released, or expired at `b_now`).
+_FREE = or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now"))
+# What a taken lease's row becomes, and a released one's.
+_TAKEN_BY = {
+    "owner": bindparam("b_owner", type_=LEASES.c.owner.type),
+    "token": bindparam("b_token", type_=LEASES.c.token.type),
+    "expires_at": bindparam("b_expires", type_=LEASES.c.expires_at.type),
+}
+_LET_GO = {"owner": None, "token": None, "expires_at": None}
 # Built once: every dispatch claims and releases lanes, several at a time.
-_CLAIM = (
-    update(LEASES)
-    .where(_NAMES, or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now")))
-    .values(
-        owner=bindparam("b_owner"), token=bindparam("b_token"), expires_at=bindparam("b_expires")
-    )
-    .returning(LEASES.c.name)
-)
+_CLAIM = update(LEASES).where(_NAMES, _FREE).values(_TAKEN_BY).returning(LEASES.c.name)
 # _CLAIM for the names given as `b_skip_names` (PostgreSQL), without waiting for a row
 # that another transaction has locked (it is taking or letting go of that lease now): such
 # a name is left out, as a held one is.
@@ -40,16 +42,14 @@ _FREE_UNLOCKED = (
     select(LEASES.c.name)
     .where(
         LEASES.c.name.in_(bindparam("b_skip_names", expanding=True)),
-        or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now")),
+        _FREE,
     )
     .with_for_update(skip_locked=True)
 )
 _CLAIM_UNLOCKED = (
     update(LEASES)
     .where(LEASES.c.name.in_(_FREE_UNLOCKED.scalar_subquery()))
-    .values(
-        owner=bindparam("b_owner"), token=bindparam("b_token"), expires_at=bindparam("b_expires")
-    )
+    .values(_TAKEN_BY)
     .returning(LEASES.c.name)
 )
 # _CLAIM (and _CLAIM_UNLOCKED), and a first row for each name that has none, in one
@@ -69,12 +69,7 @@ _CREATED = (
     postgresql.insert(LEASES)
     .from_select(
         ["name", "owner", "token", "expires_at"],
-        select(
-            _WANTED,
-            bindparam("b_owner", type_=LEASES.c.owner.type),
-            bindparam("b_token", type_=LEASES.c.token.type),
-            bindparam("b_expires", type_=LEASES.c.expires_at.type),
-        ).where(
+        select(_WANTED, *_TAKEN_BY.values()).where(
             # Only names with no row yet: inserting over a row that another transaction is
             # updating would wait for it (so the names taken, which have rows, are out too).
             ~select(_EXISTING.c.name).where(_EXISTING.c.name == _WANTED).exists()
@@ -94,17 +89,11 @@ def claim_or_create_one_if(condition: Any) -> Any:
     """_CLAIM_OR_CREATE for the one name `b_name` (PostgreSQL), taken only while `condition`
     (an SQL expression, read at the statement's snapshot) holds: where it does not, nothing
     is written. A CTE of the name taken, for a statement built on it (`claim_named`)."""
-    free = or_(LEASES.c.expires_at.is_(None), LEASES.c.expires_at <= bindparam("b_now"))
-    values = {
-        "owner": bindparam("b_owner", type_=LEASES.c.owner.type),
-        "token": bindparam("b_token", type_=LEASES.c.token.type),
-        "expires_at": bindparam("b_expires", type_=LEASES.c.expires_at.type),
-    }
     name = bindparam("b_name", type_=LEASES.c.name.type)
     waited = (
         update(LEASES)
-        .where(LEASES.c.name == name, free, condition)
-        .values(values)
+        .where(LEASES.c.name == name, _FREE, condition)
+        .values(_TAKEN_BY)
         .returning(LEASES.c.name)
         .cte("named_waited")
     )
@@ -113,7 +102,7 @@ def claim_or_create_one_if(condition: Any) -> Any:
         postgresql.insert(LEASES)
         .from_select(
             ["name", "owner", "token", "expires_at"],
-            select(name, *values.values()).where(
+            select(name, *_TAKEN_BY.values()).where(
                 ~select(existing.c.name).where(existing.c.name == name).exists(), condition
             ),
         )
@@ -159,11 +148,7 @@ _RENEW = (
     )
     .values(expires_at=bindparam("b_expires"))
 )
-_RELEASE = (
-    update(LEASES)
-    .where(_NAMES, LEASES.c.token == bindparam("b_token"))
-    .values(owner=None, token=None, expires_at=None)
-)
+_RELEASE = update(LEASES).where(_NAMES, LEASES.c.token == bindparam("b_token")).values(_LET_GO)
 # _RELEASE as a CTE for a statement that does other writes too (PostgreSQL; its names an
 # array, `b_release_names`, under `b_release_token`): a holder's release in the round trip
 # of its last write.
@@ -173,7 +158,7 @@ RELEASE_CTE = (
         LEASES.c.name == func.any(bindparam("b_release_names", type_=postgresql.ARRAY(String))),
         LEASES.c.token == bindparam("b_release_token"),
     )
-    .values(owner=None, token=None, expires_at=None)
+    .values(_LET_GO)
     .cte("released")
 )
 

@@ -184,8 +184,8 @@ def apply_goal(runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any
 
 
 class _NotAsNamed(Exception):
-    """A dispatch message named its operation's session wrongly, or the operation was not
-    there to claim (see Dispatcher._dispatch_named)."""
+    """The claim after a named lane did not take that very operation of that very session
+    (see Dispatcher._dispatch_named): its transaction is rolled back."""
 
 
 @dataclass
