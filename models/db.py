@@ -250,6 +250,7 @@ class DirectConnection:
         if isinstance(parameters, list):
             return self._conn.execute(statement, parameters)
         from psycopg import Error as DriverError
+        from psycopg.pq import ExecStatus
         from psycopg.rows import namedtuple_row
 
         compiled = self._by_statement.get(statement)
@@ -270,8 +271,11 @@ class DirectConnection:
         cursor = self._driver.cursor(row_factory=namedtuple_row)
         try:
             cursor.execute(sql, params)
-            fetched = cursor.fetchall() if cursor.description is not None else []
-            rows = Rows(fetched, cursor.rowcount)
+            # Whether it returned rows, from the result's status: the cursor's
+            # `description` would build a Column object for each of its columns.
+            result = cursor.pgresult
+            returned = result is not None and result.status == ExecStatus.TUPLES_OK
+            rows = Rows(cursor.fetchall() if returned else [], cursor.rowcount)
         except DriverError as exc:
             # Wrapped as SQLAlchemy wraps it, so that run_transaction's retry and every
             # caller see the same errors as through the session. A connection the server
