@@ -64,6 +64,103 @@ def test_rows_binds_and_expanding_lists_read_as_through_a_session(client):
     assert direct_state[1] == {"objective": "one", "status": "active"}
 
 
+def test_lists_of_every_length_read_as_through_a_session(client):
+    """A statement's text is made once per set of list lengths (models.db._Compiled): each
+    length, and a length again with other values, reads exactly its own rows."""
+    ids = [
+        client.set_goal(WS, f"s-{i}", "x", client_submit_id="s-1").operation_id for i in range(4)
+    ]
+    cases = [ids[:1], ids[:3], [], ids[1:2], ids[2:4] + ["absent"], ids[:3][::-1], ids[3:]]
+
+    def read(s):
+        return [set(s.connection().execute(_OPS_OF, {"b_ops": case}).scalars()) for case in cases]
+
+    direct = run_transaction(client.engine, read, direct=True)
+    assert direct == run_transaction(client.engine, read)
+    assert direct == [set(case) - {"absent"} for case in cases]
+
+
+def _expanded_as_sqlalchemy_does(compiled, params):
+    """The text and bound parameters of one execution as SQLAlchemy's own expansion makes
+    them (what a Direct sent before it kept one text per set of lengths)."""
+    state = compiled.construct_expanded_state(params)
+    bound = dict(state.parameters)
+    for processors in (compiled._bind_processors, state.processors):
+        for name, process in processors.items():
+            if name in bound:
+                bound[name] = (
+                    process(bound[name])
+                    if callable(process)
+                    else tuple(
+                        v if p is None else p(v) for p, v in zip(process, bound[name], strict=True)
+                    )
+                )
+    return state.statement, bound
+
+
+def _comparable(bound):
+    """Bound parameters to compare: a JSON value wrapped for psycopg, by what it wraps."""
+    sql, params = bound
+    return sql, {name: (type(v), v.obj) if hasattr(v, "obj") else v for name, v in params.items()}
+
+
+def test_a_kept_text_binds_exactly_what_sqlalchemy_would():
+    """Every hot statement with lists (plain and of rows, besides fixed lists of its own and
+    JSON), at each length and again at the same length with other values: the same text and
+    the same bound parameters as SQLAlchemy's expansion of that very execution."""
+    from sqlalchemy.dialects import postgresql
+
+    from models.db import _Compiled
+    from workflows.goals.statements import LOOKUP_AND_CLAIM, NEXT_DUE_AND_ANYWHERE
+    from workflows.sessions.rows import INSERT_EVENT, event_params
+
+    now = utcnow()
+    claim = {
+        "b_now": now,
+        "b_first": now,
+        "b_owner": "w",
+        "b_token": "t",
+        "b_expires": now,
+        "b_budget_since": now,
+    }
+    cases = [
+        (LOOKUP_AND_CLAIM, lambda n, tag: {**claim, "b_ops": [f"{tag}-op-{i}" for i in range(n)]}),
+        (
+            NEXT_DUE_AND_ANYWHERE,
+            lambda n, tag: {
+                "b_now": now,
+                "b_stale": now,
+                "b_keys": [(f"{tag}-ws-{i}", f"{tag}-s-{i}") for i in range(n)],
+            },
+        ),
+        (
+            INSERT_EVENT,
+            lambda n, tag: event_params(
+                WS,
+                f"{tag}-{n}",
+                n,
+                kind="k",
+                record_id="r",
+                idempotency_key="i",
+                revision=n,
+                payload={"tag": tag, "n": [n, None]},
+                now=now,
+            ),
+        ),
+        (_OPS_OF, lambda n, tag: {"b_ops": [f"{tag}-{i}" for i in range(n)]}),
+    ]
+    dialect = postgresql.psycopg.dialect()
+    for statement, params_of in cases:
+        compiled = statement.compile(dialect=dialect)
+        kept = _Compiled(compiled)
+        for n in (0, 1, 3, 1, 32, 3, 0):
+            for tag in ("a", "b"):  # the second: the same lengths, other values
+                params = params_of(n, tag)
+                assert _comparable(kept.bound(params)) == _comparable(
+                    _expanded_as_sqlalchemy_does(compiled, params)
+                )
+
+
 def test_json_binds_go_through_the_column_type(client):
     _goal(client)
     desired = {"objective": 'ünïcode "quoted" {braces}', "status": "paused", "n": [1, 2.5, None]}
