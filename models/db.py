@@ -9,7 +9,7 @@ import os
 import random
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -219,7 +219,7 @@ class Rows:
 
 # Per dialect, each statement a Direct ran, compiled; held only as long as the statement
 # lives (the prebuilt ones: for good).
-_compiled: "weakref.WeakKeyDictionary[Dialect, weakref.WeakKeyDictionary[Any, SQLCompiler]]" = (
+_compiled: "weakref.WeakKeyDictionary[Dialect, weakref.WeakKeyDictionary[Any, _Compiled]]" = (
     weakref.WeakKeyDictionary()
 )
 
@@ -266,7 +266,7 @@ class _Compiled:
             return state.statement, _processed(
                 dict(state.parameters), compiled._bind_processors, state.processors
             )
-        params = compiled.construct_params(parameters)
+        params = cast(dict[str, Any], compiled.construct_params(parameters))
         lengths = tuple(len(params[name]) for name in self._lists)
         expansion = self._expansions.get(lengths)
         if expansion is None:
@@ -283,7 +283,7 @@ class _Compiled:
         return sql, _processed(params, compiled._bind_processors, processors)
 
 
-def _processed(params: dict[str, Any], *by_name: dict[str, Any]) -> dict[str, Any]:
+def _processed(params: dict[str, Any], *by_name: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters with the compiled statement's own processors (JSON, booleans)
     applied, then those of the values an expanding list spread into (SQLAlchemy's
     execution applies both)."""
