@@ -241,10 +241,11 @@ class _Compiled:
 
     MAX_EXPANSIONS = 256
 
-    __slots__ = ("compiled", "_lists", "_expansions")
+    __slots__ = ("compiled", "_plain", "_lists", "_expansions")
 
     def __init__(self, compiled: SQLCompiler) -> None:
         self.compiled = compiled
+        self._plain = not (compiled.post_compile_params or compiled.literal_execute_params)
         # The expanding parameters (IN lists), by name (as SQLAlchemy's expansion takes
         # them from construct_params); none where a parameter is rendered into the text
         # (literal_execute): such a statement goes the whole way every time.
@@ -261,6 +262,10 @@ class _Compiled:
     def bound(self, parameters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """The text and the bound parameters of one execution."""
         compiled = self.compiled
+        if self._plain:
+            # Nothing to spread or render: the compiled text as it is.
+            params = cast(dict[str, Any], compiled.construct_params(parameters))
+            return compiled.string, _processed(params, compiled._bind_processors)
         if not self._lists:
             state = compiled.construct_expanded_state(parameters)
             return state.statement, _processed(
