@@ -299,6 +299,19 @@ def _processed(params: dict[str, Any], *by_name: Mapping[str, Any]) -> dict[str,
     return params
 
 
+def bound_sql(dialect: Dialect, statement: Any, parameters: dict[str, Any]) -> tuple[str, Any]:
+    """A prebuilt statement's text and bound parameters for one execution, as a Direct
+    sends them (for a statement made of others' texts: see workflows.goals.named_claim)."""
+    by_statement = _compiled.get(dialect)
+    if by_statement is None:
+        by_statement = _compiled[dialect] = weakref.WeakKeyDictionary()
+    compiled = by_statement.get(statement)
+    if compiled is None:
+        compiled = _Compiled(cast(SQLCompiler, statement.compile(dialect=dialect)))
+        by_statement[statement] = compiled
+    return compiled.bound(parameters)
+
+
 class DirectConnection:
     """`Connection.execute` for a Direct: the statement compiled once, its parameters bound
     as SQLAlchemy binds them (expanding lists, JSON), and sent through psycopg itself. The
@@ -309,10 +322,11 @@ class DirectConnection:
         self._conn = conn
         self.dialect = conn.dialect
         self._driver: Any = conn.connection.driver_connection
-        by_statement = _compiled.get(conn.dialect)
-        if by_statement is None:
-            by_statement = _compiled[conn.dialect] = weakref.WeakKeyDictionary()
-        self._by_statement = by_statement
+
+    @property
+    def driver(self) -> Any:
+        """The psycopg connection."""
+        return self._driver
 
     def execute(self, statement: Any, parameters: Any = None) -> Any:
         if isinstance(parameters, list):
@@ -321,11 +335,7 @@ class DirectConnection:
         from psycopg.pq import ExecStatus
         from psycopg.rows import namedtuple_row
 
-        compiled = self._by_statement.get(statement)
-        if compiled is None:
-            compiled = _Compiled(cast(SQLCompiler, statement.compile(dialect=self.dialect)))
-            self._by_statement[statement] = compiled
-        sql, params = compiled.bound(parameters or {})
+        sql, params = bound_sql(self.dialect, statement, parameters or {})
         events = self._conn.dispatch
         if events.before_cursor_execute:  # (no cursor or execution context to give them)
             events.before_cursor_execute(self._conn, None, sql, params, None, False)

@@ -148,8 +148,8 @@ _RENEW = (
     )
     .values(expires_at=bindparam("b_expires"))
 )
-_RELEASE = update(LEASES).where(_NAMES, LEASES.c.token == bindparam("b_token")).values(_LET_GO)
-# _RELEASE as a CTE for a statement that does other writes too (PostgreSQL; its names an
+RELEASE = update(LEASES).where(_NAMES, LEASES.c.token == bindparam("b_token")).values(_LET_GO)
+# RELEASE as a CTE for a statement that does other writes too (PostgreSQL; its names an
 # array, `b_release_names`, under `b_release_token`): a holder's release in the round trip
 # of its last write.
 RELEASE_CTE = (
@@ -247,7 +247,7 @@ def release(session: Session, name: str, token: str) -> bool:
 
 def release_many(session: Session, names: list[str], token: str) -> int:
     """Release those of these leases that this token still holds; returns how many."""
-    result = session.connection().execute(_RELEASE, {"b_names": list(names), "b_token": token})
+    result = session.connection().execute(RELEASE, {"b_names": list(names), "b_token": token})
     return rowcount(result)
 
 

@@ -31,6 +31,8 @@ WS, SID = "ws-rules", "session-1"
 # state with the lanes' release, the look for more work).
 LANES_READ = ["SELECT"]
 CLAIM = ["WITH", "WITH"]
+# A named message's claim: one call, in autocommit (workflows.goals.named_claim).
+NAMED_CLAIM = ["SELECT"]
 RECORD = ["SELECT", "WITH", "SELECT"]
 DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
 
@@ -272,8 +274,8 @@ def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
 def test_a_message_that_names_the_session_skips_the_lanes_read(
     client, dispatcher, sim_control, backend
 ):
-    """On PostgreSQL the lane of the named session is taken at once, in the claim's
-    transaction: a lone dispatch is then five statements (no lanes read). On SQLite the
+    """On PostgreSQL the lane of the named session is taken at once, in the claim's one
+    call: a lone dispatch is then four statements (no lanes read). On SQLite the
     name is not used (`takes_named_lanes`): the dispatch is the unnamed one, with the same
     outcome."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
@@ -281,10 +283,35 @@ def test_a_message_that_names_the_session_skips_the_lanes_read(
         outcomes = dispatcher().dispatch_many([op.operation_id], steal=True, session_of=(WS, SID))
     assert [r.outcome for r in outcomes] == ["applied"]
     if backend == "production":
-        assert statements == CLAIM + RECORD
+        assert statements == NAMED_CLAIM + RECORD
     assert [e["operation_id"] for e in sim_control.effects()] == [op.operation_id]
     assert client.get_goal_operation(op.operation_id).status == "completed"
     assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): None}
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_named_claim_is_made_on_each_new_connection(client, dispatcher, sim_control):
+    """The named claim's function lives in the connection's own schema (`pg_temp`): a new
+    connection (a new pool, a reconnect) makes it again before its first call."""
+    first = client.set_goal(WS, SID, "one", client_submit_id="s-1")
+    d = dispatcher()
+    assert [r.outcome for r in d.dispatch_many([first.operation_id], session_of=(WS, SID))] == [
+        "applied"
+    ]
+    client.engine.dispose()
+    second = client.set_goal(WS, "s-2", "two", client_submit_id="s-1")
+    with _rollbacks(client.engine) as rolled_back:
+        outcomes = d.dispatch_many([second.operation_id], session_of=(WS, "s-2"))
+    assert [r.outcome for r in outcomes] == ["applied"]
+    assert rolled_back == []
+    assert [e["operation_id"] for e in sim_control.effects()] == [
+        first.operation_id,
+        second.operation_id,
+    ]
+    assert _lane_tokens(client, [SID, "s-2"]) == {
+        ids.lane_name(WS, SID): None,
+        ids.lane_name(WS, "s-2"): None,
+    }
 
 
 @pytest.mark.parametrize("named", ["another-session", "no-such-session"])

@@ -28,6 +28,7 @@ from workflows.adapters import metrics
 from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
+from workflows.goals.named_claim import claim_params, named_claim
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
     DISPATCH_BUDGET_S,
@@ -45,7 +46,6 @@ from workflows.goals.statements import (
     LOCK_SESSIONS_OF_OPS,
     LOOKUP_AND_CLAIM,
     MAX_LANES_PER_STEP,
-    NAMED_LANE_AND_LOCK,
     NEXT_DUE,
     NEXT_DUE_AND_ANYWHERE,
     OPS_LANES,
@@ -181,11 +181,6 @@ def apply_goal(runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any
         client_submit_id=op.client_submit_id,
         require_live=True,
     )
-
-
-class _NotAsNamed(Exception):
-    """The claim after a named lane did not take that very operation of that very session
-    (see Dispatcher._dispatch_named): its transaction is rolled back."""
 
 
 @dataclass
@@ -334,39 +329,48 @@ class Dispatcher:
         self, operation_id: str, key: tuple[str, str], steal: bool
     ) -> list[StepResult] | None:
         """Take the lane of the session a message names and claim the operation in one
-        transaction, without the read that finds its session (a round trip less for a lone
-        submit's message); None if this dispatch is then to go on as if nothing were named.
-        The name is the message's word: the lane is taken only if the operation is open and
-        unleased in that very session (NAMED_LANE_AND_LOCK), and otherwise (another
-        session's operation, one already settled or taken, a lane someone holds) nothing is
-        written, the transaction ends without a rollback. A claim that then does not take
-        this very operation (a maintenance hold, a newer revision …) rolls the whole
-        transaction back, lane and all."""
-
-        def opened(s: Session) -> dict[Lane, Claim | StepResult] | None:
-            token, taken = leases.claim_named(
-                s,
-                NAMED_LANE_AND_LOCK,
-                ids.lane_name(*key),
-                self.worker_id,
-                self.lease_s,
-                self.clock(),
-                {"b_op": operation_id, "b_ws": key[0], "b_sid": key[1]},
-            )
-            if not taken:
-                return None
-            claim = self._claim_ops(s, [operation_id], sessions_locked=True)[operation_id]
-            if not (
-                isinstance(claim, Claim) and (claim.op.workspace_id, claim.op.session_id) == key
-            ):
-                raise _NotAsNamed
-            return {Lane(*key, token): claim}
-
-        try:
-            work = run_transaction(self.engine, opened, direct=True)
-        except _NotAsNamed:
+        call (named_claim: the lane with the session lock, then the claim's read and claim,
+        as one PL/pgSQL function in autocommit), without the read that finds its session
+        (a round trip less for a lone submit's message); None if this dispatch is then to
+        go on as if nothing were named. The name is the message's word: the lane is taken
+        only if the operation is open and unleased in that very session
+        (NAMED_LANE_AND_LOCK), and let go again in the same call if the claim then does not
+        take it (a maintenance hold, a newer revision …): nothing is left written but the
+        claim of that very operation."""
+        now = self.clock()
+        params = claim_params(
+            operation_id,
+            key,
+            ids.lane_name(*key),
+            self.worker_id,
+            self.lease_s,
+            now,
+            now - timedelta(seconds=DISPATCH_BUDGET_S),
+        )
+        rows = run_read(self.engine, lambda s: named_claim(s, params), direct=True)
+        if not rows:
             return None
-        return None if work is None else self._drain(work, steal)
+        row = rows[0]
+        token, lane = params["b_token"], Lane(*key, params["b_lane_token"])
+        obstacle = _obstacle(row, operation_id, now)
+        if obstacle is not None or (row.workspace_id, row.session_id) != key:
+            # The call took what this judgement holds back: they disagree, a bug (as in
+            # _claim_ops). Give it back rather than call the agent against the judgement.
+            log.error(
+                "goal operation %s: claimed by the named claim but held back (%s)",
+                operation_id,
+                obstacle,
+            )
+
+            def give_back(s: Session) -> None:
+                _give_back(s.connection(), row, token)
+                self._release(s, [lane])
+
+            run_transaction(self.engine, give_back, direct=True)
+            return None
+        op = records.from_row(records.GoalOperation, row)
+        claim = self._claim_of(op, row, token, now, params["b_expires"])
+        return self._drain({lane: claim}, steal)
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
@@ -570,22 +574,35 @@ class Dispatcher:
             if op.operation_id not in taken:
                 verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")
                 continue
-            verdicts[op.operation_id] = Claim(
-                op=dataclasses.replace(
-                    op,
-                    status=OperationStatus.DISPATCHED.value,
-                    provider_phase=ProviderPhase.DISPATCHED.value,
-                    attempt=op.attempt + 1,
-                    first_dispatched_at=op.first_dispatched_at or now,
-                    lease_owner=self.worker_id,
-                    lease_token=token,
-                    lease_expires_at=expires,
-                ),
-                token=token,
-                reinstall=bool(rows[op.operation_id].reinstall),
-                host=(rows[op.operation_id].host_id, rows[op.operation_id].host_url),
+            verdicts[op.operation_id] = self._claim_of(
+                op, rows[op.operation_id], token, now, expires
             )
         return verdicts
+
+    def _claim_of(
+        self,
+        op: records.GoalOperation,
+        row,
+        token: str,
+        now: datetime,
+        expires: datetime,
+    ) -> Claim:
+        """The claim of an operation as its claim-lookup row read it before the claim."""
+        return Claim(
+            op=dataclasses.replace(
+                op,
+                status=OperationStatus.DISPATCHED.value,
+                provider_phase=ProviderPhase.DISPATCHED.value,
+                attempt=op.attempt + 1,
+                first_dispatched_at=op.first_dispatched_at or now,
+                lease_owner=self.worker_id,
+                lease_token=token,
+                lease_expires_at=expires,
+            ),
+            token=token,
+            reinstall=bool(row.reinstall),
+            host=(row.host_id, row.host_url),
+        )
 
     @staticmethod
     def _claim_now(conn, params: dict[str, Any], ops: list[records.GoalOperation]) -> set[str]:
