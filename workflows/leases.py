@@ -64,21 +64,29 @@ _TAKEN = (
 _WANTED = func.unnest(bindparam("b_name_array", type_=postgresql.ARRAY(String))).column_valued(
     "wanted_name"
 )
-_EXISTING = LEASES.alias("existing")
-_CREATED = (
-    postgresql.insert(LEASES)
-    .from_select(
-        ["name", "owner", "token", "expires_at"],
-        select(_WANTED, *_TAKEN_BY.values()).where(
-            # Only names with no row yet: inserting over a row that another transaction is
-            # updating would wait for it (so the names taken, which have rows, are out too).
-            ~select(_EXISTING.c.name).where(_EXISTING.c.name == _WANTED).exists()
-        ),
+
+
+def _created(name: Any, existing: str, cte: str, *conditions: Any) -> Any:
+    """A CTE inserting the lease row of `name` (an SQL expression: one name, or a column
+    of several), taken, where it has none yet and `conditions` hold; the names created.
+    Only names with no row yet: inserting over a row that another transaction is updating
+    would wait for it (so the names taken, which have rows, are out too)."""
+    row = LEASES.alias(existing)
+    return (
+        postgresql.insert(LEASES)
+        .from_select(
+            ["name", "owner", "token", "expires_at"],
+            select(name, *_TAKEN_BY.values()).where(
+                ~select(row.c.name).where(row.c.name == name).exists(), *conditions
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(LEASES.c.name)
+        .cte(cte)
     )
-    .on_conflict_do_nothing()
-    .returning(LEASES.c.name)
-    .cte("created")
-)
+
+
+_CREATED = _created(_WANTED, "existing", "created")
 _CLAIM_OR_CREATE = select(_TAKEN.c.name).union_all(select(_CREATED.c.name))
 # The names _CLAIM_OR_CREATE takes, as a CTE for a statement that goes on with them in the
 # same round trip (claim_many's `and_then`).
@@ -88,7 +96,8 @@ CLAIMED = _CLAIM_OR_CREATE.cte("claimed")
 def claim_or_create_one_if(condition: Any) -> Any:
     """_CLAIM_OR_CREATE for the one name `b_name` (PostgreSQL), taken only while `condition`
     (an SQL expression, read at the statement's snapshot) holds: where it does not, nothing
-    is written. A CTE of the name taken, for a statement built on it (`claim_named`)."""
+    is written. A CTE of the name taken, for a statement built on it (the named claim of
+    workflows.goals.named_claim)."""
     name = bindparam("b_name", type_=LEASES.c.name.type)
     waited = (
         update(LEASES)
@@ -97,46 +106,8 @@ def claim_or_create_one_if(condition: Any) -> Any:
         .returning(LEASES.c.name)
         .cte("named_waited")
     )
-    existing = LEASES.alias("named_existing")
-    created = (
-        postgresql.insert(LEASES)
-        .from_select(
-            ["name", "owner", "token", "expires_at"],
-            select(name, *_TAKEN_BY.values()).where(
-                ~select(existing.c.name).where(existing.c.name == name).exists(), condition
-            ),
-        )
-        .on_conflict_do_nothing()
-        .returning(LEASES.c.name)
-        .cte("named_created")
-    )
+    created = _created(name, "named_existing", "named_created", condition)
     return select(waited.c.name).union_all(select(created.c.name)).cte("named_claimed")
-
-
-def claim_named(
-    session: Session,
-    statement: Executable,
-    name: str,
-    owner: str,
-    ttl_s: float,
-    now: datetime,
-    params: dict[str, Any],
-) -> tuple[str, bool]:
-    """Run a statement built on `claim_or_create_one_if` (its rows `(name, lease)` as with
-    claim_many's `and_then`) for this name; the new token, and whether it was taken."""
-    token = new_token()
-    rows = session.connection().execute(
-        statement,
-        {
-            **params,
-            "b_name": name,
-            "b_now": now,
-            "b_owner": owner,
-            "b_token": token,
-            "b_expires": now + timedelta(seconds=ttl_s),
-        },
-    )
-    return token, any(row.lease for row in rows)
 
 
 _RENEW = (

@@ -104,11 +104,12 @@ _LOCKED = (
 TAKE_LANES_AND_LOCK = select(CLAIMED.c.name, literal(True).label("lease")).union_all(
     select(_LOCKED.c.workspace_id, literal(False))
 )
-# For a message that names the session of its one operation (dispatch._dispatch_named): the
-# named session's lane, taken only if the operation is open and unleased in that very
-# session, and that session's row locked once the lane is taken — else nothing is written,
-# and the transaction ends without a rollback (psycopg forgets every statement it had
-# prepared on a connection that rolls back, and they are planned anew afterwards).
+# For a message that names the session of its one operation (dispatch._dispatch_named, the
+# first statement of workflows.goals.named_claim): the named session's lane, taken only if
+# the operation is open and unleased in that very session, and that session's row locked
+# once the lane is taken — else nothing is written, and nothing has to be rolled back
+# (psycopg forgets every statement it had prepared on a connection that rolls back, and
+# they are planned anew afterwards).
 _NAMED_OPEN = (
     select(OPS.c.operation_id)
     .where(
