@@ -1,18 +1,22 @@
 """DESIGN 4.1 and 4.2, rule by rule, on both backends: the workflow functions against the
 real database and the simulator over real HTTP, with a clock the test controls."""
 
+import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import create_engine, event, make_url, select, text, update
 
 from models.db import run_transaction
+from tests.conftest import PG_ADMIN_URL, throwaway_pg_database
 from tests.helpers import Clock, row_counts, statements_sent
 from workflows import ids
 from workflows.adapters.runtime import HttpRuntime
+from workflows.client import AgentRadar
 from workflows.errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
@@ -257,7 +261,6 @@ def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
 def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
     """So that the worker takes the session's lane without reading it first."""
     from tests.adapters.test_publisher import RecordingPublisher
-    from workflows.client import AgentRadar
 
     publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
     c = AgentRadar(settings=settings, publisher=publisher)
@@ -312,6 +315,70 @@ def test_a_named_claim_is_made_on_each_new_connection(client, dispatcher, sim_co
         ids.lane_name(WS, SID): None,
         ids.lane_name(WS, "s-2"): None,
     }
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_role_without_the_temp_privilege_dispatches_named_messages_as_unnamed(
+    settings, sim_control, caplog
+):
+    """The named claim's function needs the right to make temporary objects. A database
+    role without it (TEMP revoked from PUBLIC, as some hardened databases do) gets the
+    dispatch as if nothing were named: applied once, the refusal logged once, and not
+    tried again on every message."""
+    role = f"radar_no_temp_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+    try:
+        with throwaway_pg_database("agent_radar_no_temp") as url:
+            database = url.rsplit("/", 1)[1]
+            owner = create_engine(url, isolation_level="AUTOCOMMIT")
+            with owner.connect() as conn:
+                conn.execute(text(f'REVOKE TEMPORARY ON DATABASE "{database}" FROM PUBLIC'))
+                conn.execute(text(f'GRANT USAGE ON SCHEMA public TO "{role}"'))
+                conn.execute(
+                    text(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public "
+                        f'TO "{role}"'
+                    )
+                )
+                conn.execute(text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"'))
+            owner.dispose()
+            role_url = make_url(url).set(username=role).render_as_string(hide_password=False)
+            as_role = replace(settings, database_url=role_url)
+            client = AgentRadar(settings=as_role)
+            try:
+                d = Dispatcher(
+                    client.engine,
+                    HttpRuntime(settings.runtime_url, timeout_s=2),
+                    worker_id="worker-a",
+                    lease_s=settings.lease_s,
+                )
+                ops = [
+                    client.set_goal(WS, sid, "ship it", client_submit_id="s-1")
+                    for sid in (SID, "s-2")
+                ]
+                with caplog.at_level(logging.WARNING, logger="workflows.goals.named_claim"):
+                    first = d.dispatch_many([ops[0].operation_id], session_of=(WS, SID))
+                    with statements_sent(client.engine) as statements:
+                        second = d.dispatch_many([ops[1].operation_id], session_of=(WS, "s-2"))
+                assert [r.outcome for r in first + second] == ["applied", "applied"]
+                assert statements == DISPATCH_STEP_STATEMENTS  # the unnamed path, no call
+                refusals = [r for r in caplog.records if "named claims are off" in r.message]
+                assert len(refusals) == 1
+                assert [e["operation_id"] for e in sim_control.effects()] == [
+                    op.operation_id for op in ops
+                ]
+                assert {client.get_goal_operation(op.operation_id).status for op in ops} == {
+                    "completed"
+                }
+            finally:
+                client.close()
+                client.engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
 
 
 @pytest.mark.parametrize("named", ["another-session", "no-such-session"])

@@ -11,9 +11,15 @@ transaction, committed (and flushed) before the call returns, as before.
 The order holds as in the transaction: each statement of a VOLATILE function reads a
 snapshot taken when it starts (READ COMMITTED), so the claim's read starts after the lock,
 as a statement of its own would.
+
+Making the function needs the right to create temporary objects (PostgreSQL's TEMP
+privilege, granted to every role by default). Where the database's role lacks it, the call
+says so (None), once logged, and every named message of that engine is then dispatched as
+if nothing were named: the lanes read, then the claim in a transaction of its own.
 """
 
 import hashlib
+import logging
 import re
 import weakref
 from datetime import datetime, timedelta
@@ -26,6 +32,8 @@ from sqlalchemy.orm import Session
 from models.db import bound_sql
 from workflows import leases
 from workflows.goals.statements import LOOKUP_AND_CLAIM, NAMED_LANE_AND_LOCK
+
+log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
@@ -55,6 +63,8 @@ class NamedClaim:
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
         self._sql: tuple[str, tuple[str, Any]] | None = None
+        # Set once the database refused to make the function (no TEMP privilege).
+        self.refused = False
 
     @staticmethod
     def _parts(params: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -136,9 +146,12 @@ END"""
         arguments = ", ".join(f"CAST(:{n} AS {t})" for n, t in zip(names, types, strict=True))
         return ddl, (name, text(f"SELECT * FROM {name}({arguments}) AS claimed({columns})"))
 
-    def call(self, session: Session, params: dict[str, Any]) -> list[Any]:
+    def call(self, session: Session, params: dict[str, Any]) -> list[Any] | None:
         """Run the claim (on a connection in autocommit): the claim's row if the lane was
-        taken and the operation claimed; none otherwise, with nothing left taken."""
+        taken and the operation claimed; none otherwise, with nothing left taken. None,
+        with nothing done, where the database does not let its role make the function."""
+        if self.refused:
+            return None
         texts, values = self._bound(params)
         if self._sql is None:
             self._sql = self._function(texts, values)
@@ -149,7 +162,18 @@ END"""
             raise RuntimeError("the named claim runs on a direct PostgreSQL connection")
         made = _made.setdefault(driver, set())
         if name not in made:
-            driver.execute(ddl)
+            from psycopg.errors import InsufficientPrivilege
+
+            try:
+                driver.execute(ddl)  # autocommit: a refusal leaves no transaction behind
+            except InsufficientPrivilege as exc:
+                self.refused = True
+                log.warning(
+                    "named claims are off: the database role may not make the claim's "
+                    "function in pg_temp (%s); named messages are dispatched as unnamed",
+                    str(exc).strip(),
+                )
+                return None
             made.add(name)
         return list(conn.execute(call, values))
 
@@ -157,7 +181,7 @@ END"""
 _claims: dict[Dialect, NamedClaim] = {}
 
 
-def named_claim(session: Session, params: dict[str, Any]) -> list[Any]:
+def named_claim(session: Session, params: dict[str, Any]) -> list[Any] | None:
     """NamedClaim.call for the session's dialect."""
     dialect = session.connection().dialect
     claim = _claims.get(dialect)
