@@ -1046,6 +1046,52 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     assert len(sim_control.effects()) == 3
 
 
+@pytest.mark.parametrize("backend", ["production"])  # where a step's end takes work anywhere
+def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_control, clock):
+    """A message that comes after its work was taken says the messages lag behind the work
+    (under load they queue, and their work is taken along): the steps of the dispatch it
+    starts take every due operation at their ends, however young, rather than leave it
+    STEAL_AFTER for a message that is itself late. A message that finds its own work leaves
+    such work alone (test_a_steps_end_leaves_work_just_come_due_to_its_message)."""
+    from workflows.goals.dispatch import STEAL_AFTER
+
+    taken = client.set_goal(WS, "taken", "x", client_submit_id="1")
+    other = client.set_goal(WS, "other", "x", client_submit_id="1")
+    fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
+    clock.advance(1)
+
+    def due_at(op, at):
+        run_transaction(
+            client.engine,
+            lambda s: s.execute(
+                update(OPS).where(OPS.c.operation_id == op.operation_id).values(next_attempt_at=at)
+            ),
+        )
+
+    # `taken` was dispatched before its message came; `fresh` comes due during the step
+    # that the late message starts with `other`, just now.
+    due_at(fresh, clock.now + timedelta(hours=1))
+    d = dispatcher()
+    assert [r.outcome for r in d.dispatch_many([taken.operation_id])] == ["applied"]
+    attempt_all = d._attempt_all
+
+    def meanwhile(claims):
+        due_at(fresh, clock.now - STEAL_AFTER / 2)
+        return attempt_all(claims)
+
+    d._attempt_all = meanwhile
+    results = d.dispatch_many([taken.operation_id], steal=True)
+    assert [(r.operation_id, r.outcome) for r in results] == [
+        (other.operation_id, "applied"),
+        (fresh.operation_id, "applied"),
+    ]
+    assert [e["operation_id"] for e in sim_control.effects()] == [
+        taken.operation_id,
+        other.operation_id,
+        fresh.operation_id,
+    ]
+
+
 def test_a_batch_skips_a_session_whose_lane_another_worker_holds(
     client, dispatcher, clock, settings
 ):
