@@ -997,6 +997,29 @@ def test_a_dispatch_whose_work_is_done_still_takes_due_work_along(
     ]
 
 
+def _due_at(client, op, at):
+    """Make an operation due at `at` (its next attempt)."""
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(OPS).where(OPS.c.operation_id == op.operation_id).values(next_attempt_at=at)
+        ),
+    )
+
+
+def _during_the_calls(d, act):
+    """Run `act()` each time the dispatcher `d` calls the runtime in a step, before the
+    calls; what `d` called before (to put back)."""
+    attempt_all = d._attempt_all
+
+    def meanwhile(claims):
+        act()
+        return attempt_all(claims)
+
+    d._attempt_all = meanwhile
+    return attempt_all
+
+
 @pytest.mark.parametrize("backend", ["production"])  # where a step's end takes work anywhere
 def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     client, dispatcher, sim_control, clock
@@ -1012,27 +1035,18 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     stale = client.set_goal(WS, "stale", "x", client_submit_id="1")
     clock.advance(1)
 
-    def due_at(op, at):
-        run_transaction(
-            client.engine,
-            lambda s: s.execute(
-                update(OPS).where(OPS.c.operation_id == op.operation_id).values(next_attempt_at=at)
-            ),
-        )
-
     # Not due when the dispatch starts (its message's read would take them along); both
     # come due during its step, one of them just now, the other STEAL_AFTER ago.
-    due_at(fresh, clock.now + timedelta(hours=1))
-    due_at(stale, clock.now + timedelta(hours=1))
+    _due_at(client, fresh, clock.now + timedelta(hours=1))
+    _due_at(client, stale, clock.now + timedelta(hours=1))
     d = dispatcher()
-    attempt_all = d._attempt_all
-
-    def meanwhile(claims):
-        due_at(fresh, clock.now - STEAL_AFTER / 2)
-        due_at(stale, clock.now - STEAL_AFTER)
-        return attempt_all(claims)
-
-    d._attempt_all = meanwhile
+    attempt_all = _during_the_calls(
+        d,
+        lambda: (
+            _due_at(client, fresh, clock.now - STEAL_AFTER / 2),
+            _due_at(client, stale, clock.now - STEAL_AFTER),
+        ),
+    )
     results = d.dispatch_many([own.operation_id], steal=True)
     assert [(r.operation_id, r.outcome) for r in results] == [
         (own.operation_id, "applied"),
@@ -1060,26 +1074,12 @@ def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_c
     fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
     clock.advance(1)
 
-    def due_at(op, at):
-        run_transaction(
-            client.engine,
-            lambda s: s.execute(
-                update(OPS).where(OPS.c.operation_id == op.operation_id).values(next_attempt_at=at)
-            ),
-        )
-
     # `taken` was dispatched before its message came; `fresh` comes due during the step
     # that the late message starts with `other`, just now.
-    due_at(fresh, clock.now + timedelta(hours=1))
+    _due_at(client, fresh, clock.now + timedelta(hours=1))
     d = dispatcher()
     assert [r.outcome for r in d.dispatch_many([taken.operation_id])] == ["applied"]
-    attempt_all = d._attempt_all
-
-    def meanwhile(claims):
-        due_at(fresh, clock.now - STEAL_AFTER / 2)
-        return attempt_all(claims)
-
-    d._attempt_all = meanwhile
+    _during_the_calls(d, lambda: _due_at(client, fresh, clock.now - STEAL_AFTER / 2))
     results = d.dispatch_many([taken.operation_id], steal=True)
     assert [(r.operation_id, r.outcome) for r in results] == [
         (other.operation_id, "applied"),
