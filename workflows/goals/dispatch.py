@@ -31,7 +31,6 @@ from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.named_claim import claim_params, named_claim
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
-    DISPATCH_BUDGET_S,
     backoff_s,
     budget_exhausted,
     complete_applied,
@@ -54,6 +53,7 @@ from workflows.goals.statements import (
     STATE_SYNC,
     STATES_APPLYING,
     TAKE_LANES_AND_LOCK,
+    lookup_and_claim_params,
 )
 from workflows.goals.submit import supersede
 from workflows.sessions.rows import lock_session
@@ -353,7 +353,6 @@ class Dispatcher:
             self.worker_id,
             self.lease_s,
             now,
-            now - timedelta(seconds=DISPATCH_BUDGET_S),
         )
         rows = run_read(self.engine, lambda s: named_claim(s, params), direct=True)
         if not rows:
@@ -534,18 +533,10 @@ class Dispatcher:
             conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
         token = leases.new_token()
         expires = now + timedelta(seconds=self.lease_s)
-        params = {
-            **wanted,
-            "b_now": now,
-            "b_first": now,
-            "b_owner": self.worker_id,
-            "b_token": token,
-            "b_expires": expires,
-        }
+        params = lookup_and_claim_params(operation_ids, now, self.worker_id, token, expires)
         postgresql = conn.dialect.name == "postgresql"
         if postgresql:
-            budget_since = now - timedelta(seconds=DISPATCH_BUDGET_S)
-            lookup = conn.execute(LOOKUP_AND_CLAIM, {**params, "b_budget_since": budget_since})
+            lookup = conn.execute(LOOKUP_AND_CLAIM, params)
         else:
             lookup = conn.execute(CLAIM_LOOKUP, wanted)
         rows = {row.operation_id: row for row in lookup}

@@ -31,7 +31,11 @@ from sqlalchemy.orm import Session
 
 from models.db import bound_sql
 from workflows import leases
-from workflows.goals.statements import LOOKUP_AND_CLAIM, NAMED_LANE_AND_LOCK
+from workflows.goals.statements import (
+    LOOKUP_AND_CLAIM,
+    NAMED_LANE_AND_LOCK,
+    lookup_and_claim_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +83,13 @@ class NamedClaim:
             "b_token": params["b_lane_token"],
             "b_expires": params["b_expires"],
         }
-        claim = {
-            "b_ops": [params["b_op"]],
-            "b_now": params["b_now"],
-            "b_first": params["b_now"],
-            "b_owner": params["b_owner"],
-            "b_token": params["b_token"],
-            "b_expires": params["b_expires"],
-            "b_budget_since": params["b_budget_since"],
-        }
+        claim = lookup_and_claim_params(
+            [params["b_op"]],
+            params["b_now"],
+            params["b_owner"],
+            params["b_token"],
+            params["b_expires"],
+        )
         release = {"b_names": [params["b_name"]], "b_token": params["b_lane_token"]}
         return [
             ("l", NAMED_LANE_AND_LOCK, lane),
@@ -197,7 +199,6 @@ def claim_params(
     owner: str,
     lease_s: float,
     now: datetime,
-    budget_since: datetime,
 ) -> dict[str, Any]:
     """The call's parameters: new tokens for the lane and the operation."""
     return {
@@ -210,5 +211,4 @@ def claim_params(
         "b_lane_token": leases.new_token(),
         "b_token": leases.new_token(),
         "b_expires": now + timedelta(seconds=lease_s),
-        "b_budget_since": budget_since,
     }

@@ -2,11 +2,15 @@
 (`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
 cached one on the hot path."""
 
+from datetime import datetime, timedelta
+from typing import Any
+
 from sqlalchemy import String, bindparam, func, literal, or_, select, tuple_, union_all, update
 from sqlalchemy.dialects import postgresql
 
 from models.enums import OperationStatus, ProviderPhase, SyncStatus
 from workflows.goals.operations import (
+    DISPATCH_BUDGET_S,
     DISPATCH_MAX_ATTEMPTS,
     due_operations,
     open_unheld,
@@ -224,6 +228,24 @@ LOOKUP_AND_CLAIM = (
     .outerjoin(_TAKEN, _TAKEN.c.operation_id == OPS.c.operation_id)
     .add_cte(_applying(_TAKEN, "taken_applying"))
 )
+
+
+def lookup_and_claim_params(
+    operation_ids: list[str], now: datetime, owner: str, token: str, expires: datetime
+) -> dict[str, Any]:
+    """LOOKUP_AND_CLAIM's parameters: these operations claimed at `now` under `token` until
+    `expires` (the claim's own CLAIM takes the same, but `b_budget_since`)."""
+    return {
+        "b_ops": list(operation_ids),
+        "b_now": now,
+        "b_first": now,
+        "b_owner": owner,
+        "b_token": token,
+        "b_expires": expires,
+        "b_budget_since": now - timedelta(seconds=DISPATCH_BUDGET_S),
+    }
+
+
 # LOOKUP_AND_CLAIM's claim of one operation undone: the row as the statement read it (the
 # lease columns included), and its goal state's sync status.
 GIVE_BACK = (
