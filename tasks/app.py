@@ -55,6 +55,8 @@ def celery_config(settings: Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # Every message passes the gate before Celery reads it (tasks/gate.py).
+        "worker_consumer": "tasks.gate:GuardedConsumer",
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
@@ -81,7 +83,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     modules = list(TASK_MODULES)
     if os.environ.get(BENCH_TASKS_ENV) == "1":
         modules.append(BENCH_TASK_MODULE)
-    celery = Celery("agent_radar", include=modules, task_cls="tasks.strict:GuardedTask")
+    celery = Celery("agent_radar", include=modules)
     celery.conf.update(celery_config(settings))
     # Kept on the app, not in its configuration: `celery inspect conf` and Flower show the
     # configuration to anyone who can reach them, and the settings hold secrets.

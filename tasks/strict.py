@@ -1,11 +1,10 @@
 """Task registration with strict message checks (DESIGN 7.3).
 
 Two layers keep an untrusted message from hurting a worker:
-- `GuardedTask.Strategy` runs in the worker's main process, where Celery turns a message into
-  a request. A message that cannot be decoded into a call (a body that is not
-  `[args, kwargs, embed]`, ill-typed headers, an oversized body) is rejected there
-  (`requeue=False`) with one log line, instead of raising out of the consumer and stopping
-  the worker — and, requeued, the next worker that takes it.
+- The gate (tasks/gate.py) runs in the worker's main process, before Celery turns a message
+  into a request: ill-typed headers, a task that is not ours, a body that is not
+  `[args, kwargs, embed]` or is oversized are rejected there (`requeue=False`) with one log
+  line, instead of raising out of the consumer and stopping the worker.
 - `strict_task` runs in the pool: unknown, missing or ill-typed arguments are rejected (not
   retried) with one clear log line, before anything is written. Only connection-level
   database faults are retried; any other error is permanent and rejected with its reason.
@@ -15,10 +14,9 @@ import functools
 import inspect
 import logging
 
-from celery import Task, shared_task
+from celery import shared_task
 from celery.app import trace as celery_trace
-from celery.exceptions import InvalidTaskError, Reject
-from celery.worker import strategy as celery_strategy
+from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from tasks.runtime_context import TaskContext
@@ -35,90 +33,11 @@ celery_trace.log_policy_reject = celery_trace.log_policy_reject._replace(traceba
 # A public task whose database is unreachable retries with backoff until this many tries;
 # the intent is not durable yet, so it must not be dropped.
 PUBLIC_MAX_RETRIES = 50
-# Our messages carry ids and small JSON (an objective is at most 16 KiB, a prompt 64 KiB);
-# anything larger than this is not ours and is refused before it is decoded.
-MAX_MESSAGE_BYTES = 256 * 1024
-EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
-
-
-def check_message(message) -> None:
-    """Raise InvalidTaskError unless the message is a well-formed protocol 2 task call."""
-    body = message.body
-    if isinstance(body, (bytes, str)) and len(body) > MAX_MESSAGE_BYTES:
-        raise InvalidTaskError(f"body of {len(body)} bytes is over {MAX_MESSAGE_BYTES}")
-    headers = message.headers
-    if not isinstance(headers, dict):
-        raise InvalidTaskError("headers are not a mapping")
-    for name in ("id", "task"):
-        if not isinstance(headers.get(name), str) or not headers[name]:
-            raise InvalidTaskError(f"header {name!r} is missing or not a string")
-    for name in ("root_id", "parent_id", "group", "shadow", "eta", "expires"):
-        if headers.get(name) is not None and not isinstance(headers[name], str):
-            raise InvalidTaskError(f"header {name!r} is not a string")
-    retries = headers.get("retries", 0)
-    if retries is not None and (
-        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-    ):
-        raise InvalidTaskError("header 'retries' is not a count")
-    timelimit = headers.get("timelimit")
-    if timelimit is not None and not (
-        isinstance(timelimit, (list, tuple))
-        and len(timelimit) == 2
-        and all(
-            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0)
-            for t in timelimit
-        )
-    ):
-        raise InvalidTaskError("header 'timelimit' is not [soft, hard]")
-    payload = message.decode()
-    if not (isinstance(payload, (list, tuple)) and len(payload) == 3):
-        raise InvalidTaskError("body is not [args, kwargs, embed]")
-    args, kwargs, embed = payload
-    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
-        raise InvalidTaskError("body args is not a list or kwargs is not an object")
-    if any(not name.isidentifier() or name == "self" for name in kwargs):
-        # `self` would collide with the bound task before any check of ours runs.
-        raise InvalidTaskError("body kwargs has a name that is no argument")
-    if embed is not None and not (
-        isinstance(embed, dict)
-        and set(embed) <= EMBED_KEYS
-        and all(v in (None, [], ()) for v in embed.values())
-    ):
-        raise InvalidTaskError("body embed carries unknown keys or workflow callbacks")
-
-
-def guarded_strategy(task, app, consumer, **kwargs):
-    """Celery's default strategy, behind `check_message`; anything that still fails while
-    the message becomes a request is rejected the same way."""
-    handle = celery_strategy.default(task, app, consumer, **kwargs)
-    connection_errors = consumer.connection_errors
-
-    def task_message_handler(message, body, ack, reject, callbacks, **options):
-        try:
-            if body is None:  # protocol 2; a protocol 1 message arrives decoded
-                check_message(message)
-            return handle(message, body, ack, reject, callbacks, **options)
-        except connection_errors:
-            raise  # the consumer reconnects; the message is redelivered
-        except Exception as exc:  # noqa: BLE001 - nothing in a message may stop the worker
-            headers = message.headers if isinstance(message.headers, dict) else {}
-            log.error(
-                "rejected malformed %s message %s: %s: %s",
-                task.name,
-                str(headers.get("id"))[:64],
-                exc.__class__.__name__,
-                str(exc)[:200],
-            )
-            message.reject_log_error(log, connection_errors, requeue=False)
-            return None
-
-    return task_message_handler
-
-
-class GuardedTask(Task):
-    """The app's task base: every task, Celery's own included, gets the guarded strategy."""
-
-    Strategy = "tasks.strict:guarded_strategy"
+# Its backoff doubles from 1 s up to this; a worker's gate refuses ETAs much further ahead.
+PUBLIC_RETRY_MAX_S = 30
+# The names `strict_task` registered: the only tasks a worker's gate lets through
+# (tasks/gate.py); Celery's built-ins and anything else are refused there.
+TASK_NAMES: set[str] = set()
 
 
 def _connection_level(exc: DBAPIError) -> bool:
@@ -144,6 +63,7 @@ def strict_task(name: str, *, public: bool = False, events: bool = True):
 
     def decorate(fn):
         signature = inspect.signature(fn)
+        TASK_NAMES.add(name)
 
         @shared_task(
             name=name,
@@ -191,7 +111,9 @@ def strict_task(name: str, *, public: bool = False, events: bool = True):
                         exc.__class__.__name__,
                     )
                     return None
-                raise self.retry(exc=exc, countdown=min(2**self.request.retries, 30)) from exc
+                raise self.retry(
+                    exc=exc, countdown=min(2**self.request.retries, PUBLIC_RETRY_MAX_S)
+                ) from exc
             except Reject:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bug must not become a retry loop

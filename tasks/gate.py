@@ -1,0 +1,227 @@
+"""The worker's gate: every message a worker takes passes here before Celery turns it into a
+request (docs/architecture.md would call it the edge; README "Hostile input").
+
+Celery's consumer trusts a message's headers: a `task` header that is a list raises
+`TypeError` out of its dictionary lookup, an unknown task with no `id` header raises
+`KeyError` out of its own error handler, and either stops the worker — which then restores
+the message, so every worker that takes it dies the same way. The gate checks the headers
+and the body first, lets through only the tasks this product registered, and turns anything
+that still fails inside Celery into one log line and a reject without requeue.
+
+Three more guards live here because they act before Celery's code does:
+- kombu decompresses a body while it builds the message, before any size check: a 1.4 KB
+  bz2 message unpacked to 2 GB. The worker refuses every compression (`refuse_compression`);
+  producers of this service have no reason to compress.
+- A message with an ETA is held in the worker's memory, past the prefetch limit, until it is
+  due. An ETA further ahead than `MAX_ETA_S` is refused; past `ETA_HELD_MAX` held messages,
+  a new one runs at once instead of being held.
+- Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run.
+"""
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from celery.exceptions import InvalidTaskError
+from celery.utils.time import maybe_iso8601
+from celery.worker import state as worker_state
+from celery.worker.consumer.consumer import Consumer
+from kombu import compression
+
+from tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
+
+log = logging.getLogger("agent_radar.gate")
+
+# Our messages carry ids and small JSON (an objective is at most 16 KiB, a prompt 64 KiB);
+# anything larger than this is not ours and is refused before it is decoded.
+MAX_MESSAGE_BYTES = 256 * 1024
+# The longest wait this product asks for is a public task's retry countdown; twice that
+# leaves room for clock skew between the worker that sent the retry and the one that takes
+# it. Anything further ahead is not ours.
+MAX_ETA_S = 2.0 * PUBLIC_RETRY_MAX_S
+# At most this many messages wait for their ETA in one worker; beyond it a message runs at
+# once. An ETA only spaces out a retry, so running one early costs a try, never a write.
+ETA_HELD_MAX = 100
+# Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
+# this many characters (uuids are 36).
+MAX_ID_CHARS = 255
+EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
+STRING_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "origin")
+
+
+def refuse_compression() -> None:
+    """Make every compression kombu knows fail to decompress, in this process (a worker's):
+    the message then reaches `on_decode_error` as an error, never unpacked. An unknown
+    compression already fails there."""
+
+    def refuse(_body):
+        raise InvalidTaskError("compressed messages are refused")
+
+    for content_type in list(compression._decoders):
+        compression._decoders[content_type] = refuse
+
+
+def _printable_id(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_ID_CHARS
+        and value.isprintable()
+        and value.strip() == value
+    )
+
+
+def _when(headers: dict, name: str) -> datetime | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise InvalidTaskError(f"header {name!r} is not a date")
+    try:
+        when = maybe_iso8601(raw)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidTaskError(f"header {name!r} is not an ISO 8601 date") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def check_headers(headers: object, allowed: frozenset[str], now: datetime) -> None:
+    """Raise InvalidTaskError unless `headers` are a protocol 2 call of an allowed task."""
+    if not isinstance(headers, dict):
+        raise InvalidTaskError("headers are not a mapping")
+    if "compression" in headers:
+        raise InvalidTaskError("compressed messages are refused")
+    task = headers.get("task")
+    if task is None:
+        raise InvalidTaskError("no task header (only protocol 2 messages are accepted)")
+    if not isinstance(task, str) or task not in allowed:
+        raise InvalidTaskError("not a task of this service")
+    if not _printable_id(headers.get("id")):
+        raise InvalidTaskError("header 'id' is missing or not a printable string")
+    for name in STRING_HEADERS:
+        if headers.get(name) is not None and not isinstance(headers[name], str):
+            raise InvalidTaskError(f"header {name!r} is not a string")
+    for name in ("root_id", "parent_id"):
+        if headers.get(name) is not None and not _printable_id(headers[name]):
+            raise InvalidTaskError(f"header {name!r} is not a printable string")
+    eta = _when(headers, "eta")
+    if eta is not None and eta > now + timedelta(seconds=MAX_ETA_S):
+        raise InvalidTaskError(f"header 'eta' is more than {MAX_ETA_S:g} s ahead")
+    _when(headers, "expires")
+    retries = headers.get("retries", 0)
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
+    ):
+        raise InvalidTaskError("header 'retries' is not a count")
+    timelimit = headers.get("timelimit")
+    if timelimit is not None and not (
+        isinstance(timelimit, (list, tuple))
+        and len(timelimit) == 2
+        and all(
+            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0)
+            for t in timelimit
+        )
+    ):
+        raise InvalidTaskError("header 'timelimit' is not [soft, hard]")
+
+
+def check_body(message) -> None:
+    """Raise InvalidTaskError unless the body is a small `[args, kwargs, embed]` in JSON."""
+    body = message.body
+    if not isinstance(body, (bytes, str)):
+        raise InvalidTaskError("body is not bytes")
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise InvalidTaskError(f"body of {len(body)} bytes is over {MAX_MESSAGE_BYTES}")
+    payload = message.decode()
+    if not (isinstance(payload, (list, tuple)) and len(payload) == 3):
+        raise InvalidTaskError("body is not [args, kwargs, embed]")
+    args, kwargs, embed = payload
+    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+        raise InvalidTaskError("body args is not a list or kwargs is not an object")
+    if any(not name.isidentifier() or name == "self" for name in kwargs):
+        # `self` would collide with the bound task before any check of ours runs.
+        raise InvalidTaskError("body kwargs has a name that is no argument")
+    if embed is not None and not (
+        isinstance(embed, dict)
+        and set(embed) <= EMBED_KEYS
+        and all(v in (None, [], ()) for v in embed.values())
+    ):
+        raise InvalidTaskError("body embed carries unknown keys or workflow callbacks")
+
+
+def _short(value: object) -> str:
+    """A header's value for a log line: its repr (newlines and control characters escaped),
+    cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _reason(exc: BaseException | None) -> str:
+    """Why, for a log line: the error's class and text, escaped like a repr, unquoted."""
+    if exc is None:
+        return "unknown message format"
+    text = repr(f"{exc.__class__.__name__}: {exc}")[1:-1]
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class GuardedConsumer(Consumer):
+    """Celery's consumer behind the gate (`worker_consumer` in tasks/app.py)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        refuse_compression()
+        super().__init__(*args, **kwargs)
+
+    def allowed_tasks(self) -> frozenset[str]:
+        return frozenset(TASK_NAMES) & frozenset(self.app.tasks)
+
+    def create_task_handler(self, *args, **kwargs):
+        handle = super().create_task_handler(*args, **kwargs)
+        allowed = self.allowed_tasks()
+
+        def on_task_received(message):
+            try:
+                check_headers(message.headers, allowed, datetime.now(UTC))
+                check_body(message)
+                if message.headers.get("eta") and len(worker_state.scheduled_requests) >= (
+                    ETA_HELD_MAX
+                ):
+                    message.headers["eta"] = None  # run it now rather than hold one more
+                return handle(message)
+            except self.connection_errors:
+                raise  # the consumer reconnects; the message is redelivered
+            except Exception as exc:  # noqa: BLE001 - nothing in a message may stop the worker
+                self.refuse(message, exc)
+                return None
+
+        return on_task_received
+
+    def refuse(self, message, exc: BaseException | None) -> None:
+        """One log line, and the message dropped without requeue (RabbitMQ dead-letters it
+        where a dead-letter exchange is set)."""
+        headers = getattr(message, "headers", None)
+        headers = headers if isinstance(headers, dict) else {}
+        log.error(
+            "rejected message %s of task %s: %s",
+            _short(headers.get("id")),
+            _short(headers.get("task")),
+            _reason(exc),
+        )
+        if getattr(message, "acknowledged", True):
+            return  # Celery already settled it, or it is not a message at all
+        try:
+            message.reject(requeue=False)
+        except self.connection_errors:
+            raise
+        except Exception as err:  # noqa: BLE001 - e.g. the channel closed under it
+            log.warning("could not reject message %s: %s", _short(headers.get("id")), _short(err))
+
+    # Celery's own handlers log a traceback and, for an unknown task, read headers that a
+    # hostile message need not have; the gate answers each with its one line instead.
+    def on_decode_error(self, message, exc) -> None:
+        self.refuse(message, exc)
+
+    def on_unknown_message(self, body, message) -> None:
+        self.refuse(message, None)
+
+    def on_unknown_task(self, body, message, exc) -> None:
+        self.refuse(message, exc)
+
+    def on_invalid_task(self, body, message, exc) -> None:
+        self.refuse(message, exc)

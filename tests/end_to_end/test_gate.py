@@ -1,0 +1,150 @@
+"""Messages that used to fail inside Celery and kombu, before any check of ours ran (issue:
+nothing below the guard can stop a worker). Each is published raw, as any producer with broker
+access could, to a real worker on the embedded backend, Redis and RabbitMQ; each must be
+refused with one log line, and the same worker must apply a normal goal right after."""
+
+import bz2
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from beat.sweeper import SWEEPER_LEASE
+from models.db import run_transaction
+from models.tables import Lease
+from tests.helpers import effects_by_operation, eventually, queue_depth, row_counts
+from tests.hostile import raw_publish, task_headers
+
+WS = "ws-gate"
+GOAL = {"workspace_id": WS, "session_id": "s", "action": "set", "objective": "x"}
+FORGED = "[2026-01-01 00:00:00,000: CRITICAL/MainProcess] forged"
+# Unpacked, this many zero bytes; packed with bz2 it is about a hundred bytes.
+BOMB_BYTES = 128 << 20
+
+
+@pytest.fixture(params=["embedded", "production", "rabbitmq"])
+def backend(request) -> str:
+    return request.param
+
+
+def goal_body(submit_id: str) -> list:
+    return [[], dict(GOAL, client_submit_id=submit_id), None]
+
+
+def rows() -> list[tuple[str, object, dict]]:
+    """(what, body, headers) of each message the issue found stopping or burdening a worker."""
+    far = "9999-12-31T00:00:00+00:00"
+    return [
+        ("a task header that is a list", goal_body("a"), task_headers(task=["agent_radar.sweep"])),
+        ("an unknown task with no id", [[], {}, None], {"task": "agent_radar.nope"}),
+        (
+            "a protocol 1 body whose task is an object",
+            {"task": {"x": 1}, "id": str(uuid.uuid4()), "args": [], "kwargs": {}},
+            {},
+        ),
+        (
+            "celery.chord_unlock",
+            [["g"], {"interval": 1}, None],
+            task_headers("celery.chord_unlock"),
+        ),
+        (
+            "celery.starmap",
+            [[], {"task": {"task": "agent_radar.sweep"}, "it": [[]] * 50}, None],
+            task_headers("celery.starmap"),
+        ),
+        ("an eta at the end of time", goal_body("eta"), task_headers(eta=far)),
+        ("an eta that is a number", goal_body("eta2"), task_headers(eta=12)),
+        ("a task id with a newline", goal_body("nl"), task_headers(id="x\n" + FORGED)),
+        ("a task id of 300 characters", goal_body("long"), task_headers(id="i" * 300)),
+    ]
+
+
+def vm_peak_kib(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def apply_good_goal(client, settings, sim_control, submit_id: str):
+    raw_publish(settings, goal_body(submit_id), headers=task_headers())
+    op = eventually(
+        lambda: client.find_goal_operation(WS, "s", submit_id),
+        timeout_s=60,
+        what="the good message after the bad ones",
+    )
+    return client.wait(op, timeout=60)
+
+
+def test_messages_that_failed_inside_celery_are_refused_with_one_line(
+    client, stack, settings, sim_control
+):
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    before = row_counts(client.engine)
+    bad = rows()
+    for _what, body, headers in bad:
+        raw_publish(settings, body, headers=headers)
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    eventually(lambda: queue_depth(settings) == 0, what="an empty queue")
+
+    assert worker.alive() and worker.children() == pool  # the same processes throughout
+    log = worker.log_path.read_text()
+    assert "Restoring" not in log and "Unrecoverable" not in log and "Traceback" not in log
+    refused = [line for line in log.splitlines() if "rejected message" in line]
+    assert len(refused) == len(bad), "\n".join(refused)
+    assert not any(line.startswith(FORGED) for line in log.splitlines())
+    assert sum("x\\n[2026-01-01" in line for line in refused) == 1  # the id, escaped
+    # No built-in ran: chord_unlock would have re-sent itself, starmap run sweeps (which take
+    # the sweeper's lease row).
+    assert "chord_unlock" not in log.replace("'celery.chord_unlock'", "")
+    names = run_transaction(client.engine, lambda s: s.scalars(select(Lease.name)).all())
+    assert SWEEPER_LEASE not in names
+    after = row_counts(client.engine)
+    assert after["goal_operations"] == before["goal_operations"] + 1
+    assert effects_by_operation(sim_control) == {
+        client.find_goal_operation(WS, "s", "good").operation_id: 1
+    }
+
+
+def test_a_compressed_message_is_refused_before_it_is_unpacked(
+    client, stack, settings, sim_control
+):
+    worker = stack.start_worker(concurrency=1)
+    peak_before = vm_peak_kib(worker.pid)
+    bomb = bz2.compress(b"\0" * BOMB_BYTES)
+    assert len(bomb) < 2048
+    raw_publish(
+        settings,
+        bomb,
+        headers=task_headers(compression="application/x-bz2"),
+        content_type="application/json",
+    )
+    raw_publish(
+        settings,
+        bz2.compress(json.dumps(goal_body("small")).encode()),
+        headers=task_headers(compression="bzip2"),
+    )
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    eventually(lambda: queue_depth(settings) == 0, what="an empty queue")
+    # Unpacking the bomb alone would have raised the peak by its 128 MiB.
+    assert vm_peak_kib(worker.pid) - peak_before < 32 * 1024
+    log = worker.log_path.read_text()
+    assert log.count("compressed messages are refused") == 2, log[-3000:]
+    assert client.find_goal_operation(WS, "s", "small") is None
+
+
+def test_an_eta_within_the_bound_still_runs(client, stack, settings, sim_control):
+    """Our own retries carry an ETA (a countdown of at most 30 s): such a message is held
+    and runs when due, not refused."""
+    stack.start_worker(concurrency=1)
+    soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    raw_publish(settings, goal_body("soon"), headers=task_headers(eta=soon))
+    op = eventually(
+        lambda: client.find_goal_operation(WS, "s", "soon"), timeout_s=30, what="the ETA"
+    )
+    assert client.wait(op, timeout=30).status == "completed"
