@@ -15,7 +15,11 @@ Three more guards live here because they act before Celery's code does:
 - A message with an ETA is held in the worker's memory, past the prefetch limit, until it is
   due. An ETA further ahead than `MAX_ETA_S` is refused; past `ETA_HELD_MAX` held messages,
   a new one runs at once instead of being held.
-- Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run.
+- Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run,
+  and remote control commands that change a worker (`shutdown`, `add_consumer`, …) are not
+  obeyed: any producer could send them.
+- On Redis, an item that is not a kombu envelope at all is dropped in the transport's read
+  (tasks/envelope.py).
 """
 
 import logging
@@ -25,8 +29,10 @@ from celery.exceptions import InvalidTaskError
 from celery.utils.time import maybe_iso8601
 from celery.worker import state as worker_state
 from celery.worker.consumer.consumer import Consumer
+from celery.worker.control import Panel
 from kombu import compression
 
+from tasks.envelope import guard_transport
 from tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
 
 log = logging.getLogger("agent_radar.gate")
@@ -44,6 +50,30 @@ ETA_HELD_MAX = 100
 # Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
 # this many characters (uuids are 36).
 MAX_ID_CHARS = 255
+# Remote control is open to anyone who may publish to the broker, as tasks are: a `shutdown`
+# broadcast would stop every worker, `add_consumer` point them at any queue, `pool_restart`
+# or `terminate` kill work in flight. A worker answers only what reads (Flower's pages,
+# `agent-radar health worker`); an operator stops or scales workers with signals and the
+# orchestrator, not through the broker.
+REMOTE_CONTROL_KEPT = frozenset(
+    {
+        "ping",
+        "stats",
+        "active",
+        "active_queues",
+        "reserved",
+        "scheduled",
+        "registered",
+        "revoked",
+        "query_task",
+        "clock",
+        "hello",
+        "report",
+        "conf",
+        "heartbeat",
+        "enable_events",
+    }
+)
 EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
 STRING_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "origin")
 
@@ -58,6 +88,13 @@ def refuse_compression() -> None:
 
     for content_type in list(compression._decoders):
         compression._decoders[content_type] = refuse
+
+
+def limit_remote_control() -> None:
+    """Forget every remote control command that changes a worker, in this process."""
+    for name in list(Panel.data):
+        if name not in REMOTE_CONTROL_KEPT:
+            del Panel.data[name]
 
 
 def _printable_id(value: object) -> bool:
@@ -166,7 +203,13 @@ class GuardedConsumer(Consumer):
 
     def __init__(self, *args, **kwargs) -> None:
         refuse_compression()
+        limit_remote_control()
         super().__init__(*args, **kwargs)
+
+    def connection_for_read(self, heartbeat=None):
+        connection = self.app.connection_for_read(heartbeat=heartbeat)
+        guard_transport(connection)
+        return self.ensure_connected(connection)
 
     def allowed_tasks(self) -> frozenset[str]:
         return frozenset(TASK_NAMES) & frozenset(self.app.tasks)

@@ -148,3 +148,88 @@ def test_an_eta_within_the_bound_still_runs(client, stack, settings, sim_control
         lambda: client.find_goal_operation(WS, "s", "soon"), timeout_s=30, what="the ETA"
     )
     assert client.wait(op, timeout=30).status == "completed"
+
+
+# Envelopes as a producer with Redis access could push them (LPUSH) or broadcast them
+# (PUBLISH): kombu parsed each inside the transport's read and stopped the worker.
+NOT_ENVELOPES = [
+    b"not json",
+    b"null",
+    b"[1, 2, 3]",
+    b'{"properties": 5}',
+    b'{"body": "eA==", "properties": {"delivery_tag": "t", "body_encoding": "base64"},'
+    b' "headers": [1], "content-type": "application/json"}',
+    b'{"body": "eA==", "properties": {"delivery_tag": "t2", "body_encoding": "rot13"},'
+    b' "headers": {}, "content-type": "application/json"}',
+    b'{"body": 7, "properties": {"delivery_tag": ["x"], "body_encoding": "base64"},'
+    b' "headers": {"task": "agent_radar.sweep"}, "content-type": "application/json"}',
+]
+
+
+@pytest.mark.parametrize("backend", ["production"], indirect=True)
+def test_a_redis_item_that_is_no_envelope_is_dropped(client, stack, settings, sim_control):
+    import redis
+
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    r = redis.Redis.from_url(settings.broker_url)
+    try:
+        for item in NOT_ENVELOPES:
+            r.lpush(f"{settings.broker_key_prefix}default", item)
+        # the workers' remote control channel (kombu's fanout topic for `celery.pidbox`)
+        pidbox = f"{settings.broker_key_prefix}/{r.connection_pool.connection_kwargs['db']}"
+        eventually(lambda: r.publish(f"{pidbox}.celery.pidbox", b"[1]"), what="a subscriber")
+        for item in NOT_ENVELOPES[1:]:
+            r.publish(f"{pidbox}.celery.pidbox", item)
+    finally:
+        r.close()
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    assert worker.alive() and worker.children() == pool
+    log = worker.log_path.read_text()
+    assert "Unrecoverable" not in log and "Traceback" not in log
+    assert log.count("dropped a Redis item that is not a message envelope") == len(NOT_ENVELOPES)
+    # (the broadcast that is not JSON at all is kombu's own one line)
+    dropped = log.count("dropped a Redis broadcast") + log.count("Cannot process event")
+    assert dropped == len(NOT_ENVELOPES)
+
+
+def test_remote_control_that_changes_a_worker_is_not_obeyed(client, stack, settings, sim_control):
+    """Any producer may broadcast remote control commands; a worker obeys none that would
+    stop it, restart its pool or point it at another queue, and still answers a ping."""
+    from tasks.app import create_app
+
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    app = create_app(settings)
+    try:
+        app.control.add_consumer("elsewhere", reply=False)
+        app.control.pool_restart(reply=False)
+        app.control.broadcast("shutdown")
+        replies = eventually(lambda: app.control.ping(timeout=1), what="a ping answered")
+        assert len(replies) == 1
+        queues = eventually(lambda: app.control.inspect(timeout=1).active_queues())
+        assert "elsewhere" not in {q["name"] for q in next(iter(queues.values()))}
+    finally:
+        app.close()
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    assert worker.alive() and worker.children() == pool
+
+
+@pytest.mark.parametrize("backend", ["production"], indirect=True)
+def test_past_the_held_limit_an_eta_message_runs_at_once(client, stack, settings, sim_control):
+    """The worker holds at most ETA_HELD_MAX messages for their ETA; those past it run at
+    once, so a flood of ETAs cannot grow its memory."""
+    from tasks.gate import ETA_HELD_MAX
+
+    stack.start_worker(concurrency=1)
+    later = (datetime.now(UTC) + timedelta(seconds=55)).isoformat()
+    extra = 3
+    for i in range(ETA_HELD_MAX + extra):
+        body = [[], dict(GOAL, session_id=f"eta-{i}", client_submit_id="1"), None]
+        raw_publish(settings, body, headers=task_headers(eta=later))
+    eventually(lambda: queue_depth(settings) == 0, what="every message taken")
+    ran = eventually(
+        lambda: (lambda n: n >= extra and n)(row_counts(client.engine)["goal_operations"]),
+        what="the messages past the limit",
+    )
+    assert ran == extra  # the others wait for their ETA, still 50 s away
