@@ -1,0 +1,217 @@
+"""Hostile-input campaign, second part: what fails below our task wrapper — the headers of
+a message (every type, for every header Celery reads), compression, every Celery built-in
+task name, ETA and expiry extremes — against a real worker on the filesystem transport,
+Redis and RabbitMQ; and the worker's gate as a function, on any headers at all.
+
+Invariants: the worker's main and pool processes never change; no message is restored,
+requeued or stops the consumer; each message is either refused (one line naming its id),
+discarded as expired, or applied — never refused and applied; good work after bad completes.
+`make fuzz` runs it long (AGENT_RADAR_FUZZ_EXAMPLES per family and backend).
+"""
+
+import bz2
+import json
+import lzma
+import struct
+import zlib
+from datetime import UTC, datetime, timedelta
+from itertools import count
+
+import pytest
+from celery.exceptions import InvalidTaskError
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from models.db import run_transaction
+from models.tables import GoalOperation
+from tasks.gate import check_headers
+from tasks.strict import TASK_NAMES
+from tests.faults.test_fuzz import ANY_JSON, FUZZ, Tally, report_tally  # noqa: F401
+from tests.helpers import eventually, queue_depth
+from tests.hostile import raw_publish, task_headers
+
+WS = "w-headers"
+# Every task Celery registers on an app of its own accord: none may run from a message.
+CELERY_BUILTINS = [
+    "celery.accumulate",
+    "celery.backend_cleanup",
+    "celery.chain",
+    "celery.chord",
+    "celery.chord_unlock",
+    "celery.chunks",
+    "celery.group",
+    "celery.map",
+    "celery.starmap",
+]
+HEADER_NAMES = [
+    "task",
+    "id",
+    "root_id",
+    "parent_id",
+    "group",
+    "group_index",
+    "shadow",
+    "eta",
+    "expires",
+    "retries",
+    "timelimit",
+    "argsrepr",
+    "kwargsrepr",
+    "origin",
+    "lang",
+    "compression",
+    "ignore_result",
+    "stamped_headers",
+    "stamps",
+    "replaced_task_nesting",
+]
+COMPRESSIONS = {
+    "application/x-bz2": bz2.compress,
+    "bzip2": bz2.compress,
+    "application/x-gzip": zlib.compress,
+    "zlib": zlib.compress,
+    "application/x-lzma": lzma.compress,
+    "xz": lzma.compress,
+    "application/zstd": None,
+    "application/x-brotli": None,
+    "application/x-nope": None,
+}
+
+
+def dates():
+    now = datetime.now(UTC)
+    return st.one_of(
+        st.sampled_from(
+            [
+                "9999-12-31T23:59:59+00:00",
+                "0001-01-01T00:00:00",
+                "2026-13-45T99:99:99",
+                "",
+                "now",
+                "1e308",
+                "2026-12-02T10:00:00+25:00",
+            ]
+        ),
+        st.integers(-(2**70), 2**70).map(
+            lambda s: (now + timedelta(seconds=s % 10**9)).isoformat()
+        ),
+        st.floats(-5, 3).map(lambda s: (now + timedelta(seconds=s)).isoformat()),
+        ANY_JSON,
+    )
+
+
+HEADER_VALUES = {
+    "task": st.sampled_from(sorted(TASK_NAMES) + CELERY_BUILTINS + ["", "agent_radar.nope"])
+    | ANY_JSON,
+    "id": st.sampled_from(["", " x", "a\nb", "i" * 300, "\x1b[8m"]) | ANY_JSON,
+    "eta": dates(),
+    "expires": dates(),
+    "compression": st.sampled_from(sorted(COMPRESSIONS)) | ANY_JSON,
+}
+
+
+@st.composite
+def hostile_messages(draw, serial=count()):
+    """A goal message for a session of its own, with one to three headers replaced by a value
+    of any type (or dropped), and its body sometimes compressed as a header says."""
+    session = f"h-{next(serial)}"
+    headers = task_headers()
+    for name in draw(st.lists(st.sampled_from(HEADER_NAMES), min_size=1, max_size=3)):
+        if draw(st.integers(0, 9)) == 0:
+            headers.pop(name, None)
+        else:
+            headers[name] = draw(HEADER_VALUES.get(name, ANY_JSON))
+    body = json.dumps([[], {**GOAL, "session_id": session}, None]).encode()
+    named = headers.get("compression")
+    packer = COMPRESSIONS.get(named) if isinstance(named, str) else None
+    if packer is not None and draw(st.booleans()):
+        body = packer(body)
+    return session, headers, body
+
+
+GOAL = {"workspace_id": WS, "action": "set", "objective": "o", "client_submit_id": "1"}
+
+
+@FUZZ
+@given(
+    headers=st.dictionaries(
+        st.sampled_from(HEADER_NAMES) | st.text(max_size=9), ANY_JSON, max_size=6
+    )
+)
+def test_the_gate_raises_nothing_but_invalid_task_on_any_headers(headers):
+    try:
+        check_headers(headers, frozenset(TASK_NAMES), datetime.now(UTC))
+    except InvalidTaskError:
+        pass
+    Tally.add("gate on any headers", "-")
+
+
+def _printable(value) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 255 and value.isprintable()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "production", "rabbitmq"], indirect=True)
+def test_raw_headers(client, stack, settings, sim_control, backend):
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    sent: list[tuple[str, dict]] = []
+
+    @FUZZ
+    @given(message=hostile_messages())
+    def one(message):
+        session, headers, body = message
+        try:
+            raw_publish(settings, body, headers=headers)
+        except (struct.error, OverflowError, UnicodeError):
+            return  # AMQP cannot carry this header value: no producer can send it
+        sent.append((session, headers))
+        Tally.add("raw headers", backend)
+
+    one()
+    good = task_headers()
+    raw_publish(settings, [[], {**GOAL, "session_id": "good"}, None], headers=good)
+    eventually(lambda: queue_depth(settings) == 0, timeout_s=600, what="an empty queue")
+
+    def applied() -> set[str]:
+        return set(
+            run_transaction(
+                client.engine,
+                lambda s: s.scalars(
+                    select(GoalOperation.session_id).where(GoalOperation.workspace_id == WS)
+                ).all(),
+            )
+        )
+
+    eventually(lambda: "good" in applied(), timeout_s=120, what="the good message")
+    log = worker.log_path.read_text()
+
+    def refused(task_id) -> bool:
+        return f"message {task_id!r}" in log or f"message {task_id}:" in log
+
+    def accounted() -> list:
+        done, text = applied(), worker.log_path.read_text()
+        return [
+            (session, headers.get("id"))
+            for session, headers in sent
+            if session not in done
+            and _printable(headers.get("id"))
+            and f"{headers['id']!r}" not in text
+            and f"message {headers['id']}:" not in text
+            and f"[{headers['id']}]" not in text  # Celery's "Discarding revoked task" line
+        ]
+
+    # Near-future ETAs are held a few seconds at most; every message then has its fate.
+    eventually(lambda: not accounted(), timeout_s=120, what="every message refused or applied")
+    log = worker.log_path.read_text()
+    done = applied()
+    both = [
+        headers.get("id")
+        for session, headers in sent
+        if session in done and _printable(headers.get("id")) and refused(headers["id"])
+    ]
+    assert not both, f"refused and applied: {both[:5]}"
+    unprintable = [s for s, h in sent if not _printable(h.get("id")) and s in done]
+    assert not unprintable, f"applied with an id no log can show: {unprintable[:5]}"
+    assert worker.alive() and worker.children() == pool
+    assert "Restoring" not in log and "Unrecoverable" not in log
