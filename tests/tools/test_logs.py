@@ -1,12 +1,18 @@
 """Structured logs (AGENT_RADAR_LOG_FORMAT=json) from a real worker: one JSON object per
 line, and a retried operation's lines carry its workspace, session, operation and attempt."""
 
+import io
 import json
+import logging
 import re
+import uuid
 
 import pytest
+from celery.app.log import TaskFormatter
+from celery.utils.log import ColorFormatter
 
 from tests.helpers import eventually
+from tests.hostile import raw_publish, task_headers
 from workflows.adapters import logs
 
 
@@ -58,6 +64,97 @@ def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack
     assert all("level" in json.loads(x) for x in lines if x.startswith("{"))
 
 
+FORGED = "x\nCRITICAL forged\r\x1b[8m\u2028\u202e"
+CELERY_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
+TASK_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] %(task_name)s[%(task_id)s]: %(message)s"
+
+
+def _installed(monkeypatch, log_format: str, formatter: logging.Formatter | None):
+    """A logger set up as Celery sets up its own (a handler with its formatter), then
+    `logs.install` as the worker's signal runs it; returns the logger and its output."""
+    monkeypatch.setenv(logs.LOG_FORMAT_ENV, log_format)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    logger = logging.getLogger(f"agent_radar.test_logs.{log_format}.{id(out)}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    logs.install(logger)
+    logs.install(logger)  # Celery may signal twice (the pool processes): the same result
+    return logger, out
+
+
+def _log_forged(logger: logging.Logger) -> None:
+    """A message that interpolates an untrusted id, with context ids as untrusted, then a
+    line with a traceback."""
+    with logs.task_context(task_id=FORGED, workspace_id="ws\nCRITICAL ws"):
+        logger.error("rejected message %s: bad", FORGED)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed %s", FORGED)
+
+
+@pytest.mark.parametrize(
+    "formatter",
+    [
+        None,
+        logging.Formatter(CELERY_FORMAT),
+        ColorFormatter(CELERY_FORMAT, use_color=False),
+        ColorFormatter(CELERY_FORMAT, use_color=True),
+        TaskFormatter(TASK_FORMAT, use_color=False),
+    ],
+    ids=["default", "logging", "celery", "celery-colour", "celery-task"],
+)
+def test_a_text_line_is_one_line_whatever_its_message_says(monkeypatch, formatter):
+    logger, out = _installed(monkeypatch, "text", formatter)
+    _log_forged(logger)
+    lines = out.getvalue().splitlines()
+    assert "x\\nCRITICAL forged\\r\\x1b[8m\\u2028\\u202e" in lines[0], lines
+    assert "failed x\\nCRITICAL forged" in lines[1], lines
+    # The traceback follows the second line as it is, and nothing else makes a line.
+    assert lines[2] == "Traceback (most recent call last):", lines
+    assert lines[-1].startswith("ValueError: boom"), lines
+    assert not [x for x in lines if x.startswith("CRITICAL")]
+    assert "\x1b[8m" not in out.getvalue() and "\u2028" not in out.getvalue()
+    assert "\u202e" not in out.getvalue()
+
+
+def test_celerys_task_id_on_a_text_line_is_escaped(monkeypatch):
+    """Celery's task logger puts the running task's id (a message header) on each line; its
+    formatter reads it at format time, after every filter."""
+    from celery import Celery
+    from celery._state import pop_current_task, push_current_task
+
+    logger, out = _installed(monkeypatch, "text", TaskFormatter(TASK_FORMAT, use_color=False))
+
+    def noop():
+        pass
+
+    task = Celery("test-logs", set_as_current=False).task(name="agent_radar.t")(noop)
+    task.push_request(id=FORGED)
+    push_current_task(task)
+    try:
+        logger.warning("working")
+    finally:
+        pop_current_task()
+        task.pop_request()
+    (line,) = out.getvalue().splitlines()
+    assert line.endswith("agent_radar.t[x\\nCRITICAL forged\\r\\x1b[8m\\u2028\\u202e]: working")
+
+
+def test_a_json_line_is_one_line_whatever_its_message_says(monkeypatch):
+    logger, out = _installed(monkeypatch, "json", ColorFormatter(CELERY_FORMAT))
+    _log_forged(logger)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert len(lines) == 2 and text.isascii(), lines  # U+2028 and the like are \uXXXX too
+    first, second = (json.loads(x) for x in lines)
+    assert first["message"] == f"rejected message {FORGED}: bad"  # JSON keeps it exactly
+    assert (first["task_id"], first["workspace_id"]) == (FORGED, "ws\nCRITICAL ws")
+    assert "ValueError: boom" in second["exception"]
+
+
 def test_a_bad_log_format_is_refused(monkeypatch):
     monkeypatch.setenv(logs.LOG_FORMAT_ENV, "xml")
     with pytest.raises(ValueError, match="text or json"):
@@ -107,3 +204,40 @@ def test_a_worker_serves_runtime_call_metrics(settings, client, stack, sim_contr
     ]
     assert errors == 1
     assert got[("agent_radar_dispatch_batch_size_count", ())] >= 2
+
+
+# A Celery text line, as a task id header would forge one after a newline.
+FORGED_LINE = "[2026-01-01 00:00:00,000: CRITICAL/MainProcess] forged"
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # logging is the same on both backends
+def test_a_task_id_cannot_forge_a_line_in_a_workers_log(settings, client, stack):
+    """Celery's own lines ("Task ... received") and ours interpolate the message's id. The
+    worker may run such a message or reject it at the consumer: either way no line of its
+    log starts with the forged text, and every line that names the id shows it escaped."""
+    worker = stack.start_worker(concurrency=1)
+    kwargs = {"workspace_id": "ws-forge", "session_id": "s", "action": "set", "objective": "x"}
+    task_id = f"{uuid.uuid4()}\n{FORGED_LINE}"
+    raw_publish(
+        settings, [[], dict(kwargs, client_submit_id="f"), None], headers=task_headers(id=task_id)
+    )
+    # A good message after it: once it is applied, the worker has been through the first.
+    raw_publish(
+        settings,
+        [[], dict(kwargs, session_id="good", client_submit_id="ok"), None],
+        headers=task_headers(),
+    )
+    op = eventually(
+        lambda: client.find_goal_operation("ws-forge", "good", "ok"),
+        timeout_s=60,
+        what="the good message after the forging one",
+    )
+    assert client.wait(op, timeout=60).status == "completed"
+    escaped_id = task_id.replace("\n", "\\n")
+    lines = eventually(
+        lambda: [x for x in worker.log_path.read_text().splitlines() if "forged" in x],
+        what="a log line naming the forging message",
+    )
+    assert all(escaped_id in x for x in lines), lines
+    log = worker.log_path.read_text().splitlines()
+    assert not [x for x in log if x.startswith(FORGED_LINE[:20])], log

@@ -4,6 +4,11 @@ operation, fence, cancel, run or prompt) and attempt — so one grep finds an op
 
 The ids come from a context the task wrapper sets (`task_context`); a log call may also
 pass them itself (`extra={"operation_id": ...}`).
+
+Every record is one line in either format, whatever its message says: a message interpolates
+untrusted text (a task id from a message header, an error from an agent host), and a newline
+or an escape sequence in it must not forge a line or reach a terminal (workflows/escape.py).
+A traceback after the line is ours, and stays as it is.
 """
 
 import contextlib
@@ -14,6 +19,8 @@ import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
+
+from workflows.escape import escape
 
 LOG_FORMAT_ENV = "AGENT_RADAR_LOG_FORMAT"
 # The ids a line carries when they are known.
@@ -76,7 +83,31 @@ class JsonFormatter(logging.Formatter):
                 line[key] = value
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        # ensure_ascii (the default, said here because it matters): besides the control
+        # characters JSON always escapes, U+2028/U+2029 and the bidi overrides are written
+        # as \uXXXX, so a line that is printed or grepped is still one line as written.
+        return json.dumps(line, default=str, ensure_ascii=True)
+
+
+class EscapedLine(logging.Formatter):
+    """A text formatter whose line (its format applied: time, level, the message, Celery's
+    task name and id) is escaped. The traceback logging appends after that line is not."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return escape(super().formatMessage(record))
+
+
+def escaped(formatter: logging.Formatter | None) -> logging.Formatter:
+    """The handler's formatter, its line escaped. Celery's formatters are kept (by giving
+    the instance a subclass of its own class) rather than rebuilt: they hold the configured
+    format, the colours of a terminal, and the task name and id that the task logger's
+    formatter looks up at format time, after any filter has run."""
+    if formatter is None:
+        return EscapedLine()
+    if not isinstance(formatter, EscapedLine):
+        cls = type(formatter)
+        formatter.__class__ = type(f"Escaped{cls.__name__}", (EscapedLine, cls), {})
+    return formatter
 
 
 class QuietRoutine(logging.Filter):
@@ -104,11 +135,11 @@ def json_logs_wanted(env: dict[str, str] | None = None) -> bool:
 
 
 def install(logger: logging.Logger) -> None:
-    """Make `logger`'s handlers carry the context's ids, and write JSON if asked."""
+    """Make `logger`'s handlers carry the context's ids, and write JSON if asked; either
+    way every record is one line."""
     as_json = json_logs_wanted()
     for handler in logger.handlers:
         if not any(isinstance(f, ContextFilter) for f in handler.filters):
             handler.addFilter(ContextFilter())
             handler.addFilter(QuietRoutine())
-        if as_json:
-            handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter() if as_json else escaped(handler.formatter))
