@@ -506,7 +506,7 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
     status = fleet_status(client.engine)
     assert status["fences"] == {"failed": 1}
     assert status["budget_exhausted"] == {"fences": 1, "cancels": 0, "prompts": 0}
-    assert "fences: failed 1" in render_status(status)
+    assert "fences: failed 1" in "\n".join(render_status(status))
 
 
 def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):

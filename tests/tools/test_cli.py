@@ -698,3 +698,40 @@ def test_prune_command(settings, client):
     assert "would delete" in run_cli(settings, "prune", "--dry-run").stdout
     proc = run_cli(settings, "prune", "--retention-days", "0.2", check=False)
     assert proc.returncode == 2 and "invalid_argument" in proc.stderr
+
+
+# A reason that would print a forged history row after a newline, then hide what follows.
+FORGED_REASON = "ok\n2026-12-01 operator-action approved by security team\x1b[8m"
+SHOWN_REASON = "ok\\n2026-12-01 operator-action approved by security team\\x1b[8m"
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
+def test_untrusted_text_is_printed_escaped_and_json_stays_exact(settings, client):
+    """Nothing a reason, an objective or an error says can forge a row or reach the terminal
+    as a control sequence; --json still parses to the exact values."""
+    goal = client.set_goal("ws", "s1", "ship it", client_submit_id="g1")
+    fence = ["fence", "ws", "s1", goal.operation_id, "--submit-id", "f"]
+    run_cli(settings, *fence, "--reason", FORGED_REASON)
+    client.set_goal("ws", "s2", "ship\u2028it\u202e\x1b[2J", client_submit_id="g2")
+    out = run_cli(settings, "history", "ws", "s1").stdout
+    (row,) = [x for x in out.splitlines() if "reason:" in x]
+    assert row.endswith(f"reason: {SHOWN_REASON}"), out
+    assert not [x for x in out.splitlines() if x.startswith("2026-12-01")], out
+    rows = json.loads(run_cli(settings, "history", "ws", "s1", "--json").stdout)
+    assert [r["payload"]["reason"] for r in rows if (r["payload"] or {}).get("reason")] == [
+        FORGED_REASON
+    ]
+    shown = run_cli(settings, "goal", "show", "ws", "s2").stdout
+    assert "ship\\u2028it\\u202e\\x1b[2J" in shown and len(shown.splitlines()) == 1, shown
+    for args in (
+        ["history", "ws", "s1"],
+        ["history", "ws", "s1", "--json"],
+        ["goal", "show", "ws", "s2"],
+        ["goal", "show", "ws", "s2", "--json"],
+        ["op", "list"],
+        ["op", "show", goal.operation_id],
+        ["op", "find", "ws", "s1", "f"],
+    ):
+        text = run_cli(settings, *args).stdout
+        assert text.isascii() and "\x1b" not in text and "\u2028" not in text, (args, text)
+        assert not [x for x in text.splitlines() if x.startswith("2026-12-01")], (args, text)

@@ -13,6 +13,7 @@ from pathlib import Path
 from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
 from workflows.errors import AgentRadarError, GoalGenerationSuperseded
+from workflows.escape import escape
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port, wait_for
 
@@ -34,7 +35,9 @@ class Timeline:
         self.lines.append({"t_s": round(elapsed, 2), "event": what, **facts})
         if not self.quiet:
             detail = "  ".join(f"{k}={v}" for k, v in facts.items())
-            print(f"[{elapsed:6.2f}s] {what}" + (f"  ({detail})" if detail else ""), flush=True)
+            # Facts carry ids and errors (an agent host's answer): the line is escaped.
+            line = f"[{elapsed:6.2f}s] {what}" + (f"  ({detail})" if detail else "")
+            print(escape(line), flush=True)
 
 
 def run_demo(home: Path | None = None, as_json: bool = False) -> bool:

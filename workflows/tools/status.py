@@ -195,33 +195,31 @@ def sweeper_problem(age_s: float | None, sweep_interval_s: float) -> str | None:
     return None
 
 
-def render_status(status: dict) -> str:
+def render_status(status: dict) -> list[str]:
+    """The status as rows for a person (the CLI escapes each row: ids and errors in them
+    come from the database)."""
     per_status = ", ".join(f"{k} {v}" for k, v in sorted(status["goal_operations"].items()))
     runs = ", ".join(f"{k} {v}" for k, v in sorted(status["maintenance_runs"].items()))
     fences = ", ".join(f"{k} {v}" for k, v in sorted(status["fences"].items()))
     cancels = ", ".join(f"{k} {v}" for k, v in sorted(status["cancels"].items()))
     prompts = ", ".join(f"{k} {v}" for k, v in sorted(status["prompts"].items()))
     exhausted = ", ".join(f"{k} {v}" for k, v in status["budget_exhausted"].items())
-    return (
-        f"goal operations: {per_status or 'none'}\n"
-        f"fences: {fences or 'none'}; turn cancels: {cancels or 'none'}\n"
+    heartbeat = status["sweeper_heartbeat_age_s"]
+    return [
+        f"goal operations: {per_status or 'none'}",
+        f"fences: {fences or 'none'}; turn cancels: {cancels or 'none'}",
         f"maintenance runs: {runs or 'none'}; held sessions: {status['held_sessions']}, "
         f"in recovery: {status['sessions_in_recovery']}; "
-        f"queued prompts: {status['queued_prompts']}\n"
-        f"prompts: {prompts or 'none'}; out of budget: {exhausted}\n"
-        f"due now: {status['due']} (overdue {status['overdue']}), "
-        f"in flight: {status['in_flight']}\n"
+        f"queued prompts: {status['queued_prompts']}",
+        f"prompts: {prompts or 'none'}; out of budget: {exhausted}",
+        f"due now: {status['due']} (overdue {status['overdue']}), in flight: {status['in_flight']}",
         f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
-        + (
-            "never"
-            if status["sweeper_heartbeat_age_s"] is None
-            else f"{status['sweeper_heartbeat_age_s']} s ago"
-        )
-        + _render_worst(status["worst"])
-    )
+        + ("never" if heartbeat is None else f"{heartbeat} s ago"),
+        *_render_worst(status["worst"]),
+    ]
 
 
-def _render_worst(worst: dict) -> str:
+def _render_worst(worst: dict) -> list[str]:
     lines = []
     for item in worst["overdue_operations"]:
         lines.append(
@@ -239,4 +237,4 @@ def _render_worst(worst: dict) -> str:
             f"  waiting on a turn: fence {item['fence_id']} ({item['session']}, cancel "
             f"{item['cancel_operation_id']})"
         )
-    return ("\nworst:\n" + "\n".join(lines)) if lines else ""
+    return ["worst:", *lines] if lines else []

@@ -1,10 +1,17 @@
 """What every command group shares: the `agent-radar` group, output, errors (DESIGN 7.2).
 
 Every command takes --json, and exits non-zero with a one-line error on bad input.
+
+Human output is rows, and each row is escaped whole (workflows/escape.py): ids, reasons,
+objectives and errors come from the database and from outside, and nothing they say may
+start a row or reach the terminal as a control sequence. --json is JSON with every
+non-ASCII character as \\uXXXX (ensure_ascii), so U+2028, bidi overrides and control
+characters are never raw in it either, and it still parses to the exact values.
 """
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -12,17 +19,28 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from workflows.adapters.config import Settings
 from workflows.errors import AgentRadarError, InvalidArgument
+from workflows.escape import escape
 from workflows.validation import MAX_WAIT_S, check_seconds
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
 
-def _emit(as_json: bool, payload: Any, text: str | None = None) -> None:
+def _emit(as_json: bool, payload: Any, text: str | Sequence[str] | None = None) -> None:
+    """`payload` as JSON under --json; else `text`, a row or a list of rows (the payload
+    as indented JSON without it)."""
     if as_json:
-        click.echo(json.dumps(payload, default=str, sort_keys=True))
+        click.echo(json.dumps(payload, default=str, sort_keys=True, ensure_ascii=True))
+    elif text is None:
+        click.echo(json.dumps(payload, default=str, indent=2, ensure_ascii=True))
     else:
-        click.echo(text if text is not None else json.dumps(payload, default=str, indent=2))
+        click.echo(_rows(text))
+
+
+def _rows(text: str | Sequence[str]) -> str:
+    """Each row escaped, so that a row is one line whatever the values in it say. A string
+    is one row: a caller that means several rows passes a list."""
+    return "\n".join(escape(row) for row in ([text] if isinstance(text, str) else text))
 
 
 def wait_option(default_s: float, until: str):
@@ -81,9 +99,11 @@ def _prepare_home(settings: Settings) -> None:
 def _fail(exit_code: int, code: str, message: str, as_json: bool) -> None:
     """One line on stderr — JSON under --json — and the exit code."""
     if as_json:
-        click.echo(json.dumps({"error": code, "message": message}), err=True)
+        click.echo(json.dumps({"error": code, "message": message}, ensure_ascii=True), err=True)
     else:
-        click.echo(f"error: {message if code == 'usage' else f'{code}: {message}'}", err=True)
+        # An error names what it refused (an id, a reason): escaped, the error stays a line.
+        line = f"error: {message if code == 'usage' else f'{code}: {message}'}"
+        click.echo(_rows(line), err=True)
     sys.exit(exit_code)
 
 

@@ -72,7 +72,7 @@ def op_find(workspace_id: str, session_id: str, submit_id: str, as_json: bool):
         raise InvalidArgument(
             f"nothing was submitted as {submit_id!r} in {workspace_id}/{session_id}"
         )
-    _emit(as_json, found, "\n".join(_line(f) for f in found))
+    _emit(as_json, found, [_line(f) for f in found])
 
 
 @op.command("list")
@@ -96,7 +96,7 @@ def op_list(kind, status, workspace_id, session_id, older_than, limit, as_json):
             limit=limit,
         )
     ]
-    _emit(as_json, found, "\n".join(_line(f) for f in found) or "no operations")
+    _emit(as_json, found, [_line(f) for f in found] or "no operations")
 
 
 @op.command("retry")
@@ -133,4 +133,4 @@ def prune(dry_run, retention_days, batch, max_batches, as_json):
     lines = [f"{verb} (settled before {result['cutoff']}):"] + [
         f"  {name}: {count}" for name, count in result["rows"].items()
     ]
-    _emit(as_json, result, "\n".join(lines))
+    _emit(as_json, result, lines)

@@ -42,7 +42,7 @@ def history(workspace_id, session_id, as_json, limit):
         + (f"  reason: {r.payload['reason']}" if (r.payload or {}).get("reason") else "")
         for r in rows
     ]
-    _emit(as_json, [as_dict(r) for r in rows], "\n".join(lines) or "no records")
+    _emit(as_json, [as_dict(r) for r in rows], lines or "no records")
 
 
 def _status(client, workspace_id: str, row) -> str:
@@ -136,7 +136,8 @@ def host() -> None:
 
 
 def _host_line(h) -> str:
-    return f"{h.host_id}\t{h.url}\t{h.sessions} session(s)"
+    # Two spaces between the columns, not a tab: a row is escaped whole, tabs included.
+    return f"{h.host_id}  {h.url}  {h.sessions} session(s)"
 
 
 @host.command("add")
@@ -164,4 +165,4 @@ def host_remove(host_id: str, as_json: bool):
 def host_list(as_json: bool):
     """Every host, with the sessions bound to it."""
     found = _client().list_hosts()
-    _emit(as_json, [as_dict(h) for h in found], "\n".join(_host_line(h) for h in found))
+    _emit(as_json, [as_dict(h) for h in found], [_host_line(h) for h in found])

@@ -23,8 +23,7 @@ def status(as_json: bool, check: bool):
     result = fleet_status(client.engine)
     found = problems(result, client.settings.sweep_interval_s)
     result["problems"] = found
-    text = render_status(result) + "".join(f"\nproblem: {p}" for p in found)
-    _emit(as_json, result, text)
+    _emit(as_json, result, render_status(result) + [f"problem: {p}" for p in found])
     if check and found:
         sys.exit(EXIT_FAILED)
 
