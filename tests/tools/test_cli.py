@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -125,6 +126,75 @@ def test_flower_refuses_an_empty_or_example_password(settings, auth, monkeypatch
     monkeypatch.setenv("FLOWER_BASIC_AUTH", auth)
     proc = run_cli(settings, "flower", check=False)
     assert proc.returncode == 2 and "FLOWER_BASIC_AUTH" in proc.stderr
+
+
+def _refused_at_start(proc, started, what, timeout_s=60):
+    """Wait (polling) until `proc` exits or `started()` holds; it must have exited non-zero
+    without starting, with one line on stderr, which is returned."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            assert not started(), f"{what} started"
+            assert time.monotonic() < deadline, f"{what} neither started nor exited"
+            time.sleep(0.1)
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        proc.stderr.close()
+    assert proc.returncode != 0 and not started(), f"{what} started"
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def _start_cli(env, *args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "workflows.tools.cli", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
+BAD_LEASES = ["nan", "1\nerror: forged"]
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+@pytest.mark.parametrize("lease", BAD_LEASES)
+def test_a_bad_setting_stops_a_command_with_one_line(settings, backend, lease):
+    env = {**os.environ, **settings.to_env(), "AGENT_RADAR_LEASE_S": lease}
+    proc = subprocess.run(
+        [sys.executable, "-m", "workflows.tools.cli", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "AGENT_RADAR_LEASE_S" in lines[0] and repr(lease) in lines[0]
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+def test_a_worker_refuses_to_start_on_a_bad_setting(settings, backend):
+    ready = settings.home / "run" / "worker.ready"
+    env = {
+        **os.environ,
+        **settings.to_env(),
+        "AGENT_RADAR_LEASE_S": "nan",
+        "AGENT_RADAR_READY_FILE": str(ready),
+    }
+    proc = _start_cli(env, "worker", "-c", "1")
+    line = _refused_at_start(proc, ready.exists, "the worker")
+    assert "AGENT_RADAR_LEASE_S" in line and "'nan'" in line
 
 
 def _wait_line(proc, needle, timeout_s=60):

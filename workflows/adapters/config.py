@@ -1,5 +1,6 @@
 """Configuration from the environment (DESIGN 7.4)."""
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -10,7 +11,38 @@ DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
 AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+# Upper bounds of the numeric settings. Each is far above any sensible value, so reaching one
+# means a slip of unit (milliseconds or days written as seconds) that would otherwise start
+# without complaint and misbehave for hours.
+# The sweeper re-publishes lost work and `status --check` calls it dead after 5 intervals:
+# sweeping less often than every 10 minutes leaves lost work waiting longer than anyone would.
+MAX_SWEEP_INTERVAL_S = 600.0
+# A maintenance cancel that has not finished within an hour will not finish; the session
+# stays held until the run is marked `cancel_timeout`.
+MAX_MAINTENANCE_CANCEL_GRACE_S = 3600.0
+# A crashed worker's operations and session lanes are freed only when its lease expires:
+# beyond an hour, one crash stalls its sessions for longer than any operator would wait.
+MAX_LEASE_S = 3600.0
+# One agent host call may not outlast the task that makes it: the task's soft time limit
+# (tasks/app.py, 300 s) would cut it anyway.
+MAX_RUNTIME_TIMEOUT_S = 300.0
+# A replay within a day must always find its operation (DESIGN 4.10).
+MIN_RETENTION_DAYS = 1.0
+# A century: "keep for ever" in practice, the limit `prune --retention-days` has too, and
+# far inside what a date computed from it (now - retention) can hold.
+MAX_RETENTION_DAYS = 36500.0
+
+
+def _float(
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    maximum: float,
+    minimum: float | None = None,
+) -> float:
+    """A positive, finite number up to `maximum` (and at least `minimum`). Every error is
+    one line naming the variable, with the value as repr: a newline in it stays escaped."""
     raw = env.get(name)
     if raw in (None, ""):
         return default
@@ -18,8 +50,15 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    # float() accepts "nan" and "inf", and turns "1e400" into inf: none is a duration.
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {raw!r}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {raw!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g}, got {raw!r}")
+    if value > maximum:
+        raise ValueError(f"{name} must be at most {maximum:g}, got {raw!r}")
     return value
 
 
@@ -82,7 +121,10 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
         home = Path(env.get("AGENT_RADAR_HOME") or "./.agent-radar").resolve()
-        timeout_s = _float(env, "AGENT_RADAR_RUNTIME_TIMEOUT_S", 10.0)
+        timeout_s = _float(
+            env, "AGENT_RADAR_RUNTIME_TIMEOUT_S", 10.0, maximum=MAX_RUNTIME_TIMEOUT_S
+        )
+        lease_s = _float(env, "AGENT_RADAR_LEASE_S", 30.0, maximum=MAX_LEASE_S)
         return cls(
             home=home,
             database_url=env.get("AGENT_RADAR_DATABASE_URL")
@@ -90,12 +132,25 @@ class Settings:
             broker_url=env.get("AGENT_RADAR_BROKER_URL") or "filesystem://",
             runtime_url=env.get("AGENT_RADAR_RUNTIME_URL") or DEFAULT_RUNTIME_URL,
             runtime_token=env.get("AGENT_RADAR_RUNTIME_TOKEN") or None,
-            sweep_interval_s=_float(env, "AGENT_RADAR_SWEEP_INTERVAL_S", 2.0),
-            maintenance_cancel_grace_s=_float(env, "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S", 15.0),
-            lease_s=max(_float(env, "AGENT_RADAR_LEASE_S", 30.0), timeout_s + 1),
+            sweep_interval_s=_float(
+                env, "AGENT_RADAR_SWEEP_INTERVAL_S", 2.0, maximum=MAX_SWEEP_INTERVAL_S
+            ),
+            maintenance_cancel_grace_s=_float(
+                env,
+                "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S",
+                15.0,
+                maximum=MAX_MAINTENANCE_CANCEL_GRACE_S,
+            ),
+            lease_s=max(lease_s, timeout_s + 1),
             runtime_timeout_s=timeout_s,
             broker_key_prefix=_broker_key_prefix(env),
-            retention_days=_retention_days(env),
+            retention_days=_float(
+                env,
+                "AGENT_RADAR_RETENTION_DAYS",
+                30.0,
+                minimum=MIN_RETENTION_DAYS,
+                maximum=MAX_RETENTION_DAYS,
+            ),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -116,14 +171,6 @@ class Settings:
             env["AGENT_RADAR_BROKER_KEY_PREFIX"] = self.broker_key_prefix
         env["AGENT_RADAR_RETENTION_DAYS"] = str(self.retention_days)
         return env
-
-
-def _retention_days(env: Mapping[str, str]) -> float:
-    days = _float(env, "AGENT_RADAR_RETENTION_DAYS", 30.0)
-    if days < 1:
-        # A replay within a day must always find its operation (DESIGN 4.10).
-        raise ValueError(f"AGENT_RADAR_RETENTION_DAYS must be at least 1, got {days:g}")
-    return days
 
 
 def _broker_key_prefix(env: Mapping[str, str]) -> str:

@@ -1,0 +1,68 @@
+"""Settings from the environment: every numeric setting is a finite number within its bounds,
+and a bad one is refused with one line naming the variable (DESIGN 7.4)."""
+
+import pytest
+
+from workflows.adapters import config
+from workflows.adapters.config import Settings
+from workflows.errors import InvalidArgument
+from workflows.operators.retention import check_retention_days
+
+# Each numeric setting and its upper bound.
+BOUNDS = {
+    "AGENT_RADAR_SWEEP_INTERVAL_S": config.MAX_SWEEP_INTERVAL_S,
+    "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S": config.MAX_MAINTENANCE_CANCEL_GRACE_S,
+    "AGENT_RADAR_LEASE_S": config.MAX_LEASE_S,
+    "AGENT_RADAR_RUNTIME_TIMEOUT_S": config.MAX_RUNTIME_TIMEOUT_S,
+    "AGENT_RADAR_RETENTION_DAYS": config.MAX_RETENTION_DAYS,
+}
+
+
+def _bad_values(maximum: float) -> list[str]:
+    return ["nan", "NaN", "-nan", "inf", "-inf", "1e400", "-1", "0", f"{maximum * 1.01:g}"]
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [(name, raw) for name, maximum in BOUNDS.items() for raw in _bad_values(maximum)],
+)
+def test_a_bad_number_is_refused_naming_the_variable(name, raw):
+    with pytest.raises(ValueError) as refused:
+        Settings.from_env({name: raw})
+    message = str(refused.value)
+    assert message.startswith(f"{name} must be ") and repr(raw) in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", BOUNDS)
+def test_a_newline_in_the_value_cannot_forge_a_second_line(name):
+    with pytest.raises(ValueError) as refused:
+        Settings.from_env({name: "nan\nerror: forged"})
+    assert str(refused.value).splitlines() == [str(refused.value)]
+    assert name in str(refused.value)
+
+
+@pytest.mark.parametrize("name, maximum", BOUNDS.items())
+def test_the_bound_itself_is_accepted(name, maximum):
+    settings = Settings.from_env({name: f"{maximum:g}"})
+    # The settings round-trip to a child process's environment.
+    assert Settings.from_env(settings.to_env()) == settings
+
+
+def test_the_defaults_are_within_the_bounds():
+    defaults = Settings.from_env({})
+    assert defaults == Settings.from_env(defaults.to_env())
+
+
+def test_the_runtime_timeout_bound_is_within_the_task_time_limit():
+    from tasks.app import TASK_SOFT_TIME_LIMIT_S
+
+    assert config.MAX_RUNTIME_TIMEOUT_S <= TASK_SOFT_TIME_LIMIT_S
+
+
+def test_the_retention_bounds_are_those_of_prune():
+    assert check_retention_days(config.MAX_RETENTION_DAYS) == config.MAX_RETENTION_DAYS
+    assert check_retention_days(config.MIN_RETENTION_DAYS) == config.MIN_RETENTION_DAYS
+    for outside in (config.MAX_RETENTION_DAYS + 1, config.MIN_RETENTION_DAYS / 2):
+        with pytest.raises(InvalidArgument):
+            check_retention_days(outside)
