@@ -221,7 +221,7 @@ def test_a_task_id_cannot_forge_a_line_in_a_workers_log(settings, client, stack)
     raw_publish(
         settings, [[], dict(kwargs, client_submit_id="f"), None], headers=task_headers(id=task_id)
     )
-    # A good message after it: once it is applied, the worker has been through the first.
+    # A good message after it: the worker goes on either way.
     raw_publish(
         settings,
         [[], dict(kwargs, session_id="good", client_submit_id="ok"), None],
@@ -230,14 +230,20 @@ def test_a_task_id_cannot_forge_a_line_in_a_workers_log(settings, client, stack)
     op = eventually(
         lambda: client.find_goal_operation("ws-forge", "good", "ok"),
         timeout_s=60,
-        what="the good message after the forging one",
+        what="the good message",
     )
     assert client.wait(op, timeout=60).status == "completed"
-    escaped_id = task_id.replace("\n", "\\n")
-    lines = eventually(
-        lambda: [x for x in worker.log_path.read_text().splitlines() if "forged" in x],
-        what="a log line naming the forging message",
-    )
-    assert all(escaped_id in x for x in lines), lines
-    log = worker.log_path.read_text().splitlines()
+
+    def handled():
+        """The forging message was run (Celery logged it received) or rejected."""
+        text = worker.log_path.read_text()
+        return ("forged" in text or "rejected" in text) and text.splitlines()
+
+    log = eventually(handled, what="the forging message run or rejected")
     assert not [x for x in log if x.startswith(FORGED_LINE[:20])], log
+    naming = [x for x in log if "forged" in x]
+    # A line that names the id shows its newline escaped (a rejection may shorten the id).
+    assert all(f"\\n{FORGED_LINE}" in x for x in naming), naming
+    if client.find_goal_operation("ws-forge", "s", "f") is not None:  # it ran: Celery said so
+        received = f"[{task_id}] received".replace("\n", "\\n")
+        assert any(received in x for x in naming), naming
