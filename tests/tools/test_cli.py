@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -161,6 +162,39 @@ def _start_cli(env, *args):
         text=True,
         start_new_session=True,
     )
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # refused before any backend is reached
+def test_flower_refuses_the_loopback_without_auth(settings, backend, monkeypatch):
+    from tests.conftest import free_port
+
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    port = free_port()
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    env = {**os.environ, **settings.to_env()}
+    proc = _start_cli(env, "flower", "--address", "127.0.0.1", "--port", str(port))
+    line = _refused_at_start(proc, listening, "Flower")
+    assert "FLOWER_BASIC_AUTH is not set" in line
+
+
+def test_up_runs_flower_behind_a_password_of_its_own_or_the_one_set(monkeypatch):
+    import click
+
+    from workflows.tools.cli.services import _stack_flower_auth, flower_auth_problem
+
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    (first, printed), (second, _) = _stack_flower_auth(), _stack_flower_auth()
+    assert flower_auth_problem(first) is None and first != second
+    assert first.endswith(f":{printed}")
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "ops:chosen-by-the-operator")
+    assert _stack_flower_auth() == ("ops:chosen-by-the-operator", None)
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "admin:change-me")
+    with pytest.raises(click.UsageError, match="FLOWER_BASIC_AUTH"):
+        _stack_flower_auth()
 
 
 BAD_LEASES = ["nan", "1\nerror: forged"]

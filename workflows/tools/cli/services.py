@@ -2,6 +2,7 @@
 stack, the demo and the benchmark. Commands that run Celery import `tasks` lazily."""
 
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -134,26 +135,55 @@ def flower_auth_problem(auth: str) -> str | None:
     return None
 
 
+def _checked_flower_auth(auth: str) -> str:
+    problem = flower_auth_problem(auth)
+    if problem:
+        raise click.UsageError(f"FLOWER_BASIC_AUTH {problem}; set user:password to run Flower")
+    return auth
+
+
+# `up --flower` without FLOWER_BASIC_AUTH makes a password of this many random bytes for the
+# run (128 bits: beyond guessing), under this user name.
+STACK_FLOWER_PASSWORD_BYTES = 16
+STACK_FLOWER_USER = "radar"
+# Where `up --flower` runs Flower: the `flower` command's default address and port.
+STACK_FLOWER_URL = "http://127.0.0.1:5555/"
+
+
+def _stack_flower_auth() -> tuple[str, str | None]:
+    """FLOWER_BASIC_AUTH for the embedded stack's Flower, and the password to print (None:
+    the user chose it). The variable when it is set (checked as `flower` checks it); else a
+    password made for this run, so `up --flower` needs no setup yet never serves Flower
+    without auth."""
+    auth = os.environ.get("FLOWER_BASIC_AUTH", "")
+    if auth:
+        return _checked_flower_auth(auth), None
+    password = secrets.token_urlsafe(STACK_FLOWER_PASSWORD_BYTES)
+    return f"{STACK_FLOWER_USER}:{password}", password
+
+
+def _stack_flower_login(password: str | None) -> tuple[dict, str]:
+    """How to log in to the embedded stack's Flower, for --json and for people."""
+    if password is None:
+        login = {"url": STACK_FLOWER_URL, "user": None, "password": None}
+        return login, f" Flower on {STACK_FLOWER_URL} (basic auth from FLOWER_BASIC_AUTH)."
+    login = {"url": STACK_FLOWER_URL, "user": STACK_FLOWER_USER, "password": password}
+    return login, f" Flower on {STACK_FLOWER_URL} (user {STACK_FLOWER_USER}, password {password})."
+
+
 @cli.command()
 @click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
 @click.option("--address", default="127.0.0.1", show_default=True)
 @json_option
 def flower(port: int, address: str, as_json: bool):
-    """Run Flower; FLOWER_BASIC_AUTH=user:password turns on basic auth, and is required
-    when Flower listens beyond this machine. An empty or example password is refused."""
-    auth = os.environ.get("FLOWER_BASIC_AUTH", "")
-    if auth or address not in ("127.0.0.1", "localhost", "::1"):
-        problem = flower_auth_problem(auth)
-        if problem:
-            raise click.UsageError(
-                f"FLOWER_BASIC_AUTH {problem}; set user:password before running Flower on {address}"
-            )
+    """Run Flower behind basic auth from FLOWER_BASIC_AUTH=user:password, which is required
+    on every address: on the loopback too, any local user (or a web page, by DNS rebinding)
+    could otherwise read every task's arguments and call Flower's API. An empty or example
+    password is refused."""
+    auth = _checked_flower_auth(os.environ.get("FLOWER_BASIC_AUTH", ""))
     from tasks.app import app
 
-    argv = ["flower", f"--port={port}", f"--address={address}"]
-    if auth:
-        argv.append(f"--basic-auth={auth}")
-    app.start(argv)
+    app.start(["flower", f"--port={port}", f"--address={address}", f"--basic-auth={auth}"])
 
 
 @cli.command("runtime-sim")
@@ -219,8 +249,9 @@ def up(with_flower: bool, workers: int, as_json: bool):
         # left running behind it.
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     settings = Settings.from_env()
+    flower_auth, flower_password = _stack_flower_auth() if with_flower else ("", None)
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     stack = Stack(settings)
     try:
         stack.prepare()
@@ -229,16 +260,17 @@ def up(with_flower: bool, workers: int, as_json: bool):
             stack.start_worker()
         stack.start_beat()
         if with_flower:
-            stack.spawn("flower", ["flower"])
-        _emit(
-            as_json,
-            {
-                "home": str(settings.home),
-                "runtime_url": settings.runtime_url,
-                "pids": {p.name: p.pid for p in stack.procs},
-            },
-            f"agent-radar is up (home {settings.home}); logs in {stack.log_dir}. Ctrl-C stops.",
-        )
+            stack.spawn("flower", ["flower"], extra_env={"FLOWER_BASIC_AUTH": flower_auth})
+        payload = {
+            "home": str(settings.home),
+            "runtime_url": settings.runtime_url,
+            "pids": {p.name: p.pid for p in stack.procs},
+        }
+        text = f"agent-radar is up (home {settings.home}); logs in {stack.log_dir}."
+        if with_flower:
+            payload["flower"], flower_text = _stack_flower_login(flower_password)
+            text += flower_text
+        _emit(as_json, payload, f"{text} Ctrl-C stops.")
         import time
 
         while all(p.alive() for p in stack.procs):
