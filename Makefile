@@ -30,7 +30,7 @@ lint: $(STAMP)
 
 # A long hostile-input campaign (Hypothesis) on both backends; the suite runs a short one.
 fuzz: $(STAMP)
-	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} $(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py $(PYTEST_ARGS)
+	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} $(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py tests/faults/test_fuzz_headers.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/agent-radar bench
