@@ -14,11 +14,17 @@ from queue import Empty
 
 from kombu.transport import redis as kombu_redis
 
+from workflows.escape import escape
+
 log = logging.getLogger("agent_radar.gate")
 
 
-def _reason(exc: BaseException) -> str:
-    text = repr(f"{exc.__class__.__name__}: {exc}")[1:-1]
+def reason(exc: BaseException | None) -> str:
+    """Why a message was refused, for its one log line: the error's class and text, on one
+    line and cut short."""
+    if exc is None:
+        return "unknown message format"
+    text = escape(f"{exc.__class__.__name__}: {exc}")
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -41,7 +47,7 @@ class GuardedRedisChannel(kombu_redis.Channel):
         except (Empty, *self.connection_errors):
             raise
         except Exception as exc:  # noqa: BLE001 - no item in a queue may stop the worker
-            log.error("dropped a Redis item that is not a message envelope: %s", _reason(exc))
+            log.error("dropped a Redis item that is not a message envelope: %s", reason(exc))
             return True
 
     def _receive_one(self, c):
@@ -52,7 +58,7 @@ class GuardedRedisChannel(kombu_redis.Channel):
         except (Empty, *self.connection_errors):
             raise
         except Exception as exc:  # noqa: BLE001
-            log.error("dropped a Redis broadcast that is not a message envelope: %s", _reason(exc))
+            log.error("dropped a Redis broadcast that is not a message envelope: %s", reason(exc))
             return None
 
 

@@ -32,7 +32,7 @@ from celery.worker.consumer.consumer import Consumer
 from celery.worker.control import Panel
 from kombu import compression
 
-from tasks.envelope import guard_transport
+from tasks.envelope import guard_transport, reason
 from tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
 
 log = logging.getLogger("agent_radar.gate")
@@ -190,14 +190,6 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _reason(exc: BaseException | None) -> str:
-    """Why, for a log line: the error's class and text, escaped like a repr, unquoted."""
-    if exc is None:
-        return "unknown message format"
-    text = repr(f"{exc.__class__.__name__}: {exc}")[1:-1]
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
 class GuardedConsumer(Consumer):
     """Celery's consumer behind the gate (`worker_consumer` in tasks/app.py)."""
 
@@ -244,7 +236,7 @@ class GuardedConsumer(Consumer):
             "rejected message %s of task %s: %s",
             _short(headers.get("id")),
             _short(headers.get("task")),
-            _reason(exc),
+            reason(exc),
         )
         if getattr(message, "acknowledged", True):
             return  # Celery already settled it, or it is not a message at all

@@ -27,6 +27,17 @@ def run_cli(settings, *args, check=True):
     return proc
 
 
+def run_status(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`agent-radar status` in a process of its own, with exactly this environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "workflows.tools.cli", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_goal_set_show_and_status_as_json(settings, client, stack):
     stack.start_worker()
     out = run_cli(
@@ -204,13 +215,7 @@ BAD_LEASES = ["nan", "1\nerror: forged"]
 @pytest.mark.parametrize("lease", BAD_LEASES)
 def test_a_bad_setting_stops_a_command_with_one_line(settings, backend, lease):
     env = {**os.environ, **settings.to_env(), "AGENT_RADAR_LEASE_S": lease}
-    proc = subprocess.run(
-        [sys.executable, "-m", "workflows.tools.cli", "status"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_status(env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and proc.stdout == ""
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -420,13 +425,7 @@ def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
 def test_an_unmigrated_database_is_a_one_line_error(tmp_path):
     env = {**os.environ, "AGENT_RADAR_HOME": str(tmp_path / "fresh")}
     env.pop("AGENT_RADAR_DATABASE_URL", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "workflows.tools.cli", "status"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_status(env)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "agent-radar db upgrade" in lines[0]
