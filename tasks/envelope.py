@@ -70,4 +70,6 @@ def guard_transport(connection) -> None:
     """Read Redis through the guarded channel: set on a kombu Connection before it connects
     (its clones, for broadcasts and events, keep it)."""
     if connection.transport_cls in ("redis", "rediss"):
-        connection.transport_cls = GuardedRedisTransport
+        # By name, not the class: the connection's info (`celery inspect stats`, Flower)
+        # goes out as JSON.
+        connection.transport_cls = f"{__name__}:{GuardedRedisTransport.__name__}"

@@ -209,6 +209,8 @@ def test_remote_control_that_changes_a_worker_is_not_obeyed(client, stack, setti
         assert len(replies) == 1
         queues = eventually(lambda: app.control.inspect(timeout=1).active_queues())
         assert "elsewhere" not in {q["name"] for q in next(iter(queues.values()))}
+        # Flower's worker pages read these; each answer goes out as JSON.
+        assert eventually(lambda: app.control.inspect(timeout=1).stats())
     finally:
         app.close()
     assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
