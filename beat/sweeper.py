@@ -14,10 +14,11 @@ from sqlalchemy.engine import Engine
 
 from models.db import run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
-from models.tables import CancelOperation, GoalFence, GoalOperation
+from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
 from workflows import leases
 from workflows.adapters.broker import COALESCE_MAX_ITEMS
 from workflows.fences.cancels import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
+from workflows.fences.restore import RESTORE_TASK
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.operations import budget_exhausted, due_operations, fail_operation
 from workflows.maintenance.executor import sweep_maintenance
@@ -75,6 +76,7 @@ def sweep_once(
     try:
         # Fences first: a revoked target must never replay before its fence.
         sweep_fences(engine, publish, now, limit, counts)
+        sweep_restores(engine, publish, now, limit, counts)
         sweep_goal_operations(engine, publish, now, limit, counts)
         sweep_stale_cancels(engine, publish, now, limit, counts)
         run_transaction(engine, lambda s: leases.prune_republish(s, now))
@@ -262,3 +264,44 @@ def sweep_stale_cancels(
         (CancelStatus.PREPARED, CancelStatus.LEASED),
         grace_first_attempt=False,
     )
+
+
+def sweep_restores(
+    engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
+) -> None:
+    """Sessions whose restore is due (workflows/fences/restore.py) and whose message was
+    lost, whose restore met a fault, or whose restoring worker died: published again, each
+    reserved for REPUBLISH_INTERVAL_S first so two sweeps never both publish it."""
+    cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
+    due = run_transaction(
+        engine,
+        lambda s: s.execute(
+            select(AgentSession.workspace_id, AgentSession.session_id, AgentSession.restore_due_at)
+            .where(AgentSession.restore_due_at <= cutoff)
+            .order_by(AgentSession.restore_due_at)
+            .limit(limit)
+        ).all(),
+    )
+    for workspace_id, session_id, due_at in due:
+        try:
+            reserved = run_transaction(
+                engine,
+                lambda s, key=(workspace_id, session_id), due_at=due_at: (
+                    s.execute(
+                        update(AgentSession)
+                        .where(
+                            AgentSession.workspace_id == key[0],
+                            AgentSession.session_id == key[1],
+                            AgentSession.restore_due_at == due_at,
+                        )
+                        .values(restore_due_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
+                    ).rowcount
+                    == 1
+                ),
+            )
+            if reserved:
+                publish(RESTORE_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+                counts.republished += 1
+        except Exception:  # noqa: BLE001 - one bad row must not stop the sweep
+            counts.errors += 1
+            log.exception("sweeper: restore of %s/%s", workspace_id, session_id)

@@ -3,7 +3,17 @@
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, UTCDateTime
@@ -15,6 +25,15 @@ SHORT = String(32)
 
 class AgentSession(Base):
     __tablename__ = "agent_sessions"
+    __table_args__ = (
+        # Sessions whose restore is due, for the sweeper (migration 0010).
+        Index(
+            "ix_agent_sessions_restore_due",
+            "restore_due_at",
+            postgresql_where=text("restore_due_at IS NOT NULL"),
+            sqlite_where=text("restore_due_at IS NOT NULL"),
+        ),
+    )
 
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
     session_id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -22,14 +41,15 @@ class AgentSession(Base):
     provider_session_id: Mapped[str | None] = mapped_column(ID)
     live: Mapped[bool | None] = mapped_column(Boolean)
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
-    # The epoch at which every durable fence of the session was last installed at its host;
-    # below runtime_epoch, the fences go back before anything else reaches the session.
-    fences_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The agent host the session lives on (DESIGN 4.9): every runtime call for it goes there.
     host_id: Mapped[str] = mapped_column(ID, default="default", server_default="default")
     admission: Mapped[str] = mapped_column(SHORT, default="open")
     active_turn_id: Mapped[str | None] = mapped_column(ID)
     last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A restore is due (DESIGN 4.9): the session was learnt live where a fence is not known
+    # to be installed, a clear settled locally waits for delivery, or a report claimed a
+    # newer epoch. The sweeper publishes it once due; None when there is nothing to do.
+    restore_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Bumped under the row lock by every writer that appends a session event, so the
     # per-session event sequence stays gap-free.
     event_sequence: Mapped[int] = mapped_column(Integer, default=0)
@@ -159,6 +179,14 @@ class GoalFence(LeaseColumns, Base):
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The (host, epoch) at which this fence was last installed, as the installer knew them
+    # before its call (DESIGN 4.9); another (host, epoch) than the session's: not known to
+    # be there. None: installed nowhere yet.
+    installed_host: Mapped[str | None] = mapped_column(ID)
+    installed_epoch: Mapped[int | None] = mapped_column(Integer)
+    # The fence's clear was settled locally without reaching the agent: delivered once the
+    # session is live again (DESIGN 4.3 step 2).
+    clear_undelivered: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Turn(Base):

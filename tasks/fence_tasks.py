@@ -5,6 +5,7 @@ from tasks.runtime_context import TaskContext
 from tasks.strict import strict_task
 from tasks.worker_id import worker_name
 from workflows.fences.apply import CancelRunner, FenceApplier
+from workflows.fences.restore import Restorer
 from workflows.validation import check_id
 
 
@@ -40,3 +41,12 @@ def apply_fence(ctx, fence_id):
 def apply_cancel(ctx, operation_id):
     runner = CancelRunner(ctx.engine, ctx.runtime, **_collaborators(ctx))
     return runner.apply(check_id("operation_id", operation_id))
+
+
+@strict_task("agent_radar.session.restore")
+def restore_session(ctx, workspace_id, session_id):
+    runner = CancelRunner(ctx.engine, ctx.runtime, **_collaborators(ctx))
+    restorer = Restorer(ctx.engine, ctx.runtime, cancels=runner)
+    return restorer.restore(
+        check_id("workspace_id", workspace_id), check_id("session_id", session_id)
+    )

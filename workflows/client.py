@@ -21,7 +21,7 @@ from workflows.adapters.config import Settings
 from workflows.adapters.runtime import HostRouter, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
 from workflows.fences.cancels import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
-from workflows.fences.reinstall import ensure_fences_installed
+from workflows.fences.restore import RESTORE_TASK, restore_fences
 from workflows.fences.submit import FenceRequest, submit_fence
 from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
@@ -441,14 +441,18 @@ class AgentRadar:
             )
             self._publish_epoch(workspace_id, session_id, moved)
         fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
-        resumed, epoch = resume_if_offline(self.runtime, workspace_id, session_id, fences)
+        resumed, epoch = resume_if_offline(
+            self.runtime, workspace_id, session_id, [fence for _id, fence in fences]
+        )
+        installed = [fence_id for fence_id, _fence in fences] if resumed else []
         wake, effects = run_transaction(
             self.engine,
-            lambda s: record_live(s, workspace_id, session_id, epoch, utcnow(), resumed),
+            lambda s: record_live(s, workspace_id, session_id, epoch, utcnow(), installed),
         )
         self._publish_epoch(workspace_id, session_id, effects)
-        if not resumed:
-            ensure_fences_installed(self.engine, self.runtime, workspace_id, session_id)
+        # Whatever fence is not known to be at this (host, epoch) goes there, and a clear
+        # settled locally is delivered: the user's own call, so require_live false.
+        restore_fences(self.engine, self.runtime, workspace_id, session_id, require_live=False)
         for operation_id in wake:
             self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
         return self.session_info(workspace_id, session_id)
@@ -652,6 +656,12 @@ class AgentRadar:
         effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        for operation_id in effects.cancels:
+            self.publisher.publish_after_commit(CANCEL_APPLY_TASK, {"operation_id": operation_id})
+        if effects.restore:
+            self.publisher.publish_after_commit(
+                RESTORE_TASK, {"workspace_id": parsed.workspace_id, "session_id": parsed.session_id}
+            )
         if effects.epoch.released:
             self._publish_epoch(parsed.workspace_id, parsed.session_id, EpochEffects(released=True))
         if effects.wake_prompts:

@@ -24,8 +24,9 @@ def fence_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
     return derive("fence", workspace_id, session_id, client_submit_id)
 
 
-def fence_clear_submit_id(fence: str) -> str:
-    """The client submit ID of the clear operation a fence prepares."""
+def fence_cause(fence: str) -> str:
+    """How a fence names what it caused: the client submit ID of the clear operation it
+    prepares, and the reason of a turn cancel it makes."""
     return f"goal-generation-fence:{fence}"
 
 

@@ -82,7 +82,6 @@ class SessionInfo:
     provider_session_id: str | None
     live: bool | None
     runtime_epoch: int
-    fences_epoch: int
     host_id: str
     admission: str
     active_turn_id: str | None

@@ -15,13 +15,13 @@ from workflows import ids
 WS = "ws-fences"
 
 
-def fenced_turn(client, sid, op):
+def fenced_turn(client, sid, op, ws=WS):
     def find():
         return run_transaction(
             client.engine,
             lambda s: s.execute(
                 select(Turn).where(
-                    Turn.workspace_id == WS,
+                    Turn.workspace_id == ws,
                     Turn.session_id == sid,
                     Turn.source_goal_operation_id == op.operation_id,
                 )
@@ -82,7 +82,10 @@ def test_acceptance_survives_an_agent_failure(client, stack, sim_control):
     eventually(lambda: client.get_fence(fence.fence_id).last_error, what="a failed attempt")
     assert not client.get_fence(fence.fence_id).settled
     done = client.wait(fence, timeout=90)
-    assert done.attempt == 3
+    # Two failed installs, then one that got through: the fence's own third attempt, or the
+    # session's restore (a turn report found the fence not installed) before its second.
+    assert done.attempt in (2, 3)
+    assert sim_control.session(WS, "s3")["fences"] == [[target.operation_id, 1]]
     assert goal_actions(sim_control, "s3") == ["set", "clear"]
 
 

@@ -5,7 +5,7 @@ before any goal call reaches the session again."""
 import time
 
 from models.db import run_transaction
-from models.tables import AgentSession, Turn
+from models.tables import AgentSession, GoalFence, Turn
 from workflows.adapters.runtime import HttpRuntime
 from workflows.goals.dispatch import Dispatcher
 from workflows.maintenance import runs
@@ -23,6 +23,10 @@ def session_row(client):
     return run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)))
 
 
+def fence_row(client, fence):
+    return run_transaction(client.engine, lambda s: s.get(GoalFence, fence.fence_id))
+
+
 def turn_row(client, turn_id):
     return run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, turn_id)))
 
@@ -36,8 +40,7 @@ def test_the_first_epoch_learnt_is_no_restart(client):
     assert turn_row(client, "t0").runtime_epoch == 0
     report(client, session={"runtime_epoch": 1})
     assert turn_row(client, "t0").phase == "running"
-    row = session_row(client)
-    assert (row.runtime_epoch, row.fences_epoch) == (1, 1)
+    assert session_row(client).runtime_epoch == 1
     report(client, session={"runtime_epoch": 1}, turn={"turn_id": "t1", "phase": "running"})
     assert turn_row(client, "t1").runtime_epoch == 1
 
@@ -62,8 +65,8 @@ def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     ended = client.get_maintenance(run.run_id)
     assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
     assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
-    row = session_row(client)
-    assert (row.runtime_epoch, row.fences_epoch) == (2, 1)  # the fences must go back
+    assert session_row(client).runtime_epoch == 2
+    assert fence_row(client, fence).installed_epoch is None  # the fence must go there
 
     # The next goal call reaches the host only after every durable fence was installed.
     dispatcher = Dispatcher(
@@ -73,7 +76,7 @@ def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
     assert calls_of(sim_control) == ["goal-fences", "goal"]
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
-    assert session_row(client).fences_epoch == 2
+    assert fence_row(client, fence).installed_epoch == 2
     again = client.set_goal(WS, SID, "and another", client_submit_id="g3")
     dispatcher.dispatch(again.operation_id)
     assert calls_of(sim_control) == ["goal-fences", "goal", "goal"]  # once per epoch
@@ -100,18 +103,22 @@ def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_cont
         publish=lambda *a: True,
     )
     assert applier.apply(fence.fence_id) == "completed"
-    assert client.ensure_session(WS, SID).runtime_epoch == 1  # learnt: no reinstall
     installs = lambda: calls_of(sim_control).count("goal-fences")  # noqa: E731
-    assert installs() == 1
+    assert installs() == 1  # installed while the host's epoch was not known
+    assert fence_row(client, fence).installed_epoch == 0
+    # The first epoch learnt is no proof the fence is there (the host may have restarted
+    # since): it goes there once more.
+    assert client.ensure_session(WS, SID).runtime_epoch == 1
+    assert installs() == 2
     client.ensure_session(WS, SID)
-    assert installs() == 1  # same epoch: nothing reinstalled
+    assert installs() == 2  # same epoch: nothing reinstalled
     sim_control.session(WS, SID, restart=True)  # the host restarts: its fences are gone
     assert sim_control.session(WS, SID)["fences"] == []
     info = client.ensure_session(WS, SID)
     assert info.runtime_epoch == 2 and info.live is True
-    assert installs() == 2
+    assert installs() == 3
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
-    assert session_row(client).fences_epoch == 2
+    assert fence_row(client, fence).installed_epoch == 2
     assert "resume" not in calls_of(sim_control)
 
 

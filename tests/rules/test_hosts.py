@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from models.base import utcnow
 from models.db import run_transaction
-from models.tables import AgentSession, GoalOperation, RuntimeHost, Turn
+from models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
 from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
 from workflows.goals.dispatch import Dispatcher
 from workflows.tools.simulator import SimControl
@@ -139,13 +139,18 @@ def test_a_session_bound_by_ensure_session_is_resumed_at_its_host(client, sim_co
     assert calls(sim_control, "s1") == []
 
 
+def installed_at(client, fence):
+    row = run_transaction(client.engine, lambda s: s.get(GoalFence, fence.fence_id))
+    return row.installed_host, row.installed_epoch
+
+
 def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b):
     control_b = SimControl(sim_b.url)
     client.add_host("host-b", sim_b.url)
     sid = "s-move"
     report(client, sid, session={"runtime_epoch": 5, "live": True})
     target = client.set_goal(WS, sid, "fenced", client_submit_id="g1")
-    client.fence_goal_generation(WS, sid, target.operation_id, client_submit_id="f1")
+    fence = client.fence_goal_generation(WS, sid, target.operation_id, client_submit_id="f1")
     run = client.start_maintenance(WS, sid, client_submit_id="m1")
     prompt = client.submit_prompt(WS, sid, "hello", client_submit_id="p1")
     report(
@@ -157,7 +162,7 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
 
     row = session_row(client, sid)
     assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 1, True)
-    assert row.fences_epoch < 1  # every durable fence goes to host-b first
+    assert installed_at(client, fence) == (None, None)  # every durable fence goes to host-b
     old = turn_row(client, sid, "t-old")
     assert (old.phase, old.outcome) == ("settled", "interrupted")
     ended = client.get_maintenance(run.run_id)
@@ -169,7 +174,7 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
     assert calls(control_b, sid) == ["goal-fences", "goal"]
     assert control_b.session(WS, sid)["fences"] == [[target.operation_id, 1]]
-    assert session_row(client, sid).fences_epoch == 1
+    assert installed_at(client, fence) == ("host-b", 1)
     assert op.operation_id not in [e["operation_id"] for e in sim_control.effects()]
 
     # A report from the host it left, older than the move, changes nothing.
@@ -190,7 +195,7 @@ def test_a_session_without_fences_moves_without_reinstalling(client, sim_b):
     report(client, "s-plain", session={"runtime_epoch": 2})
     report(client, "s-plain", session={"host_id": "host-b", "runtime_epoch": 1})
     row = session_row(client, "s-plain")
-    assert (row.host_id, row.runtime_epoch, row.fences_epoch) == ("host-b", 1, 1)
+    assert (row.host_id, row.runtime_epoch) == ("host-b", 1)
 
 
 def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):

@@ -28,8 +28,8 @@ def unanalyzed():
             conn.execute(
                 text(
                     "INSERT INTO agent_sessions (workspace_id, session_id, runtime_epoch,"
-                    " fences_epoch, host_id, admission, event_sequence)"
-                    " SELECT :ws, 's' || g, 0, 0, 'default', 'open', 1"
+                    " host_id, admission, event_sequence)"
+                    " SELECT :ws, 's' || g, 0, 'default', 'open', 1"
                     " FROM generate_series(1, :n) g"
                 ),
                 {"ws": WS, "n": SESSIONS},

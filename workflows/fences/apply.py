@@ -1,7 +1,9 @@
 """Applying goal generation fences (DESIGN 4.3 apply) and running turn cancels (4.5).
 
 Background work: neither ever resumes a session. A session known to be offline is settled
-locally, which is safe because every later user-triggered resume preloads all fences.
+locally: the fence is installed nowhere yet and its clear is marked undelivered, so the
+session's next return — a resume, a reconnect, a restart, a move — installs the one and
+delivers the other (workflows/fences/restore.py).
 """
 
 import logging
@@ -31,7 +33,8 @@ from workflows.adapters.runtime import RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
 from workflows.fences.cancels import FENCE_APPLY_TASK
-from workflows.fences.reinstall import ensure_fences_installed
+from workflows.fences.reinstall import ensure_fences_installed, needs_restore, request_restore
+from workflows.fences.restore import RESTORE_TASK
 from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
 from workflows.sessions.epochs import EpochEffects, observe_epoch
@@ -52,10 +55,6 @@ def mark_offline(session: Session, workspace_id: str, session_id: str) -> None:
     """The runtime said the session is offline: remember it, so background work settles
     locally instead of calling an agent host that is not there."""
     lock_session(session, workspace_id, session_id).live = False
-
-
-def mark_live(session: Session, workspace_id: str, session_id: str) -> None:
-    lock_session(session, workspace_id, session_id).live = True
 
 
 def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> int | None:
@@ -112,21 +111,28 @@ class CancelRunner:
         # cancel sweep looks at the session again.
         return 2 * self.lease_s
 
-    def require_live(self, workspace_id: str, session_id: str) -> bool:
-        """A liveness look (never a resume) whose answer counts as what it is: the epoch the
-        host is at (DESIGN 4.9). A newer one ends the older epoch's turns and run here too,
-        and what waited on them goes on. True if the epoch was newer."""
+    def require_live(self, workspace_id: str, session_id: str, *, restore: bool = True) -> bool:
+        """A liveness look (never a resume) whose answer counts as what it is: the session is
+        live, at the epoch its host answered (DESIGN 4.9). A newer one ends the older
+        epoch's turns and run here too, and what waited on them goes on; a fence not known
+        to be installed there, or a clear not yet delivered, gets the session's restore
+        (unless the caller is that restore). True if the epoch was newer. Raises
+        RuntimeDisconnected when the session is offline."""
         epoch = require_live(self.runtime, workspace_id, session_id)
-        if not epoch:
-            return False
 
-        def observe(s: Session) -> EpochEffects:
+        def observe(s: Session) -> tuple[EpochEffects, bool]:
+            now = self.clock()
             row = lock_session(s, workspace_id, session_id)
-            if epoch <= (row.runtime_epoch or 0):
-                return EpochEffects()
-            return observe_epoch(s, row, epoch, self.clock())
+            row.live = True
+            effects = EpochEffects()
+            if epoch and epoch > (row.runtime_epoch or 0):
+                effects = observe_epoch(s, row, epoch, now)
+            wanted = restore and needs_restore(s, row) and request_restore(row, now)
+            return effects, wanted
 
-        effects = run_transaction(self.engine, observe)
+        effects, wanted = run_transaction(self.engine, observe)
+        if wanted:
+            self.publish(RESTORE_TASK, {"workspace_id": workspace_id, "session_id": session_id})
         if not effects.newer:
             return False
         publish_epoch_effects(
@@ -137,12 +143,16 @@ class CancelRunner:
         return True
 
     def request(self, workspace_id: str, session_id: str, turn_id: str, reason: str) -> str:
-        """Cancel a turn (require_live). Returns "settled" or "waiting"; raises
-        RuntimeDisconnected (no row written) when the session is offline."""
+        """Cancel a turn (require_live), or join the cancel it already has for another cause
+        (a session stop: a turn is cancelled once, whoever asked, DESIGN 4.3). Returns
+        "settled" or "waiting"; raises RuntimeDisconnected (no row written) when the session
+        is offline."""
         self.require_live(workspace_id, session_id)
 
         def prepare_and_claim(s: Session):
-            cancel = cancels.prepare(s, workspace_id, session_id, turn_id, reason, self.clock())
+            cancel = cancels.prepare(
+                s, workspace_id, session_id, turn_id, reason, self.clock(), join=True
+            )
             if cancel.status == CancelStatus.COMPLETED:
                 return cancel, None
             return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
@@ -157,7 +167,7 @@ class CancelRunner:
             session_id,
             turn_id,
             operation_id=cancel.operation_id,
-            reason=reason,
+            reason=cancel.reason,  # a joined cancel keeps the reason it was made for
             require_live=True,
         )
         return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
@@ -359,18 +369,9 @@ class FenceApplier:
             # Known offline from an earlier answer: look whether it is back (a liveness
             # call, never a resume) before anything else reaches it.
             self.cancels.require_live(claim.workspace_id, claim.session_id)
-            run_transaction(
-                self.engine, lambda s: mark_live(s, claim.workspace_id, claim.session_id)
-            )
-        # A host at a newer epoch gets every durable fence back before this one's clear.
+        # This fence, and every durable fence not known to be at the session's (host,
+        # epoch), is installed there (and recorded) before this one's clear.
         ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
-        self.runtime.install_fence(
-            claim.workspace_id,
-            claim.session_id,
-            target_operation_id=claim.target_operation_id,
-            target_revision=claim.target_revision,
-            require_live=True,
-        )
         turn_id = run_transaction(self.engine, lambda s: self._fenced_turn(s, claim))
         cancel_id = None
         if turn_id is not None:
@@ -381,7 +382,7 @@ class FenceApplier:
                 claim.workspace_id,
                 claim.session_id,
                 turn_id,
-                reason=f"goal-generation-fence:{claim.fence_id}",
+                reason=ids.fence_cause(claim.fence_id),
             )
             if state == "waiting":
                 return run_transaction(
@@ -519,14 +520,15 @@ class FenceApplier:
             claim.workspace_id,
             claim.session_id,
             turn_id,
-            f"goal-generation-fence:{claim.fence_id}",
+            ids.fence_cause(claim.fence_id),
             self.clock(),
         )
 
     def _settle_locally(self, s: Session, claim: FenceClaim, cancel_id: str | None = None) -> str:
         """No evidence from the agent: the clear completes with phase and sync `unknown`
         (observed kept) and the fence completes, recording the cancel it caused, if any. No
-        runtime call and no resume: every later resume preloads this fence."""
+        runtime call and no resume: the session's next return installs the fence and
+        delivers the clear (workflows/fences/restore.py)."""
         now = self.clock()
         if claim.clear_operation_id:
             done = s.execute(
@@ -545,6 +547,12 @@ class FenceApplier:
                 )
             )
             if rowcount(done) == 1:
+                # It never reached the agent: delivered when the session is live again.
+                s.execute(
+                    update(GoalFence)
+                    .where(GoalFence.fence_id == claim.fence_id)
+                    .values(clear_undelivered=True)
+                )
                 s.execute(
                     update(GoalState)
                     .where(

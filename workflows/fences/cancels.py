@@ -26,13 +26,22 @@ OFFLINE_RECHECK_S = 10.0
 
 
 def prepare(
-    session: Session, workspace_id: str, session_id: str, turn_id: str, reason: str, now: datetime
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    turn_id: str,
+    reason: str,
+    now: datetime,
+    *,
+    join: bool = False,
 ) -> CancelOperation:
-    """The cancel intent, durable before any runtime call; a replay returns the same row."""
+    """The cancel intent, durable before any runtime call; a replay returns the same row.
+    The turn's cancel for another reason is a CancelConflict, or with `join` that cancel
+    (a turn is cancelled once, whoever asked)."""
     operation_id = ids.cancel_operation_id(workspace_id, session_id, turn_id)
     existing = session.get(CancelOperation, operation_id, populate_existing=True)
     if existing is not None:
-        if existing.reason != reason:
+        if existing.reason != reason and not join:
             raise CancelConflict(
                 f"turn {turn_id} already has a cancel for {existing.reason!r}",
                 operation_id=operation_id,
@@ -59,10 +68,35 @@ def prepare_or_existing(
 ) -> str:
     """The turn's durable cancel: prepared for `reason`, or the one it already has for
     another cause (a turn is cancelled once, whoever asked). Returns its operation id."""
-    try:
-        return prepare(session, workspace_id, session_id, turn_id, reason, now).operation_id
-    except CancelConflict as exc:
-        return str(exc.attrs["operation_id"])
+    return prepare(session, workspace_id, session_id, turn_id, reason, now, join=True).operation_id
+
+
+def cancel_if_fenced(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, now: datetime
+) -> str | None:
+    """A report told of a turn that has not settled: if its provenance is a fenced
+    (operation, revision), the turn gets its durable cancel now, whether the fence is still
+    on its way or completed before the report landed (DESIGN 4.3). Returns the cancel's id
+    when this made it (the caller publishes it after commit); a turn that already has a
+    cancel, whatever its cause, keeps that one."""
+    turn = session.get(Turn, (workspace_id, session_id, turn_id))
+    if turn is None or turn.phase == TurnPhase.SETTLED or turn.source_goal_operation_id is None:
+        return None
+    fence = session.execute(
+        select(GoalFence).where(
+            GoalFence.workspace_id == workspace_id,
+            GoalFence.session_id == session_id,
+            GoalFence.target_operation_id == turn.source_goal_operation_id,
+            GoalFence.target_revision == turn.source_goal_revision,
+        )
+    ).scalar_one_or_none()
+    operation_id = ids.cancel_operation_id(workspace_id, session_id, turn_id)
+    if fence is None or session.get(CancelOperation, operation_id) is not None:
+        return None
+    prepare(session, workspace_id, session_id, turn_id, ids.fence_cause(fence.fence_id), now)
+    if fence.cancel_operation_id is None:
+        fence.cancel_operation_id = operation_id  # the cancel this fence caused
+    return operation_id
 
 
 def claim(

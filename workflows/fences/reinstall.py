@@ -1,50 +1,138 @@
-"""Fences restored once per runtime epoch (DESIGN 4.9): an agent host that restarted lost the
-fences it held in memory, so before any goal call, prompt or maintenance start reaches the
-session again, every durable fence of the session is installed there once."""
+"""Where each durable fence is installed (DESIGN 4.9), tracked per fence, explicitly.
 
-from sqlalchemy import update
+Each fence records the (host, epoch) at which it was last installed, as the installer knew
+them before its call. A fence whose (host, epoch) is not the session's — never installed, an
+older epoch, the first epoch learnt after an install at an unknown one, another host — is not
+known to be there, and is installed before any goal call, prompt or maintenance start reaches
+the session, and whenever the session is learnt to be live (a restore).
+
+A record can only be too pessimistic, never too hopeful: the (host, epoch) it names are the
+ones known before the call, so a restart or a move during it leaves a record that no longer
+matches, and the fence is installed once more.
+"""
+
+from datetime import datetime
+
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from models.db import run_transaction
-from models.tables import AgentSession
+from models.tables import AgentSession, GoalFence
 from workflows.adapters.runtime import RuntimePort
-from workflows.fences.submit import session_fences
 
 
-def record_fences_installed(
-    session: Session, workspace_id: str, session_id: str, epoch: int
-) -> None:
-    session.execute(
-        update(AgentSession)
+def not_installed_at(fences, host_id, epoch):
+    """SQL: a fence (columns of `fences`) not known to be installed at (host_id, epoch)."""
+    return or_(
+        fences.installed_host.is_distinct_from(host_id),
+        fences.installed_epoch.is_distinct_from(epoch),
+    )
+
+
+def missing_fences(
+    session: Session, workspace_id: str, session_id: str
+) -> tuple[str, int, list[tuple[str, str, int]]] | None:
+    """The session's (host, epoch) and its fences not known to be installed there, as
+    (fence_id, target_operation_id, target_revision), oldest first; None if there are none."""
+    row = session.get(AgentSession, (workspace_id, session_id), populate_existing=True)
+    if row is None:
+        return None
+    epoch = row.runtime_epoch or 0
+    fences = session.execute(
+        select(GoalFence.fence_id, GoalFence.target_operation_id, GoalFence.target_revision)
         .where(
-            AgentSession.workspace_id == workspace_id,
-            AgentSession.session_id == session_id,
-            AgentSession.fences_epoch < epoch,
+            GoalFence.workspace_id == workspace_id,
+            GoalFence.session_id == session_id,
+            not_installed_at(GoalFence, row.host_id, epoch),
         )
-        .values(fences_epoch=epoch)
+        .order_by(GoalFence.created_at)
+    ).all()
+    if not fences:
+        return None
+    return row.host_id, epoch, [(f[0], f[1], f[2]) for f in fences]
+
+
+def record_installed(session: Session, fence_ids: list[str], host_id: str, epoch: int) -> None:
+    """These fences were installed at (host_id, epoch) as known before the call."""
+    if fence_ids:
+        session.execute(
+            update(GoalFence)
+            .where(GoalFence.fence_id.in_(fence_ids))
+            .values(installed_host=host_id, installed_epoch=epoch)
+        )
+
+
+def record_all_installed(
+    session: Session, workspace_id: str, session_id: str, host_id: str, epoch: int
+) -> None:
+    """Every fence the session had when it was read was installed (a resume preloaded them)."""
+    record_installed(
+        session,
+        list(
+            session.execute(
+                select(GoalFence.fence_id).where(
+                    GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id
+                )
+            ).scalars()
+        ),
+        host_id,
+        epoch,
     )
 
 
 def ensure_fences_installed(
-    engine: Engine, runtime: RuntimePort, workspace_id: str, session_id: str
+    engine: Engine,
+    runtime: RuntimePort,
+    workspace_id: str,
+    session_id: str,
+    *,
+    require_live: bool = True,
 ) -> bool:
-    """Before a goal call, a prompt or a maintenance start reaches the session: if its host
-    is at a newer epoch than its fences were installed at, install every durable fence there
-    once (require_live: background work never resumes a session). True if it installed.
+    """Install every durable fence of the session not known to be installed at its (host,
+    epoch), once, and record it. Background work passes require_live (it never resumes a
+    session); a user's own call (ensure_session) does not. True if it installed any.
     Runtime faults propagate to the caller, which treats them as its own call's."""
-
-    def due(s: Session) -> tuple[int, list[dict]] | None:
-        row = s.get(AgentSession, (workspace_id, session_id))
-        if row is None or (row.fences_epoch or 0) >= (row.runtime_epoch or 0):
-            return None
-        return row.runtime_epoch, session_fences(s, workspace_id, session_id)
-
-    todo = run_transaction(engine, due)
+    todo = run_transaction(engine, lambda s: missing_fences(s, workspace_id, session_id))
     if todo is None:
         return False
-    epoch, fences = todo
-    for fence in fences:
-        runtime.install_fence(workspace_id, session_id, require_live=True, **fence)
-    run_transaction(engine, lambda s: record_fences_installed(s, workspace_id, session_id, epoch))
+    host_id, epoch, fences = todo
+    for _fence_id, target_operation_id, target_revision in fences:
+        runtime.install_fence(
+            workspace_id,
+            session_id,
+            target_operation_id=target_operation_id,
+            target_revision=target_revision,
+            require_live=require_live,
+        )
+    installed = [fence_id for fence_id, _op, _rev in fences]
+    run_transaction(engine, lambda s: record_installed(s, installed, host_id, epoch))
+    return True
+
+
+def needs_restore(session: Session, row: AgentSession) -> bool:
+    """The session has a fence not known to be installed at its (host, epoch), or a clear
+    that was settled locally without reaching the agent."""
+    return bool(
+        session.execute(
+            select(
+                exists().where(
+                    GoalFence.workspace_id == row.workspace_id,
+                    GoalFence.session_id == row.session_id,
+                    or_(
+                        not_installed_at(GoalFence, row.host_id, row.runtime_epoch or 0),
+                        GoalFence.clear_undelivered.is_(True),
+                    ),
+                )
+            )
+        ).scalar_one()
+    )
+
+
+def request_restore(row: AgentSession, now: datetime) -> bool:
+    """Make the session's restore due now (the row is locked). True when the caller should
+    publish it; False when one is already due (its message is out, or the sweeper's is)."""
+    if row.restore_due_at is not None and row.restore_due_at <= now:
+        return False
+    row.restore_due_at = now
     return True

@@ -97,7 +97,7 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tupl
                 session_id=request.session_id,
                 action=GoalAction.CLEAR,
                 objective=None,
-                client_submit_id=ids.fence_clear_submit_id(request.fence_id),
+                client_submit_id=ids.fence_cause(request.fence_id),
                 origin=Origin.FENCE,
                 fence_id=request.fence_id,
             ),
@@ -137,13 +137,3 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tupl
         now=now,
     )
     return fence, True
-
-
-def session_fences(session: Session, workspace_id: str, session_id: str) -> list[dict]:
-    """Every durable fence of a session, as the runtime protocol carries them."""
-    rows = session.execute(
-        select(GoalFence.target_operation_id, GoalFence.target_revision)
-        .where(GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id)
-        .order_by(GoalFence.created_at)
-    ).all()
-    return [{"target_operation_id": op_id, "target_revision": rev} for op_id, rev in rows]

@@ -172,8 +172,11 @@ def _call_pool() -> ThreadPoolExecutor:
     return pool
 
 
-def apply_goal(runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:
-    """The runtime call of one goal operation (require_live: no call resumes a session)."""
+def apply_goal(
+    runtime: RuntimePort, op: records.GoalOperation, *, require_live: bool = True
+) -> dict[str, Any]:
+    """The runtime call of one goal operation (require_live: no background call resumes a
+    session; only a user's own ensure_session passes False)."""
     return runtime.apply_goal(
         op.workspace_id,
         op.session_id,
@@ -182,7 +185,7 @@ def apply_goal(runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any
         objective=op.objective,
         revision=op.goal_revision,
         client_submit_id=op.client_submit_id,
-        require_live=True,
+        require_live=require_live,
     )
 
 

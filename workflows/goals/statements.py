@@ -5,10 +5,24 @@ cached one on the hot path."""
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, bindparam, func, literal, or_, select, tuple_, union_all, update
+from sqlalchemy import (
+    String,
+    bindparam,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 
+from models.base import table_of
 from models.enums import OperationStatus, ProviderPhase, SyncStatus
+from models.tables import GoalFence
+from workflows.fences.reinstall import not_installed_at
 from workflows.goals.operations import (
     DISPATCH_BUDGET_S,
     DISPATCH_MAX_ATTEMPTS,
@@ -21,6 +35,7 @@ from workflows.maintenance.runs import holds
 from workflows.sessions.hosts import HOSTS
 from workflows.sessions.rows import SESSIONS, same_session
 
+FENCES = table_of(GoalFence)
 OP_KEY = OPS.c.operation_id == bindparam("b_op")
 LANE_COLUMNS = (
     OPS.c.operation_id,
@@ -141,9 +156,14 @@ CLAIM_LOOKUP = (
         STATES.c.revision.label("state_revision"),
         STATES.c.pending_operation_id.label("state_pending"),
         holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
-        # Whether the host moved to a newer runtime epoch than the session's fences were
-        # installed at: they go back before this goal call (DESIGN 4.9).
-        (SESSIONS.c.fences_epoch < SESSIONS.c.runtime_epoch).label("reinstall"),
+        # Whether a fence of the session is not known to be installed at its (host, epoch):
+        # the fences go there before this goal call (DESIGN 4.9).
+        exists()
+        .where(
+            same_session(FENCES.c, SESSIONS.c),
+            not_installed_at(FENCES.c, SESSIONS.c.host_id, SESSIONS.c.runtime_epoch),
+        )
+        .label("reinstall"),
         # Where the call goes (DESIGN 4.9), read here so the step needs no read per call.
         SESSIONS.c.host_id.label("host_id"),
         HOSTS.c.url.label("host_url"),

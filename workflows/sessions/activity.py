@@ -11,6 +11,7 @@ from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutc
 from models.tables import GoalOperation, Turn
 from workflows.errors import InvalidArgument
 from workflows.fences import cancels
+from workflows.fences.reinstall import needs_restore, request_restore
 from workflows.goals.operations import complete_applied
 from workflows.sessions import hosts, prompts
 from workflows.sessions.epochs import EpochEffects, move_host, observe_epoch
@@ -138,6 +139,8 @@ class ReportEffects:
     completed: list[str]  # goal operations this report completed
     wake_fences: list[str]  # fences that waited on a turn this report settled
     wake_prompts: bool = False  # a prompt's turn settled: the session's queue may move on
+    cancels: list[str] = field(default_factory=list)  # turn cancels this report made
+    restore: bool = False  # the session's restore is due: publish it
     epoch: EpochEffects = field(default_factory=EpochEffects)  # a newer runtime epoch
 
 
@@ -170,8 +173,9 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
         row.last_report_at = report.occurred_at
     wake: list[str] = list(epoch.woken_fences)
     wake_prompts = False
-    if report.turn is not None and apply_turn(session, row, report.turn, report.occurred_at):
-        turn = report.turn
+    new_cancels: list[str] = []
+    turn = report.turn
+    if turn is not None and apply_turn(session, row, turn, report.occurred_at):
         wake = cancels.on_turn_settled(
             session, report.workspace_id, report.session_id, turn["turn_id"], turn["outcome"], now
         )
@@ -179,6 +183,11 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             session, report.workspace_id, report.session_id, turn["prompt_id"], turn["outcome"]
         )
         wake_prompts = True  # any settled turn may let the next prompt (or a run) go
+    elif turn is not None:
+        cancel_id = cancels.cancel_if_fenced(
+            session, report.workspace_id, report.session_id, turn["turn_id"], now
+        )
+        new_cancels = [cancel_id] if cancel_id else []
     completed: list[str] = []
     applied = report.goal_applied
     if applied is not None:
@@ -193,11 +202,17 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             and complete_applied(session, op, applied.get("goal"), {"report": "goal_applied"}, now)
         ):
             completed.append(op.operation_id)
+    # The host answered for the session (DESIGN 4.3, 4.9): a fence not known to be installed
+    # at its (host, epoch), or a clear settled locally, gets the session's restore.
+    said_offline = (report.session or {}).get("live") is False
+    restore = not said_offline and needs_restore(session, row) and request_restore(row, now)
     return ReportEffects(
         completed=completed,
+        restore=restore,
         wake_fences=wake,
         wake_prompts=wake_prompts or epoch.newer,
         epoch=epoch,
+        cancels=new_cancels,
     )
 
 

@@ -2,20 +2,29 @@
 
 from datetime import datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.tables import AgentSession
+from models.tables import AgentSession, GoalFence
 from workflows.adapters.runtime import RuntimePort
-from workflows.fences.reinstall import record_fences_installed
-from workflows.fences.submit import session_fences
+from workflows.fences.reinstall import record_installed
 from workflows.goals.operations import open_client_operations
 from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.rows import lock_session
 
 
-def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[dict]:
-    """Every fence the session must carry on resume: all of its goal generation fences."""
-    return session_fences(session, workspace_id, session_id)
+def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[tuple[str, dict]]:
+    """Every fence the session must carry on resume, all of its goal generation fences, as
+    (fence_id, what the runtime protocol carries), oldest first."""
+    rows = session.execute(
+        select(GoalFence.fence_id, GoalFence.target_operation_id, GoalFence.target_revision)
+        .where(GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id)
+        .order_by(GoalFence.created_at)
+    ).all()
+    return [
+        (fence_id, {"target_operation_id": op_id, "target_revision": rev})
+        for fence_id, op_id, rev in rows
+    ]
 
 
 def resume_if_offline(
@@ -28,9 +37,9 @@ def resume_if_offline(
         return False, int(liveness.get("runtime_epoch") or 0)
     answer = runtime.resume(workspace_id, session_id, fences)
     # Reinstall them too before anything else reaches the session: a resume that dropped
-    # one must not let a fenced generation run.
+    # one must not let a fenced generation run. The user's own call: require_live false.
     for fence in fences:
-        runtime.install_fence(workspace_id, session_id, require_live=True, **fence)
+        runtime.install_fence(workspace_id, session_id, require_live=False, **fence)
     return True, int(answer.get("runtime_epoch") or 0)
 
 
@@ -40,16 +49,15 @@ def record_live(
     session_id: str,
     epoch: int,
     now: datetime,
-    resumed: bool = False,
+    installed: list[str],
 ) -> tuple[list[str], EpochEffects]:
     """Mark the session live at `epoch` (a resume or liveness answer); returns its open goal
     operations to wake and what a newer epoch set in motion. A resume preloaded and
-    reinstalled every durable fence: they are installed at that epoch."""
+    reinstalled the fences `installed`: they are installed at that epoch."""
     row = lock_session(session, workspace_id, session_id)
     row.live = True
     effects = observe_epoch(session, row, epoch, now)
-    if resumed:
-        record_fences_installed(session, workspace_id, session_id, epoch)
+    record_installed(session, installed, row.host_id, epoch)
     return open_client_operations(session, workspace_id, session_id), effects
 
 

@@ -2,19 +2,18 @@
 turns it ran, the runs it worked on and the fences it held.
 
 Each session keeps the highest epoch seen at its host (a report, a liveness or resume
-answer) and the epoch at which its durable fences were last installed there. A newer epoch
-is an authoritative end for the turns and maintenance run of older ones, and before any goal
-call, prompt or maintenance start reaches the session again, every durable fence of the
-session is installed there once.
+answer); each fence, the (host, epoch) at which it was last installed
+(workflows/fences/reinstall.py). A newer epoch is an authoritative end for the turns and
+maintenance run of older ones, and before any goal call, prompt or maintenance start reaches
+the session again, every durable fence of the session is installed there once.
 """
 
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from models.tables import AgentSession, GoalFence
+from models.tables import AgentSession
 from workflows.fences import cancels
 from workflows.maintenance import runs
 from workflows.sessions import hosts
@@ -45,12 +44,9 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     known = row.runtime_epoch or 0
     if epoch <= known:
         return EpochEffects()
+    # The fences are not known to be installed at this epoch, not even when it is the first
+    # one learnt: workflows/fences/reinstall.py compares each fence's record with it.
     row.runtime_epoch = epoch
-    if (known == 0 and row.fences_epoch >= 0) or not _has_fences(session, row):
-        # Every durable fence is installed there: there is none, or they were installed
-        # while the epoch was still unknown, at this same host process (not so after a
-        # move: see move_host).
-        row.fences_epoch = epoch
     session.flush()
     if known == 0:
         return EpochEffects(newer=True)
@@ -59,11 +55,6 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     )
     released = runs.end_for_restart(session, row.workspace_id, row.session_id, epoch, now)
     return EpochEffects(newer=True, woken_fences=woken, released=released)
-
-
-# fences_epoch after a move: below any epoch, so the fences go to the new host whatever
-# epoch it reports (DESIGN 4.9).
-FENCES_NOWHERE = -1
 
 
 def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) -> EpochEffects:
@@ -75,8 +66,7 @@ def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) 
     if host_id == row.host_id:
         return EpochEffects()
     row.host_id = host_id
-    row.runtime_epoch = 0
-    row.fences_epoch = FENCES_NOWHERE if _has_fences(session, row) else 0
+    row.runtime_epoch = 0  # no fence is recorded at the new host: they all go there
     row.live = None  # what the old host said of it says nothing of the new one
     session.flush()
     woken = cancels.interrupt_running_turns(session, row.workspace_id, row.session_id, now)
@@ -92,14 +82,3 @@ def bind_host(
     """`ensure_session(host_id=)`: the session lives on that registered host from now on."""
     hosts.require_host(session, host_id)
     return move_host(session, lock_session(session, workspace_id, session_id), host_id, now)
-
-
-def _has_fences(session: Session, row: AgentSession) -> bool:
-    return session.execute(
-        select(
-            exists().where(
-                GoalFence.workspace_id == row.workspace_id,
-                GoalFence.session_id == row.session_id,
-            )
-        )
-    ).scalar_one()

@@ -45,7 +45,6 @@ def new_session_values(
         "workspace_id": workspace_id,
         "session_id": session_id,
         "runtime_epoch": 0,
-        "fences_epoch": 0,
         "host_id": "default",
         "admission": "open",
         "event_sequence": event_sequence,

@@ -266,12 +266,15 @@ def _offline_fence(client: AgentRadar, sim: SimControl, say) -> bool:
         resumes=len(resumes),
     )
     info = client.ensure_session(WS, "session-f")
+    clear = client.get_goal_operation(fence.clear_operation_id)
     say(
-        "the user brings session-f back: resumed with the fence preloaded",
+        "the user brings session-f back: resumed with the fence preloaded, the clear delivered",
         live=info.live,
         epoch=info.runtime_epoch,
+        clear_phase=clear.provider_phase,
+        sync=client.goal_state(WS, "session-f").sync_status,
     )
-    return not resumes
+    return not resumes and clear.provider_phase == "applied"
 
 
 def _shared_goal_revoked(client: AgentRadar, sid: str, tag: str, owner_plan: str | None = None):
@@ -406,6 +409,7 @@ def _audit(client: AgentRadar, sim: SimControl, say) -> bool:
             sync=s.sync_status,
             desired=(s.desired or {}).get("objective"),
         )
-    # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set),
-    # r (shared, owner), m (shared, clear by the fence; its next goal went to host-b)
-    return all(n == 1 for n in per_op.values()) and len(per_op) == 13
+    # a (set, clear), b, c, d (shared, owner), e (shared, clear by the fence), f (set, and
+    # the fence's clear once it was back), r (shared, owner), m (shared, clear by the fence;
+    # its next goal went to host-b)
+    return all(n == 1 for n in per_op.values()) and len(per_op) == 14

@@ -42,6 +42,8 @@ class SimSession:
     turn_duration_ms: int = 200
     cancel_mode: str = "immediate"
     cancel_delay_ms: int = 100
+    # How long a turn's start is in flight before its report goes out (a late report).
+    report_delay_ms: int = 0
     turns: dict = field(default_factory=dict)  # turn_id -> SimTurn
     turn_seq: int = 0
     # Maintenance: runs finish after maintenance_duration_ms with maintenance_outcome
@@ -82,6 +84,7 @@ SESSION_SETTINGS = (
     "turn_duration_ms",
     "cancel_mode",
     "cancel_delay_ms",
+    "report_delay_ms",
     "maintenance_duration_ms",
     "maintenance_outcome",
     "ignore_cancel",
@@ -271,7 +274,7 @@ class Simulator:
             source_goal_revision=revision,
         )
         sess.turns[turn.turn_id] = turn
-        self._report_turn_later(ws, sid, turn, 0)
+        self._report_turn_later(ws, sid, turn, sess.report_delay_ms)
         if sess.turn_duration_ms:
             self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id, "completed")
 

@@ -1,0 +1,219 @@
+"""A session's restore (DESIGN 4.3, 4.9): whenever the control plane learns that a session is
+live — a report, a liveness answer, ensure_session — every durable fence not known to be
+installed at its (host, epoch) is installed, and a clear that was settled locally without
+reaching the agent is delivered. A reconnect at the same epoch, a restart, a first epoch
+learnt after a fence, a move: each leaves a fence whose record no longer matches.
+
+`agent_radar.session.restore` runs it in the background: it confirms the session is live
+with its own host (a liveness call, never a resume; the epoch it answers is the one that
+counts), then installs and delivers. The session row's `restore_due_at` is its outbox: set
+when a restore is wanted, stamped by the restore that runs, cleared by that restore only if
+nobody asked again meanwhile; the sweeper publishes what is due.
+"""
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import rowcount, run_transaction
+from models.enums import ProviderPhase, SyncStatus
+from models.tables import AgentSession, GoalFence, GoalOperation, GoalState
+from workflows import records
+from workflows.adapters.runtime import RuntimePort
+from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.fences.reinstall import ensure_fences_installed, needs_restore
+from workflows.goals.dispatch import apply_goal
+from workflows.sessions.rows import lock_session
+
+log = logging.getLogger(__name__)
+
+RESTORE_TASK = "agent_radar.session.restore"
+# A restore that met a runtime fault (not a disconnect) is due again after this long.
+RESTORE_RETRY_S = 10.0
+# The host has applied a newer revision than the clear's: the clear has nothing left to do.
+STALE_REVISION = "stale_revision"
+
+Publish = Callable[[str, dict], bool]
+
+
+def restore_fences(
+    engine: Engine,
+    runtime: RuntimePort,
+    workspace_id: str,
+    session_id: str,
+    *,
+    require_live: bool,
+    clock: Callable[[], datetime] = utcnow,
+) -> None:
+    """Install the fences not known to be at the session's (host, epoch), then deliver the
+    clears that were settled locally. The caller knows the session is live: background work
+    passes require_live, a user's ensure_session does not. Runtime faults propagate."""
+    ensure_fences_installed(engine, runtime, workspace_id, session_id, require_live=require_live)
+    for fence_id, clear in run_transaction(
+        engine, lambda s: _undelivered_clears(s, workspace_id, session_id)
+    ):
+        try:
+            answer = apply_goal(runtime, clear, require_live=require_live)
+        except RuntimeFault as exc:
+            if exc.code != STALE_REVISION:
+                raise
+            answer = None  # the host holds a newer revision: nothing of the fenced one is left
+        _record_delivery(engine, fence_id, clear, answer, clock())
+
+
+def _undelivered_clears(
+    session: Session, workspace_id: str, session_id: str
+) -> list[tuple[str, records.GoalOperation]]:
+    rows = session.execute(
+        select(GoalFence.fence_id, GoalOperation)
+        .join(GoalOperation, GoalOperation.operation_id == GoalFence.clear_operation_id)
+        .where(
+            GoalFence.workspace_id == workspace_id,
+            GoalFence.session_id == session_id,
+            GoalFence.clear_undelivered.is_(True),
+        )
+        .order_by(GoalFence.created_at)
+    ).all()
+    return [(fence_id, records.from_row(records.GoalOperation, op)) for fence_id, op in rows]
+
+
+def _record_delivery(
+    engine: Engine,
+    fence_id: str,
+    clear: records.GoalOperation,
+    answer: dict | None,
+    now: datetime,
+) -> None:
+    run_transaction(engine, lambda s: _delivered(s, fence_id, clear, answer, now))
+
+
+def _delivered(
+    session: Session,
+    fence_id: str,
+    clear: records.GoalOperation,
+    answer: dict | None,
+    now: datetime,
+) -> None:
+    """The clear reached the agent (or the agent already had something newer): the fence has
+    nothing left to deliver. An applied answer is the evidence the local settlement lacked."""
+    session.execute(
+        update(GoalFence).where(GoalFence.fence_id == fence_id).values(clear_undelivered=False)
+    )
+    if answer is None or answer.get("phase") != ProviderPhase.APPLIED:
+        return
+    session.execute(
+        update(GoalOperation)
+        .where(
+            GoalOperation.operation_id == clear.operation_id,
+            GoalOperation.provider_phase == ProviderPhase.UNKNOWN,
+        )
+        .values(provider_phase=ProviderPhase.APPLIED, evidence=answer.get("evidence"))
+    )
+    goal = answer.get("goal")
+    session.execute(
+        update(GoalState)
+        .where(
+            GoalState.workspace_id == clear.workspace_id,
+            GoalState.session_id == clear.session_id,
+            GoalState.revision == clear.goal_revision,
+            GoalState.pending_operation_id.is_(None),
+        )
+        .values(
+            observed=goal,
+            sync_status=SyncStatus.SYNCED if goal is None else SyncStatus.DIVERGED,
+        )
+    )
+
+
+class Restorer:
+    """`agent_radar.session.restore`: confirm the session is live with its host, then
+    restore its fences there (never a resume)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        cancels,  # the CancelRunner: its liveness look and its end of a gone session
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.engine, self.runtime, self.cancels, self.clock = engine, runtime, cancels, clock
+        self.lease_s = cancels.lease_s
+
+    def restore(self, workspace_id: str, session_id: str) -> str:
+        stamp = run_transaction(self.engine, lambda s: self._claim(s, workspace_id, session_id))
+        if stamp is None:
+            return "skipped"
+        retry_at: datetime | None = None
+        try:
+            self.cancels.require_live(workspace_id, session_id, restore=False)
+            restore_fences(
+                self.engine,
+                self.runtime,
+                workspace_id,
+                session_id,
+                require_live=True,
+                clock=self.clock,
+            )
+            outcome = "restored"
+        except RuntimeDisconnected:
+            # Offline: nothing to do until it is back; its next report asks again.
+            outcome = "offline"
+        except RuntimeFault as exc:
+            if exc.code == "session_not_found":
+                self.cancels.session_gone(workspace_id, session_id)
+                outcome = "gone"
+            else:
+                log.warning(
+                    "restore of session %s/%s: %s", workspace_id, session_id, exc.code or exc
+                )
+                retry_at = self.clock() + timedelta(seconds=RESTORE_RETRY_S)
+                outcome = "retry"
+        run_transaction(
+            self.engine,
+            lambda s: self._finish(s, workspace_id, session_id, stamp, retry_at, outcome),
+        )
+        return outcome
+
+    def _claim(self, s: Session, workspace_id: str, session_id: str) -> datetime | None:
+        """Stamp the due restore as ours (a lease on it: the sweeper leaves it alone until
+        it runs out). None when no restore is due."""
+        row = s.get(AgentSession, (workspace_id, session_id), populate_existing=True)
+        if row is None or row.restore_due_at is None:
+            return None
+        stamp = self.clock() + timedelta(seconds=2 * self.lease_s)
+        done = s.execute(
+            update(AgentSession)
+            .where(
+                AgentSession.workspace_id == workspace_id,
+                AgentSession.session_id == session_id,
+                AgentSession.restore_due_at == row.restore_due_at,
+            )
+            .values(restore_due_at=stamp)
+        )
+        return stamp if rowcount(done) == 1 else None
+
+    def _finish(
+        self,
+        s: Session,
+        workspace_id: str,
+        session_id: str,
+        stamp: datetime,
+        retry_at: datetime | None,
+        outcome: str,
+    ) -> None:
+        """Clear the due restore, unless someone asked again while this one ran (they set
+        it to their now) — or what it was for is still there at a live session."""
+        row = lock_session(s, workspace_id, session_id)
+        if outcome == "offline":
+            row.live = False  # background work settles locally until it is back
+        if row.restore_due_at != stamp:
+            return
+        if retry_at is None and outcome == "restored" and needs_restore(s, row):
+            retry_at = self.clock()  # a fence came meanwhile: the sweeper publishes it
+        row.restore_due_at = retry_at
