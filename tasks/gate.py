@@ -115,7 +115,9 @@ def _when(headers: dict, name: str) -> datetime | None:
     try:
         when = maybe_iso8601(raw)
     except (TypeError, ValueError, OverflowError):
-        raise InvalidTaskError(f"header {name!r} is not an ISO 8601 date") from None
+        when = None
+    if when is None:  # an empty string is "no date" to Celery, and then fails in its code
+        raise InvalidTaskError(f"header {name!r} is not an ISO 8601 date")
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
@@ -147,6 +149,10 @@ def check_headers(headers: object, allowed: frozenset[str], now: datetime) -> No
         isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
     ):
         raise InvalidTaskError("header 'retries' is not a count")
+    if headers.get("stamped_headers") or headers.get("stamps"):
+        # Celery's stamping (revoke by stamp) is not used by this service; a stamp that is
+        # a list fails in Celery's revoked-check, after the worker took a pool slot for it.
+        raise InvalidTaskError("stamped messages are refused")
     timelimit = headers.get("timelimit")
     if timelimit is not None and not (
         isinstance(timelimit, (list, tuple))
@@ -197,6 +203,35 @@ class GuardedConsumer(Consumer):
         refuse_compression()
         limit_remote_control()
         super().__init__(*args, **kwargs)
+        if self.controller is not None:
+            self.guard_process_task(self.controller)
+
+    def guard_process_task(self, controller) -> None:
+        """Celery hands a request to the pool under a semaphore of `concurrency` slots (on
+        Redis and RabbitMQ) and gives the slot back only when the task ends or is revoked:
+        any other error on the way (a stamp that is a list, in its revoked-check) kept the
+        slot for ever, and one such message stopped a worker of one process from taking
+        anything again, its consumer still up. This runs for a message just received and
+        for one whose ETA came due (the timer calls it, outside the consumer's handler,
+        where the error left the message unacknowledged): the slot is given back, and the
+        message is refused like any other."""
+        process = controller._process_task
+
+        def guarded(request) -> None:
+            try:
+                process(request)
+            except self.connection_errors:
+                raise
+            except Exception as exc:  # noqa: BLE001 - nothing in a message may stop the worker
+                release = getattr(controller, "_quick_release", None)
+                if release is not None:
+                    release()
+                worker_state.task_ready(request)
+                self.refuse(request, exc)
+
+        controller._process_task = guarded
+        if self.on_task_request == process:  # no semaphore: the consumer calls it directly
+            self.on_task_request = guarded
 
     def connection_for_read(self, heartbeat=None):
         connection = self.app.connection_for_read(heartbeat=heartbeat)
@@ -231,6 +266,8 @@ class GuardedConsumer(Consumer):
         """One log line, and the message dropped without requeue (RabbitMQ dead-letters it
         where a dead-letter exchange is set)."""
         headers = getattr(message, "headers", None)
+        if headers is None:  # a request: Celery has turned the message into one
+            headers = getattr(message, "_request_dict", None)
         headers = headers if isinstance(headers, dict) else {}
         log.error(
             "rejected message %s of task %s: %s",

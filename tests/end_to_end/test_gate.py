@@ -36,6 +36,7 @@ def goal_body(submit_id: str) -> list:
 def rows() -> list[tuple[str, object, dict]]:
     """(what, body, headers) of each message the issue found stopping or burdening a worker."""
     far = "9999-12-31T00:00:00+00:00"
+    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
     return [
         ("a task header that is a list", goal_body("a"), task_headers(task=["agent_radar.sweep"])),
         ("an unknown task with no id", [[], {}, None], {"task": "agent_radar.nope"}),
@@ -58,6 +59,19 @@ def rows() -> list[tuple[str, object, dict]]:
         ("an eta that is a number", goal_body("eta2"), task_headers(eta=12)),
         ("a task id with a newline", goal_body("nl"), task_headers(id="x\n" + FORGED)),
         ("a task id of 300 characters", goal_body("long"), task_headers(id="i" * 300)),
+        # Found by the long header campaign: a stamp that is a list failed in Celery's
+        # revoked-check after the worker took its one pool slot, which it never gave back.
+        (
+            "a stamp that is a list",
+            goal_body("stamp"),
+            task_headers(stamped_headers=[["x"], []], stamps={}),
+        ),
+        (
+            "a stamp that is a list, due in a second",
+            goal_body("stamp2"),
+            task_headers(stamped_headers=[["x"]], eta=soon),
+        ),
+        ("an empty eta", goal_body("eta3"), task_headers(eta="")),
     ]
 
 
@@ -93,9 +107,15 @@ def test_messages_that_failed_inside_celery_are_refused_with_one_line(
     eventually(lambda: queue_depth(settings) == 0, what="an empty queue")
 
     assert worker.alive() and worker.children() == pool  # the same processes throughout
+
+    def refused_lines() -> list[str]:
+        return [line for line in worker.log_path.read_text().splitlines() if "rejected" in line]
+
+    # The one due in a second is refused when it comes due.
+    eventually(lambda: len(refused_lines()) >= len(bad), what="every bad message refused")
     log = worker.log_path.read_text()
     assert "Restoring" not in log and "Unrecoverable" not in log and "Traceback" not in log
-    refused = [line for line in log.splitlines() if "rejected message" in line]
+    refused = refused_lines()
     assert len(refused) == len(bad), "\n".join(refused)
     assert not any(line.startswith(FORGED) for line in log.splitlines())
     assert sum("x\\n[2026-01-01" in line for line in refused) == 1  # the id, escaped
