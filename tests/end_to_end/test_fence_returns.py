@@ -4,7 +4,7 @@ simulator over HTTP."""
 
 from models.base import utcnow
 from models.db import run_transaction
-from models.tables import CancelOperation
+from models.tables import CancelOperation, Turn
 from tests.end_to_end.test_fences import calls, fenced_turn, goal_actions
 from tests.helpers import eventually
 from workflows import ids
@@ -190,3 +190,35 @@ def test_a_moved_session_gets_its_fences_and_undelivered_clear_at_the_new_host(
     assert control_b.session(WS, "c3")["fences"] == [[target.operation_id, 1]]
     assert [e["action"] for e in control_b.effects() if e["session_id"] == "c3"] == ["clear"]
     assert calls(control_b, "resume", "c3") == []
+
+
+def test_a_forged_epoch_pins_nothing(client, stack, sim_control):
+    """One report claiming epoch 2^31 - 1 made every later real restart invisible: fences
+    never went back, the lost turn kept the session busy. A claim is confirmed with the
+    session's own host first; the real restart after it is seen, the turn it lost ends and
+    the fence goes back."""
+    stack.start_worker()
+    stack.start_beat()
+    sim_control.session(WS, "c5", turn_duration_ms=0)  # the turn runs until it is stopped
+    first = client.wait(client.set_goal(WS, "c5", "first", client_submit_id="1"))
+    client.wait(client.set_goal(WS, "c5", "second", client_submit_id="2"))
+    client.wait(
+        client.fence_goal_generation(WS, "c5", first.operation_id, client_submit_id="f"),
+        timeout=30,
+    )
+    turn = eventually(lambda: client.session_info(WS, "c5").active_turn_id, what="a turn")
+    eventually(lambda: client.session_info(WS, "c5").runtime_epoch == 1, what="epoch 1")
+    host_report(client, "c5", 2**31 - 1)  # forged
+    eventually(lambda: calls(sim_control, "liveness", "c5"), what="the claim checked with the host")
+    assert client.session_info(WS, "c5").runtime_epoch == 1
+    restarted = sim_control.session(WS, "c5", restart=True)  # a real restart: epoch 2
+    assert restarted["fences"] == []
+    host_report(client, "c5", restarted["runtime_epoch"])
+    eventually(
+        lambda: sim_control.session(WS, "c5")["fences"] == [[first.operation_id, 1]],
+        what="the fence back at the restarted host",
+    )
+    assert client.session_info(WS, "c5").runtime_epoch == restarted["runtime_epoch"]
+    lost = run_transaction(client.engine, lambda s: s.get(Turn, (WS, "c5", turn)))
+    assert (lost.phase, lost.outcome) == ("settled", "interrupted")
+    assert client.session_info(WS, "c5").active_turn_id is None

@@ -19,6 +19,22 @@ def report(client, **parts):
     )
 
 
+def restore(client, settings):
+    """What a worker does with the restore a report asked for: confirm the epoch with the
+    host (its liveness answer) and put the fences there."""
+    from workflows.fences.apply import CancelRunner
+    from workflows.fences.restore import Restorer
+
+    runner = CancelRunner(
+        client.engine,
+        HttpRuntime(settings.runtime_url),
+        worker_id="r",
+        lease_s=5,
+        publish=lambda *a: True,
+    )
+    return Restorer(client.engine, runner.runtime, cancels=runner).restore(WS, SID)
+
+
 def session_row(client):
     return run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)))
 
@@ -35,10 +51,12 @@ def calls_of(sim_control):
     return [c["call"] for c in sim_control.calls() if c["session_id"] == SID]
 
 
-def test_the_first_epoch_learnt_is_no_restart(client):
+def test_the_first_epoch_learnt_is_no_restart(client, settings):
     report(client, turn={"turn_id": "t0", "phase": "running"})
     assert turn_row(client, "t0").runtime_epoch == 0
     report(client, session={"runtime_epoch": 1})
+    assert session_row(client).runtime_epoch == 0  # a claim, until the host confirms it
+    assert restore(client, settings) == "restored"
     assert turn_row(client, "t0").phase == "running"
     assert session_row(client).runtime_epoch == 1
     report(client, session={"runtime_epoch": 1}, turn={"turn_id": "t1", "phase": "running"})
@@ -48,7 +66,7 @@ def test_the_first_epoch_learnt_is_no_restart(client):
 def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     client, sim_control, settings
 ):
-    report(client, session={"runtime_epoch": 1})
+    client.ensure_session(WS, SID)  # learnt from the host: epoch 1
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="g1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
@@ -57,7 +75,11 @@ def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     report(client, turn={"turn_id": "t-old", "phase": "running", "prompt_id": prompt.prompt_id})
     assert turn_row(client, "t-old").runtime_epoch == 1
 
-    report(client, session={"runtime_epoch": 2})  # the host restarted
+    sim_control.session(WS, SID, restart=True)  # the host restarted
+    report(client, session={"runtime_epoch": 2})
+    assert turn_row(client, "t-old").phase == "running"  # a claim acts on nothing
+    seen = len(calls_of(sim_control))
+    assert restore(client, settings) == "restored"  # confirmed: the host answers epoch 2
 
     old = turn_row(client, "t-old")
     assert (old.phase, old.outcome) == ("settled", "interrupted")
@@ -66,28 +88,68 @@ def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
     assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
     assert session_row(client).runtime_epoch == 2
-    assert fence_row(client, fence).installed_epoch is None  # the fence must go there
+    # Every durable fence went to the restarted host, before any goal call could.
+    assert calls_of(sim_control)[seen:] == ["liveness", "goal-fences"]
+    assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
+    assert fence_row(client, fence).installed_epoch == 2
 
-    # The next goal call reaches the host only after every durable fence was installed.
     dispatcher = Dispatcher(
         client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5
     )
     op = client.set_goal(WS, SID, "the owner's new goal", client_submit_id="g2")
     assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
-    assert calls_of(sim_control) == ["goal-fences", "goal"]
-    assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
-    assert fence_row(client, fence).installed_epoch == 2
-    again = client.set_goal(WS, SID, "and another", client_submit_id="g3")
-    dispatcher.dispatch(again.operation_id)
-    assert calls_of(sim_control) == ["goal-fences", "goal", "goal"]  # once per epoch
+    assert calls_of(sim_control)[seen:] == ["liveness", "goal-fences", "goal"]  # once
     assert client.get_fence(fence.fence_id).status == "pending"  # its delivery is its own
 
 
-def test_epochs_only_grow_whatever_order_reports_arrive_in(client):
-    report(client, session={"runtime_epoch": 3})
+def test_a_fence_not_known_at_a_newer_epoch_goes_there_before_a_goal_call(
+    client, sim_control, settings
+):
+    client.ensure_session(WS, SID)
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="g1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
+    sim_control.session(WS, SID, restart=True)
+    client.ensure_session(WS, SID)  # the user's look: epoch 2, the fence goes there
+    assert fence_row(client, fence).installed_epoch == 2
+    seen = len(calls_of(sim_control))
+    dispatcher = Dispatcher(
+        client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5
+    )
+    op = client.set_goal(WS, SID, "the owner's new goal", client_submit_id="g2")
+    dispatcher.dispatch(op.operation_id)
+    assert calls_of(sim_control)[seen:] == ["goal"]  # known there: no second install
+    run_transaction(
+        client.engine,
+        lambda s: s.get(GoalFence, fence.fence_id).__setattr__("installed_epoch", 1),
+    )  # as if it had been installed before the restart only
+    again = client.set_goal(WS, SID, "and another", client_submit_id="g3")
+    dispatcher.dispatch(again.operation_id)
+    assert calls_of(sim_control)[seen:] == ["goal", "goal-fences", "goal"]
+
+
+def test_epochs_only_grow_whatever_order_reports_arrive_in(client, sim_control, settings):
+    sim_control.session(WS, SID, restart=True)
+    sim_control.session(WS, SID, restart=True)
+    assert client.ensure_session(WS, SID).runtime_epoch == 3
     report(client, session={"runtime_epoch": 2}, turn={"turn_id": "t", "phase": "running"})
     assert session_row(client).runtime_epoch == 3
     assert turn_row(client, "t").runtime_epoch == 3
+
+
+def test_a_forged_epoch_changes_nothing(client, sim_control, settings):
+    """One report claiming epoch 2^31 - 1 used to pin the session: every real restart after
+    it was invisible. A claim is confirmed with the host first; the host says 1."""
+    client.ensure_session(WS, SID)
+    report(client, turn={"turn_id": "t-old", "phase": "running"})
+    report(client, session={"runtime_epoch": 2**31 - 1})
+    assert restore(client, settings) == "restored"
+    assert session_row(client).runtime_epoch == 1
+    assert turn_row(client, "t-old").phase == "running"
+    sim_control.session(WS, SID, restart=True)  # a real restart is seen as one
+    report(client, session={"runtime_epoch": 2})
+    assert restore(client, settings) == "restored"
+    assert session_row(client).runtime_epoch == 2
+    assert turn_row(client, "t-old").outcome == "interrupted"
 
 
 def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_control, settings):
@@ -127,7 +189,7 @@ def test_a_background_liveness_answer_at_a_newer_epoch_counts(client, sim_contro
     from workflows.fences import cancels
     from workflows.fences.apply import CancelRunner
 
-    report(client, session={"runtime_epoch": 1})
+    client.ensure_session(WS, SID)  # epoch 1
     report(client, turn={"turn_id": "t-old", "phase": "running"})
     cancel = run_transaction(
         client.engine, lambda s: cancels.prepare(s, WS, SID, "t-old", "stale", utcnow())
@@ -147,5 +209,6 @@ def test_a_background_liveness_answer_at_a_newer_epoch_counts(client, sim_contro
     assert (old.phase, old.outcome) == ("settled", "interrupted")
     done = run_transaction(client.engine, lambda s: s.get(type(cancel), cancel.operation_id))
     assert (done.status, done.result) == ("completed", "interrupted")
-    assert calls_of(sim_control) == ["liveness"]  # no cancel reached the new process
+    # no cancel reached the new process
+    assert calls_of(sim_control) == ["liveness", "liveness"]
     assert ("agent_radar.prompt.dispatch", {"workspace_id": WS, "session_id": SID}) in published

@@ -164,6 +164,7 @@ def _leased_cancel(client, clock_now):
                 "prompt_id": None,
             },
             clock_now,
+            0,
         )
         cancel = cancels.prepare(s, WS, SID, "turn-9", "fence", clock_now)
         cancels.claim(s, cancel, "dead-worker", 1, clock_now)

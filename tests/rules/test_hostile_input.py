@@ -136,11 +136,12 @@ def test_a_report_slightly_ahead_is_accepted_and_a_rejected_one_freezes_nothing(
         client.report_activity(report(occurred_at_ms=253402300799000, session={"live": False}))
     client.report_activity(
         report(
-            occurred_at_ms=now_ms(MAX_REPORT_SKEW_S / 2), session={"live": True, "runtime_epoch": 3}
+            occurred_at_ms=now_ms(MAX_REPORT_SKEW_S / 2),
+            session={"live": True, "provider": "claude-code"},
         )
     )
     info = client.session_info(WS, SID)
-    assert info.live is True and info.runtime_epoch == 3
+    assert info.live is True and info.provider == "claude-code"
 
 
 def test_a_report_cannot_touch_another_workspaces_prompt(client, sim_control):

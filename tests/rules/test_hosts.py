@@ -139,6 +139,16 @@ def test_a_session_bound_by_ensure_session_is_resumed_at_its_host(client, sim_co
     assert calls(sim_control, "s1") == []
 
 
+def restorer(client):
+    from workflows.fences.apply import CancelRunner
+    from workflows.fences.restore import Restorer
+
+    runner = CancelRunner(
+        client.engine, client.runtime, worker_id="r", lease_s=5, publish=lambda *a: True
+    )
+    return Restorer(client.engine, client.runtime, cancels=runner)
+
+
 def installed_at(client, fence):
     row = run_transaction(client.engine, lambda s: s.get(GoalFence, fence.fence_id))
     return row.installed_host, row.installed_epoch
@@ -161,7 +171,7 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     report(client, sid, session={"host_id": "host-b", "runtime_epoch": 1, "live": True})
 
     row = session_row(client, sid)
-    assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 1, True)
+    assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 0, True)
     assert installed_at(client, fence) == (None, None)  # every durable fence goes to host-b
     old = turn_row(client, sid, "t-old")
     assert (old.phase, old.outcome) == ("settled", "interrupted")
@@ -170,9 +180,12 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     assert "host-b" in ended.detail
     assert session_row(client, sid).active_turn_id is None
 
+    # The restore the report asked for: host-b confirms its epoch, gets the fence first.
+    assert restorer(client).restore(WS, sid) == "restored"
+    assert session_row(client, sid).runtime_epoch == 1
     op = client.set_goal(WS, sid, "the new goal", client_submit_id="g2")
     assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
-    assert calls(control_b, sid) == ["goal-fences", "goal"]
+    assert calls(control_b, sid) == ["liveness", "goal-fences", "goal"]
     assert control_b.session(WS, sid)["fences"] == [[target.operation_id, 1]]
     assert installed_at(client, fence) == ("host-b", 1)
     assert op.operation_id not in [e["operation_id"] for e in sim_control.effects()]
@@ -195,7 +208,8 @@ def test_a_session_without_fences_moves_without_reinstalling(client, sim_b):
     report(client, "s-plain", session={"runtime_epoch": 2})
     report(client, "s-plain", session={"host_id": "host-b", "runtime_epoch": 1})
     row = session_row(client, "s-plain")
-    assert (row.host_id, row.runtime_epoch) == ("host-b", 1)
+    # Nothing would act on its epoch there: no restore, no call to confirm it.
+    assert (row.host_id, row.runtime_epoch, row.restore_due_at) == ("host-b", 0, None)
 
 
 def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):

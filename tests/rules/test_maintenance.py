@@ -124,17 +124,12 @@ def test_admission_recovery_draining_and_busy_turn(client):
         client.start_maintenance(WS, "other", "summarize_from", client_submit_id="m1")
 
 
-def test_a_caller_on_an_older_runtime_epoch_is_refused(client):
+def test_a_caller_on_an_older_runtime_epoch_is_refused(client, sim_control):
     """DESIGN 4.6 step 2 and 4.9: a session whose host moved to a newer epoch than the caller
     expected is draining for that caller; nothing is written. The replay check comes first."""
-    client.report_activity(
-        {
-            "workspace_id": WS,
-            "session_id": SID,
-            "occurred_at_ms": int(utcnow().timestamp() * 1000),
-            "session": {"live": True, "runtime_epoch": 3},
-        }
-    )
+    sim_control.session(WS, SID, restart=True)
+    sim_control.session(WS, SID, restart=True)
+    assert client.ensure_session(WS, SID).runtime_epoch == 3  # learnt from the host
     before = row_counts(client.engine)
     with pytest.raises(RuntimeDraining) as err:
         client.start_maintenance(WS, SID, client_submit_id="m1", expected_runtime_epoch=2)

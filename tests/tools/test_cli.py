@@ -431,17 +431,9 @@ def test_an_unmigrated_database_is_a_one_line_error(tmp_path):
     assert len(lines) == 1 and "agent-radar db upgrade" in lines[0]
 
 
-def test_maintenance_start_refuses_an_older_expected_epoch(settings, client):
-    import time
-
-    client.report_activity(
-        {
-            "workspace_id": "ws",
-            "session_id": "s9",
-            "occurred_at_ms": int(time.time() * 1000),
-            "session": {"runtime_epoch": 2},
-        }
-    )
+def test_maintenance_start_refuses_an_older_expected_epoch(settings, client, sim_control):
+    sim_control.session("ws", "s9", restart=True)
+    assert client.ensure_session("ws", "s9").runtime_epoch == 2  # learnt from the host
     proc = run_cli(
         settings,
         "maintenance",

@@ -5,16 +5,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
 from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutcome, TurnPhase
-from models.tables import GoalOperation, Turn
+from models.tables import GoalFence, GoalOperation, Turn
 from workflows.errors import InvalidArgument
 from workflows.fences import cancels
 from workflows.fences.reinstall import needs_restore, request_restore
 from workflows.goals.operations import complete_applied
+from workflows.maintenance import runs
 from workflows.sessions import hosts, prompts
-from workflows.sessions.epochs import EpochEffects, move_host, observe_epoch
+from workflows.sessions.epochs import EpochEffects, move_host
 from workflows.sessions.rows import lock_session
 from workflows.validation import (
     check_choice,
@@ -162,9 +164,15 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
                 # An older report from a host the session has since left: what it says of
                 # the session (its epoch above all) belongs to that host, not this one.
                 facts = {}
-    if "runtime_epoch" in facts:
-        # Epochs only grow, whatever order reports arrive in (DESIGN 4.9).
-        epoch = epoch.then(observe_epoch(session, row, facts.pop("runtime_epoch"), now))
+    # An epoch in a report is a claim (DESIGN 4.9): one newer than the one known is
+    # confirmed with the session's own host (the restore's liveness look) before anything
+    # acts on it, and only if something would: a forged value changes nothing.
+    claimed = facts.pop("runtime_epoch", None)
+    confirm = (
+        claimed is not None
+        and claimed > (row.runtime_epoch or 0)
+        and _epoch_would_act(session, row, claimed)
+    )
     if facts and newest:
         # Older session facts than the last applied ones are ignored: reports can arrive
         # out of order through the broker.
@@ -175,7 +183,10 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     wake_prompts = False
     new_cancels: list[str] = []
     turn = report.turn
-    if turn is not None and apply_turn(session, row, turn, report.occurred_at):
+    # A turn runs in the epoch its host claims, if newer than the one known: confirming that
+    # epoch must not end it as a turn of an older one.
+    turn_epoch = max(row.runtime_epoch or 0, claimed or 0)
+    if turn is not None and apply_turn(session, row, turn, report.occurred_at, turn_epoch):
         wake = cancels.on_turn_settled(
             session, report.workspace_id, report.session_id, turn["turn_id"], turn["outcome"], now
         )
@@ -205,7 +216,9 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     # The host answered for the session (DESIGN 4.3, 4.9): a fence not known to be installed
     # at its (host, epoch), or a clear settled locally, gets the session's restore.
     said_offline = (report.session or {}).get("live") is False
-    restore = not said_offline and needs_restore(session, row) and request_restore(row, now)
+    restore = (
+        not said_offline and (confirm or needs_restore(session, row)) and request_restore(row, now)
+    )
     return ReportEffects(
         completed=completed,
         restore=restore,
@@ -216,9 +229,37 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     )
 
 
-def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetime) -> bool:
-    """Record a turn report. Phases only move forward and settled is final; provenance is
-    written once. Returns True when this report settled the turn."""
+def _epoch_would_act(session: Session, row, claimed: int) -> bool:
+    """Whether a newer epoch would change anything for the session: its fences go there,
+    its turns of older epochs end, its maintenance run ends (DESIGN 4.9)."""
+    older_turns = select(Turn.turn_id).where(
+        Turn.workspace_id == row.workspace_id,
+        Turn.session_id == row.session_id,
+        Turn.phase != TurnPhase.SETTLED,
+        or_(Turn.runtime_epoch.is_(None), Turn.runtime_epoch < claimed),
+    )
+    fences = select(GoalFence.fence_id).where(
+        GoalFence.workspace_id == row.workspace_id, GoalFence.session_id == row.session_id
+    )
+    return bool(
+        session.execute(
+            select(
+                or_(
+                    exists(older_turns),
+                    exists(fences),
+                    runs.holds(row.workspace_id, row.session_id),
+                )
+            )
+        ).scalar_one()
+    )
+
+
+def apply_turn(
+    session: Session, row, turn: dict[str, Any], occurred_at: datetime, epoch: int
+) -> bool:
+    """Record a turn report (of a turn that runs in `epoch`, if it is new). Phases only
+    move forward and settled is final; provenance is written once. Returns True when this
+    report settled the turn."""
     key = (row.workspace_id, row.session_id, turn["turn_id"])
     current = session.get(Turn, key, populate_existing=True)
     phase = turn["phase"]
@@ -232,7 +273,7 @@ def apply_turn(session: Session, row, turn: dict[str, Any], occurred_at: datetim
             source_goal_operation_id=turn["source_goal_operation_id"],
             source_goal_revision=turn["source_goal_revision"],
             prompt_id=turn["prompt_id"],
-            runtime_epoch=row.runtime_epoch or 0,  # the epoch it runs in
+            runtime_epoch=epoch,
             started_at=occurred_at,
         )
         session.add(current)
