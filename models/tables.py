@@ -43,6 +43,9 @@ class AgentSession(Base):
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
     # The agent host the session lives on (DESIGN 4.9): every runtime call for it goes there.
     host_id: Mapped[str] = mapped_column(ID, default="default", server_default="default")
+    # Whether that host was given (ensure_session(host_id=)) or named by a report: a report
+    # naming another host is then refused. Until then `default` is only the fallback.
+    host_bound: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     admission: Mapped[str] = mapped_column(SHORT, default="open")
     active_turn_id: Mapped[str | None] = mapped_column(ID)
     last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -313,6 +316,9 @@ class RuntimeHost(Base):
     host_id: Mapped[str] = mapped_column(ID, primary_key=True)
     url: Mapped[str] = mapped_column(String(2048))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The bearer token of this host alone (one host's token opens no other); None: calls
+    # carry none. The host `default` uses AGENT_RADAR_RUNTIME_TOKEN.
+    token: Mapped[str | None] = mapped_column(String(255))
 
 
 class Heartbeat(Base):

@@ -24,6 +24,8 @@ class HostileHost:
 
     def __init__(self) -> None:
         self.answers: dict[str, object] = {}
+        # (session id, Authorization header or None) of every call, in order.
+        self.seen: list[tuple[str, str | None]] = []
         host = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,6 +39,7 @@ class HostileHost:
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
                 match = SESSION.match(self.path)
                 sid, call = unquote(match[2]), match[3]
+                host.seen.append((sid, self.headers.get("Authorization")))
                 answer = host.answers.get((sid, call)) or host.answers.get(sid)
                 status, raw = answer(body) if callable(answer) else answer
                 self.send_response(status)

@@ -618,13 +618,21 @@ class AgentRadar:
         }
 
     # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
-    def add_host(self, host_id: str, url: str, *, replace: bool = False) -> Host:
-        """Register an agent host. The same URL again changes nothing; another one is a
-        Conflict unless `replace`. The host `default` is AGENT_RADAR_RUNTIME_URL."""
+    def add_host(
+        self, host_id: str, url: str, *, replace: bool = False, token: str | None = None
+    ) -> Host:
+        """Register an agent host, with the bearer token that host alone accepts (calls to
+        it carry that one, never another host's). The same URL and token again change
+        nothing; others are a Conflict unless `replace`. The host `default` is
+        AGENT_RADAR_RUNTIME_URL, with AGENT_RADAR_RUNTIME_TOKEN."""
         host_id = hosts.check_host_id(host_id, allow_default=False)
         url = check_url(url)
+        if token is not None:
+            check_id("token", token)
+            if any(c.isspace() for c in token):
+                raise InvalidArgument("token must not contain spaces", field="token")
         return run_transaction(
-            self.engine, lambda s: hosts.add_host(s, host_id, url, utcnow(), replace)
+            self.engine, lambda s: hosts.add_host(s, host_id, url, utcnow(), replace, token)
         )
 
     def remove_host(self, host_id: str) -> Host:

@@ -58,7 +58,7 @@ def test_every_call_goes_to_the_host_of_its_session(client, stack, sim_control, 
 def test_a_session_that_moves_host_is_a_new_epoch_there(client, stack, sim_control, sim_b):
     control_b = SimControl(sim_b.url)
     client.add_host("host-b", sim_b.url)
-    stack.start_worker()
+    worker = stack.start_worker()
     # Turns run until something ends them; the goal starts none, so the fence cancels none.
     sim_control.session(WS, "s1", turn_duration_ms=0, continuation_turns=False)
     first = client.wait(client.set_goal(WS, "s1", "first", client_submit_id="g1"), timeout=60)
@@ -69,15 +69,18 @@ def test_a_session_that_moves_host_is_a_new_epoch_there(client, stack, sim_contr
         lambda: client.session_info(WS, "s1").active_turn_id, what="the prompt's turn"
     )
 
-    # The session turns up at host-b: its report goes through the broker to the worker.
+    # host-b claims the session: it is bound to the host that reported it, so the report is
+    # refused and nothing moves (a compromised host cannot take another's sessions).
     control_b.session(WS, "s1")
     sim_b.sim.report({"workspace_id": WS, "session_id": "s1", "occurred_at_ms": _now_ms()})
-    info = eventually(
-        lambda: (i := client.session_info(WS, "s1")).host_id == "host-b" and i,
-        timeout_s=60,
-        what="the move to host-b",
+    eventually(
+        lambda: "bound to host 'default'" in worker.log_path.read_text(),
+        what="the report refused",
     )
-    assert info.runtime_epoch == 1
+    assert client.session_info(WS, "s1").host_id == "default"
+    # An operator moves it: a new epoch there, its fences go there first.
+    info = client.ensure_session(WS, "s1", host_id="host-b")
+    assert (info.host_id, info.runtime_epoch) == ("host-b", 1)
     old = eventually(
         lambda: (t := _turn(client, turn_id)).phase == "settled" and t, what="the old turn"
     )

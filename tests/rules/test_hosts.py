@@ -10,6 +10,7 @@ from sqlalchemy import update
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
+from tests.helpers import row_counts
 from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
 from workflows.goals.dispatch import Dispatcher
 from workflows.tools.simulator import SimControl
@@ -190,15 +191,18 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     assert installed_at(client, fence) == ("host-b", 1)
     assert op.operation_id not in [e["operation_id"] for e in sim_control.effects()]
 
-    # A report from the host it left, older than the move, changes nothing.
-    client.report_activity(
-        {
-            "workspace_id": WS,
-            "session_id": sid,
-            "occurred_at_ms": int(time.time() * 1000) - 30_000,
-            "session": {"host_id": "default", "runtime_epoch": 9, "live": False},
-        }
-    )
+    # A report from the host it left is refused: the session is bound to host-b now.
+    with pytest.raises(InvalidArgument, match="bound to host 'host-b'"):
+        client.report_activity(
+            {
+                "workspace_id": WS,
+                "session_id": sid,
+                "occurred_at_ms": int(time.time() * 1000) - 30_000,
+                "session": {"host_id": "default", "runtime_epoch": 9, "live": False},
+                "turn": {"turn_id": "t-forged", "phase": "running"},
+            }
+        )
+    assert turn_row(client, sid, "t-forged") is None
     row = session_row(client, sid)
     assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 1, True)
 
@@ -245,3 +249,92 @@ def test_a_bad_host_id_in_ensure_session_is_refused_and_writes_nothing(client, h
     with pytest.raises(InvalidArgument):
         client.ensure_session(WS, "s-bad", host_id=host_id)
     assert session_row(client, "s-bad") is None
+
+
+def test_a_report_cannot_move_a_bound_session(client, sim_control, sim_b):
+    """One compromised host cannot take over another host's sessions: a report naming
+    another host than a bound session's is refused and writes nothing; only a session with
+    no host yet is bound by its first report."""
+    client.add_host("host-b", sim_b.url)
+    client.ensure_session(WS, "s-given", host_id="host-b")  # given by a client
+    report(client, "s-first", session={"host_id": "default", "live": True})  # its first report
+    target = client.set_goal(WS, "s-first", "confidential objective", client_submit_id="g")
+    before = row_counts(client.engine)
+    for sid, other in (("s-given", "default"), ("s-first", "host-b")):
+        with pytest.raises(InvalidArgument, match="bound to host"):
+            report(
+                client,
+                sid,
+                session={"host_id": other, "live": True},
+                turn={"turn_id": "t-x", "phase": "running"},
+            )
+    assert row_counts(client.engine) == before
+    assert session_row(client, "s-given").host_id == "host-b"
+    assert session_row(client, "s-first").host_id == "default"
+    # The goal still goes to its own host only.
+    assert [r.outcome for r in dispatcher(client).dispatch(target.operation_id)] == ["applied"]
+    assert calls(SimControl(sim_b.url), "s-first") == []
+    # A session with no host yet is bound by its first report naming one.
+    report(client, "s-new", session={"host_id": "host-b", "live": True})
+    row = session_row(client, "s-new")
+    assert (row.host_id, row.host_bound) == ("host-b", True)
+
+
+def test_each_host_is_called_with_its_own_token(client, settings, host):
+    """Each registered host has a token of its own; the fleet's AGENT_RADAR_RUNTIME_TOKEN
+    goes to the host `default` only, and a host added without one gets none."""
+    from workflows.adapters.runtime import HostRouter
+    from workflows.sessions.hosts import locator
+
+    host.answers["s-a"] = host.answers["s-c"] = (200, b'{"live": true, "runtime_epoch": 1}')
+    client.add_host("host-a", host.url, token="token-of-a")
+    client.add_host("host-c", host.url + "/", token=None)
+    client.ensure_session(WS, "s-a", host_id="host-a")
+    client.ensure_session(WS, "s-c", host_id="host-c")
+    router = HostRouter(settings.runtime_url, locator(client.engine), token="fleet-token")
+    host.seen.clear()
+    router.liveness(WS, "s-a")
+    router.liveness(WS, "s-c")
+    assert host.seen == [("s-a", "Bearer token-of-a"), ("s-c", None)]
+    with pytest.raises(Conflict):
+        client.add_host("host-a", host.url, token="another")  # a rotation needs --replace
+    client.add_host("host-a", host.url, token="rotated", replace=True)
+    router.liveness(WS, "s-a")
+    assert host.seen[-1] == ("s-a", "Bearer rotated")
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_host_remove_and_a_report_cannot_leave_a_session_on_a_removed_host(client, sim_b):
+    """`host remove` holds the host's row while it counts the sessions bound to it; a report
+    binding a session to that host waits for it, then finds the host gone (and in the other
+    order, the remove waits and then sees the session). PostgreSQL: on SQLite writers take
+    turns anyway."""
+    import threading
+
+    from sqlalchemy import delete, select
+
+    client.add_host("host-b", sim_b.url)
+    outcome: list[object] = []
+    with client.engine.connect() as conn:
+        tx = conn.begin()
+        conn.execute(
+            select(RuntimeHost).where(RuntimeHost.host_id == "host-b").with_for_update()
+        )  # the remove has the host's row, and counted no session bound to it
+
+        def bind_by_report() -> None:
+            try:
+                report(client, "s-race", session={"host_id": "host-b", "live": True})
+                outcome.append("bound")
+            except InvalidArgument as exc:
+                outcome.append(exc)
+
+        reporter = threading.Thread(target=bind_by_report)
+        reporter.start()
+        reporter.join(timeout=1.0)
+        assert reporter.is_alive()  # the report waits for the remove
+        conn.execute(delete(RuntimeHost).where(RuntimeHost.host_id == "host-b"))
+        tx.commit()
+    reporter.join(timeout=10)
+    assert len(outcome) == 1 and isinstance(outcome[0], InvalidArgument), outcome
+    row = session_row(client, "s-race")
+    assert row is None or row.host_id == "default"

@@ -113,9 +113,9 @@ def shaped(
 
 
 class RuntimePort(Protocol):
-    def on_host(self, host_id: str, url: str | None) -> "RuntimePort":
+    def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "RuntimePort":
         """The port for one host (DESIGN 4.9), for a caller that already knows the session's
-        host (url None: the host `default`)."""
+        host (url None: the host `default`) and its token."""
         ...
 
     def liveness(self, workspace_id: str, session_id: str) -> dict[str, Any]: ...
@@ -283,7 +283,7 @@ class HttpRuntime:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    def on_host(self, host_id: str, url: str | None) -> "HttpRuntime":
+    def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "HttpRuntime":
         """One adapter is one host: a caller that uses it alone (the tools, the tests) has
         every session at that host."""
         return self
@@ -479,9 +479,9 @@ class HttpRuntime:
         )
 
 
-# Where a session's runtime calls go: (host_id, url), url None for the host `default` (or for
-# a host that is no longer registered).
-Locate = Callable[[str, str], tuple[str, str | None]]
+# Where a session's runtime calls go: (host_id, url, token), url None for the host `default`
+# (or for a host that is no longer registered), token that host's own.
+Locate = Callable[[str, str], tuple[str, str | None, str | None]]
 
 
 class HostRouter:
@@ -501,11 +501,12 @@ class HostRouter:
         self.token = token
         self.timeout_s = timeout_s
         self.default = HttpRuntime(default_url, token, timeout_s, host_id="default")
-        self._hosts: dict[str, HttpRuntime] = {}
+        self._hosts: dict[tuple[str, str | None], HttpRuntime] = {}
         self._lock = threading.Lock()
 
-    def on_host(self, host_id: str, url: str | None) -> "HttpRuntime":
-        """The adapter for one host (url None: the host `default`)."""
+    def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "HttpRuntime":
+        """The adapter for one host (url None: the host `default`), calling with that host's
+        own token: AGENT_RADAR_RUNTIME_TOKEN goes to the host `default` only (DESIGN 4.9)."""
         if url is None:
             if host_id != "default":
                 raise RuntimeFault(
@@ -514,10 +515,10 @@ class HostRouter:
             return self.default
         url = url.rstrip("/")
         with self._lock:
-            runtime = self._hosts.get(url)
+            runtime = self._hosts.get((url, token))
             if runtime is None:
-                runtime = self._hosts[url] = HttpRuntime(
-                    url, self.token, self.timeout_s, host_id=host_id
+                runtime = self._hosts[(url, token)] = HttpRuntime(
+                    url, token, self.timeout_s, host_id=host_id
                 )
             return runtime
 

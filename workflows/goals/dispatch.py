@@ -200,7 +200,8 @@ class Claim:
     op: records.GoalOperation
     token: str
     reinstall: bool = False  # the session's fences go back to its host first
-    host: tuple[str, str | None] = ("default", None)  # its host: (host_id, url)
+    # its host: (host_id, url, token)
+    host: tuple[str, str | None, str | None] = ("default", None, None)
 
 
 @dataclass(frozen=True)
@@ -607,7 +608,7 @@ class Dispatcher:
             ),
             token=token,
             reinstall=bool(row.reinstall),
-            host=(row.host_id, row.host_url),
+            host=(row.host_id, row.host_url, row.host_token),
         )
 
     @staticmethod

@@ -167,6 +167,7 @@ CLAIM_LOOKUP = (
         # Where the call goes (DESIGN 4.9), read here so the step needs no read per call.
         SESSIONS.c.host_id.label("host_id"),
         HOSTS.c.url.label("host_url"),
+        HOSTS.c.token.label("host_token"),
     )
     .select_from(
         OPS.join(SESSIONS, same_session(SESSIONS.c, OPS.c))

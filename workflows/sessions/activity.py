@@ -155,15 +155,19 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     host_id = facts.pop("host_id", None)
     if host_id is not None:
         # A report names a host, it never supplies an address: an unregistered one is
-        # refused, and nothing of the report is written (DESIGN 4.9).
+        # refused, and nothing of the report is written (DESIGN 4.9). Hosts are identities:
+        # a session bound to a host (by ensure_session(host_id=) or its first report naming
+        # one) is not moved by a report naming another; only one with no host yet is bound.
         hosts.require_host(session, host_id)
         if host_id != row.host_id:
-            if newest:
-                epoch = move_host(session, row, host_id, now)
-            else:
-                # An older report from a host the session has since left: what it says of
-                # the session (its epoch above all) belongs to that host, not this one.
-                facts = {}
+            if row.host_bound:
+                raise InvalidArgument(
+                    f"session {report.workspace_id}/{report.session_id} is bound to host"
+                    f" {row.host_id!r}; a report cannot move it (ensure_session(host_id=) does)",
+                    field="session.host_id",
+                )
+            epoch = move_host(session, row, host_id, now)
+        row.host_bound = True
     # An epoch in a report is a claim (DESIGN 4.9): one newer than the one known is
     # confirmed with the session's own host (the restore's liveness look) before anything
     # acts on it, and only if something would: a forged value changes nothing.

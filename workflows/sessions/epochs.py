@@ -81,4 +81,6 @@ def bind_host(
 ) -> EpochEffects:
     """`ensure_session(host_id=)`: the session lives on that registered host from now on."""
     hosts.require_host(session, host_id)
-    return move_host(session, lock_session(session, workspace_id, session_id), host_id, now)
+    row = lock_session(session, workspace_id, session_id)
+    row.host_bound = True  # given: a report naming another host cannot move it
+    return move_host(session, row, host_id, now)

@@ -35,19 +35,28 @@ def check_host_id(value: Any, *, allow_default: bool = True) -> str:
     return host_id
 
 
-def add_host(session: Session, host_id: str, url: str, now: datetime, replace: bool) -> Host:
-    """Register a host. The same URL again is a no-op; another URL is a Conflict unless
-    `replace` (the host moved to a new address: its sessions follow it)."""
+def add_host(
+    session: Session,
+    host_id: str,
+    url: str,
+    now: datetime,
+    replace: bool,
+    token: str | None = None,
+) -> Host:
+    """Register a host with its own token. The same URL and token again is a no-op;
+    another URL or token is a Conflict unless `replace` (the host moved to a new address,
+    or its token was rotated: its sessions follow it)."""
     row = session.get(RuntimeHost, host_id, with_for_update=True)
     if row is None:
-        row = RuntimeHost(host_id=host_id, url=url, created_at=now)
+        row = RuntimeHost(host_id=host_id, url=url, created_at=now, token=token)
         session.add(row)
-    elif row.url != url:
+    elif row.url != url or row.token != token:
         if not replace:
             raise Conflict(
-                f"host {host_id!r} is registered at {row.url}; add it with --replace to move it"
+                f"host {host_id!r} is registered at {row.url} with another URL or token;"
+                " add it with --replace to change it"
             )
-        row.url = url
+        row.url, row.token = url, token
     session.flush()
     return Host(host_id, url, _bound(session, host_id))
 
@@ -81,8 +90,12 @@ def list_hosts(session: Session, default_url: str) -> list[Host]:
 
 
 def require_host(session: Session, host_id: str) -> str:
-    """A host a message or a caller named: registered, or InvalidArgument (DESIGN 4.9)."""
-    if host_id != DEFAULT_HOST and session.get(RuntimeHost, host_id) is None:
+    """A host a message or a caller named: registered, or InvalidArgument (DESIGN 4.9).
+    Its row stays locked (shared) for the transaction, so a `host remove` waits for a
+    session being bound to it here, then sees that session and refuses."""
+    if host_id != DEFAULT_HOST and (
+        session.get(RuntimeHost, host_id, with_for_update={"read": True}) is None
+    ):
         raise InvalidArgument(f"unknown host {host_id!r}: register it first", field="host_id")
     return host_id
 
@@ -93,21 +106,22 @@ def _bound(session: Session, host_id: str) -> int:
     ).scalar_one()
 
 
-def locator(engine: Engine) -> Callable[[str, str], tuple[str, str | None]]:
-    """`locate(workspace_id, session_id) -> (host_id, url)` for the runtime router, one short
-    read per call (url None for the host `default`, and for a host that was removed)."""
+def locator(engine: Engine) -> Callable[[str, str], tuple[str, str | None, str | None]]:
+    """`locate(workspace_id, session_id) -> (host_id, url, token)` for the runtime router,
+    one short read per call (url None for the host `default`, and for a host that was
+    removed; token the host's own)."""
 
-    def locate(workspace_id: str, session_id: str) -> tuple[str, str | None]:
-        def read(s: Session) -> tuple[str, str | None]:
+    def locate(workspace_id: str, session_id: str) -> tuple[str, str | None, str | None]:
+        def read(s: Session) -> tuple[str, str | None, str | None]:
             found = s.execute(
-                select(AgentSession.host_id, RuntimeHost.url)
+                select(AgentSession.host_id, RuntimeHost.url, RuntimeHost.token)
                 .outerjoin(RuntimeHost, RuntimeHost.host_id == AgentSession.host_id)
                 .where(
                     AgentSession.workspace_id == workspace_id,
                     AgentSession.session_id == session_id,
                 )
             ).first()
-            return (DEFAULT_HOST, None) if found is None else (found[0], found[1])
+            return (DEFAULT_HOST, None, None) if found is None else (found[0], found[1], found[2])
 
         return run_read(engine, read)
 

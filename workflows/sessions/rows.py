@@ -46,6 +46,7 @@ def new_session_values(
         "session_id": session_id,
         "runtime_epoch": 0,
         "host_id": "default",
+        "host_bound": False,
         "admission": "open",
         "event_sequence": event_sequence,
     }

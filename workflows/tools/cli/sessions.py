@@ -143,11 +143,18 @@ def _host_line(h) -> str:
 @host.command("add")
 @click.argument("host_id")
 @click.argument("url")
-@click.option("--replace", is_flag=True, help="Give a registered host a new URL.")
+@click.option("--replace", is_flag=True, help="Give a registered host a new URL or token.")
+@click.option(
+    "--token",
+    envvar="AGENT_RADAR_HOST_TOKEN",
+    default=None,
+    help="The bearer token this host alone accepts (or AGENT_RADAR_HOST_TOKEN, which keeps"
+    " it out of the shell's history).",
+)
 @json_option
-def host_add(host_id: str, url: str, replace: bool, as_json: bool):
-    """Register an agent host at URL."""
-    h = _client().add_host(host_id, url, replace=replace)
+def host_add(host_id: str, url: str, replace: bool, token: str | None, as_json: bool):
+    """Register an agent host at URL, with its own token."""
+    h = _client().add_host(host_id, url, replace=replace, token=token)
     _emit(as_json, as_dict(h), _host_line(h))
 
 
