@@ -24,6 +24,7 @@ from workflows.errors import (
     SessionBusy,
 )
 from workflows.goals.dispatch import Dispatcher
+from workflows.maintenance import runs
 from workflows.maintenance.executor import MaintenanceExecutor
 
 WS, SID = "ws-maint", "s1"
@@ -659,3 +660,34 @@ def test_recovery_re_attaches_to_a_run_the_host_still_runs(client, executor, sim
     assert client.get_maintenance(run.run_id).status == "recovery_required"
     assert executor.execute(run.run_id) == "completed"
     assert [e["kind"] for e in sim_control.effects(kind=None)].count("maintenance") == 1
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_cancel_that_commits_inside_finish_costs_no_lease_wait(
+    client, executor, sim_control, monkeypatch
+):
+    """The run's outcome is in; between finish's read of the run and its change to
+    `finalizing`, a cancel commits (PostgreSQL reads each statement afresh). finish reads
+    again and goes on: the run was sent through recovery (worker_lost) after a lease wait."""
+    import threading
+
+    sim_control.session(WS, SID, maintenance_duration_ms=50)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    transition = runs.transition
+    raced: list[str] = []
+
+    def cancel_first(session, row, to, *args, **kwargs):
+        if to == "finalizing" and not raced:
+            # Another caller's cancel, committed on its own connection, right now.
+            worker = threading.Thread(target=lambda: client.cancel_maintenance(run.run_id))
+            worker.start()
+            worker.join()
+            raced.append(row.status)
+        return transition(session, row, to, *args, **kwargs)
+
+    monkeypatch.setattr(runs, "transition", cancel_first)
+    outcome = executor.execute(run.run_id)
+    assert raced == ["running"]
+    done = client.get_maintenance(run.run_id)
+    assert outcome == done.status == "completed", (outcome, done.status, done.error_code)
+    assert done.lease_token is None

@@ -87,3 +87,24 @@ def test_a_prompt_failing_for_too_long_fails_on_age(client, settings, sim_contro
     assert client.get_prompt(prompt.prompt_id).last_error.startswith(
         "budget_exhausted (failing for "
     )
+
+
+def test_an_answer_without_a_turn_spends_budget_and_status_names_the_prompt(client, settings, host):
+    """A host answering {} to a prompt started no turn anyone can settle: the prompt was
+    re-sent every ~32 s for ever, using no budget, and the prompts after it waited. Now it
+    is a bad_response like any other failure: it spends budget, `status` names it, and once
+    the budget is spent it fails and the queue moves on."""
+    host.answers[SID] = (200, b"{}")
+    runtime = HttpRuntime(host.url)
+    stuck = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    after = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, runtime, WS, SID) == "retry: bad_response"
+    assert row(client, stuck.prompt_id).attempt == 1
+    named = fleet_status(client.engine)["worst"]["prompts_retrying"]
+    assert [(p["prompt_id"], p["attempt"]) for p in named] == [(stuck.prompt_id, 1)]
+    assert "turn_id" in named[0]["last_error"]
+    later = utcnow() + timedelta(seconds=budgets.MAX_FAILING_S + 1)
+    assert dispatch_next(client.engine, runtime, WS, SID, clock=lambda: later) == "failed"
+    assert row(client, stuck.prompt_id).status == "failed"
+    assert row(client, after.prompt_id).status == "queued"  # the queue moves on
+    assert fleet_status(client.engine)["worst"]["prompts_retrying"] == []

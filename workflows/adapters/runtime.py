@@ -89,6 +89,10 @@ def _json_object_or_none(v: Any) -> bool:
         return False
 
 
+def _is_id(v: Any) -> bool:
+    return v is not None and _id_or_none(v)
+
+
 def _id_or_none(v: Any) -> bool:
     try:
         return v is None or bool(check_id("answer", v))
@@ -474,8 +478,9 @@ class HttpRuntime:
                 {"prompt_id": prompt_id, "text": text},
                 call="prompt",
             ),
-            {},
-            {"turn_id": _id_or_none},
+            # The turn it started (DESIGN 6): without one nothing would ever settle the
+            # prompt, so an answer without it is a bad_response that spends budget.
+            {"turn_id": _is_id},
         )
 
 

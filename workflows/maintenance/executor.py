@@ -52,6 +52,11 @@ class RunClaim:
     status: str = S.RUNNING  # the run's status when it was claimed
 
 
+# How often `finish` reads the run again when its change to `finalizing` found the row moved
+# (a cancel committed in between): each move is one more status, and they are few.
+FINALIZE_TRIES = 3
+
+
 class MaintenanceExecutor:
     def __init__(
         self,
@@ -215,11 +220,19 @@ class MaintenanceExecutor:
         record in a second transaction."""
 
         def finalizing(s: Session) -> str | None:
-            run = runs.reload(s, claim.run_id)
-            if run.status in runs.TERMINAL or run.status == S.FINALIZING:
-                return run.status
-            ok = runs.transition(s, run, S.FINALIZING, self.clock(), token=claim.token)
-            return S.FINALIZING if ok else None
+            # A cancel may commit between the read and the guarded change (PostgreSQL reads
+            # each statement afresh): the run is then `cancelling`, still ours, and its
+            # outcome is in. Read again rather than give up the lease and let the sweeper
+            # take the run for a lost worker.
+            for _ in range(FINALIZE_TRIES):
+                run = runs.reload(s, claim.run_id)
+                if run.status in runs.TERMINAL or run.status == S.FINALIZING:
+                    return run.status
+                if run.lease_token != claim.token:
+                    return None
+                if runs.transition(s, run, S.FINALIZING, self.clock(), token=claim.token):
+                    return S.FINALIZING
+            return None
 
         def terminal(s: Session) -> str | None:
             run = runs.reload(s, claim.run_id)

@@ -125,6 +125,22 @@ def fleet_facts(s: Session, now: datetime) -> dict:
                 .limit(WORST)
             ).scalars()
         ],
+        # Prompts whose sends keep failing: each blocks its session's queue until it is
+        # sent or its budget ends it.
+        "prompts_retrying": [
+            {
+                "prompt_id": r.prompt_id,
+                "session": f"{r.workspace_id}/{r.session_id}",
+                "attempt": r.attempt,
+                "last_error": r.last_error,
+            }
+            for r in s.execute(
+                select(Prompt)
+                .where(Prompt.status == PromptStatus.QUEUED, Prompt.failing_since.is_not(None))
+                .order_by(Prompt.failing_since)
+                .limit(WORST)
+            ).scalars()
+        ],
         "fences_waiting_on_a_turn": [
             {
                 "fence_id": r.fence_id,
@@ -231,6 +247,11 @@ def _render_worst(worst: dict) -> list[str]:
     for item in worst["runs_in_recovery"]:
         lines.append(
             f"  in recovery: run {item['run_id']} ({item['session']}, {item['error_code']})"
+        )
+    for item in worst["prompts_retrying"]:
+        lines.append(
+            f"  retrying: prompt {item['prompt_id']} ({item['session']}, attempt "
+            f"{item['attempt']}, {item['last_error']})"
         )
     for item in worst["fences_waiting_on_a_turn"]:
         lines.append(
