@@ -28,9 +28,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# A long hostile-input campaign (Hypothesis) on both backends; the suite runs a short one.
+# A long hostile-input campaign (Hypothesis) on both backends, and the fence's random walks
+# (AGENT_RADAR_WALK_SCHEDULES per backend); the suite runs short ones.
 fuzz: $(STAMP)
-	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} $(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py tests/faults/test_fuzz_headers.py $(PYTEST_ARGS)
+	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} \
+	AGENT_RADAR_WALK_SCHEDULES=$${AGENT_RADAR_WALK_SCHEDULES:-2000} \
+	$(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py tests/faults/test_fuzz_headers.py tests/faults/test_fence_walk.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/agent-radar bench

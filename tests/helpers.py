@@ -112,3 +112,22 @@ def lock_waits(engine) -> int:
                 " AND wait_event_type = 'Lock'"
             )
         ).scalar_one()
+
+
+def restorer(client, runtime=None, published: list | None = None):
+    """What a worker runs for `agent_radar.session.restore`, in this process: the session's
+    restore through `runtime` (the client's, which routes to each session's host), its
+    publishes kept in `published` if given."""
+    from workflows.fences.apply import CancelRunner
+    from workflows.fences.restore import Restorer
+
+    runner = CancelRunner(
+        client.engine,
+        runtime or client.runtime,
+        worker_id="restorer",
+        lease_s=5,
+        publish=lambda task, kwargs: (
+            (published if published is not None else []).append(task) or True
+        ),
+    )
+    return Restorer(client.engine, runner.runtime, cancels=runner)

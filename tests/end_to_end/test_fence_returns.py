@@ -5,7 +5,7 @@ simulator over HTTP."""
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import CancelOperation, Turn
-from tests.end_to_end.test_fences import calls, fenced_turn, goal_actions
+from tests.end_to_end.test_fences import calls, fence_while_offline, fenced_turn, goal_actions
 from tests.helpers import eventually
 from workflows import ids
 
@@ -120,14 +120,7 @@ def test_an_offline_settled_fence_reaches_a_session_that_reconnects_at_the_same_
     and the clear settled locally is delivered."""
     stack.start_worker()
     stack.start_beat()
-    target = client.wait(client.set_goal(WS, "c1", "shared", client_submit_id="1"))
-    sim_control.session(WS, "c1", live=False)
-    fence = client.wait(
-        client.fence_goal_generation(WS, "c1", target.operation_id, client_submit_id="f"),
-        timeout=30,
-    )
-    clear = client.get_goal_operation(fence.clear_operation_id)
-    assert (clear.status, clear.provider_phase) == ("completed", "unknown")
+    target, fence = fence_while_offline(client, sim_control, "c1", WS)
     at_host = sim_control.session(WS, "c1")
     assert at_host["goal"]["objective"] == "shared" and at_host["fences"] == []
     epoch = at_host["runtime_epoch"]
@@ -136,8 +129,10 @@ def test_an_offline_settled_fence_reaches_a_session_that_reconnects_at_the_same_
     host_report(client, "c1", epoch)
     eventually(lambda: fenced_away(sim_control, "c1", target), what="the fence at the host")
     assert sim_control.session(WS, "c1")["runtime_epoch"] == epoch
-    clear = client.get_goal_operation(fence.clear_operation_id)
-    assert (clear.status, clear.provider_phase) == ("completed", "applied")
+    eventually(
+        lambda: client.get_goal_operation(fence.clear_operation_id).provider_phase == "applied",
+        what="the clear's delivery recorded",
+    )
     eventually(lambda: client.goal_state(WS, "c1").sync_status == "synced", what="synced")
     assert goal_actions(sim_control, "c1") == ["set", "clear"]
     assert calls(sim_control, "resume", "c1") == []
@@ -179,13 +174,8 @@ def test_a_moved_session_gets_its_fences_and_undelivered_clear_at_the_new_host(
     client.add_host("host-b", sim_b.url)
     stack.start_worker()
     stack.start_beat()
-    sim_control.session(WS, "c3", continuation_turns=False)  # no report from the old host
-    target = client.wait(client.set_goal(WS, "c3", "shared", client_submit_id="1"))
-    sim_control.session(WS, "c3", live=False)
-    client.wait(
-        client.fence_goal_generation(WS, "c3", target.operation_id, client_submit_id="f"),
-        timeout=30,
-    )
+    # No turn, so no report from the old host while the session moves.
+    target, _fence = fence_while_offline(client, sim_control, "c3", WS, continuation_turns=False)
     client.ensure_session(WS, "c3", host_id="host-b")
     assert control_b.session(WS, "c3")["fences"] == [[target.operation_id, 1]]
     assert [e["action"] for e in control_b.effects() if e["session_id"] == "c3"] == ["clear"]

@@ -31,6 +31,22 @@ def fenced_turn(client, sid, op, ws=WS):
     return find
 
 
+def fence_while_offline(client, sim_control, sid, ws=WS, **sim):
+    """A goal applied at the host, then the session offline and the goal's fence settled
+    locally (its clear never reached the agent): (target, fence)."""
+    if sim:
+        sim_control.session(ws, sid, **sim)
+    target = client.wait(client.set_goal(ws, sid, "shared", client_submit_id="1"))
+    sim_control.session(ws, sid, live=False)
+    fence = client.wait(
+        client.fence_goal_generation(ws, sid, target.operation_id, client_submit_id="f"),
+        timeout=60,
+    )
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert (clear.status, clear.provider_phase) == ("completed", "unknown")
+    return target, fence
+
+
 def goal_actions(sim_control, sid):
     return [e["action"] for e in sim_control.effects() if e["session_id"] == sid]
 
@@ -103,14 +119,7 @@ def test_a_prepared_target_fenced_before_dispatch_never_reaches_the_agent(
 def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, stack, sim_control):
     stack.start_worker()
     stack.start_beat()
-    target = client.wait(client.set_goal(WS, "s5", "shared", client_submit_id="1"))
-    sim_control.session(WS, "s5", live=False)
-    fence = client.wait(
-        client.fence_goal_generation(WS, "s5", target.operation_id, client_submit_id="f"),
-        timeout=60,
-    )
-    clear = client.get_goal_operation(fence.clear_operation_id)
-    assert (clear.status, clear.provider_phase) == ("completed", "unknown")
+    target, _fence = fence_while_offline(client, sim_control, "s5")
     state = client.goal_state(WS, "s5")
     assert state.sync_status == "unknown" and state.observed["objective"] == "shared"
     assert calls(sim_control, "resume", "s5") == []

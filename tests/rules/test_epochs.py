@@ -6,6 +6,7 @@ import time
 
 from models.db import run_transaction
 from models.tables import AgentSession, GoalFence, Turn
+from tests.helpers import restorer
 from workflows.adapters.runtime import HttpRuntime
 from workflows.goals.dispatch import Dispatcher
 from workflows.maintenance import runs
@@ -22,17 +23,7 @@ def report(client, **parts):
 def restore(client, settings):
     """What a worker does with the restore a report asked for: confirm the epoch with the
     host (its liveness answer) and put the fences there."""
-    from workflows.fences.apply import CancelRunner
-    from workflows.fences.restore import Restorer
-
-    runner = CancelRunner(
-        client.engine,
-        HttpRuntime(settings.runtime_url),
-        worker_id="r",
-        lease_s=5,
-        publish=lambda *a: True,
-    )
-    return Restorer(client.engine, runner.runtime, cancels=runner).restore(WS, SID)
+    return restorer(client).restore(WS, SID)
 
 
 def session_row(client):
@@ -133,7 +124,9 @@ def test_epochs_only_grow_whatever_order_reports_arrive_in(client, sim_control, 
     assert client.ensure_session(WS, SID).runtime_epoch == 3
     report(client, session={"runtime_epoch": 2}, turn={"turn_id": "t", "phase": "running"})
     assert session_row(client).runtime_epoch == 3
-    assert turn_row(client, "t").runtime_epoch == 3
+    # A late report of a turn of an older process: it ended with that process.
+    late = turn_row(client, "t")
+    assert (late.runtime_epoch, late.phase, late.outcome) == (2, "settled", "interrupted")
 
 
 def test_a_forged_epoch_changes_nothing(client, sim_control, settings):

@@ -10,7 +10,7 @@ from sqlalchemy import update
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
-from tests.helpers import row_counts
+from tests.helpers import restorer, row_counts
 from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
 from workflows.goals.dispatch import Dispatcher
 from workflows.tools.simulator import SimControl
@@ -138,16 +138,6 @@ def test_a_session_bound_by_ensure_session_is_resumed_at_its_host(client, sim_co
     assert (info.host_id, info.live, info.runtime_epoch) == ("host-b", True, epoch_b)
     assert calls(control_b, "s1")[:2] == ["liveness", "resume"]
     assert calls(sim_control, "s1") == []
-
-
-def restorer(client):
-    from workflows.fences.apply import CancelRunner
-    from workflows.fences.restore import Restorer
-
-    runner = CancelRunner(
-        client.engine, client.runtime, worker_id="r", lease_s=5, publish=lambda *a: True
-    )
-    return Restorer(client.engine, client.runtime, cancels=runner)
 
 
 def installed_at(client, fence):

@@ -9,10 +9,11 @@ from beat.sweeper import OUTBOX_GRACE_S, sweep_once
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import AgentSession, GoalFence
+from tests.helpers import restorer
 from workflows.adapters.runtime import HttpRuntime
-from workflows.fences.apply import CancelRunner, FenceApplier
+from workflows.fences.apply import FenceApplier
 from workflows.fences.reinstall import request_restore
-from workflows.fences.restore import RESTORE_TASK, Restorer
+from workflows.fences.restore import RESTORE_TASK
 
 WS, SID = "ws-restore", "s1"
 
@@ -25,19 +26,6 @@ def session_row(client):
 
 def fence_row(client, fence_id):
     return run_transaction(client.engine, lambda s: s.get(GoalFence, fence_id))
-
-
-def restorer(client, settings, runtime=None, published=None):
-    runner = CancelRunner(
-        client.engine,
-        runtime or HttpRuntime(settings.runtime_url),
-        worker_id="r",
-        lease_s=5,
-        publish=lambda task, kwargs: (
-            (published if published is not None else []).append(task) or True
-        ),
-    )
-    return Restorer(client.engine, runner.runtime, cancels=runner)
 
 
 def settled_offline(client, settings, sim_control):
@@ -78,13 +66,13 @@ def test_a_report_asks_for_the_restore_once_and_it_installs_and_delivers(
     assert due is not None
     report_back(client)  # already due: the same request, nothing more
     assert session_row(client).restore_due_at == due
-    assert restorer(client, settings).restore(WS, SID) == "restored"
+    assert restorer(client).restore(WS, SID) == "restored"
     at_host = sim_control.session(WS, SID)
     assert (at_host["fences"], at_host["goal"]) == ([[target.operation_id, 1]], None)
     row = fence_row(client, fence.fence_id)
     assert (row.installed_host, row.clear_undelivered) == ("default", False)
     assert session_row(client).restore_due_at is None
-    assert restorer(client, settings).restore(WS, SID) == "skipped"  # nothing is due
+    assert restorer(client).restore(WS, SID) == "skipped"  # nothing is due
     report_back(client)
     assert session_row(client).restore_due_at is None  # nothing left to restore
 
@@ -108,7 +96,7 @@ def test_the_sweeper_publishes_a_restore_whose_message_was_lost(client, settings
 def test_an_offline_session_waits_for_its_next_return(client, settings, sim_control):
     settled_offline(client, settings, sim_control)
     report_back(client)  # a late report: the session is in fact still offline
-    assert restorer(client, settings).restore(WS, SID) == "offline"
+    assert restorer(client).restore(WS, SID) == "offline"
     row = session_row(client)
     assert (row.live, row.restore_due_at) == (False, None)
     assert sim_control.session(WS, SID)["fences"] == []
@@ -131,5 +119,5 @@ def test_a_restore_asked_for_again_while_it_ran_stays_due(client, settings, sim_
         return answer
 
     runtime.liveness = liveness_then_a_report
-    assert restorer(client, settings, runtime).restore(WS, SID) == "restored"
+    assert restorer(client, runtime).restore(WS, SID) == "restored"
     assert session_row(client).restore_due_at is not None  # the sweeper runs it again

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
 # The runtime's answer for a session its host no longer has: the session is gone.
 SESSION_GONE = "session_not_found"
+# The runtime's answer to a cancel of a turn its host does not know.
+TURN_UNKNOWN = "not_found"
 
 Publish = Callable[[str, dict], bool]
 
@@ -162,19 +164,35 @@ class CancelRunner:
             return "settled"
         if token is None:
             return "waiting"  # already requested; its answer or report is on the way
-        answer = self.runtime.cancel_turn(
-            workspace_id,
-            session_id,
-            turn_id,
-            operation_id=cancel.operation_id,
-            reason=cancel.reason,  # a joined cancel keeps the reason it was made for
-            require_live=True,
-        )
+        return self._deliver(cancel, token)
+
+    def _deliver(self, cancel: CancelOperation, token: str) -> str:
+        """The cancel call (require_live) and its recorded answer: "settled" or "waiting".
+        A host that does not know the turn (`not_found`: it restarted, or the turn never
+        ran there) is an end for it: it is not running there, and the cancel completes
+        `interrupted` instead of spending its budget on a turn nobody has."""
+        try:
+            answer = self.runtime.cancel_turn(
+                cancel.workspace_id,
+                cancel.session_id,
+                cancel.turn_id,
+                operation_id=cancel.operation_id,
+                reason=cancel.reason,  # a joined cancel keeps the reason it was made for
+                require_live=True,
+            )
+        except RuntimeFault as exc:
+            if exc.code != TURN_UNKNOWN:
+                raise
+            answer = {"result": CancelResult.INTERRUPTED}
         return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
 
     def _record(self, s: Session, cancel: CancelOperation, token: str, answer: dict) -> str:
         result = answer.get("result")
-        if result in (CancelResult.CANCELED, CancelResult.ALREADY_SETTLED):
+        if result in (
+            CancelResult.CANCELED,
+            CancelResult.ALREADY_SETTLED,
+            CancelResult.INTERRUPTED,
+        ):
             cancels.complete(s, cancel, result, self.clock(), token)
             return "settled"
         cancels.wait_for_settle(s, cancel, token, self.deadline_s, self.clock())
@@ -211,14 +229,7 @@ class CancelRunner:
                 self.engine, lambda s: cancels.is_open(s, operation_id)
             ):
                 return "interrupted"  # the host restarted: the turn ended with its process
-            answer = self.runtime.cancel_turn(
-                ws,
-                sid,
-                cancel.turn_id,
-                operation_id=cancel.operation_id,
-                reason=cancel.reason,
-                require_live=True,
-            )
+            outcome = self._deliver(cancel, token)
         except RuntimeDisconnected:
 
             def wait(s: Session) -> None:
@@ -237,7 +248,6 @@ class CancelRunner:
                 lambda s: cancels.retry_later(s, cancel, token, error, delay, self.clock()),
             )
             return "retry"
-        outcome = run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
         if outcome == "settled":
             self._wake(cancel)
         return outcome

@@ -187,9 +187,11 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     wake_prompts = False
     new_cancels: list[str] = []
     turn = report.turn
-    # A turn runs in the epoch its host claims, if newer than the one known: confirming that
-    # epoch must not end it as a turn of an older one.
-    turn_epoch = max(row.runtime_epoch or 0, claimed or 0)
+    # A turn runs in the epoch its host claims (else the one known): confirming a newer
+    # epoch must not end it as a turn of an older one, and a late report of a turn of an
+    # older epoch than the one known tells of a turn that ended with its process.
+    known = row.runtime_epoch or 0
+    turn_epoch = known if claimed is None else claimed
     if turn is not None and apply_turn(session, row, turn, report.occurred_at, turn_epoch):
         wake = cancels.on_turn_settled(
             session, report.workspace_id, report.session_id, turn["turn_id"], turn["outcome"], now
@@ -198,6 +200,11 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             session, report.workspace_id, report.session_id, turn["prompt_id"], turn["outcome"]
         )
         wake_prompts = True  # any settled turn may let the next prompt (or a run) go
+    elif turn is not None and turn_epoch < known:
+        wake = wake + cancels.interrupt_running_turns(
+            session, report.workspace_id, report.session_id, now, before_epoch=known
+        )
+        wake_prompts = True
     elif turn is not None:
         cancel_id = cancels.cancel_if_fenced(
             session, report.workspace_id, report.session_id, turn["turn_id"], now

@@ -203,8 +203,11 @@ class Simulator:
     def _resume(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
         fences = body.get("fences") or []
         if not sess.live:
+            # A new provider process (a new epoch): what the old one ran ended with it, and
+            # it holds the fences it was given, no others.
             sess.live = True
             sess.epoch += 1
+            sess.fences, sess.turns, sess.runs, sess.prompt_turns = set(), {}, {}, {}
             self.effects.append(
                 {
                     "kind": "resume",
@@ -212,6 +215,7 @@ class Simulator:
                     "session_id": sid,
                     "fences": fences,
                     "runtime_epoch": sess.epoch,
+                    "at": time.time(),
                 }
             )
         sess.fences |= {(f["target_operation_id"], f["target_revision"]) for f in fences}
@@ -268,7 +272,7 @@ class Simulator:
     ) -> None:
         sess.turn_seq += 1
         turn = SimTurn(
-            turn_id=f"turn-{sess.turn_seq}",
+            turn_id=f"turn-{self.host_id}-{sess.turn_seq}",
             origin="goal_continuation",
             source_goal_operation_id=operation_id,
             source_goal_revision=revision,
@@ -340,7 +344,7 @@ class Simulator:
         if prompt_id not in sess.prompt_turns:
             sess.turn_seq += 1
             turn = SimTurn(
-                turn_id=f"turn-{sess.turn_seq}",
+                turn_id=f"turn-{self.host_id}-{sess.turn_seq}",
                 origin="user_prompt",
                 source_goal_operation_id=None,
                 source_goal_revision=None,
