@@ -205,3 +205,24 @@ def test_a_background_liveness_answer_at_a_newer_epoch_counts(client, sim_contro
     # no cancel reached the new process
     assert calls_of(sim_control) == ["liveness", "liveness"]
     assert ("agent_radar.prompt.dispatch", {"workspace_id": WS, "session_id": SID}) in published
+
+
+def test_the_users_own_ensure_installs_with_require_live_false(client, sim_control, settings):
+    """ensure_session is the user's own call: the fences it installs after a resume (and
+    any it finds missing when the session is live) go with require_live false; background
+    installs (a fence's delivery, a restore) keep require_live."""
+    target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
+    sim_control.session(WS, SID, live=False)
+    client.ensure_session(WS, SID)  # resumed with the fence preloaded, then reinstalled
+    installs = [c for c in sim_control.calls() if c["call"] == "goal-fences"]
+    assert [c["require_live"] for c in installs] == [False]
+    run_transaction(
+        client.engine,
+        lambda s: s.get(GoalFence, fence.fence_id).__setattr__("installed_epoch", None),
+    )
+    assert restorer(client).restore(WS, SID) == "skipped"  # nothing asked for it
+    report(client, session={"live": True})  # the host answers for it: a restore is due
+    assert restorer(client).restore(WS, SID) == "restored"
+    installs = [c for c in sim_control.calls() if c["call"] == "goal-fences"]
+    assert [c["require_live"] for c in installs] == [False, True]
