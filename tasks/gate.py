@@ -1,5 +1,5 @@
 """The worker's gate: every message a worker takes passes here before Celery turns it into a
-request (docs/architecture.md would call it the edge; README "Hostile input").
+request (README, "Security model").
 
 Celery's consumer trusts a message's headers: a `task` header that is a list raises
 `TypeError` out of its dictionary lookup, an unknown task with no `id` header raises
