@@ -274,7 +274,9 @@ class Fleet:
                     self.deliver(0)
                 continue
             time.sleep(LEASE_S)  # leases and waits run out; timers of the hosts fire
-            self.sweep(600.0)
+            # Far enough ahead for every retry and wait to be due, not so far that the
+            # budgets (10 minutes of failing) run out on a clock that jumped.
+            self.sweep(60.0)
             quiet = quiet + 1 if not self.messages else 0
 
     def check_settled(self, fences) -> None:
