@@ -415,7 +415,8 @@ class Bench:
         for i in range(1, hosts):
             host_id, url = f"bench-host-{i}", f"http://127.0.0.1:{free_port()}"
             stack.start_sim(host_id, url)
-            self.client.add_host(host_id, url)
+            # Its simulator was started with this process's settings: the same token.
+            self.client.add_host(host_id, url, token=self.client.settings.runtime_token)
             controls[host_id] = SimControl(url, self.settings.runtime_token)
             controls[host_id].defaults(continuation_turns=False)
         for i in range(1, nodes):

@@ -328,7 +328,8 @@ def _second_host(client: AgentRadar, stack: Stack, say) -> bool:
     url = f"http://127.0.0.1:{free_port()}"
     stack.start_sim("host-b", url)
     host_b = SimControl(url, client.settings.runtime_token)
-    client.add_host("host-b", url)
+    # Its simulator was started with the demo's settings: the same token.
+    client.add_host("host-b", url, token=client.settings.runtime_token)
     say("a second agent host joins", hosts=[h.host_id for h in client.list_hosts()])
     info = client.ensure_session(WS, sid, host_id="host-b")
     op = client.wait(client.set_goal(WS, sid, "carry on at host-b", client_submit_id="req-m"))
