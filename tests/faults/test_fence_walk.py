@@ -189,10 +189,11 @@ class Fleet:
             try:
                 self.client.ensure_session(WS, sid, host_id=other)
             except AgentRadarError:
-                return kind
-            control.session(WS, sid, missing=True)
-            self.control[other].session(WS, sid, missing=False)
-            self.host_of[sid] = other
+                pass  # the move is durable even when the call to the new host failed
+            if self.client.session_info(WS, sid).host_id == other:
+                control.session(WS, sid, missing=True)
+                self.control[other].session(WS, sid, missing=False)
+                self.host_of[sid] = other
         elif kind == "stop":
             self.submits += 1
             self.client.stop_session(WS, sid, client_submit_id=f"s{self.submits}")
