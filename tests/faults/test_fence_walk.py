@@ -186,6 +186,8 @@ class Fleet:
         elif kind == "move":
             # The session leaves its host for the other one, which an operator names.
             other = "host-b" if host == "default" else "default"
+            # It arrives there anew: nothing of an earlier stay at that host.
+            self.control[other].session(WS, sid, fresh=True)
             try:
                 self.client.ensure_session(WS, sid, host_id=other)
             except AgentRadarError:

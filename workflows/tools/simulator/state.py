@@ -516,7 +516,13 @@ class Simulator:
                 return {}
             match = re.match(r"^/sim/sessions/([^/]+)/([^/]+)$", path)
             if match:
-                sess = self.session(unquote(match[1]), unquote(match[2]))
+                key = (unquote(match[1]), unquote(match[2]))
+                if body.get("fresh"):
+                    # The session arrives here anew (a move): nothing of an earlier stay
+                    # at this host, a process of its own.
+                    old = self.session(*key)
+                    self.sessions[key] = SimSession(**{**self.defaults, "epoch": old.epoch + 1})
+                sess = self.session(*key)
                 if body.get("restart"):
                     # The host process restarts: a new epoch, and everything it held in
                     # memory — fences, turns, maintenance runs — is gone.
