@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from beat.sweeper import sweep_once
+from beat.sweeper import REPUBLISH_INTERVAL_S, sweep_once
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import GoalFence, GoalOperation
@@ -42,6 +42,10 @@ STEPS = int(os.environ.get("AGENT_RADAR_WALK_STEPS") or 30)
 WS = "ws-walk"
 SESSIONS = ("w1", "w2")
 LEASE_S = 0.3
+# How far ahead the settling sweeps look: past the schedule's own sweeps (60 s ahead) and
+# their reservations, growing each round, and well inside the 10 minutes of the budgets.
+SETTLE_AHEAD_S = 90.0
+SETTLE_AHEAD_MAX_S = 400.0
 
 
 class Outbox(TaskPublisher):
@@ -267,7 +271,7 @@ class Fleet:
         for sid in SESSIONS:
             self.control[self.host_of[sid]].session(WS, sid, live=True, missing=False)
             self.host_report(sid)
-        quiet = 0
+        quiet, ahead = 0, SETTLE_AHEAD_S
         deadline = time.monotonic() + 120
         while quiet < 3:
             assert time.monotonic() < deadline, f"the work never settled: {self.messages[:5]}"
@@ -277,9 +281,12 @@ class Fleet:
                     self.deliver(0)
                 continue
             time.sleep(LEASE_S)  # leases and waits run out; timers of the hosts fire
-            # Far enough ahead for every retry and wait to be due, not so far that the
-            # budgets (10 minutes of failing) run out on a clock that jumped.
-            self.sweep(60.0)
+            # Far enough ahead for every retry and wait to be due, and past what an earlier
+            # sweep reserved (its own now + REPUBLISH_INTERVAL_S) when that message was lost;
+            # not so far that the budgets (10 minutes of failing) run out on a clock that
+            # jumped.
+            self.sweep(ahead)
+            ahead = min(ahead + REPUBLISH_INTERVAL_S + 1, SETTLE_AHEAD_MAX_S)
             quiet = quiet + 1 if not self.messages else 0
 
     def check_settled(self, fences) -> None:
@@ -343,6 +350,8 @@ def test_random_schedules_never_leave_a_fenced_generation_alive(settings, backen
             raise AssertionError(f"schedule seed {seed}, steps {steps}: {exc}") from None
         finally:
             fleet.close()
+        if (schedule + 1) % 100 == 0:
+            print(f"fence walk [{backend}]: {schedule + 1} schedules, none failed", flush=True)
 
 
 def _empty_sqlite(settings) -> None:
