@@ -26,11 +26,15 @@ from workflows.adapters import metrics
 from workflows.errors import InvalidArgument, RuntimeDisconnected, RuntimeFault
 from workflows.validation import MAX_INT, check_id, check_json_object, check_url
 
+# Error codes of the protocol (DESIGN 6) that callers act on by name.
+SESSION_NOT_FOUND = "session_not_found"  # the host no longer has the session: it is gone
+NOT_FOUND = "not_found"  # the host does not know what was asked of it (a turn, a run)
+STALE_REVISION = "stale_revision"  # the host has applied a newer revision
 # Runtime answers that a goal dispatch retries with backoff; everything else is final.
 RETRYABLE_CODES = frozenset(
     {
         "disconnected",
-        "session_not_found",
+        SESSION_NOT_FOUND,
         "timeout",
         "unreachable",
         "server_error",

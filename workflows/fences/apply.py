@@ -29,7 +29,7 @@ from models.enums import (
 )
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation, GoalState, Turn
 from workflows import budgets, ids, leases
-from workflows.adapters.runtime import RuntimePort
+from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
 from workflows.fences.cancels import FENCE_APPLY_TASK
@@ -45,10 +45,6 @@ from workflows.sessions.rows import lock_session
 log = logging.getLogger(__name__)
 
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
-# The runtime's answer for a session its host no longer has: the session is gone.
-SESSION_GONE = "session_not_found"
-# The runtime's answer to a cancel of a turn its host does not know.
-TURN_UNKNOWN = "not_found"
 
 Publish = Callable[[str, dict], bool]
 
@@ -181,7 +177,7 @@ class CancelRunner:
                 require_live=True,
             )
         except RuntimeFault as exc:
-            if exc.code != TURN_UNKNOWN:
+            if exc.code != NOT_FOUND:
                 raise
             answer = {"result": CancelResult.INTERRUPTED}
         return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
@@ -239,7 +235,7 @@ class CancelRunner:
             run_transaction(self.engine, wait)
             return "waiting_offline"
         except RuntimeFault as exc:
-            if exc.code == SESSION_GONE:
+            if exc.code == SESSION_NOT_FOUND:
                 self.session_gone(ws, sid)
                 return "interrupted"
             error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
@@ -316,7 +312,7 @@ class FenceApplier:
         except RuntimeDisconnected:
             outcome = run_transaction(self.engine, lambda s: self._offline(s, claim))
         except RuntimeFault as exc:
-            if exc.code == SESSION_GONE:
+            if exc.code == SESSION_NOT_FOUND:
                 outcome = self._gone(claim)
             else:
                 error = str(exc)

@@ -30,27 +30,34 @@ def not_installed_at(fences, host_id, epoch):
     )
 
 
+def session_fences(
+    session: Session, workspace_id: str, session_id: str, *conditions
+) -> list[tuple[str, str, int]]:
+    """The session's fences (those matching `conditions`), oldest first, as (fence_id,
+    target_operation_id, target_revision)."""
+    rows = session.execute(
+        select(GoalFence.fence_id, GoalFence.target_operation_id, GoalFence.target_revision)
+        .where(
+            GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id, *conditions
+        )
+        .order_by(GoalFence.created_at)
+    ).all()
+    return [(fence_id, op_id, rev) for fence_id, op_id, rev in rows]
+
+
 def missing_fences(
     session: Session, workspace_id: str, session_id: str
 ) -> tuple[str, int, list[tuple[str, str, int]]] | None:
-    """The session's (host, epoch) and its fences not known to be installed there, as
-    (fence_id, target_operation_id, target_revision), oldest first; None if there are none."""
+    """The session's (host, epoch) and its fences not known to be installed there (as
+    session_fences gives them); None if there are none."""
     row = session.get(AgentSession, (workspace_id, session_id), populate_existing=True)
     if row is None:
         return None
     epoch = row.runtime_epoch or 0
-    fences = session.execute(
-        select(GoalFence.fence_id, GoalFence.target_operation_id, GoalFence.target_revision)
-        .where(
-            GoalFence.workspace_id == workspace_id,
-            GoalFence.session_id == session_id,
-            not_installed_at(GoalFence, row.host_id, epoch),
-        )
-        .order_by(GoalFence.created_at)
-    ).all()
-    if not fences:
-        return None
-    return row.host_id, epoch, [(f[0], f[1], f[2]) for f in fences]
+    fences = session_fences(
+        session, workspace_id, session_id, not_installed_at(GoalFence, row.host_id, epoch)
+    )
+    return (row.host_id, epoch, fences) if fences else None
 
 
 def record_installed(session: Session, fence_ids: list[str], host_id: str, epoch: int) -> None:
@@ -61,24 +68,6 @@ def record_installed(session: Session, fence_ids: list[str], host_id: str, epoch
             .where(GoalFence.fence_id.in_(fence_ids))
             .values(installed_host=host_id, installed_epoch=epoch)
         )
-
-
-def record_all_installed(
-    session: Session, workspace_id: str, session_id: str, host_id: str, epoch: int
-) -> None:
-    """Every fence the session had when it was read was installed (a resume preloaded them)."""
-    record_installed(
-        session,
-        list(
-            session.execute(
-                select(GoalFence.fence_id).where(
-                    GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id
-                )
-            ).scalars()
-        ),
-        host_id,
-        epoch,
-    )
 
 
 def ensure_fences_installed(

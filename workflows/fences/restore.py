@@ -24,7 +24,7 @@ from models.db import rowcount, run_transaction
 from models.enums import ProviderPhase, SyncStatus
 from models.tables import AgentSession, GoalFence, GoalOperation, GoalState
 from workflows import records
-from workflows.adapters.runtime import RuntimePort
+from workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed, needs_restore
 from workflows.goals.dispatch import apply_goal
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 RESTORE_TASK = "agent_radar.session.restore"
 # A restore that met a runtime fault (not a disconnect) is due again after this long.
 RESTORE_RETRY_S = 10.0
-# The host has applied a newer revision than the clear's: the clear has nothing left to do.
-STALE_REVISION = "stale_revision"
 
 Publish = Callable[[str, dict], bool]
 
@@ -48,7 +46,6 @@ def restore_fences(
     session_id: str,
     *,
     require_live: bool,
-    clock: Callable[[], datetime] = utcnow,
 ) -> None:
     """Install the fences not known to be at the session's (host, epoch), then deliver the
     clears that were settled locally. The caller knows the session is live: background work
@@ -62,8 +59,10 @@ def restore_fences(
         except RuntimeFault as exc:
             if exc.code != STALE_REVISION:
                 raise
-            answer = None  # the host holds a newer revision: nothing of the fenced one is left
-        _record_delivery(engine, fence_id, clear, answer, clock())
+            # The host holds a newer revision than the clear's: nothing of the fenced one
+            # is left there.
+            answer = None
+        _record_delivery(engine, fence_id, clear, answer)
 
 
 def _undelivered_clears(
@@ -87,9 +86,8 @@ def _record_delivery(
     fence_id: str,
     clear: records.GoalOperation,
     answer: dict | None,
-    now: datetime,
 ) -> None:
-    run_transaction(engine, lambda s: _delivered(s, fence_id, clear, answer, now))
+    run_transaction(engine, lambda s: _delivered(s, fence_id, clear, answer))
 
 
 def _delivered(
@@ -97,7 +95,6 @@ def _delivered(
     fence_id: str,
     clear: records.GoalOperation,
     answer: dict | None,
-    now: datetime,
 ) -> None:
     """The clear reached the agent (or the agent already had something newer): the fence has
     nothing left to deliver. An applied answer is the evidence the local settlement lacked."""
@@ -158,14 +155,13 @@ class Restorer:
                 workspace_id,
                 session_id,
                 require_live=True,
-                clock=self.clock,
             )
             outcome = "restored"
         except RuntimeDisconnected:
             # Offline: nothing to do until it is back; its next report asks again.
             outcome = "offline"
         except RuntimeFault as exc:
-            if exc.code == "session_not_found":
+            if exc.code == SESSION_NOT_FOUND:
                 self.cancels.session_gone(workspace_id, session_id)
                 outcome = "gone"
             else:

@@ -25,7 +25,7 @@ from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, Provi
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
 from workflows.adapters import metrics
-from workflows.adapters.runtime import RuntimePort
+from workflows.adapters.runtime import STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals.named_claim import claim_params, named_claim
@@ -804,7 +804,7 @@ class Dispatcher:
             GoalOperation.lease_token == token,
             GoalOperation.status == OperationStatus.DISPATCHED,
         )
-        if getattr(exc, "code", None) == "stale_revision":
+        if getattr(exc, "code", None) == STALE_REVISION:
             lock_session(s, op.workspace_id, op.session_id)
             result = s.execute(
                 update(GoalOperation)

@@ -18,7 +18,7 @@ from models.db import rowcount, run_transaction
 from models.enums import MaintenanceError, MaintenanceStatus
 from models.tables import MaintenanceRun
 from workflows import leases
-from workflows.adapters.runtime import RuntimePort
+from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.maintenance import runs
@@ -131,7 +131,7 @@ class MaintenanceExecutor:
                 claim.workspace_id, claim.session_id, claim.run_id
             )
         except RuntimeFault as exc:
-            if exc.code in ("not_found", "session_not_found"):
+            if exc.code in (NOT_FOUND, SESSION_NOT_FOUND):
                 return None
             raise
 

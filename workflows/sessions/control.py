@@ -2,12 +2,11 @@
 
 from datetime import datetime
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.tables import AgentSession, GoalFence
+from models.tables import AgentSession
 from workflows.adapters.runtime import RuntimePort
-from workflows.fences.reinstall import record_installed
+from workflows.fences.reinstall import record_installed, session_fences
 from workflows.goals.operations import open_client_operations
 from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.rows import lock_session
@@ -16,14 +15,9 @@ from workflows.sessions.rows import lock_session
 def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[tuple[str, dict]]:
     """Every fence the session must carry on resume, all of its goal generation fences, as
     (fence_id, what the runtime protocol carries), oldest first."""
-    rows = session.execute(
-        select(GoalFence.fence_id, GoalFence.target_operation_id, GoalFence.target_revision)
-        .where(GoalFence.workspace_id == workspace_id, GoalFence.session_id == session_id)
-        .order_by(GoalFence.created_at)
-    ).all()
     return [
         (fence_id, {"target_operation_id": op_id, "target_revision": rev})
-        for fence_id, op_id, rev in rows
+        for fence_id, op_id, rev in session_fences(session, workspace_id, session_id)
     ]
 
 
