@@ -328,3 +328,11 @@ def test_host_remove_and_a_report_cannot_leave_a_session_on_a_removed_host(clien
     assert len(outcome) == 1 and isinstance(outcome[0], InvalidArgument), outcome
     row = session_row(client, "s-race")
     assert row is None or row.host_id == "default"
+
+
+@pytest.mark.parametrize("token", ["", "two words", "line\nbreak", "x" * 256, 7])
+def test_a_bad_host_token_is_refused_and_writes_nothing(client, token):
+    before = row_counts(client.engine)
+    with pytest.raises(InvalidArgument):
+        client.add_host("host-t", "http://127.0.0.1:9", token=token)
+    assert row_counts(client.engine) == before
