@@ -10,6 +10,7 @@ from celery.signals import (
     beat_init,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
 )
 
@@ -95,6 +96,15 @@ def create_app(settings: Settings | None = None) -> Celery:
 def _after_fork(**_kwargs) -> None:
     # A forked pool process must not reuse its parent's database connections.
     forget_engines()
+
+
+@worker_process_shutdown.connect
+def _finish_calls(**_kwargs) -> None:
+    # Calls in flight in this process's goal drain end (each within the runtime timeout) and
+    # are recorded; what it had not called goes back, due at once.
+    from workflows.goals import flight
+
+    flight.stop(Settings.from_env().runtime_timeout_s + 1)
 
 
 @worker_init.connect

@@ -6,6 +6,7 @@ from tasks.worker_id import worker_name
 from workflows.adapters.broker import COALESCE_MAX_ITEMS
 from workflows.client import AgentRadar
 from workflows.errors import InvalidArgument
+from workflows.goals import flight
 from workflows.goals.dispatch import Dispatcher
 from workflows.validation import check_id, check_ids
 
@@ -71,8 +72,12 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
         worker_id=worker_name(),
         lease_s=ctx.settings.lease_s,
         resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
+        hand_off=True,
     )
-    # What happened to each operation (applied, retry, held …), as Flower shows the result.
+    # The calls go on in this process's drain (workflows/goals/flight.py); this task only
+    # claims, and waits first while the process has as many calls in flight as it takes.
+    flight.wait_for_room(ctx.settings.lease_s / 2)
+    # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
     results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
     return {r.operation_id: r.outcome for r in results}
 

@@ -134,6 +134,36 @@ def test_a_host_that_never_answers_is_a_timeout(scripted):
     assert goal(runtime)["phase"] == "applied"
 
 
+def test_a_host_that_trickles_its_answer_is_cut_at_the_calls_deadline():
+    """The timeout bounds the whole call, not each read: a host that sends a byte every
+    0.2 s (its answer would take ~30 s) is cut at the deadline, and the next call goes on."""
+    sent = []
+
+    def trickle(conn: socket.socket) -> None:
+        conn.recv(65536)
+        try:
+            for byte in answer():
+                conn.sendall(bytes([byte]))
+                sent.append(byte)
+                time.sleep(0.2)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    server = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(
+        target=lambda: [trickle(server.accept()[0]) for _ in range(1)], daemon=True
+    ).start()
+    runtime = HttpRuntime(f"http://127.0.0.1:{server.getsockname()[1]}", timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(RuntimeFault) as raised:
+        goal(runtime)
+    assert raised.value.code == "timeout" and raised.value.retryable
+    assert time.monotonic() - started < 10 and 0 < len(sent) < len(answer()) // 2
+    server.close()
+
+
 def test_a_host_that_is_gone_is_unreachable():
     with socket.create_server(("127.0.0.1", 0)) as sock:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"

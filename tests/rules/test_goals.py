@@ -2,6 +2,7 @@
 real database and the simulator over real HTTP, with a clock the test controls."""
 
 import logging
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -542,11 +543,29 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         client.clear_goal(WS, "b2", client_submit_id="c-1"),
         client.pause_goal(WS, "b3", client_submit_id="p-1"),
     ]
+    # Each call's outcome is recorded as it finishes, together with whatever else finished
+    # meanwhile (workflows/goals/flight.py): here all four are held until every one has its
+    # answer, so they come in at once and are recorded together.
+    d = dispatcher()
+    answered = threading.Barrier(len(ops))
+    attempt = d._attempt
+
+    def together(claim):
+        outcome = attempt(claim)
+        answered.wait(10)
+        return outcome
+
+    d._attempt = together
     with statements_sent(client.engine) as statements:
-        outcomes = dispatcher().dispatch_many([op.operation_id for op in ops])
+        outcomes = d.dispatch_many([op.operation_id for op in ops])
     assert sorted(r.outcome for r in outcomes) == ["applied"] * 4
     if backend == "production":
-        assert statements == DISPATCH_STEP_STATEMENTS  # the same as for one operation
+        # The lanes read and the claim, then one record for each group of answers that came
+        # in together: mostly one (the same as for one operation), never one per answer
+        # unless the threads happened to hand them in one by one.
+        assert statements[: len(LANES_READ + CLAIM)] == LANES_READ + CLAIM
+        records = statements[len(LANES_READ + CLAIM) :]
+        assert records == RECORD * (len(records) // len(RECORD)) and records
     states = {sid: client.goal_state(WS, sid) for sid in ("b0", "b1", "b2", "b3")}
     assert [states[s].sync_status for s in ("b0", "b1", "b2")] == ["synced"] * 3
     assert states["b0"].observed == {"objective": "goal 0 again", "status": "active"}
@@ -1010,16 +1029,16 @@ def _due_at(client, op, at):
 
 
 def _during_the_calls(d, act):
-    """Run `act()` each time the dispatcher `d` calls the runtime in a step, before the
-    calls; what `d` called before (to put back)."""
-    attempt_all = d._attempt_all
+    """Run `act()` each time the dispatcher `d` calls the runtime, before the call; what `d`
+    called before (to put back)."""
+    attempt = d._attempt
 
-    def meanwhile(claims):
+    def meanwhile(claim):
         act()
-        return attempt_all(claims)
+        return attempt(claim)
 
-    d._attempt_all = meanwhile
-    return attempt_all
+    d._attempt = meanwhile
+    return attempt
 
 
 @pytest.mark.parametrize("backend", ["production"])  # where a step's end takes work anywhere
@@ -1042,7 +1061,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     _due_at(client, fresh, clock.now + timedelta(hours=1))
     _due_at(client, stale, clock.now + timedelta(hours=1))
     d = dispatcher()
-    attempt_all = _during_the_calls(
+    attempt = _during_the_calls(
         d,
         lambda: (
             _due_at(client, fresh, clock.now - STEAL_AFTER / 2),
@@ -1057,7 +1076,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     assert client.get_goal_operation(fresh.operation_id).status == "prepared"
     assert set(_lane_tokens(client, ["fresh"]).values()) <= {None}
     # Its own message takes it.
-    d._attempt_all = attempt_all
+    d._attempt = attempt
     assert [r.outcome for r in d.dispatch_many([fresh.operation_id], steal=True)] == ["applied"]
     assert len(sim_control.effects()) == 3
 
@@ -1116,11 +1135,12 @@ def test_a_batch_skips_a_session_whose_lane_another_worker_holds(
 def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
     client, dispatcher, sim_control, clock, backend
 ):
-    """A step calls the runtime for at most MAX_LANES_PER_STEP lanes at once, the given
-    operations first; on PostgreSQL a dispatch that steals then goes on with the rest of the
-    backlog in its next step, taken at the end of the first, without another message (on
-    SQLite the rest waits for the next message)."""
+    """A dispatch claims at most MAX_LANES_PER_STEP lanes at once, the given operations
+    first, and calls no host more than HOST_CONCURRENCY times at once; on PostgreSQL a
+    dispatch that steals then goes on with the rest of the backlog as its calls finish,
+    without another message (on SQLite the rest waits for the next message)."""
     from workflows.goals.dispatch import MAX_LANES_PER_STEP
+    from workflows.goals.flight import HOST_CONCURRENCY
 
     given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
     others = [
@@ -1129,14 +1149,23 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
     ]
     clock.advance(1)
     d = dispatcher()
-    steps: list[list[str]] = []
-    attempt_all = d._attempt_all
+    started: list[str] = []
+    at_once = [0, 0]  # now, most
+    lock = threading.Lock()
+    attempt = d._attempt
 
-    def counted(claims):
-        steps.append([claim.op.operation_id for claim in claims])
-        return attempt_all(claims)
+    def counted(claim):
+        with lock:
+            started.append(claim.op.operation_id)
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+        try:
+            return attempt(claim)
+        finally:
+            with lock:
+                at_once[0] -= 1
 
-    d._attempt_all = counted
+    d._attempt = counted
     results = d.dispatch_many([op.operation_id for op in given], steal=True)
     drained = backend == "production"
     expected = MAX_LANES_PER_STEP + (10 if drained else 0)
@@ -1145,12 +1174,9 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
         for r in results
         if r.outcome != "applied"
     ]
-    assert [len(step) for step in steps] == (
-        [MAX_LANES_PER_STEP, 10] if drained else [MAX_LANES_PER_STEP]
-    )
-    assert {op.operation_id for op in given} <= set(steps[0])
-    taken = {operation_id for step in steps for operation_id in step}
-    left = [op for op in given + others if op.operation_id not in taken]
+    assert len(started) == expected and at_once[1] <= HOST_CONCURRENCY
+    assert {op.operation_id for op in given} <= set(started[:MAX_LANES_PER_STEP])
+    left = [op for op in given + others if op.operation_id not in set(started)]
     assert len(left) == (0 if drained else 10)
     assert {client.get_goal_operation(op.operation_id).status for op in left} <= {"prepared"}
     # Given more operations than one step takes, a dispatch runs them in several steps.
@@ -1167,13 +1193,13 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
 def test_a_dispatch_lets_go_of_a_backlog_after_its_time(
     client, dispatcher, sim_control, clock, monkeypatch
 ):
-    """A dispatch that steals drains a backlog step after step, but starts no step after
-    DRAIN_BUDGET_S: what it had claimed for the next one goes back, due at once, its lanes
-    free, its attempt not counted."""
-    from workflows.goals import dispatch as dispatch_module
+    """A dispatch that steals drains a backlog as its calls finish, but claims nothing more
+    after DRAIN_BUDGET_S: what it did not claim stays due, its lanes free, no attempt
+    counted."""
+    from workflows.goals import flight
     from workflows.goals.dispatch import MAX_LANES_PER_STEP
 
-    monkeypatch.setattr(dispatch_module, "DRAIN_BUDGET_S", 0.0)
+    monkeypatch.setattr(flight, "DRAIN_BUDGET_S", 0.0)
     ops = [
         client.set_goal(WS, f"backlog-{i}", "x", client_submit_id="1")
         for i in range(MAX_LANES_PER_STEP + 5)
@@ -1185,8 +1211,7 @@ def test_a_dispatch_lets_go_of_a_backlog_after_its_time(
     assert len(left) == 5
     for op in left:
         back = client.get_goal_operation(op.operation_id)
-        # Claimed and given back: open, no lease, the attempt not counted.
-        assert (back.status, back.attempt, back.lease_token) == ("dispatched", 0, None)
+        assert (back.status, back.attempt, back.lease_token) == ("prepared", 0, None)
     assert set(_lane_tokens(client, [op.session_id for op in ops]).values()) == {None}
     # The next message (whichever) takes them.
     again = dispatcher().dispatch_many([ops[0].operation_id], steal=True)

@@ -3,7 +3,7 @@ and dispatch batch sizes. A worker serves them with `agent-radar worker --metric
 (prometheus_client's multiprocess mode gathers its pool processes); the fleet gauges come from
 `agent-radar metrics`, which reads the database. Labels are bounded: host, call, code."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RUNTIME_CALL_SECONDS = Histogram(
     "agent_radar_runtime_call_seconds",
@@ -21,9 +21,22 @@ DISPATCH_BATCH_SIZE = Histogram(
     "Goal operations claimed together in one dispatch step",
     buckets=(1, 2, 4, 8, 16, 32),
 )
+HOST_CIRCUIT_OPEN = Gauge(
+    "agent_radar_host_circuit_open",
+    "1 while a worker process skips calls to this host (its circuit breaker is open)",
+    ["host"],
+    multiprocess_mode="livemax",
+)
+HOST_CIRCUIT_OPENS = Counter(
+    "agent_radar_host_circuit_opens",
+    "Times a worker process opened this host's circuit breaker",
+    ["host"],
+)
 # Every worker-side metric name as Prometheus exposes it (counters gain _total).
 WORKER_METRICS = (
     "agent_radar_runtime_call_seconds",
     "agent_radar_runtime_call_errors_total",
     "agent_radar_dispatch_batch_size",
+    "agent_radar_host_circuit_open",
+    "agent_radar_host_circuit_opens_total",
 )

@@ -11,6 +11,7 @@ that the rules store are checked again where they are stored (validation.check_j
 """
 
 import http.client
+import io
 import json
 import re
 import select
@@ -194,18 +195,19 @@ class HostConnections:
     the CPU (0.52–0.58 ms against 0.28 ms a call, measured on this protocol's requests), and
     a step makes one call per session. A connection goes back to the idle set only after
     its whole answer was read; one the host closed while idle is noticed (it reads as
-    ready) and replaced before use, as urllib3 does. `connect_s` bounds the connection,
-    `read_s` each wait for the answer's bytes. No call is retried here: a failure is the
-    caller's to classify (DESIGN 6)."""
+    ready) and replaced before use, as urllib3 does. `connect_s` bounds the connection;
+    `total_s` the whole call, connection, request and every byte of the answer (a host that
+    trickles its answer a byte at a time is cut there, not `total_s` per byte). No call is
+    retried here: a failure is the caller's to classify (DESIGN 6)."""
 
-    def __init__(self, base_url: str, connect_s: float, read_s: float, size: int) -> None:
+    def __init__(self, base_url: str, connect_s: float, total_s: float, size: int) -> None:
         parts = urlsplit(check_url(base_url))
         self._make: Callable[..., http.client.HTTPConnection] = (
             http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         )
         self.host, self.port = parts.hostname, parts.port
         self.prefix = parts.path.rstrip("/")
-        self.connect_s, self.read_s, self.size = connect_s, read_s, size
+        self.connect_s, self.total_s, self.size = connect_s, total_s, size
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         # The idle connections close when the adapter is dropped.
@@ -233,14 +235,18 @@ class HostConnections:
     ) -> tuple[int, bytes]:
         """One request: the status and at most MAX_ANSWER_BYTES + 1 bytes of the answer.
         Raises OSError (TimeoutError for a timeout) or http.client.HTTPException."""
+        deadline = time.monotonic() + self.total_s
         conn = self._take()
         try:
             if conn.sock is None:
+                conn.timeout = min(self.connect_s, self.total_s)
                 conn.connect()
-                cast(socket.socket, conn.sock).settimeout(self.read_s)
+            sock = cast(socket.socket, conn.sock)
+            sock.settimeout(_remaining(deadline))
             conn.request(method, self.prefix + path, body=body, headers=headers)
+            sock.settimeout(_remaining(deadline))
             try:
-                response = conn.getresponse()
+                response = _answer(conn, deadline)
                 raw = response.read(MAX_ANSWER_BYTES + 1)
                 if len(raw) <= MAX_ANSWER_BYTES and response.length:
                     # The host closed before its Content-Length (a read with a size does
@@ -256,6 +262,49 @@ class HostConnections:
         else:
             conn.close()  # an answer left unread (over the limit), or the host closes it
         return response.status, raw
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("no whole answer before the call's deadline")
+    return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The answer's bytes as http.client reads them, each read given only what is left of
+    the call's deadline (a socket's own timeout is per read)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        self.sock.settimeout(_remaining(self.deadline))
+        return self.sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What http.client's response reads from: the connection's socket, read under a
+    deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self.sock, self.deadline))
+
+
+def _answer(conn: http.client.HTTPConnection, deadline: float) -> http.client.HTTPResponse:
+    """conn.getresponse(), its every read bounded by the deadline."""
+
+    def response(sock, *args, **kwargs) -> http.client.HTTPResponse:
+        return http.client.HTTPResponse(_DeadlineSocket(sock, deadline), *args, **kwargs)  # type: ignore[arg-type]
+
+    conn.response_class = response  # type: ignore[assignment]
+    return conn.getresponse()
 
 
 def _close_all(connections: list[http.client.HTTPConnection]) -> None:

@@ -7,10 +7,7 @@ short transactions around a runtime call) and a runtime port. They never import 
 import dataclasses
 import functools
 import logging
-import os
-import time
 from collections.abc import Callable, Collection, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -24,10 +21,10 @@ from models.db import rowcount, run_read, run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
-from workflows.adapters import metrics
 from workflows.adapters.runtime import STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
+from workflows.goals import flight
 from workflows.goals.named_claim import claim_params, named_claim
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
@@ -64,12 +61,6 @@ DISPATCH_TASK = "agent_radar.goal.dispatch"
 # A held operation is looked at again after this long even if no release woke it (the
 # release is a publish after commit; this bounds the wait if that publish was lost).
 HOLD_RECHECK_S = 30
-# A lane holder drains at most this many steps, and starts none after this long, before it
-# lets go (another worker, or its next message, takes the rest): a dispatch that steals
-# could otherwise drain a backlog for as long as it lasts, and with slow agent hosts (a step
-# waits up to the runtime timeout) run into the task's time limit mid-step.
-LANE_MAX_STEPS = 64
-DRAIN_BUDGET_S = 60.0
 # A step's end takes other sessions' due work (PostgreSQL, a dispatch that steals) only once
 # it has been due this long: work due for less has its message on the way, most often to
 # the other pool process, idle. Taking it at the step's end then only made the two collide
@@ -112,10 +103,6 @@ def _with_due_along(
 
 def _mine(row) -> bool:
     return bool(row.mine)
-
-
-CALL_THREADS = MAX_LANES_PER_STEP
-_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def _obstacle(row, operation_id: str, now: datetime) -> str | None:
@@ -162,16 +149,6 @@ def _give_back(conn, row, token: str) -> None:
     )
 
 
-def _call_pool() -> ThreadPoolExecutor:
-    """This process's pool for runtime calls (a forked worker process builds its own)."""
-    pool = _pools.get(os.getpid())
-    if pool is None:
-        pool = _pools[os.getpid()] = ThreadPoolExecutor(
-            CALL_THREADS, thread_name_prefix="runtime-call"
-        )
-    return pool
-
-
 def apply_goal(
     runtime: RuntimePort, op: records.GoalOperation, *, require_live: bool = True
 ) -> dict[str, Any]:
@@ -192,7 +169,9 @@ def apply_goal(
 @dataclass
 class StepResult:
     operation_id: str
-    outcome: str  # applied, accepted, superseded, held, retry, failed, skipped, lane_lost
+    # applied, accepted, superseded, held, retry, failed, skipped, lane_lost; in_flight (a
+    # call handed to the worker's drain)
+    outcome: str
 
 
 @dataclass(frozen=True)
@@ -244,8 +223,11 @@ class Dispatcher:
         lease_s: float,
         clock: Callable[[], datetime] = utcnow,
         resume_session: Callable[[str, str], Any] | None = None,
+        hand_off: bool = False,
     ) -> None:
         self.engine = engine
+        # A worker's dispatch hands its claims to the process's drain and returns (flight.py).
+        self.hand_off = hand_off
         self.runtime = runtime
         self.worker_id = worker_id
         self.lease_s = lease_s
@@ -444,52 +426,23 @@ class Dispatcher:
     def _drain(
         self, work: dict[Lane, Claim | StepResult], steal: bool = False, eager: bool = False
     ) -> list[StepResult]:
-        """Each step calls the runtime for every claimed operation (outside any
-        transaction); then one transaction records every outcome, releases the lanes, takes
-        back those that have due work and claims it (with `steal`, other due work too)."""
-        results: list[StepResult] = []
-        deadline = time.monotonic() + DRAIN_BUDGET_S
-        for step in range(LANE_MAX_STEPS):
-            if not work:
-                return results
-            if step and time.monotonic() > deadline:
-                break
-            claims = []
-            for current in work.values():
-                if isinstance(current, StepResult):  # nothing to call; move the lane on
-                    results.append(current)
-                else:
-                    claims.append(current)
-            attempts = self._attempt_all(claims)
-            lanes = list(work)
-            keys = [(lane.workspace_id, lane.session_id) for lane in lanes]
-
-            def finish(s: Session, attempts=attempts, lanes=lanes, keys=keys):
-                recorded, released = self._record(s, attempts, lanes)
-                if not released:
-                    self._release(s, lanes)
-                # Look for more only after the release statement, in the same transaction
-                # (one round trip less per step than a transaction of its own). A worker
-                # that found one of these lanes held had committed its operation before it
-                # tried, so this later statement sees it; one that tries after the release
-                # statement waits for this commit (the lease row is locked; on SQLite the
-                # write transactions are serialized) and then finds the lane free — or
-                # taken back here, and then this check runs again at the next release.
-                return recorded, self._next(s, keys, steal, eager)
-
-            recorded, work = run_transaction(self.engine, finish, direct=True)
-            results += recorded
-
-        # Enough for one task: let go, and leave the rest to the next wake-up or sweep.
-        def let_go(s: Session):
-            for current in work.values():
-                if isinstance(current, Claim):
-                    self._unclaim(s, current)
-            self._release(s, list(work))
-
-        if work:
-            run_transaction(self.engine, let_go, direct=True)
-        return results
+        """Call the runtime for every claimed operation, each host within its bulkhead
+        (flight.py); as calls finish, one transaction records their outcomes, releases their
+        lanes, takes back those that have due work and claims it (with `steal`, other due
+        work too). Handing off (a worker), the calls go on in this process's drain and the
+        claims are reported `in_flight`."""
+        if self.hand_off:
+            if work:
+                flight.hand_off(self, work, eager)
+            return [
+                current
+                if isinstance(current, StepResult)
+                else StepResult(current.op.operation_id, "in_flight")
+                for current in work.values()
+            ]
+        drain = flight.Drain(self, steal, eager)
+        drain.add(work)
+        return drain.run()
 
     @staticmethod
     def _release(s: Session, lanes: list[Lane]) -> None:
@@ -670,15 +623,6 @@ class Dispatcher:
                 lease_expires_at=None,
             )
         )
-
-    def _attempt_all(self, claims: list[Claim]) -> list[Attempt]:
-        """Call the runtime for each claim; for several, concurrently (each on its own
-        session, so no order between them matters)."""
-        if claims:
-            metrics.DISPATCH_BATCH_SIZE.observe(len(claims))
-        if len(claims) <= 1:
-            return [self._attempt(claim) for claim in claims]
-        return list(_call_pool().map(self._attempt, claims))
 
     def _attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""

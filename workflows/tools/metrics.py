@@ -31,6 +31,7 @@ METRICS = (
     f"{PREFIX}_held_sessions",
     f"{PREFIX}_runs_in_recovery",
     f"{PREFIX}_sweeper_heartbeat_age_seconds",
+    f"{PREFIX}_hosts_skipped",
     f"{PREFIX}_up",
 )
 
@@ -63,6 +64,7 @@ class FleetCollector(Collector):
             ("held_sessions", "Sessions held by a live maintenance run"),
             ("runs_in_recovery", "Maintenance runs in recovery_required"),
             ("sweeper_heartbeat_age_seconds", "Seconds since a sweep finished (+Inf: never)"),
+            ("hosts_skipped", "Hosts whose circuit breaker is open (their calls kept failing)"),
         ):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=facts[name])
 
@@ -91,4 +93,5 @@ class FleetCollector(Collector):
             "held_sessions": fleet["held_sessions"],
             "runs_in_recovery": fleet["sessions_in_recovery"],
             "sweeper_heartbeat_age_seconds": math.inf if heartbeat is None else heartbeat,
+            "hosts_skipped": len(fleet["hosts_skipped"]),
         }

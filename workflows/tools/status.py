@@ -15,7 +15,14 @@ from models.enums import (
     MaintenanceStatus,
     PromptStatus,
 )
-from models.tables import CancelOperation, GoalFence, GoalOperation, MaintenanceRun, Prompt
+from models.tables import (
+    CancelOperation,
+    GoalFence,
+    GoalOperation,
+    HostCircuit,
+    MaintenanceRun,
+    Prompt,
+)
 from workflows import budgets, leases
 from workflows.fences.apply import WAITING_FOR_TURN
 
@@ -164,6 +171,18 @@ def fleet_facts(s: Session, now: datetime) -> dict:
             GoalFence.status == FenceStatus.PENDING, GoalFence.last_error == WAITING_FOR_TURN
         )
     ).scalar_one()
+    # Hosts a worker skips for now: their calls kept failing (workflows/goals/flight.py).
+    hosts_skipped = [
+        {
+            "host_id": c.host_id,
+            "for_s": round((c.open_until - now).total_seconds(), 1),
+            "failures": c.failures,
+            "last_error": c.last_error,
+        }
+        for c in s.execute(
+            select(HostCircuit).where(HostCircuit.open_until > now).order_by(HostCircuit.host_id)
+        ).scalars()
+    ]
     return {
         "goal_operations": per_status,
         "maintenance_runs": runs,
@@ -183,18 +202,22 @@ def fleet_facts(s: Session, now: datetime) -> dict:
         # Seconds since a sweep last finished (None: never): a dead beat shows here.
         "sweeper_heartbeat_age_s": None if heartbeat is None else round(heartbeat, 3),
         "fences_waiting_on_a_turn": waiting_on_a_turn,
+        "hosts_skipped": hosts_skipped,
         "worst": worst,
     }
 
 
 def problems(status: dict, sweep_interval_s: float) -> list[str]:
     """What `status --check` fails on (DESIGN 7.2): overdue work, runs needing recovery, a
-    sweeper that has not finished a sweep for 5 intervals (or ever)."""
+    host skipped because its calls keep failing, a sweeper that has not finished a sweep for
+    5 intervals (or ever)."""
     found = []
     if status["overdue"]:
         found.append(f"{status['overdue']} goal operation(s) overdue")
     if status["sessions_in_recovery"]:
         found.append(f"{status['sessions_in_recovery']} maintenance run(s) need recovery")
+    for host in status.get("hosts_skipped", []):
+        found.append(f"host {host['host_id']} skipped: its calls keep failing")
     stale = sweeper_problem(status["sweeper_heartbeat_age_s"], sweep_interval_s)
     if stale:
         found.append(stale)
@@ -231,6 +254,11 @@ def render_status(status: dict) -> list[str]:
         f"due now: {status['due']} (overdue {status['overdue']}), in flight: {status['in_flight']}",
         f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
         + ("never" if heartbeat is None else f"{heartbeat} s ago"),
+        *(
+            f"host {h['host_id']} skipped for {h['for_s']} s: {h['failures']} calls failed"
+            f" in a row ({h['last_error']})"
+            for h in status.get("hosts_skipped", [])
+        ),
         *_render_worst(status["worst"]),
     ]
 

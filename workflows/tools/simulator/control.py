@@ -44,8 +44,23 @@ class SimControl:
         """Settings for sessions the simulator has not seen yet."""
         return self.http.request("POST", "/sim/defaults", settings)
 
-    def latency(self, call: str, ms: int) -> dict:
-        return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms})
+    def latency(self, call: str, ms: int, p99_ms: int | None = None) -> dict:
+        """Every `call` (a protocol call's name) answers after `ms`; given `p99_ms`, after a
+        time drawn per call with that median and 99th percentile."""
+        return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms, "p99_ms": p99_ms})
+
+    def hold(self, call: str = "*", hold: bool = True) -> int:
+        """Hold every `call` (`*`: all) until let go (`hold=False`): a host that hangs. How
+        many calls it holds now."""
+        return self.http.request("POST", "/sim/hold", {"call": call, "hold": hold})["holding"]
+
+    def holding(self) -> int:
+        """How many calls are held now."""
+        return self.http.request("GET", "/sim/calls")["holding"]
+
+    def trickle(self, ms: int) -> dict:
+        """Write every answer one byte every `ms` (0: at once): a host that trickles."""
+        return self.http.request("POST", "/sim/trickle", {"ms": ms})
 
     def effects(self, kind: str | None = "goal", since: int = 0, wait_s: float = 0.0) -> list[dict]:
         """The effects applied so far (after the first `since` of them, of every kind); with

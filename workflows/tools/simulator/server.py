@@ -6,6 +6,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
@@ -36,8 +37,23 @@ def make_handler(sim: Simulator, token: str | None):
         def log_message(self, fmt, *args):  # quiet: the demo prints its own timeline
             log.debug("runtime-sim: " + fmt, *args)
 
-        def _send(self, status: int, payload: dict) -> None:
+        def _send(self, status: int, payload: dict, protocol: bool = False) -> None:
             data = json.dumps(payload).encode()
+            trickle_ms = sim.trickle_ms if protocol else 0  # never the /sim/ endpoints'
+            if trickle_ms:
+                # A host that trickles: the whole answer, one byte every trickle_ms.
+                head = (
+                    f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                ).encode()
+                try:
+                    for i in range(len(head + data)):
+                        self.wfile.write((head + data)[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(trickle_ms / 1000)
+                except OSError:  # the caller gave up
+                    self.close_connection = True
+                return
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -74,7 +90,8 @@ def make_handler(sim: Simulator, token: str | None):
                 expected = "GET" if reads else "POST"
                 if not match or method != expected:
                     return self._send(404, {"error": "not_found"})
-                self._send(200, sim.handle(match[3], unquote(match[1]), unquote(match[2]), body))
+                answer = sim.handle(match[3], unquote(match[1]), unquote(match[2]), body)
+                self._send(200, answer, protocol=True)
             except SimError as exc:
                 self._send(exc.status, {"error": exc.code, **exc.extra})
             except (ValueError, KeyError, TypeError) as exc:

@@ -2,6 +2,8 @@
 maintenance runs, fences, injected faults; every effect and call recorded."""
 
 import logging
+import math
+import random
 import re
 import threading
 import time
@@ -106,6 +108,14 @@ MAX_WAIT_S = 5.0
 WAIT_SLICE_S = 0.05
 
 
+def _latency(median_ms: int, p99_ms: int | None) -> float:
+    """A call's latency: the median, or drawn from a lognormal with this median and p99."""
+    if not p99_ms or p99_ms <= median_ms or median_ms <= 0:
+        return median_ms
+    sigma = math.log(p99_ms / median_ms) / 2.326  # the 99th percentile's z
+    return random.lognormvariate(math.log(median_ms), sigma)
+
+
 class Simulator:
     def __init__(self, reporter: Reporter | None = None, host_id: str = "default") -> None:
         self.lock = threading.RLock()
@@ -139,6 +149,13 @@ class Simulator:
             self.calls: list[dict] = []
             self.faults: list[Fault] = []
             self.latency_ms: dict[str, int] = {}
+            # A call's latency drawn per call (lognormal) for a median and a p99, if given.
+            self.latency_p99_ms: dict[str, int] = {}
+            # Calls held until released (a host that hangs), and how slowly answers are
+            # written (a byte every trickle_ms: a host that trickles).
+            self.held: set[str] = set()
+            self.holding = 0
+            self.trickle_ms = 0
             self.defaults: dict[str, Any] = {}
 
     def session(self, ws: str, sid: str) -> SimSession:
@@ -161,7 +178,13 @@ class Simulator:
                 }
             )
             self._inject_fault(call, ws, sid)
-            delay_ms = self.latency_ms.get(call, 0)
+            delay_ms = _latency(self.latency_ms.get(call, 0), self.latency_p99_ms.get(call))
+            while call in self.held or "*" in self.held:
+                self.holding += 1
+                try:
+                    self.changed.wait(WAIT_SLICE_S)
+                finally:
+                    self.holding -= 1
         if delay_ms:
             time.sleep(delay_ms / 1000)
         with self.lock:
@@ -570,6 +593,18 @@ class Simulator:
                 return dict(self.defaults)
             if path == "/sim/latency":
                 self.latency_ms[body["call"]] = int(body["ms"])
+                if body.get("p99_ms"):
+                    self.latency_p99_ms[body["call"]] = int(body["p99_ms"])
+                else:
+                    self.latency_p99_ms.pop(body["call"], None)
+                return {}
+            if path == "/sim/hold":
+                # {"call": name or "*", "hold": true|false}: calls wait until let go.
+                (self.held.add if body.get("hold", True) else self.held.discard)(body["call"])
+                self.changed.notify_all()
+                return {"holding": self.holding}
+            if path == "/sim/trickle":
+                self.trickle_ms = int(body["ms"])
                 return {}
         raise SimError(404, "not_found")
 
@@ -590,7 +625,7 @@ class Simulator:
                     self.changed.wait(min(left, WAIT_SLICE_S))
                 return {"effects": self.effects[max(since, 0) :], "total": len(self.effects)}
             if path == "/sim/calls":
-                return {"calls": list(self.calls)}
+                return {"calls": list(self.calls), "holding": self.holding}
             if path == "/sim/health":
                 return {"ok": True}
         raise SimError(404, "not_found")
