@@ -24,6 +24,7 @@ def _runtime(_pid: int, settings: Settings) -> HostRouter:
         locator(engine_for(settings.database_url)),
         settings.runtime_token,
         settings.runtime_timeout_s,
+        settings.host_concurrency,
     )
 
 

@@ -86,6 +86,7 @@ class AgentRadar:
             hosts.locator(self.engine),
             self.settings.runtime_token,
             self.settings.runtime_timeout_s,
+            self.settings.host_concurrency,
         )
 
     @classmethod

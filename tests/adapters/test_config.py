@@ -15,6 +15,7 @@ BOUNDS = {
     "AGENT_RADAR_LEASE_S": config.MAX_LEASE_S,
     "AGENT_RADAR_RUNTIME_TIMEOUT_S": config.MAX_RUNTIME_TIMEOUT_S,
     "AGENT_RADAR_RETENTION_DAYS": config.MAX_RETENTION_DAYS,
+    "AGENT_RADAR_HOST_CONCURRENCY": config.MAX_HOST_CONCURRENCY,
 }
 
 
@@ -47,6 +48,12 @@ def test_the_bound_itself_is_accepted(name, maximum):
     settings = Settings.from_env({name: f"{maximum:g}"})
     # The settings round-trip to a child process's environment.
     assert Settings.from_env(settings.to_env()) == settings
+
+
+def test_a_count_is_a_whole_number():
+    with pytest.raises(ValueError, match="AGENT_RADAR_HOST_CONCURRENCY must be a whole number"):
+        Settings.from_env({"AGENT_RADAR_HOST_CONCURRENCY": "2.5"})
+    assert Settings.from_env({"AGENT_RADAR_HOST_CONCURRENCY": "4"}).host_concurrency == 4
 
 
 def test_the_defaults_are_within_the_bounds():

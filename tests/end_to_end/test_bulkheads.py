@@ -1,4 +1,4 @@
-"""Bulkheads end to end, on both backends (README, "Slow and failing agent hosts"): a host
+"""Bulkheads end to end, on both backends (docs/dispatch.md): a host
 that hangs and a host that trickles its answers cost only their own sessions. A real worker
 of two pool processes serves three hosts; the healthy host's goals are all applied while
 every call to the other two is still in flight; the hanging host's calls then fail at the

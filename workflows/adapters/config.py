@@ -26,6 +26,8 @@ MAX_LEASE_S = 3600.0
 # One agent host call may not outlast the task that makes it: the task's soft time limit
 # (tasks/app.py, 300 s) would cut it anyway.
 MAX_RUNTIME_TIMEOUT_S = 300.0
+# A worker process keeps at most 256 calls in flight (workflows/goals/flight.py).
+MAX_HOST_CONCURRENCY = 256
 # A replay within a day must always find its operation (DESIGN 4.10).
 MIN_RETENTION_DAYS = 1.0
 # A century: "keep for ever" in practice, the limit `prune --retention-days` has too, and
@@ -62,6 +64,14 @@ def _float(
     return value
 
 
+def _whole(env: Mapping[str, str], name: str, default: int, *, maximum: int) -> int:
+    """A whole number from 1 up to `maximum` (errors as _float's)."""
+    value = _float(env, name, default, maximum=maximum, minimum=1)
+    if not float(value).is_integer():
+        raise ValueError(f"{name} must be a whole number, got {env.get(name)!r}")
+    return int(value)
+
+
 def mask_url(url: str) -> str:
     """The URL with any password replaced by asterisks."""
     parts = urlsplit(url)
@@ -84,6 +94,8 @@ class Settings:
     # the runtime call timeout, so a healthy call never loses its lease mid-flight.
     lease_s: float = 30.0
     runtime_timeout_s: float = 10.0
+    # Calls at once to one agent host from one worker process (docs/dispatch.md).
+    host_concurrency: int = 32
     # Prefix for every broker key (Redis): lets deployments, or test runs, share one Redis.
     broker_key_prefix: str = ""
     # Settled operations and events older than this are pruned (DESIGN 4.10); at least 1.
@@ -143,6 +155,9 @@ class Settings:
             ),
             lease_s=max(lease_s, timeout_s + 1),
             runtime_timeout_s=timeout_s,
+            host_concurrency=_whole(
+                env, "AGENT_RADAR_HOST_CONCURRENCY", 32, maximum=MAX_HOST_CONCURRENCY
+            ),
             broker_key_prefix=_broker_key_prefix(env),
             retention_days=_float(
                 env,
@@ -164,6 +179,7 @@ class Settings:
             "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S": str(self.maintenance_cancel_grace_s),
             "AGENT_RADAR_LEASE_S": str(self.lease_s),
             "AGENT_RADAR_RUNTIME_TIMEOUT_S": str(self.runtime_timeout_s),
+            "AGENT_RADAR_HOST_CONCURRENCY": str(self.host_concurrency),
         }
         if self.runtime_token:
             env["AGENT_RADAR_RUNTIME_TOKEN"] = self.runtime_token

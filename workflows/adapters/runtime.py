@@ -554,8 +554,11 @@ class HostRouter:
         locate: Locate,
         token: str | None = None,
         timeout_s: float = 10.0,
+        host_concurrency: int = 32,
     ) -> None:
         self.locate = locate
+        # Calls at once to one host from this process (workflows/goals/flight.py).
+        self.host_concurrency = host_concurrency
         self.token = token
         self.timeout_s = timeout_s
         self.default = HttpRuntime(default_url, token, timeout_s, host_id="default")

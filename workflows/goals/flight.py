@@ -1,5 +1,5 @@
 """Goal calls in flight: per-host bulkheads, a circuit breaker per host, and the drain that
-records each call's outcome as it finishes (README, "Slow and failing agent hosts").
+records each call's outcome as it finishes (docs/dispatch.md).
 
 A dispatch claims lanes and their operations in short transactions (dispatch.py); the calls
 then run here, each host within its own limit (`HostGate`): a slow host fills only its own
@@ -42,9 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Calls in flight to one host from one worker process; past it, claims for that host wait in
-# its own queue (as long again), and past that they are given back, due again shortly.
-HOST_CONCURRENCY = int(os.environ.get("AGENT_RADAR_HOST_CONCURRENCY", "32"))
+# Calls in flight to one host from one worker process, unless the runtime port says otherwise
+# (AGENT_RADAR_HOST_CONCURRENCY); past it, claims for that host wait in its own queue (as long
+# again), and past that they are given back, due again shortly.
+HOST_CONCURRENCY = 32
 # Calls in flight from one worker process, all hosts together; a dispatch task that finds the
 # process this full waits before claiming more.
 MAX_IN_FLIGHT = 256
@@ -182,7 +183,8 @@ def gate(runtime: Any) -> HostGate:
     with _lock:
         found = _gates.get(runtime)
         if found is None:
-            found = _gates[runtime] = HostGate()
+            limit = getattr(runtime, "host_concurrency", HOST_CONCURRENCY)
+            found = _gates[runtime] = HostGate(limit)
         return found
 
 

@@ -613,6 +613,7 @@ def run_bench(
     settled: int = 0,
     nodes: int = 1,
     hosts: int = 1,
+    slow_hosts: bool = False,
     echo: Callable | None = print,
 ) -> dict:
     settings = replace(settings, runtime_url=f"http://127.0.0.1:{free_port()}")
@@ -697,7 +698,14 @@ def run_bench(
                 f"settled; effects by host {fleet_audit['effects_by_host']}, at another host "
                 f"{fleet_audit['at_another_host']}, applied twice {fleet_audit['applied_twice']}"
             )
+        slow = None
+        if slow_hosts:
+            from workflows.tools.bench_hosts import slow_hosts as slow_hosts_phase
+
+            slow = slow_hosts_phase(bench, stack, say)
         audits = [warm_up_audit, full_audit, unloaded_audit, paced_audit, storm_audit]
+        if slow is not None:
+            audits += slow["audits"]
         if common_audit is not None:
             audits.append(common_audit)
         if fleet_audit is not None:
@@ -774,6 +782,7 @@ def run_bench(
                 "fleet": fleet_audit,
             },
             "fleet_ops_per_s": None if fleet_rate is None else round(fleet_rate, 1),
+            "slow_hosts": slow,
             "exactly_once": exactly_once,
             "settled_sweep": sweep,
         }

@@ -325,8 +325,22 @@ def demo(home: str | None, as_json: bool):
     show_default=True,
     help="(e) … and this many agent hosts, the sessions shared equally between them.",
 )
+@click.option(
+    "--slow-hosts",
+    is_flag=True,
+    help="(f) Also measure agent hosts answering in 200 ms (p99 2 s) beside hosts answering "
+    "at once, and the healthy hosts' tail beside one that hangs or trickles.",
+)
 @json_option
-def bench(operations: int, concurrency: int, settled: int, nodes: int, hosts: int, as_json: bool):
+def bench(
+    operations: int,
+    concurrency: int,
+    settled: int,
+    nodes: int,
+    hosts: int,
+    slow_hosts: bool,
+    as_json: bool,
+):
     """Benchmark (DESIGN 8) on the configured database and broker."""
     from workflows.tools.bench import run_bench
 
@@ -337,6 +351,7 @@ def bench(operations: int, concurrency: int, settled: int, nodes: int, hosts: in
         settled=settled,
         nodes=nodes,
         hosts=hosts,
+        slow_hosts=slow_hosts,
         echo=None if as_json else click.echo,
     )
     _emit(as_json, result, "")
