@@ -104,7 +104,8 @@ def _finish_calls(**_kwargs) -> None:
     # are recorded; what it had not called goes back, due at once.
     from workflows.goals import flight
 
-    flight.stop(Settings.from_env().runtime_timeout_s + 1)
+    # An attempt may make a few calls (fences first, a resume): twice the timeout, and more.
+    flight.stop(2 * Settings.from_env().runtime_timeout_s + 2)
 
 
 @worker_init.connect

@@ -76,6 +76,37 @@ def test_connection_close_is_honoured(scripted):
     assert host.connections == 3
 
 
+@pytest.mark.parametrize("version", ["HTTP/1.1", "HTTP/1.0"])
+def test_an_answer_that_closes_its_connection_is_read_whole(version):
+    """An answer that ends its connection (`Connection: close`, or HTTP/1.0 with no length:
+    the body ends when the host closes) whose body comes after its headers, in a write of
+    its own, is read whole: http.client closes the connection right after the headers."""
+    head = f"{version} 200 OK\r\nContent-Type: application/json\r\n" + (
+        f"Content-Length: {len(APPLIED)}\r\nConnection: close\r\n\r\n"
+        if version == "HTTP/1.1"
+        else "\r\n"
+    )
+
+    def serve(conn: socket.socket) -> None:
+        request = conn.makefile("rb")
+        length = 0
+        while (line := request.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        request.read(length)
+        conn.sendall(head.encode())
+        time.sleep(0.2)
+        conn.sendall(APPLIED)
+        request.close()
+        conn.close()
+
+    server = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: serve(server.accept()[0]), daemon=True).start()
+    runtime = HttpRuntime(f"http://127.0.0.1:{server.getsockname()[1]}", timeout_s=5.0)
+    assert goal(runtime)["phase"] == "applied"
+    server.close()
+
+
 def test_a_chunked_answer_is_read_whole_and_its_connection_kept(scripted):
     body = APPLIED
     chunked = (

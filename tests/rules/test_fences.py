@@ -114,7 +114,9 @@ def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settin
     HttpRuntime(settings.runtime_url).install_fence(
         WS, SID, target_operation_id=op.operation_id, target_revision=1, require_live=True
     )
-    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="w", lease_s=5)
+    d = Dispatcher(
+        client.engine, HttpRuntime(settings.runtime_url, timeout_s=2), worker_id="w", lease_s=5
+    )
     assert [r.outcome for r in d.dispatch(op.operation_id)] == ["failed"]
     assert sim_control.effects() == []
 

@@ -230,11 +230,9 @@ def test_work_the_claim_statement_left_is_claimed_on_its_own(
     from sqlalchemy import false
 
     from workflows.goals import dispatch as dispatch_module
-    from workflows.goals.statements import CLAIM_LOOKUP, STATES
+    from workflows.goals.statements import CLAIM_LOOKUP
 
-    took_nothing = CLAIM_LOOKUP.add_columns(
-        false().label("taken"), STATES.c.sync_status.label("state_sync")
-    )
+    took_nothing = CLAIM_LOOKUP.add_columns(false().label("taken"))
     monkeypatch.setattr(dispatch_module, "LOOKUP_AND_CLAIM", took_nothing)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     with statements_sent(client.engine) as statements:

@@ -226,7 +226,9 @@ def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
     from workflows.maintenance import runs
 
     op = client.set_goal(WS, SID, "not during maintenance", client_submit_id="g1")
-    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
+    d = Dispatcher(
+        client.engine, HttpRuntime(settings.runtime_url, timeout_s=2), worker_id="d", lease_s=5
+    )
     request = runs.MaintenanceRequest.parse(WS, SID, "compact", client_submit_id="m1")
     pool = ThreadPoolExecutor(1)
     try:
@@ -255,7 +257,9 @@ def test_goal_operations_wait_for_the_run_without_using_budget(
     sim_control.session(WS, SID, maintenance_duration_ms=50)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     first = client.set_goal(WS, SID, "after maintenance", client_submit_id="g1")
-    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
+    d = Dispatcher(
+        client.engine, HttpRuntime(settings.runtime_url, timeout_s=2), worker_id="d", lease_s=5
+    )
     assert [r.outcome for r in d.dispatch(first.operation_id)] == ["held"]
     held = client.get_goal_operation(first.operation_id)
     assert (held.status, held.attempt, held.first_dispatched_at) == ("prepared", 0, None)
@@ -431,7 +435,9 @@ def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
 
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
-    d = Dispatcher(client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5)
+    d = Dispatcher(
+        client.engine, HttpRuntime(settings.runtime_url, timeout_s=2), worker_id="d", lease_s=5
+    )
     d.dispatch(target.operation_id)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")

@@ -54,7 +54,7 @@ def test_a_failed_goal_operation_is_retried_with_a_fresh_budget(client, settings
     state = client.goal_state(WS, SID)
     assert (state.sync_status, state.pending_operation_id) == ("pending", op.operation_id)
     dispatcher = Dispatcher(
-        client.engine, HttpRuntime(settings.runtime_url), worker_id="d", lease_s=5
+        client.engine, HttpRuntime(settings.runtime_url, timeout_s=2), worker_id="d", lease_s=5
     )
     assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
     assert client.goal_state(WS, SID).sync_status == "synced"

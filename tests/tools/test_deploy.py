@@ -150,11 +150,12 @@ def test_the_package_declares_ranges_and_celerys_redis_extra():
 def _exported_metrics() -> set[str]:
     """The exporter's gauges and the workers' own series (histograms as Prometheus names
     their parts)."""
-    from workflows.adapters.metrics import WORKER_METRICS
+    from workflows.adapters.metrics import WORKER_CIRCUIT_METRICS, WORKER_METRICS
     from workflows.tools.metrics import METRICS
 
     parts = ("", "_bucket", "_count", "_sum")
-    return set(METRICS) | {m + p for m in WORKER_METRICS for p in parts}
+    worker = WORKER_METRICS + WORKER_CIRCUIT_METRICS
+    return set(METRICS) | {m + p for m in worker for p in parts}
 
 
 def _metric_names(expr: str) -> set[str]:

@@ -58,6 +58,11 @@ def task_context(**ids: Any) -> Iterator[None]:
         _context.reset(token)
 
 
+def current_context() -> dict[str, Any]:
+    """The ids of the work in hand (to carry them to another thread: task_context(**ids))."""
+    return dict(_context.get() or {})
+
+
 class ContextFilter(logging.Filter):
     """Copies the context's ids onto each record (a record's own extra= wins)."""
 

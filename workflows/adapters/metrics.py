@@ -37,6 +37,6 @@ WORKER_METRICS = (
     "agent_radar_runtime_call_seconds",
     "agent_radar_runtime_call_errors_total",
     "agent_radar_dispatch_batch_size",
-    "agent_radar_host_circuit_open",
-    "agent_radar_host_circuit_opens_total",
 )
+# Served once a host's circuit has opened in the process.
+WORKER_CIRCUIT_METRICS = ("agent_radar_host_circuit_open", "agent_radar_host_circuit_opens_total")

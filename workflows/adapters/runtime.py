@@ -273,17 +273,25 @@ def _remaining(deadline: float) -> float:
 
 class _DeadlineReader(io.RawIOBase):
     """The answer's bytes as http.client reads them, each read given only what is left of
-    the call's deadline (a socket's own timeout is per read)."""
+    the call's deadline (a socket's own timeout is per read). It reads through the socket's
+    own unbuffered file, which holds a reference to the socket: http.client closes the
+    connection as soon as an answer that ends it (`Connection: close`) has its headers, and
+    the body is still read from here."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline = sock, deadline
+        self.raw = sock.makefile("rb", buffering=0)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         self.sock.settimeout(_remaining(self.deadline))
-        return self.sock.recv_into(buffer)
+        return self.raw.readinto(buffer) or 0  # None only for a non-blocking socket
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 class _DeadlineSocket:
@@ -335,6 +343,7 @@ class HttpRuntime:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.host_id = host_id  # the metrics' host label
+        self.timeout_s = timeout_s  # a whole call
         self.http = HostConnections(self.base_url, min(timeout_s, 3.0), timeout_s, pool_size)
         self.headers = {"Content-Type": "application/json"}
         if token:

@@ -21,6 +21,7 @@ from models.db import rowcount, run_read, run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
+from workflows.adapters import logs
 from workflows.adapters.runtime import STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
@@ -47,6 +48,7 @@ from workflows.goals.statements import (
     OPS_LANES,
     OPS_LANES_AND_DUE,
     RESCHEDULE,
+    RESCHEDULE_HELD,
     STATE_SYNC,
     STATES_APPLYING,
     TAKE_LANES_AND_LOCK,
@@ -127,9 +129,9 @@ def _obstacle(row, operation_id: str, now: datetime) -> str | None:
 
 
 def _give_back(conn, row, token: str) -> None:
-    """Undo LOOKUP_AND_CLAIM's claim of one operation: its row and its goal state's sync
-    status as the statement read them."""
-    conn.execute(
+    """Undo a claim of one operation (under its lease token): its row and its goal state's
+    sync status as the claim's statement read them."""
+    given = conn.execute(
         GIVE_BACK,
         {
             "b_op": row.operation_id,
@@ -143,10 +145,11 @@ def _give_back(conn, row, token: str) -> None:
             "b_expires": row.lease_expires_at,
         },
     )
-    conn.execute(
-        STATE_SYNC,
-        {"b_ws": row.workspace_id, "b_sid": row.session_id, "b_sync": row.state_sync},
-    )
+    if rowcount(given) == 1:
+        conn.execute(
+            STATE_SYNC,
+            {"b_ws": row.workspace_id, "b_sid": row.session_id, "b_sync": row.state_sync},
+        )
 
 
 def apply_goal(
@@ -181,6 +184,10 @@ class Claim:
     reinstall: bool = False  # the session's fences go back to its host first
     # its host: (host_id, url, token)
     host: tuple[str, str | None, str | None] = ("default", None, None)
+    # The claim-lookup row as it was before the claim (what a give-back restores).
+    before: Any = dataclasses.field(default=None, compare=False, repr=False)
+    # The ids of the task that claimed it, for the lines logged about it in other threads.
+    log_context: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -562,6 +569,8 @@ class Dispatcher:
             token=token,
             reinstall=bool(row.reinstall),
             host=(row.host_id, row.host_url, row.host_token),
+            before=row,
+            log_context=logs.current_context(),
         )
 
     @staticmethod
@@ -608,8 +617,19 @@ class Dispatcher:
             return StepResult(operation_id, "failed")
         return StepResult(operation_id, "skipped")  # gone, or another worker is on it
 
-    def _unclaim(self, session: Session, claim: Claim) -> None:
-        """Give back a claim that will not be attempted now; it is due again at once."""
+    def _unclaim(self, session: Session, claim: Claim, due_at: datetime | None = None) -> None:
+        """Give back a claim that will not be attempted: the operation (and its goal state's
+        sync status) as it was before the claim, no budget spent; due at `due_at`, or as it
+        was. Nothing if the claim's lease was taken over meanwhile."""
+        conn = session.connection()
+        if due_at is not None:
+            conn.execute(
+                RESCHEDULE_HELD,
+                {"b_op": claim.op.operation_id, "b_token": claim.token, "b_at": due_at},
+            )
+        if claim.before is not None:
+            _give_back(conn, claim.before, claim.token)
+            return
         session.execute(
             update(GoalOperation)
             .where(
@@ -686,10 +706,11 @@ class Dispatcher:
                 for a in mine
             ]
         for a in others:
-            if a.fault is not None:
-                results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
-            else:
-                results.append(self._answer_outcome(s, a.claim, a.answer or {}))
+            with logs.task_context(**a.claim.log_context):
+                if a.fault is not None:
+                    results.append(self._fault_outcome(s, a.claim, a.fault, a.retryable))
+                else:
+                    results.append(self._answer_outcome(s, a.claim, a.answer or {}))
         return results, release is not None
 
     def _call_runtime(self, runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:

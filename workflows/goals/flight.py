@@ -24,7 +24,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session
 from models.base import table_of, utcnow
 from models.db import insert_ignore, run_transaction
 from models.tables import HostCircuit
-from workflows.adapters import metrics
-from workflows.goals.statements import MAX_LANES_PER_STEP, RESCHEDULE
+from workflows.adapters import logs, metrics
+from workflows.goals.statements import MAX_LANES_PER_STEP
 
 if TYPE_CHECKING:
     from workflows.goals.dispatch import Attempt, Claim, Dispatcher, Lane, StepResult
@@ -98,30 +98,39 @@ class HostGate:
         self._hosts: dict[str, _Host] = {}
         self._lock = threading.Lock()
         self._transitions: list[Transition] = []
+        self.total = 0  # calls in flight to every host: at most MAX_IN_FLIGHT (the pool)
 
-    def admit(self, host_id: str) -> tuple[str, float]:
+    def admit(self, host_id: str) -> tuple[str, float, bool]:
         """GO (a slot is taken: call `done` after), FULL, or OPEN with the seconds until
-        the circuit lets a trial through."""
+        the circuit lets a trial through; and whether this call is that trial."""
         now = time.monotonic()
         with self._lock:
             host = self._hosts.setdefault(host_id, _Host())
+            trial = False
             if host.open_until:
                 if now < host.open_until or host.trial:
-                    return OPEN, max(host.open_until - now, FULL_RETRY_S)
-                host.trial = True  # half-open: one call finds out
-            elif host.in_flight >= self.limit:
-                return FULL, FULL_RETRY_S
+                    return OPEN, max(host.open_until - now, FULL_RETRY_S), False
+                host.trial = trial = True  # half-open: this one call finds out
+            elif host.in_flight >= self.limit or self.total >= MAX_IN_FLIGHT:
+                return FULL, FULL_RETRY_S, False
             host.in_flight += 1
-            return GO, 0.0
+            self.total += 1
+            return GO, 0.0, trial
 
-    def done(self, host_id: str, fault: Exception | None) -> None:
-        """A call to this host ended: `fault` is its failure, if it failed."""
-        code = getattr(fault, "code", None)
-        failed = code in HOST_FAULTS
+    def done(self, host_id: str, fault: Exception | None, trial: bool, called: bool) -> None:
+        """A call admitted to this host ended (`called`: it reached the host; `fault`: its
+        failure, if it failed; `trial`: it was the half-open circuit's trial). Only calls
+        that were admitted while the circuit was shut, or its trial, say anything about
+        the host: a call that hung from before the circuit opened does not count twice."""
+        failed = getattr(fault, "code", None) in HOST_FAULTS
         with self._lock:
             host = self._hosts[host_id]
             host.in_flight -= 1
-            was_trial, host.trial = host.trial, False
+            self.total -= 1
+            if trial:
+                host.trial = False
+            if not called or (host.open_until and not trial):
+                return
             if not failed:
                 if host.open_until:
                     self._transitions.append(Transition(host_id, None))
@@ -129,7 +138,7 @@ class HostGate:
                 host.failures, host.open_until, host.open_for = 0, 0.0, 0.0
                 return
             host.failures += 1
-            if not was_trial and (host.open_until or host.failures < BREAKER_FAILURES):
+            if not trial and host.failures < BREAKER_FAILURES:
                 return
             host.open_for = min(BREAKER_MAX_OPEN_S, max(BREAKER_OPEN_S, host.open_for * 2))
             host.open_until = time.monotonic() + host.open_for
@@ -145,9 +154,14 @@ class HostGate:
             host.open_for,
         )
 
+    def put_back(self, transitions: list[Transition]) -> None:
+        """Transitions whose write failed, to be written with the next."""
+        with self._lock:
+            self._transitions[:0] = transitions
+
     def in_flight(self) -> int:
         with self._lock:
-            return sum(host.in_flight for host in self._hosts.values())
+            return self.total
 
     def take_transitions(self) -> list[Transition]:
         with self._lock:
@@ -159,7 +173,12 @@ def write_transitions(s: Session, transitions: Iterable[Transition], worker_id: 
     """Record circuits that opened or closed (for `status` and the metrics)."""
     for t in transitions:
         if t.open_until is None:
-            s.execute(delete(HostCircuit).where(HostCircuit.host_id == t.host_id))
+            # Only this process's opening: another's circuit may still be open.
+            s.execute(
+                delete(HostCircuit).where(
+                    HostCircuit.host_id == t.host_id, HostCircuit.opened_by == worker_id
+                )
+            )
             continue
         values = {
             "open_until": t.open_until,
@@ -198,32 +217,35 @@ def _call_pool() -> ThreadPoolExecutor:
         return pool
 
 
-@dataclass
-class _Waiting:
-    lane: "Lane"
-    claim: "Claim"
-    since: float = field(default_factory=time.monotonic)
+# A drain whose record transaction failed (the database is away) tries again after this
+# long, doubling up to FLUSH_RETRY_MAX_S; a synchronous drain gives up after its budget.
+FLUSH_RETRY_S = 0.2
+FLUSH_RETRY_MAX_S = 5.0
 
 
 class Drain:
     """Lanes whose calls are in flight. Everything but the calls runs in the thread that
-    runs `run` (its transactions are short and never span a call)."""
+    runs `run` (its transactions are short and never span a call); a call's pool thread
+    only makes the call and gives its host slot back."""
 
     def __init__(self, dispatcher: "Dispatcher", steal: bool = False, eager: bool = False):
         self.d = dispatcher
-        self.steal, self.eager = steal, eager
+        self.steal, self.eager, self.always_eager = steal, eager, eager
         self.gate = gate(dispatcher.runtime)
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.in_flight: dict[Future, tuple[Lane, Claim]] = {}
-        self.waiting: dict[str, deque[_Waiting]] = {}
+        self.waiting: dict[str, deque[tuple[Lane, Claim]]] = {}
         self.ready: list[tuple[Lane, Attempt | StepResult]] = []
         self.give_back: list[tuple[Lane, Claim, float | None]] = []
         self.steps: dict[tuple[str, str], int] = {}
         self.results: list[StepResult] = []
         self.deadline: float | None = None
         self.stopping = False
-        # A claim may wait in its host's queue this long; past it, its lease is too short.
-        self.max_wait_s = dispatcher.lease_s / 3
+        # A call may take this long (its total deadline), so a claim whose lease ends sooner
+        # is not called. The settings make a lease at least a second longer than a call; a
+        # dispatcher made by hand with a shorter lease needs a second of it left.
+        timeout_s = float(getattr(dispatcher.runtime, "timeout_s", 10.0))
+        self.call_s = max(0.0, min(timeout_s, dispatcher.lease_s - 1))
 
     # -- what comes in ---------------------------------------------------------------------
     def add(self, work: dict["Lane", "Claim | StepResult"]) -> None:
@@ -235,52 +257,86 @@ class Drain:
             if isinstance(current, StepResult):
                 self.ready.append((lane, current))
             elif self.stopping:
-                self.give_back.append((lane, current, None))
+                self._give(lane, current, None)
             else:
-                self._start(_Waiting(lane, current))
+                self._start(lane, current)
 
-    def _start(self, waiting: _Waiting) -> None:
-        host_id = waiting.claim.host[0]
+    def _give(self, lane: "Lane", claim: "Claim", retry_s: float | None) -> None:
+        """Give this claim back unattempted (due again after retry_s, or as it was)."""
+        self.steps.pop((lane.workspace_id, lane.session_id), None)
+        self.give_back.append((lane, claim, retry_s))
+
+    def _lease_ok(self, claim: "Claim") -> bool:
+        """Whether the claim's lease outlasts a whole call (the claim may have waited)."""
+        expires = claim.op.lease_expires_at
+        return expires is None or (expires - self.d.clock()).total_seconds() >= self.call_s
+
+    def _start(self, lane: "Lane", claim: "Claim") -> None:
+        host_id = claim.host[0]
         queued = self.waiting.setdefault(host_id, deque())
-        verdict, retry_s = (FULL, FULL_RETRY_S) if queued else self.gate.admit(host_id)
-        if verdict == GO:
-            self._call(waiting)
-        elif verdict == FULL and len(queued) < self.gate.limit:
-            queued.append(waiting)
+        if queued:  # behind those already waiting for this host
+            verdict, retry_s, trial = FULL, FULL_RETRY_S, False
         else:
-            self.give_back.append((waiting.lane, waiting.claim, retry_s))
+            verdict, retry_s, trial = self.gate.admit(host_id)
+        if verdict == GO:
+            self._call(lane, claim, trial)
+        elif verdict == FULL and len(queued) < self.gate.limit:
+            queued.append((lane, claim))
+        else:
+            self._give(lane, claim, retry_s)
+
+    def _admit_waiting(self) -> None:
+        """Call what waits for each host while it has slots (given back if its lease no
+        longer covers a call)."""
+        for host_id, queued in self.waiting.items():
+            while queued:
+                lane, claim = queued[0]
+                if not self._lease_ok(claim):
+                    queued.popleft()
+                    self._give(lane, claim, None)
+                    continue
+                verdict, retry_s, trial = self.gate.admit(host_id)
+                if verdict == FULL:
+                    break
+                queued.popleft()
+                if verdict == GO:
+                    self._call(lane, claim, trial)
+                else:  # the circuit opened: the rest waits for it
+                    self._give(lane, claim, retry_s)
+                    while queued:
+                        self._give(*queued.popleft(), retry_s)
+
+    def _call(self, lane: "Lane", claim: "Claim", trial: bool) -> None:
+        future = _call_pool().submit(self._attempt, claim, trial)
+        self.in_flight[future] = (lane, claim)
+        future.add_done_callback(lambda f: self.events.put(("done", f)))
+
+    def _attempt(self, claim: "Claim", trial: bool) -> "Attempt | None":
+        """In a pool thread: the call (None: not made, the lease would not outlast it). The
+        host slot is given back here, whatever happens to the drain."""
+        attempt = None
+        try:
+            if self._lease_ok(claim):
+                with logs.task_context(**claim.log_context):
+                    attempt = self.d._attempt(claim)
+            return attempt
+        finally:
+            fault = attempt.fault if attempt is not None else None
+            self.gate.done(claim.host[0], fault, trial, called=attempt is not None)
 
     def _finished(self, future: Future) -> None:
         lane, claim = self.in_flight.pop(future)
         attempt = future.result()  # _attempt turns every failure into an Attempt
-        self.gate.done(claim.host[0], attempt.fault)
-        self.ready.append((lane, attempt))
-        self._admit_waiting(claim.host[0])
-
-    def _admit_waiting(self, host_id: str) -> None:
-        """Call what waits for this host while it has slots."""
-        queued = self.waiting.get(host_id)
-        while queued:
-            head = queued[0]
-            if time.monotonic() - head.since > self.max_wait_s:
-                queued.popleft()
-                self.give_back.append((head.lane, head.claim, 0.0))
-                continue
-            verdict, retry_s = self.gate.admit(host_id)
-            if verdict == FULL:
-                return
-            queued.popleft()
-            if verdict == GO:
-                self._call(head)
-            else:  # the circuit opened: the rest waits for it
-                self.give_back.append((head.lane, head.claim, retry_s))
-                self.give_back += [(w.lane, w.claim, retry_s) for w in queued]
-                queued.clear()
-
-    def _call(self, waiting: _Waiting) -> None:
-        future = _call_pool().submit(self.d._attempt, waiting.claim)
-        self.in_flight[future] = (waiting.lane, waiting.claim)
-        future.add_done_callback(lambda f: self.events.put(("done", f)))
+        if attempt is None:
+            log.warning(
+                "goal operation %s: not called, its lease would end before the call could "
+                "(the process was paused or too busy); given back",
+                claim.op.operation_id,
+                extra={"operation_id": claim.op.operation_id},
+            )
+            self._give(lane, claim, None)
+        else:
+            self.ready.append((lane, attempt))
 
     def load(self) -> int:
         return len(self.in_flight) + sum(len(q) for q in self.waiting.values())
@@ -291,24 +347,29 @@ class Drain:
         until nothing came for idle_exit_s."""
         if idle_exit_s is None:
             self.deadline = time.monotonic() + DRAIN_BUDGET_S
+        retry_s = FLUSH_RETRY_S
         while True:
+            self._admit_waiting()
             if self.ready or self.give_back:
-                self._flush()
+                if self._flush():
+                    retry_s = FLUSH_RETRY_S
+                    continue
+                if idle_exit_s is None and time.monotonic() > (self.deadline or 0):
+                    raise RuntimeError("goal drain: its outcomes could not be recorded")
+                time.sleep(retry_s)
+                retry_s = min(retry_s * 2, FLUSH_RETRY_MAX_S)
                 continue
             waiting = any(self.waiting.values())
             if not self.in_flight and not waiting:
                 if idle_exit_s is None or self.stopping:
                     return self.results
             # Claims waiting for slots that other drains of this process hold are looked at
-            # again every WAIT_POLL_S (a call of this drain's own wakes it at once).
-            timeout = None if self.in_flight else (WAIT_POLL_S if waiting else idle_exit_s)
+            # again every WAIT_POLL_S (a call of this drain's own ending wakes it at once).
+            timeout = WAIT_POLL_S if waiting else (None if self.in_flight else idle_exit_s)
             try:
                 event = self.events.get(timeout=timeout)
             except queue.Empty:
-                if waiting:
-                    for host_id in list(self.waiting):
-                        self._admit_waiting(host_id)
-                elif self._may_exit():
+                if not waiting and not self.in_flight and self._may_exit():
                     return self.results
                 continue
             self._take(event)
@@ -330,41 +391,40 @@ class Drain:
         elif event[0] == "stop":
             self.stopping = True
             for queued in self.waiting.values():
-                self.give_back += [(w.lane, w.claim, None) for w in queued]
-                queued.clear()
+                while queued:
+                    self._give(*queued.popleft(), None)
 
-    def _flush(self) -> None:
+    def _keep(self, results: list["StepResult"]) -> None:
+        self.results += results
+
+    def _flush(self) -> bool:
         """One transaction: record what finished, give back what will not be called, release
         those lanes, and take back the finished ones that have more due work (with `steal`,
-        other due work too, while the process has room)."""
+        other due work too, while the process has room). False if it failed (everything is
+        kept for the next try)."""
         from workflows.goals.dispatch import Attempt
 
-        ready, self.ready = self.ready, []
-        give_back, self.give_back = self.give_back, []
+        ready, give_back = self.ready, self.give_back
         attempts = [a for _, a in ready if isinstance(a, Attempt)]
-        self.results += [r for _, r in ready if not isinstance(r, Attempt)]
         lanes = [lane for lane, _ in ready]
         over = self.stopping or (self.deadline is not None and time.monotonic() > self.deadline)
         # Each lane's steps so far; a lane taken back goes on counting (see add).
         counts = {
-            key: self.steps.pop(key, 1)
-            for key in ((lane.workspace_id, lane.session_id) for lane in lanes)
+            (lane.workspace_id, lane.session_id): self.steps.get(
+                (lane.workspace_id, lane.session_id), 1
+            )
+            for lane in lanes
         }
         keys = [key for key, n in counts.items() if not over and n < LANE_MAX_STEPS]
         steal = self.steal and not over and self.load() < MAX_IN_FLIGHT - MAX_LANES_PER_STEP
+        eager = self.eager
         transitions = self.gate.take_transitions()
-        if attempts:
-            metrics.DISPATCH_BATCH_SIZE.observe(len(attempts))
 
         def finish(s: Session):
             now = self.d.clock()
             for _lane, claim, retry_s in give_back:
-                self.d._unclaim(s, claim)
-                if retry_s:
-                    s.connection().execute(
-                        RESCHEDULE,
-                        {"b_op": claim.op.operation_id, "b_at": now + timedelta(seconds=retry_s)},
-                    )
+                due = now + timedelta(seconds=retry_s) if retry_s else None
+                self.d._unclaim(s, claim, due)
             if give_back:
                 self.d._release(s, [lane for lane, _, _ in give_back])
             recorded, released = self.d._record(s, attempts, lanes) if lanes else ([], True)
@@ -375,15 +435,41 @@ class Drain:
             # Look for more only after the release, in the same transaction (see
             # Dispatcher._next: a worker that found one of these lanes held had committed its
             # operation before, so this statement sees it).
-            more = self.d._next(s, keys, steal, self.eager) if keys or steal else {}
+            more = self.d._next(s, keys, steal, eager) if keys or steal else {}
             return recorded, more
 
-        recorded, more = run_transaction(self.d.engine, finish, direct=True)
-        self.results += recorded
+        try:
+            recorded, more = run_transaction(self.d.engine, finish, direct=True)
+        except Exception as exc:  # noqa: BLE001 - the database is away: keep it, try again
+            log.warning(
+                "goal drain: recording %d outcomes failed, trying again: %s",
+                len(ready),
+                f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            )
+            self.gate.put_back(transitions)
+            return False
+        self.ready, self.give_back = [], []
+        self.eager = self.always_eager
+        if attempts:
+            metrics.DISPATCH_BATCH_SIZE.observe(len(attempts))
+        for result in recorded:
+            if result.outcome == "skipped":
+                # Its lease was taken over while it called (a paused or slow process): the
+                # new holder's outcome stands (DESIGN 4.8).
+                log.warning(
+                    "goal operation %s: its call ended after its lease was taken over; "
+                    "its outcome is not recorded",
+                    result.operation_id,
+                    extra={"operation_id": result.operation_id},
+                )
+        self._keep([r for _, r in ready if not isinstance(r, Attempt)] + recorded)
+        for key in counts:
+            self.steps.pop(key, None)
         for lane in more:
             key = (lane.workspace_id, lane.session_id)
             self.steps[key] = counts.get(key, 0)
         self.add(more)
+        return True
 
 
 class WorkerDrain(Drain):
@@ -418,6 +504,9 @@ class WorkerDrain(Drain):
         super()._finished(future)
         with _lock:
             self.room.notify_all()
+
+    def _keep(self, results: list["StepResult"]) -> None:
+        pass  # nobody waits for them: the database has them
 
 
 _drains: dict[int, WorkerDrain] = {}

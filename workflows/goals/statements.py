@@ -155,6 +155,7 @@ CLAIM_LOOKUP = (
         OPS,
         STATES.c.revision.label("state_revision"),
         STATES.c.pending_operation_id.label("state_pending"),
+        STATES.c.sync_status.label("state_sync"),  # what a give-back restores
         holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
         # Whether a fence of the session is not known to be installed at its (host, epoch):
         # the fences go there before this goal call (DESIGN 4.9).
@@ -242,10 +243,7 @@ _TAKEN = (
     .cte("taken")
 )
 LOOKUP_AND_CLAIM = (
-    CLAIM_LOOKUP.add_columns(
-        _TAKEN.c.operation_id.is_not(None).label("taken"),
-        STATES.c.sync_status.label("state_sync"),
-    )
+    CLAIM_LOOKUP.add_columns(_TAKEN.c.operation_id.is_not(None).label("taken"))
     .outerjoin(_TAKEN, _TAKEN.c.operation_id == OPS.c.operation_id)
     .add_cte(_applying(_TAKEN, "taken_applying"))
 )
@@ -284,3 +282,9 @@ GIVE_BACK = (
 )
 STATE_SYNC = update(STATES).where(*key_params(STATES)).values(sync_status=bindparam("b_sync"))
 RESCHEDULE = update(OPS).where(OP_KEY).values(next_attempt_at=bindparam("b_at"))
+# The same, only under the claim's lease token (a give-back's: see Dispatcher._unclaim).
+RESCHEDULE_HELD = (
+    update(OPS)
+    .where(OP_KEY, OPS.c.lease_token == bindparam("b_token"))
+    .values(next_attempt_at=bindparam("b_at"))
+)

@@ -1,0 +1,152 @@
+"""Calls in flight (workflows/goals/flight.py, docs/dispatch.md): each host's limit and
+circuit breaker, a claim given back unattempted costs no budget, a claim whose lease would
+not outlast its call is not called, and a drain whose record fails keeps its outcomes."""
+
+from datetime import timedelta
+
+import pytest
+
+from models.db import run_transaction
+from tests.helpers import Clock
+from workflows.adapters.runtime import HttpRuntime
+from workflows.errors import RuntimeFault
+from workflows.goals import flight
+from workflows.goals.dispatch import Dispatcher, StepResult
+from workflows.goals.flight import FULL, GO, OPEN, Drain, HostGate
+
+WS = "ws-flight"
+TIMEOUT = RuntimeFault("runtime timed out", code="timeout", retryable=True)
+REFUSED = RuntimeFault("runtime answered 409", code="stale_revision", retryable=False)
+
+
+def test_a_host_has_its_own_limit():
+    gate = HostGate(limit=2)
+    assert [gate.admit("slow")[0] for _ in range(3)] == [GO, GO, FULL]
+    assert gate.admit("fast")[0] == GO  # another host's slots are its own
+    gate.done("slow", None, trial=False, called=True)
+    assert gate.admit("slow")[0] == GO
+
+
+def test_the_circuit_opens_after_failures_in_a_row_and_one_trial_closes_it(monkeypatch):
+    monkeypatch.setattr(flight, "BREAKER_OPEN_S", 0.0)  # a trial may go at once
+    gate = HostGate(limit=32)
+    for _ in range(flight.BREAKER_FAILURES - 1):
+        assert gate.admit("h")[0] == GO
+        gate.done("h", TIMEOUT, trial=False, called=True)
+    # An answer, even an error of the protocol, is the host working: the count starts over.
+    gate.admit("h")
+    gate.done("h", REFUSED, trial=False, called=True)
+    hanging = [gate.admit("h") for _ in range(3)]  # admitted while it was shut
+    for _ in range(flight.BREAKER_FAILURES):
+        gate.admit("h")
+        gate.done("h", TIMEOUT, trial=False, called=True)
+    assert gate.take_transitions()[0].open_until is not None
+    verdict, _, trial = gate.admit("h")
+    assert (verdict, trial) == (GO, True)  # the half-open circuit's one trial
+    assert gate.admit("h")[0] == OPEN  # and no other while it is out
+    # Calls that hung from before it opened end: they do not count as failed trials.
+    for _ in hanging:
+        gate.done("h", TIMEOUT, trial=False, called=True)
+    assert gate.admit("h")[0] == OPEN
+    gate.done("h", None, trial=True, called=True)
+    assert [t.open_until for t in gate.take_transitions()] == [None]
+    assert gate.admit("h")[0] == GO and gate.in_flight() == 1
+
+
+def test_a_failed_trial_opens_it_again_for_longer(monkeypatch):
+    monkeypatch.setattr(flight, "BREAKER_OPEN_S", 0.0)
+    gate = HostGate()
+    for _ in range(flight.BREAKER_FAILURES):
+        gate.admit("h")
+        gate.done("h", TIMEOUT, trial=False, called=True)
+    gate.admit("h")
+    gate.done("h", TIMEOUT, trial=True, called=True)
+    assert len(gate.take_transitions()) == 2  # opened, and opened again
+    # A trial that was not made (its lease too short) says nothing: the next may go.
+    assert gate.admit("h")[2] is True
+    gate.done("h", None, trial=True, called=False)
+    assert gate.admit("h")[2] is True
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def dispatcher(client, settings, clock):
+    return Dispatcher(
+        client.engine,
+        HttpRuntime(settings.runtime_url, timeout_s=2),
+        worker_id="w",
+        lease_s=settings.lease_s,
+        clock=clock,
+    )
+
+
+def _claimed(client, dispatcher, clock, sid: str):
+    op = client.set_goal(WS, sid, "x", client_submit_id="1")
+    clock.advance(1)
+    work = run_transaction(
+        client.engine, lambda s: dispatcher._open(s, {(WS, sid): op.operation_id}), direct=True
+    )
+    ((lane, claim),) = work.items()
+    return op, lane, claim
+
+
+def test_a_claim_given_back_costs_nothing(client, dispatcher, clock, sim_control):
+    """A claim the drain does not call (its host full or skipped, the worker stopping) goes
+    back as it was: no attempt, no first dispatch (the time budget has not started), the
+    goal state not `applying`; due when the circuit lets it, and its lane free."""
+    op, lane, claim = _claimed(client, dispatcher, clock, "s1")
+    assert client.get_goal_operation(op.operation_id).status == "dispatched"
+    drain = Drain(dispatcher)
+    drain.give_back.append((lane, claim, 5.0))
+    assert drain._flush()
+    back = client.get_goal_operation(op.operation_id)
+    assert (back.status, back.attempt, back.first_dispatched_at, back.lease_token) == (
+        "prepared",
+        0,
+        None,
+        None,
+    )
+    assert back.next_attempt_at == clock.now + timedelta(seconds=5)
+    assert client.goal_state(WS, "s1").sync_status != "applying"
+    assert sim_control.effects() == []
+    clock.advance(6)
+    assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
+
+
+def test_a_claim_whose_lease_would_not_outlast_its_call_is_not_called(
+    client, dispatcher, clock, sim_control
+):
+    op, lane, claim = _claimed(client, dispatcher, clock, "s1")
+    clock.advance(dispatcher.lease_s - 1.5)  # the call may take 2 s: the lease ends first
+    drain = Drain(dispatcher)
+    drain.add({lane: claim})
+    assert drain.run() == []
+    assert sim_control.effects() == []
+    back = client.get_goal_operation(op.operation_id)
+    assert (back.status, back.attempt, back.lease_token) == ("prepared", 0, None)
+    assert drain.gate.in_flight() == 0
+
+
+def test_a_drain_whose_record_fails_keeps_its_outcomes(client, dispatcher, clock, monkeypatch):
+    """The database away when a call's outcome is to be recorded: the drain keeps it and
+    records it on the next try; the host's slot went back when the call ended."""
+    op, lane, claim = _claimed(client, dispatcher, clock, "s1")
+    drain = Drain(dispatcher)
+    drain.add({lane: claim})
+    real = flight.run_transaction
+    failures = iter([True])
+
+    def flaky(engine, work, **kw):
+        if next(failures, False):
+            raise ConnectionError("the database is away")
+        return real(engine, work, **kw)
+
+    monkeypatch.setattr(flight, "run_transaction", flaky)
+    monkeypatch.setattr(flight, "FLUSH_RETRY_S", 0.01)
+    assert drain.run() == [StepResult(op.operation_id, "applied")]
+    assert client.get_goal_operation(op.operation_id).status == "completed"
+    assert drain.gate.in_flight() == 0
