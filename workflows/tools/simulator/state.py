@@ -47,7 +47,6 @@ class SimSession:
     # How long a turn's start is in flight before its report goes out (a late report).
     report_delay_ms: int = 0
     turns: dict = field(default_factory=dict)  # turn_id -> SimTurn
-    turn_seq: int = 0
     # Maintenance: runs finish after maintenance_duration_ms with maintenance_outcome
     # ("applied", "noop", "cancelled" or "error:<text>"); ignore_cancel makes cancels do
     # nothing.
@@ -128,6 +127,8 @@ class Simulator:
         self.closed = False
         self._timers: set[threading.Timer] = set()
         self._reporting = 0
+        # Turn ids are never given twice, a reset included (see _new_turn_id).
+        self.turn_seq = 0
         self.reset()
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -290,12 +291,18 @@ class Simulator:
         return sess.goal
 
     # -- turns, fences and cancels -----------------------------------------------------------
+    def _new_turn_id(self) -> str:
+        """A turn id this host never gave before, whatever its sessions did (they restart,
+        leave and come back anew): the protocol's turn ids are unique for good, as a real
+        agent's UUIDs are; the control plane keys turns and their cancels by them."""
+        self.turn_seq += 1
+        return f"turn-{self.host_id}-{self.turn_seq}"
+
     def _start_turn(
         self, ws: str, sid: str, sess: SimSession, operation_id: str, revision: int
     ) -> None:
-        sess.turn_seq += 1
         turn = SimTurn(
-            turn_id=f"turn-{self.host_id}-{sess.turn_seq}",
+            turn_id=self._new_turn_id(),
             origin="goal_continuation",
             source_goal_operation_id=operation_id,
             source_goal_revision=revision,
@@ -365,9 +372,8 @@ class Simulator:
             raise SimError(409, "disconnected")
         prompt_id = body["prompt_id"]
         if prompt_id not in sess.prompt_turns:
-            sess.turn_seq += 1
             turn = SimTurn(
-                turn_id=f"turn-{self.host_id}-{sess.turn_seq}",
+                turn_id=self._new_turn_id(),
                 origin="user_prompt",
                 source_goal_operation_id=None,
                 source_goal_revision=None,
