@@ -77,21 +77,14 @@ class Hosts:
 
 def _throughput(bench: "Bench", hosts: Hosts, label: str) -> tuple[float, dict]:
     ws = f"bench-{bench.run_id}-{label}"
-    sessions = hosts.sessions(ws, bench.n, hosts.healthy)
+    hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench._set_goal names them
     bench.components.wait_until_worker_idle(0.3, 300)
     submitted: dict[str, float] = {}
-    lock = threading.Lock()
-
-    def submit(i: int) -> None:
-        t = time.time()
-        op = bench.client.set_goal(ws, sessions[i][0], f"objective {i}", client_submit_id="1")
-        with lock:
-            submitted[op.operation_id] = t
 
     from workflows.tools.bench import _from_producers
 
     started = time.time()
-    _from_producers(submit, range(bench.n))
+    _from_producers(lambda i: bench._set_goal(ws, i, submitted), range(bench.n))
     bench._wait(f"(f) {label}", lambda: len(hosts.effects(ws)), bench.n, poll_s=0.2)
     finished = max(at for _, at in hosts.effects(ws).values())
     return bench.n / (finished - started), _audit(bench, hosts, ws, submitted)
@@ -102,7 +95,7 @@ def _paced(bench: "Bench", hosts: Hosts, label: str, bad: Callable[[], None] | N
     the bad host misbehave) every BAD_EVERY-th to the bad host's: the healthy goals'
     latencies (ms) and the audit, taken once the bad host is healthy again."""
     ws = f"bench-{bench.run_id}-{label}"
-    healthy = hosts.sessions(ws, bench.n, hosts.healthy)
+    hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench._set_goal names them
     bad_sessions = hosts.sessions(f"{ws}-bad", bench.n // BAD_EVERY, [hosts.bad]) if bad else []
     if bad:
         bad()
@@ -111,10 +104,7 @@ def _paced(bench: "Bench", hosts: Hosts, label: str, bad: Callable[[], None] | N
     lock = threading.Lock()
 
     def send(i: int) -> None:
-        t = time.time()
-        op = bench.client.set_goal(ws, healthy[i][0], f"objective {i}", client_submit_id="1")
-        with lock:
-            submitted[op.operation_id] = t
+        bench._set_goal(ws, i, submitted)
         if bad_sessions and i % BAD_EVERY == 0:
             sid = bad_sessions[i // BAD_EVERY][0]
             op = bench.client.set_goal(f"{ws}-bad", sid, f"objective {i}", client_submit_id="1")
