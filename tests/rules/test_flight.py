@@ -11,7 +11,8 @@ from tests.helpers import Clock
 from workflows.adapters.runtime import HttpRuntime
 from workflows.errors import RuntimeFault
 from workflows.goals import flight
-from workflows.goals.dispatch import Dispatcher, StepResult
+from workflows.goals.claims import StepResult
+from workflows.goals.dispatch import Dispatcher
 from workflows.goals.flight import FULL, GO, OPEN, Drain, HostGate
 
 WS = "ws-flight"

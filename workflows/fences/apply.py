@@ -35,7 +35,8 @@ from workflows.fences import cancels
 from workflows.fences.cancels import FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed, needs_restore, request_restore
 from workflows.fences.restore import RESTORE_TASK
-from workflows.goals.dispatch import Claim, Dispatcher, apply_goal
+from workflows.goals.claims import Claim
+from workflows.goals.dispatch import Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
 from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.prompts import PROMPT_TASK

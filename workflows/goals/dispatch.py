@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -26,6 +25,7 @@ from workflows.adapters.runtime import STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.goals import flight
+from workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from workflows.goals.named_claim import claim_params, named_claim
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
@@ -169,56 +169,13 @@ def apply_goal(
     )
 
 
-@dataclass
-class StepResult:
-    operation_id: str
-    # applied, accepted, superseded, held, retry, failed, skipped, lane_lost; in_flight (a
-    # call handed to the worker's drain)
-    outcome: str
-
-
-@dataclass(frozen=True)
-class Claim:
-    op: records.GoalOperation
-    token: str
-    reinstall: bool = False  # the session's fences go back to its host first
-    # its host: (host_id, url, token)
-    host: tuple[str, str | None, str | None] = ("default", None, None)
-    # The claim-lookup row as it was before the claim (what a give-back restores).
-    before: Any = dataclasses.field(default=None, compare=False, repr=False)
-    # The ids of the task that claimed it, for the lines logged about it in other threads.
-    log_context: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
-
-
-@dataclass(frozen=True)
-class Lane:
-    workspace_id: str
-    session_id: str
-    token: str
-
-    @property
-    def name(self) -> str:
-        return ids.lane_name(self.workspace_id, self.session_id)
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """What the runtime said to one claimed operation: an answer, or a fault."""
-
-    claim: Claim
-    answer: dict[str, Any] | None = None
-    fault: Exception | None = None
-    retryable: bool = False
-
-
 class Dispatcher:
     """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
 
-    A step is a short transaction that claims (lane + operation lease, `dispatched`), the
-    runtime calls, a transaction that records the outcomes and releases the lanes, and one
-    that takes back the lanes with due work and claims it (the next step's claim). Several
-    lanes (up to MAX_LANES_PER_STEP) move in lockstep, so a step costs the same few
-    statements for one operation or thirty-two.
+    A short transaction takes lanes and claims their operations (lane + operation lease,
+    `dispatched`), up to MAX_LANES_PER_STEP at a time; the calls then run in a drain
+    (flight.py: per-host bulkheads), whose transactions record the outcomes as calls finish,
+    release the lanes, and take back those with due work and claim it.
     """
 
     def __init__(

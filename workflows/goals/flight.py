@@ -35,10 +35,11 @@ from models.base import table_of, utcnow
 from models.db import insert_ignore, run_transaction
 from models.tables import HostCircuit
 from workflows.adapters import logs, metrics
+from workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from workflows.goals.statements import MAX_LANES_PER_STEP
 
 if TYPE_CHECKING:
-    from workflows.goals.dispatch import Attempt, Claim, Dispatcher, Lane, StepResult
+    from workflows.goals.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -248,9 +249,7 @@ class Drain:
         self.call_s = max(0.0, min(timeout_s, dispatcher.lease_s - 1))
 
     # -- what comes in ---------------------------------------------------------------------
-    def add(self, work: dict["Lane", "Claim | StepResult"]) -> None:
-        from workflows.goals.dispatch import StepResult
-
+    def add(self, work: dict[Lane, Claim | StepResult]) -> None:
         for lane, current in work.items():
             key = (lane.workspace_id, lane.session_id)
             self.steps[key] = self.steps.get(key, 0) + 1
@@ -261,17 +260,17 @@ class Drain:
             else:
                 self._start(lane, current)
 
-    def _give(self, lane: "Lane", claim: "Claim", retry_s: float | None) -> None:
+    def _give(self, lane: Lane, claim: Claim, retry_s: float | None) -> None:
         """Give this claim back unattempted (due again after retry_s, or as it was)."""
         self.steps.pop((lane.workspace_id, lane.session_id), None)
         self.give_back.append((lane, claim, retry_s))
 
-    def _lease_ok(self, claim: "Claim") -> bool:
+    def _lease_ok(self, claim: Claim) -> bool:
         """Whether the claim's lease outlasts a whole call (the claim may have waited)."""
         expires = claim.op.lease_expires_at
         return expires is None or (expires - self.d.clock()).total_seconds() >= self.call_s
 
-    def _start(self, lane: "Lane", claim: "Claim") -> None:
+    def _start(self, lane: Lane, claim: Claim) -> None:
         host_id = claim.host[0]
         queued = self.waiting.setdefault(host_id, deque())
         if queued:  # behind those already waiting for this host
@@ -306,12 +305,12 @@ class Drain:
                     while queued:
                         self._give(*queued.popleft(), retry_s)
 
-    def _call(self, lane: "Lane", claim: "Claim", trial: bool) -> None:
+    def _call(self, lane: Lane, claim: Claim, trial: bool) -> None:
         future = _call_pool().submit(self._attempt, claim, trial)
         self.in_flight[future] = (lane, claim)
         future.add_done_callback(lambda f: self.events.put(("done", f)))
 
-    def _attempt(self, claim: "Claim", trial: bool) -> "Attempt | None":
+    def _attempt(self, claim: Claim, trial: bool) -> Attempt | None:
         """In a pool thread: the call (None: not made, the lease would not outlast it). The
         host slot is given back here, whatever happens to the drain."""
         attempt = None
@@ -342,7 +341,7 @@ class Drain:
         return len(self.in_flight) + sum(len(q) for q in self.waiting.values())
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self, idle_exit_s: float | None = None) -> list["StepResult"]:
+    def run(self, idle_exit_s: float | None = None) -> list[StepResult]:
         """Drive the lanes until none is left (idle_exit_s None), or, as a worker's drain,
         until nothing came for idle_exit_s."""
         if idle_exit_s is None:
@@ -394,7 +393,7 @@ class Drain:
                 while queued:
                     self._give(*queued.popleft(), None)
 
-    def _keep(self, results: list["StepResult"]) -> None:
+    def _keep(self, results: list[StepResult]) -> None:
         self.results += results
 
     def _flush(self) -> bool:
@@ -402,8 +401,6 @@ class Drain:
         those lanes, and take back the finished ones that have more due work (with `steal`,
         other due work too, while the process has room). False if it failed (everything is
         kept for the next try)."""
-        from workflows.goals.dispatch import Attempt
-
         ready, give_back = self.ready, self.give_back
         attempts = [a for _, a in ready if isinstance(a, Attempt)]
         lanes = [lane for lane, _ in ready]
@@ -505,16 +502,14 @@ class WorkerDrain(Drain):
         with _lock:
             self.room.notify_all()
 
-    def _keep(self, results: list["StepResult"]) -> None:
+    def _keep(self, results: list[StepResult]) -> None:
         pass  # nobody waits for them: the database has them
 
 
 _drains: dict[int, WorkerDrain] = {}
 
 
-def hand_off(
-    dispatcher: "Dispatcher", work: dict["Lane", "Claim | StepResult"], eager: bool
-) -> None:
+def hand_off(dispatcher: "Dispatcher", work: dict[Lane, Claim | StepResult], eager: bool) -> None:
     """Give claimed lanes to this process's drain (started if none runs)."""
     with _lock:
         drain = _drains.get(os.getpid())
