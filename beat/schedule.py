@@ -1,9 +1,8 @@
 """The beat schedule: the sweeper every `sweep_interval_s`, retention every 10 minutes."""
 
 from workflows.adapters.config import Settings
+from workflows.task_names import PRUNE_TASK, SWEEP_TASK
 
-SWEEP_TASK = "agent_radar.sweep"
-PRUNE_TASK = "agent_radar.prune"
 # Retention runs in bounded batches this often (DESIGN 4.10).
 PRUNE_INTERVAL_S = 600.0
 

@@ -17,12 +17,16 @@ from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
 from workflows import leases
 from workflows.adapters.broker import COALESCE_MAX_ITEMS
-from workflows.fences.cancels import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
-from workflows.fences.restore import RESTORE_TASK
-from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.operations import budget_exhausted, due_operations, fail_operation
 from workflows.maintenance.executor import sweep_maintenance
-from workflows.sessions.prompts import PROMPT_TASK, sessions_with_queued_prompts
+from workflows.sessions.prompts import sessions_with_queued_prompts
+from workflows.task_names import (
+    CANCEL_APPLY_TASK,
+    DISPATCH_TASK,
+    FENCE_APPLY_TASK,
+    PROMPT_TASK,
+    RESTORE_TASK,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from tasks.strict import strict_task
 from workflows.adapters.config import Settings
 from workflows.errors import InvalidArgument
+from workflows.task_names import BASELINE_TASK
 from workflows.validation import check_int
 
 RUN_ID = re.compile(r"[0-9a-f]{1,32}")
@@ -36,7 +37,7 @@ def _key(settings: Settings, run_id: str) -> str:
     return f"{settings.broker_key_prefix}agent-radar:bench:{run_id}"
 
 
-@strict_task("agent_radar.bench.noop")
+@strict_task(BASELINE_TASK)
 def noop(ctx, run_id: str, index: int):
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidArgument("run_id must be 1-32 lowercase hex digits", field="run_id")

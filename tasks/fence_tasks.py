@@ -6,6 +6,7 @@ from tasks.strict import strict_task
 from tasks.worker_id import worker_name
 from workflows.fences.apply import CancelRunner, FenceApplier
 from workflows.fences.restore import Restorer
+from workflows.task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, FENCE_TASK, RESTORE_TASK
 from workflows.validation import check_id
 
 
@@ -17,7 +18,7 @@ def _collaborators(ctx: TaskContext) -> dict:
     }
 
 
-@strict_task("agent_radar.fence_goal_generation", public=True)
+@strict_task(FENCE_TASK, public=True)
 def fence_goal_generation(
     ctx, workspace_id, session_id, target_operation_id, *, client_submit_id, reason=""
 ):
@@ -31,19 +32,19 @@ def fence_goal_generation(
     return {"fence_id": fence.fence_id, "status": fence.status}
 
 
-@strict_task("agent_radar.fence.apply")
+@strict_task(FENCE_APPLY_TASK)
 def apply_fence(ctx, fence_id):
     applier = FenceApplier(ctx.engine, ctx.runtime, **_collaborators(ctx))
     return applier.apply(check_id("fence_id", fence_id))
 
 
-@strict_task("agent_radar.cancel.apply")
+@strict_task(CANCEL_APPLY_TASK)
 def apply_cancel(ctx, operation_id):
     runner = CancelRunner(ctx.engine, ctx.runtime, **_collaborators(ctx))
     return runner.apply(check_id("operation_id", operation_id))
 
 
-@strict_task("agent_radar.session.restore")
+@strict_task(RESTORE_TASK)
 def restore_session(ctx, workspace_id, session_id):
     runner = CancelRunner(ctx.engine, ctx.runtime, **_collaborators(ctx))
     restorer = Restorer(ctx.engine, ctx.runtime, cancels=runner)

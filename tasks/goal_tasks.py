@@ -8,6 +8,7 @@ from workflows.client import AgentRadar
 from workflows.errors import InvalidArgument
 from workflows.goals import flight
 from workflows.goals.dispatch import Dispatcher
+from workflows.task_names import DISPATCH_TASK, GOAL_CONTROL_TASK, REPORT_ACTIVITY_TASK
 from workflows.validation import check_id, check_ids
 
 
@@ -15,7 +16,7 @@ def _client(ctx: TaskContext) -> AgentRadar:
     return AgentRadar(settings=ctx.settings, runtime=ctx.runtime, publisher=ctx.publisher)
 
 
-@strict_task("agent_radar.goal_control", public=True)
+@strict_task(GOAL_CONTROL_TASK, public=True)
 def goal_control(
     ctx,
     workspace_id,
@@ -41,7 +42,7 @@ def goal_control(
     return {"operation_id": op.operation_id, "status": op.status}
 
 
-@strict_task("agent_radar.goal.dispatch")
+@strict_task(DISPATCH_TASK)
 def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, session_id=None):
     """One operation (`operation_id`, as the sweeper publishes) or several submitted together
     (`operation_ids`, as a client coalesces them). A message of one operation may name its
@@ -82,6 +83,6 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     return {r.operation_id: r.outcome for r in results}
 
 
-@strict_task("agent_radar.report_activity", public=True)
+@strict_task(REPORT_ACTIVITY_TASK, public=True)
 def report_activity(ctx, report):
     return {"completed": _client(ctx).report_activity(report)}

@@ -7,10 +7,17 @@ from tasks.goal_tasks import _client
 from tasks.strict import strict_task
 from workflows.maintenance.executor import MaintenanceExecutor
 from workflows.sessions import prompts
+from workflows.task_names import (
+    CANCEL_MAINTENANCE_TASK,
+    EXECUTE_TASK,
+    PROMPT_TASK,
+    START_MAINTENANCE_TASK,
+    SUBMIT_PROMPT_TASK,
+)
 from workflows.validation import check_id
 
 
-@strict_task("agent_radar.start_maintenance", public=True)
+@strict_task(START_MAINTENANCE_TASK, public=True)
 def start_maintenance(
     ctx,
     workspace_id,
@@ -32,7 +39,7 @@ def start_maintenance(
     return {"run_id": run.run_id, "status": run.status}
 
 
-@strict_task("agent_radar.cancel_maintenance", public=True)
+@strict_task(CANCEL_MAINTENANCE_TASK, public=True)
 def cancel_maintenance(ctx, workspace_id, run_id):
     """Scoped to the caller's workspace (DESIGN 4.10): a run of another one is NotFound."""
     run = _client(ctx).cancel_maintenance(
@@ -41,7 +48,7 @@ def cancel_maintenance(ctx, workspace_id, run_id):
     return {"run_id": run.run_id, "status": run.status}
 
 
-@strict_task("agent_radar.maintenance.execute")
+@strict_task(EXECUTE_TASK)
 def execute(ctx, run_id):
     executor = MaintenanceExecutor(
         ctx.engine, ctx.runtime, stopping=shutdown.stopping, **_collaborators(ctx)
@@ -49,7 +56,7 @@ def execute(ctx, run_id):
     return executor.execute(check_id("run_id", run_id))
 
 
-@strict_task("agent_radar.submit_prompt", public=True)
+@strict_task(SUBMIT_PROMPT_TASK, public=True)
 def submit_prompt(ctx, workspace_id, session_id, text, *, client_submit_id):
     prompt = _client(ctx).submit_prompt(
         workspace_id, session_id, text, client_submit_id=client_submit_id
@@ -57,7 +64,7 @@ def submit_prompt(ctx, workspace_id, session_id, text, *, client_submit_id):
     return {"prompt_id": prompt.prompt_id, "status": prompt.status}
 
 
-@strict_task("agent_radar.prompt.dispatch")
+@strict_task(PROMPT_TASK)
 def dispatch_prompt(ctx, workspace_id, session_id):
     return prompts.dispatch_next(
         ctx.engine,

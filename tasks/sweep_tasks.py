@@ -1,11 +1,11 @@
 """`agent_radar.sweep`: the task beat schedules, a thin wrapper over `beat.sweeper.sweep_once`.
 It lives here, with the other tasks, so that `tasks/` imports `beat/` and never the reverse."""
 
-from beat.schedule import PRUNE_TASK, SWEEP_TASK
 from beat.sweeper import sweep_once
 from models.base import utcnow
 from tasks.strict import strict_task
 from tasks.worker_id import worker_name
+from workflows.task_names import PRUNE_TASK, SWEEP_TASK
 
 # The sweeper lease outlives a slow sweep; a sweeper that died frees it after this long.
 SWEEPER_LEASE_MIN_S = 30

@@ -20,13 +20,10 @@ from workflows.adapters.broker import FLUSH_TIMEOUT_S, TaskPublisher
 from workflows.adapters.config import Settings
 from workflows.adapters.runtime import HostRouter, RuntimePort
 from workflows.errors import InvalidArgument, NotFound
-from workflows.fences.cancels import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
-from workflows.fences.restore import RESTORE_TASK, restore_fences
+from workflows.fences.restore import restore_fences
 from workflows.fences.submit import FenceRequest, submit_fence
-from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.submit import GoalRequest, load_operation, submit
 from workflows.maintenance import runs
-from workflows.maintenance.executor import EXECUTE_TASK
 from workflows.operators import actions, catalog, retention
 from workflows.records import (
     Fence,
@@ -45,8 +42,16 @@ from workflows.sessions.activity import apply_report, parse_report
 from workflows.sessions.control import durable_fences, load_session, record_live, resume_if_offline
 from workflows.sessions.epochs import EpochEffects, bind_host
 from workflows.sessions.history import session_history
-from workflows.sessions.prompts import PROMPT_TASK, PromptRequest
+from workflows.sessions.prompts import PromptRequest
 from workflows.sessions.release import publish_epoch_effects, release_session
+from workflows.task_names import (
+    CANCEL_APPLY_TASK,
+    DISPATCH_TASK,
+    EXECUTE_TASK,
+    FENCE_APPLY_TASK,
+    PROMPT_TASK,
+    RESTORE_TASK,
+)
 from workflows.validation import MAX_WAIT_S, check_id, check_limit, check_seconds, check_url
 
 # How often `wait` looks at the database; the database is the source of truth.

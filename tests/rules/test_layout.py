@@ -22,6 +22,7 @@ KERNEL = (
     "workflows.errors",
     "workflows.records",
     "workflows.budgets",
+    "workflows.task_names",
 )
 TOOLS = ("workflows.tools", "click")
 

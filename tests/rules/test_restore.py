@@ -13,7 +13,7 @@ from tests.helpers import restorer
 from workflows.adapters.runtime import HttpRuntime
 from workflows.fences.apply import FenceApplier
 from workflows.fences.reinstall import request_restore
-from workflows.fences.restore import RESTORE_TASK
+from workflows.task_names import RESTORE_TASK
 
 WS, SID = "ws-restore", "s1"
 

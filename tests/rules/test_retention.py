@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from beat.schedule import PRUNE_TASK, beat_schedule
+from beat.schedule import beat_schedule
 from models.base import utcnow
 from models.db import run_transaction
 from models.tables import (
@@ -22,6 +22,7 @@ from tests.helpers import row_counts
 from workflows.adapters.config import Settings
 from workflows.errors import InvalidArgument, NotFound
 from workflows.goals.operations import fail_operation
+from workflows.task_names import PRUNE_TASK
 
 WS = "ws-retention"
 

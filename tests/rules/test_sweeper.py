@@ -13,7 +13,8 @@ from tests.helpers import Clock
 from workflows import leases
 from workflows.adapters.broker import COALESCE_MAX_ITEMS
 from workflows.adapters.runtime import HttpRuntime
-from workflows.goals.dispatch import DISPATCH_TASK, Dispatcher
+from workflows.goals.dispatch import Dispatcher
+from workflows.task_names import DISPATCH_TASK
 
 
 class RecordingPublisher:

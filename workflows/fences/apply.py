@@ -32,16 +32,14 @@ from workflows import budgets, ids, leases
 from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
-from workflows.fences.cancels import FENCE_APPLY_TASK
 from workflows.fences.reinstall import ensure_fences_installed, needs_restore, request_restore
-from workflows.fences.restore import RESTORE_TASK
 from workflows.goals.claims import Claim
 from workflows.goals.dispatch import Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
 from workflows.sessions.epochs import EpochEffects, observe_epoch
-from workflows.sessions.prompts import PROMPT_TASK
 from workflows.sessions.release import publish_epoch_effects
 from workflows.sessions.rows import lock_session
+from workflows.task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,6 @@ from workflows.errors import CancelConflict
 from workflows.sessions import prompts
 from workflows.sessions.rows import lock_session
 
-FENCE_APPLY_TASK = "agent_radar.fence.apply"
-CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
 # How often a cancel of an offline session looks whether the session is back (a liveness
 # call, never a resume).

@@ -32,7 +32,6 @@ from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
 
-RESTORE_TASK = "agent_radar.session.restore"
 # A restore that met a runtime fault (not a disconnect) is due again after this long.
 RESTORE_RETRY_S = 10.0
 

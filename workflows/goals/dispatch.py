@@ -59,7 +59,6 @@ from workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
 
-DISPATCH_TASK = "agent_radar.goal.dispatch"
 # A held operation is looked at again after this long even if no release woke it (the
 # release is a publish after commit; this bounds the wait if that publish was lost).
 HOLD_RECHECK_S = 30

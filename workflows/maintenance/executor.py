@@ -23,10 +23,10 @@ from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
 from workflows.maintenance import runs
 from workflows.sessions.release import release_session
+from workflows.task_names import EXECUTE_TASK
 
 log = logging.getLogger(__name__)
 
-EXECUTE_TASK = "agent_radar.maintenance.execute"
 S = MaintenanceStatus
 # Between two status polls of the runtime; also how soon a cancel request is noticed.
 POLL_S = 0.2

@@ -25,7 +25,6 @@ from workflows.validation import check_id, check_submit_id, check_text
 
 log = logging.getLogger(__name__)
 
-PROMPT_TASK = "agent_radar.prompt.dispatch"
 # Prompt text is user input for the agent; 64 KiB keeps rows and messages small.
 MAX_PROMPT_BYTES = 64 * 1024
 

@@ -12,11 +12,9 @@ from sqlalchemy.orm import Session
 from models.db import run_transaction
 from models.tables import GoalOperation
 from workflows.fences import cancels
-from workflows.fences.cancels import FENCE_APPLY_TASK
-from workflows.goals.dispatch import DISPATCH_TASK
 from workflows.goals.operations import open_client_operations
 from workflows.sessions.epochs import EpochEffects
-from workflows.sessions.prompts import PROMPT_TASK
+from workflows.task_names import DISPATCH_TASK, FENCE_APPLY_TASK, PROMPT_TASK
 
 Publish = Callable[[str, dict], bool]
 

@@ -23,6 +23,7 @@ from models.enums import TERMINAL_OPERATION_STATUSES
 from models.tables import GoalOperation as GoalOperationRow
 from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
+from workflows.task_names import BASELINE_TASK
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port, wait_for
 
@@ -34,7 +35,6 @@ SUBMIT_THREADS = 4
 WARM_UP = 50
 STORM_COPIES = 5
 PHASE_TIMEOUT_S = 300
-BASELINE_TASK = "agent_radar.bench.noop"
 # Both throughput phases wait for completion polling this often (the poll is cheap on both
 # sides, and the same for both, so it weighs the same in their CPU figures).
 POLL_S = 0.05

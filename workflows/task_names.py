@@ -1,0 +1,22 @@
+"""Every task name of the product, in one place: the names producers publish (public, DESIGN 7:
+code outside the repository uses them) and the ones the product publishes to itself."""
+
+# Public: what producers in any language publish.
+GOAL_CONTROL_TASK = "agent_radar.goal_control"
+FENCE_TASK = "agent_radar.fence_goal_generation"
+START_MAINTENANCE_TASK = "agent_radar.start_maintenance"
+CANCEL_MAINTENANCE_TASK = "agent_radar.cancel_maintenance"
+SUBMIT_PROMPT_TASK = "agent_radar.submit_prompt"
+REPORT_ACTIVITY_TASK = "agent_radar.report_activity"
+
+# Internal: the product's own steps, published after a commit (the rows are the outbox).
+DISPATCH_TASK = "agent_radar.goal.dispatch"
+FENCE_APPLY_TASK = "agent_radar.fence.apply"
+CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
+RESTORE_TASK = "agent_radar.session.restore"
+EXECUTE_TASK = "agent_radar.maintenance.execute"
+PROMPT_TASK = "agent_radar.prompt.dispatch"
+SWEEP_TASK = "agent_radar.sweep"
+PRUNE_TASK = "agent_radar.prune"
+# Registered only in the benchmark's own workers.
+BASELINE_TASK = "agent_radar.bench.noop"
