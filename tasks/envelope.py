@@ -40,7 +40,30 @@ class _OneLine(logging.Filter):
 logging.getLogger(kombu_redis.__name__).addFilter(_OneLine())
 
 
+class GuardedRedisQoS(kombu_redis.QoS):
+    def restore_unacked(self, client=None):
+        """When the broker is lost, Celery closes the channel, and kombu then restores the
+        unacknowledged messages through a connection the loss has already released: an
+        AttributeError that stops the worker ("Unrecoverable error"; celery/kombu#970).
+        The messages are still in Redis's unacknowledged set, and come back from there
+        after the visibility timeout (and the sweeper republishes the work from the
+        database long before), so the worker goes on to reconnect instead."""
+        try:
+            return super().restore_unacked(client)
+        except AttributeError as exc:
+            log.warning(
+                "the broker was gone before %d unacknowledged message(s) could be put back "
+                "(%s); Redis gives them back after the visibility timeout",
+                len(self._delivered),
+                reason(exc),
+            )
+            self._delivered.clear()
+            return None
+
+
 class GuardedRedisChannel(kombu_redis.Channel):
+    QoS = GuardedRedisQoS
+
     def _brpop_read(self, **options):
         try:
             return super()._brpop_read(**options)

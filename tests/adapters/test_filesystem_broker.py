@@ -98,3 +98,22 @@ def test_a_wait_for_messages_is_cut_into_short_slices(tmp_path, monkeypatch):
             with pytest.raises(socket.timeout):
                 conn.drain_events(timeout=2.0)
     assert asked == [FILESYSTEM_DRAIN_SLICE_S]
+
+
+def test_a_lost_redis_connection_while_restoring_unacked_messages_does_not_stop_the_worker():
+    """kombu puts the unacknowledged messages back when a channel closes; after a lost Redis
+    its connection is already released, and the restore raised AttributeError out of the
+    worker (seen in the broker restart test). The guarded channel's QoS logs it and goes
+    on: the messages stay in Redis's unacknowledged set, which gives them back later."""
+    from tasks.envelope import GuardedRedisQoS
+
+    class Released:
+        do_restore = True
+
+        def conn_or_acquire(self, client=None):
+            raise AttributeError("'NoneType' object has no attribute 'hostname'")
+
+    qos = GuardedRedisQoS(Released())
+    qos._delivered["tag-1"] = object()
+    qos.restore_unacked_once()  # raised AttributeError before
+    assert not qos._delivered and qos._delivered.restored
