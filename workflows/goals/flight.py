@@ -22,13 +22,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from models.base import table_of, utcnow
@@ -38,10 +39,33 @@ from workflows.adapters import logs, metrics
 from workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from workflows.goals.statements import MAX_LANES_PER_STEP
 
-if TYPE_CHECKING:
-    from workflows.goals.dispatch import Dispatcher
-
 log = logging.getLogger(__name__)
+
+
+class Steps(Protocol):
+    """What a drain needs of its dispatcher (dispatch.Dispatcher): the claim's, the record's
+    and the release's steps, each in the caller's transaction."""
+
+    engine: Engine
+    runtime: Any
+    worker_id: str
+    lease_s: float
+    clock: Callable[[], datetime]
+
+    def _attempt(self, claim: Claim) -> Attempt: ...
+
+    def _record(
+        self, s: Session, attempts: list[Attempt], lanes: list[Lane]
+    ) -> tuple[list[StepResult], bool]: ...
+
+    def _release(self, s: Session, lanes: list[Lane]) -> None: ...
+
+    def _next(
+        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False
+    ) -> dict[Lane, Claim | StepResult]: ...
+
+    def _unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
+
 
 # Calls in flight to one host from one worker process, unless the runtime port says otherwise
 # (AGENT_RADAR_HOST_CONCURRENCY); past it, claims for that host wait in its own queue (as long
@@ -229,7 +253,7 @@ class Drain:
     runs `run` (its transactions are short and never span a call); a call's pool thread
     only makes the call and gives its host slot back."""
 
-    def __init__(self, dispatcher: "Dispatcher", steal: bool = False, eager: bool = False):
+    def __init__(self, dispatcher: Steps, steal: bool = False, eager: bool = False):
         self.d = dispatcher
         self.steal, self.eager, self.always_eager = steal, eager, eager
         self.gate = gate(dispatcher.runtime)
@@ -472,7 +496,7 @@ class Drain:
 class WorkerDrain(Drain):
     """A worker process's drain, in a thread of its own (see the module's note)."""
 
-    def __init__(self, dispatcher: "Dispatcher") -> None:
+    def __init__(self, dispatcher: Steps) -> None:
         super().__init__(dispatcher, steal=True)
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
@@ -509,7 +533,7 @@ class WorkerDrain(Drain):
 _drains: dict[int, WorkerDrain] = {}
 
 
-def hand_off(dispatcher: "Dispatcher", work: dict[Lane, Claim | StepResult], eager: bool) -> None:
+def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
     """Give claimed lanes to this process's drain (started if none runs)."""
     with _lock:
         drain = _drains.get(os.getpid())

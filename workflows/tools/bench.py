@@ -10,10 +10,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from sqlalchemy import func, insert, select
 
@@ -24,10 +22,16 @@ from models.tables import GoalOperation as GoalOperationRow
 from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
 from workflows.task_names import BASELINE_TASK
+from workflows.tools.bench_stats import (
+    SUBMIT_THREADS,
+    _exactly_once,
+    _from_producers,
+    _percentile,
+    _summary,
+)
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port, wait_for
 
-SUBMIT_THREADS = 4
 # Operations of each kind run, and not measured, before the first phase: a fresh worker
 # process pays one-time costs on its first ones (each statement's compilation and first
 # plan, connections, first code paths: the first goal dispatch took 7.6 ms to claim against
@@ -51,26 +55,6 @@ IDLE_POLL_S = 0.05
 # DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.
 TARGETS = {"throughput": 0.8, "unloaded_p50": 3.0, "paced_p99": 5.0, "cpu": 1.0}
-
-
-def _from_producers(send: Callable[[Any], object], items: Iterable[Any]) -> None:
-    """Call send(item) for every item from the SUBMIT_THREADS producer threads, as phase (b)
-    and the baseline both send; returns when all are sent (a failure is raised)."""
-    with ThreadPoolExecutor(SUBMIT_THREADS) as pool:
-        list(pool.map(send, items))
-
-
-def _percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
-    return ordered[index]
-
-
-def _summary(latencies_ms: list[float]) -> dict:
-    return {
-        "p50": round(statistics.median(latencies_ms), 2),
-        "p99": round(_percentile(latencies_ms, 99), 2),
-    }
 
 
 def machine_busy_s() -> float | None:
@@ -485,26 +469,6 @@ class Bench:
         self.feed.poll()
         per_op = Counter(e["operation_id"] for e in self.feed.goals(ws))
         return {"operations": len(submitted), **_exactly_once(states, per_op, allow_superseded)}
-
-
-def _exactly_once(states: dict[str, str], per_op: Counter, allow_superseded: bool) -> dict:
-    """The audit of settled operations (`states`: id -> status) against the agent's effects
-    (`per_op`: id -> how many reached it). In a storm a newer submit may supersede an
-    operation while its call is in flight: that one reached the agent once and ends
-    superseded. Completed ones always did."""
-    statuses = Counter(states.values())
-    allowed = {"completed", "superseded"} if allow_superseded else {"completed"}
-    completed = {op_id for op_id, status in states.items() if status == "completed"}
-    return {
-        "statuses": dict(statuses),
-        "effects": sum(per_op.values()),
-        "applied_twice": sum(1 for n in per_op.values() if n > 1),
-        "unknown_effects": sum(1 for op_id in per_op if op_id not in states),
-        "exactly_once": set(statuses) <= allowed
-        and all(n == 1 for n in per_op.values())
-        and not set(per_op) - set(states)
-        and all(per_op.get(op_id) == 1 for op_id in completed),
-    }
 
 
 def _cpu_ms(before: float | None, after: float | None, ops: int) -> float | None:

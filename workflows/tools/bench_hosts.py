@@ -15,13 +15,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
+from workflows.tools.bench_stats import _exactly_once, _from_producers, _percentile, _summary
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port
 
-if TYPE_CHECKING:
-    from workflows.tools.bench import Bench
+# The running benchmark (workflows/tools/bench.py's Bench): its client, its worker's
+# components, its pacing and its audit; passed in, so that this phase needs nothing else of it.
+Bench = Any
 
 HEALTHY_HOSTS = 3
 SLOW_MS, SLOW_P99_MS = 200, 2000
@@ -33,7 +35,7 @@ TARGETS = {"tail_beside_bad_host": 1.5, "throughput_at_200ms": 0.8}
 class Hosts:
     """The phase's own agent hosts (simulator processes), registered with the product."""
 
-    def __init__(self, bench: "Bench", stack: Stack) -> None:
+    def __init__(self, bench: Bench, stack: Stack) -> None:
         self.bench = bench
         self.controls: dict[str, SimControl] = {}
         token = bench.settings.runtime_token
@@ -75,13 +77,11 @@ class Hosts:
         )
 
 
-def _throughput(bench: "Bench", hosts: Hosts, label: str) -> tuple[float, dict]:
+def _throughput(bench: Bench, hosts: Hosts, label: str) -> tuple[float, dict]:
     ws = f"bench-{bench.run_id}-{label}"
     hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench._set_goal names them
     bench.components.wait_until_worker_idle(0.3, 300)
     submitted: dict[str, float] = {}
-
-    from workflows.tools.bench import _from_producers
 
     started = time.time()
     _from_producers(lambda i: bench._set_goal(ws, i, submitted), range(bench.n))
@@ -90,7 +90,7 @@ def _throughput(bench: "Bench", hosts: Hosts, label: str) -> tuple[float, dict]:
     return bench.n / (finished - started), _audit(bench, hosts, ws, submitted)
 
 
-def _paced(bench: "Bench", hosts: Hosts, label: str, bad: Callable[[], None] | None):
+def _paced(bench: Bench, hosts: Hosts, label: str, bad: Callable[[], None] | None):
     """Goals paced at PACED_RATE to the healthy hosts' sessions, and with `bad` (which makes
     the bad host misbehave) every BAD_EVERY-th to the bad host's: the healthy goals'
     latencies (ms) and the audit, taken once the bad host is healthy again."""
@@ -126,17 +126,13 @@ def _paced(bench: "Bench", hosts: Hosts, label: str, bad: Callable[[], None] | N
     return latencies, audit
 
 
-def _audit(bench: "Bench", hosts: Hosts, ws: str, submitted: dict[str, float]) -> dict:
-    from workflows.tools.bench import _exactly_once
-
+def _audit(bench: Bench, hosts: Hosts, ws: str, submitted: dict[str, float]) -> dict:
     states = bench._settled_states(submitted)
     return {"operations": len(submitted), **_exactly_once(states, hosts.per_op(ws), False)}
 
 
-def slow_hosts(bench: "Bench", stack: Stack, say: Callable[[str], object]) -> dict:
+def slow_hosts(bench: Bench, stack: Stack, say: Callable[[str], object]) -> dict:
     """Phase (f); its figures, ratios and audits."""
-    from workflows.tools.bench import _percentile, _summary
-
     hosts = Hosts(bench, stack)
     # The bad host's goals fail and are retried, and its circuit gives work back: what is due
     # again later is published by the sweeper, as in production.
