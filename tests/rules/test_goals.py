@@ -1134,11 +1134,11 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
     client, dispatcher, sim_control, clock, backend
 ):
     """A dispatch claims at most MAX_LANES_PER_STEP lanes at once, the given operations
-    first, and calls no host more than HOST_CONCURRENCY times at once; on PostgreSQL a
+    first, and calls no host more than DEFAULT_HOST_CONCURRENCY times at once; on PostgreSQL a
     dispatch that steals then goes on with the rest of the backlog as its calls finish,
     without another message (on SQLite the rest waits for the next message)."""
+    from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
     from workflows.goals.dispatch import MAX_LANES_PER_STEP
-    from workflows.goals.flight import HOST_CONCURRENCY
 
     given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
     others = [
@@ -1172,7 +1172,7 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
         for r in results
         if r.outcome != "applied"
     ]
-    assert len(started) == expected and at_once[1] <= HOST_CONCURRENCY
+    assert len(started) == expected and at_once[1] <= DEFAULT_HOST_CONCURRENCY
     assert {op.operation_id for op in given} <= set(started[:MAX_LANES_PER_STEP])
     left = [op for op in given + others if op.operation_id not in set(started)]
     assert len(left) == (0 if drained else 10)

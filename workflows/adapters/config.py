@@ -26,7 +26,9 @@ MAX_LEASE_S = 3600.0
 # One agent host call may not outlast the task that makes it: the task's soft time limit
 # (tasks/app.py, 300 s) would cut it anyway.
 MAX_RUNTIME_TIMEOUT_S = 300.0
-# A worker process keeps at most 256 calls in flight (workflows/goals/flight.py).
+# Calls at once to one agent host from one worker process (docs/dispatch.md); a worker process
+# keeps at most 256 calls in flight in all (workflows/goals/flight.py).
+DEFAULT_HOST_CONCURRENCY = 32
 MAX_HOST_CONCURRENCY = 256
 # A replay within a day must always find its operation (DESIGN 4.10).
 MIN_RETENTION_DAYS = 1.0
@@ -94,8 +96,7 @@ class Settings:
     # the runtime call timeout, so a healthy call never loses its lease mid-flight.
     lease_s: float = 30.0
     runtime_timeout_s: float = 10.0
-    # Calls at once to one agent host from one worker process (docs/dispatch.md).
-    host_concurrency: int = 32
+    host_concurrency: int = DEFAULT_HOST_CONCURRENCY
     # Prefix for every broker key (Redis): lets deployments, or test runs, share one Redis.
     broker_key_prefix: str = ""
     # Settled operations and events older than this are pruned (DESIGN 4.10); at least 1.
@@ -156,7 +157,10 @@ class Settings:
             lease_s=max(lease_s, timeout_s + 1),
             runtime_timeout_s=timeout_s,
             host_concurrency=_whole(
-                env, "AGENT_RADAR_HOST_CONCURRENCY", 32, maximum=MAX_HOST_CONCURRENCY
+                env,
+                "AGENT_RADAR_HOST_CONCURRENCY",
+                DEFAULT_HOST_CONCURRENCY,
+                maximum=MAX_HOST_CONCURRENCY,
             ),
             broker_key_prefix=_broker_key_prefix(env),
             retention_days=_float(

@@ -24,6 +24,7 @@ from typing import Any, Protocol, cast
 from urllib.parse import quote, urlsplit
 
 from workflows.adapters import metrics
+from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
 from workflows.errors import InvalidArgument, RuntimeDisconnected, RuntimeFault
 from workflows.validation import MAX_INT, check_id, check_json_object, check_url
 
@@ -563,7 +564,7 @@ class HostRouter:
         locate: Locate,
         token: str | None = None,
         timeout_s: float = 10.0,
-        host_concurrency: int = 32,
+        host_concurrency: int = DEFAULT_HOST_CONCURRENCY,
     ) -> None:
         self.locate = locate
         # Calls at once to one host from this process (workflows/goals/flight.py).

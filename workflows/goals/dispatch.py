@@ -583,22 +583,7 @@ class Dispatcher:
                 RESCHEDULE_HELD,
                 {"b_op": claim.op.operation_id, "b_token": claim.token, "b_at": due_at},
             )
-        if claim.before is not None:
-            _give_back(conn, claim.before, claim.token)
-            return
-        session.execute(
-            update(GoalOperation)
-            .where(
-                GoalOperation.operation_id == claim.op.operation_id,
-                GoalOperation.lease_token == claim.token,
-            )
-            .values(
-                attempt=GoalOperation.attempt - 1,
-                lease_owner=None,
-                lease_token=None,
-                lease_expires_at=None,
-            )
-        )
+        _give_back(conn, claim.before, claim.token)
 
     def _attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""

@@ -36,6 +36,7 @@ from models.base import table_of, utcnow
 from models.db import insert_ignore, run_transaction
 from models.tables import HostCircuit
 from workflows.adapters import logs, metrics
+from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
 from workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from workflows.goals.statements import MAX_LANES_PER_STEP
 
@@ -67,10 +68,6 @@ class Steps(Protocol):
     def _unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
 
 
-# Calls in flight to one host from one worker process, unless the runtime port says otherwise
-# (AGENT_RADAR_HOST_CONCURRENCY); past it, claims for that host wait in its own queue (as long
-# again), and past that they are given back, due again shortly.
-HOST_CONCURRENCY = 32
 # Calls in flight from one worker process, all hosts together; a dispatch task that finds the
 # process this full waits before claiming more.
 MAX_IN_FLIGHT = 256
@@ -118,7 +115,7 @@ class HostGate:
     """Per-process admission of calls to each host: its concurrency limit and its circuit
     breaker. Thread-safe."""
 
-    def __init__(self, limit: int = HOST_CONCURRENCY) -> None:
+    def __init__(self, limit: int = DEFAULT_HOST_CONCURRENCY) -> None:
         self.limit = limit
         self._hosts: dict[str, _Host] = {}
         self._lock = threading.Lock()
@@ -227,7 +224,10 @@ def gate(runtime: Any) -> HostGate:
     with _lock:
         found = _gates.get(runtime)
         if found is None:
-            limit = getattr(runtime, "host_concurrency", HOST_CONCURRENCY)
+            # Calls in flight to one host from one worker process (AGENT_RADAR_HOST_CONCURRENCY);
+            # past it, claims for that host wait in its own queue (as long again), and past
+            # that they are given back, due again shortly.
+            limit = getattr(runtime, "host_concurrency", DEFAULT_HOST_CONCURRENCY)
             found = _gates[runtime] = HostGate(limit)
         return found
 
@@ -548,15 +548,11 @@ def wait_for_room(timeout_s: float) -> None:
     end = time.monotonic() + timeout_s
     with _lock:
         drain = _drains.get(os.getpid())
-        while drain is not None and drain.alive and gate_load(drain) >= MAX_IN_FLIGHT:
+        while drain is not None and drain.alive and drain.gate.in_flight() >= MAX_IN_FLIGHT:
             left = end - time.monotonic()
             if left <= 0:
                 return
             drain.room.wait(left)
-
-
-def gate_load(drain: Drain) -> int:
-    return drain.gate.in_flight()
 
 
 def stop(timeout_s: float) -> None:
