@@ -301,7 +301,7 @@ def _processed(params: dict[str, Any], *by_name: Mapping[str, Any]) -> dict[str,
 
 def bound_sql(dialect: Dialect, statement: Any, parameters: dict[str, Any]) -> tuple[str, Any]:
     """A prebuilt statement's text and bound parameters for one execution, as a Direct
-    sends them (for a statement made of others' texts: see workflows.goals.named_claim)."""
+    sends them."""
     by_statement = _compiled.get(dialect)
     if by_statement is None:
         by_statement = _compiled[dialect] = weakref.WeakKeyDictionary()

@@ -43,12 +43,9 @@ def goal_control(
 
 
 @strict_task(DISPATCH_TASK)
-def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, session_id=None):
+def dispatch(ctx, operation_id=None, operation_ids=None):
     """One operation (`operation_id`, as the sweeper publishes) or several submitted together
-    (`operation_ids`, as a client coalesces them). A message of one operation may name its
-    session (`workspace_id`, `session_id`, as a lone submit's does): its lane is then taken
-    without a read first. That is a claim the dispatcher checks, not trusted: named wrongly,
-    no lane is taken for it and the operation is dispatched as if unnamed."""
+    (`operation_ids`, as a client coalesces them)."""
     if (operation_id is None) == (operation_ids is None):
         raise InvalidArgument(
             "give exactly one of operation_id and operation_ids", field="operation_id"
@@ -58,14 +55,6 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
         if operation_id is not None
         else check_ids("operation_ids", operation_ids, COALESCE_MAX_ITEMS)
     )
-    session_of = None
-    if workspace_id is not None or session_id is not None:
-        if len(wanted) != 1:
-            raise InvalidArgument(
-                "workspace_id and session_id name the session of one operation",
-                field="workspace_id",
-            )
-        session_of = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
     # The client is only needed for the rare resume of an offline session.
     dispatcher = Dispatcher(
         ctx.engine,
@@ -79,7 +68,7 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     # claims, and waits first while the process has as many calls in flight as it takes.
     flight.wait_for_room(ctx.settings.lease_s / 2)
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
-    results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
+    results = dispatcher.dispatch_many(wanted, steal=True)
     return {r.operation_id: r.outcome for r in results}
 
 

@@ -228,19 +228,11 @@ def sim_control(sim) -> SimControl:
 
 
 @pytest.fixture
-def client(settings, sim, caplog) -> AgentRadar:
-    """The Python client on this test's backend, calling the simulator; no worker runs.
-    Every in-process test also checks that the dispatcher's claim statement and its own
-    judgement never disagreed (the one test that makes them disagree clears the log)."""
+def client(settings, sim) -> AgentRadar:
+    """The Python client on this test's backend, calling the simulator; no worker runs."""
     c = AgentRadar(settings=settings)
     yield c
     c.close()
-    disagreed = [
-        record
-        for record in caplog.get_records("call")
-        if "LOOKUP_AND_CLAIM and _obstacle disagree" in record.getMessage()
-    ]
-    assert not disagreed, disagreed[0].getMessage()
 
 
 @pytest.fixture

@@ -98,21 +98,18 @@ class AgentRadar:
     def from_env(cls) -> "AgentRadar":
         return cls()
 
-    def _accept(
-        self, work, task: str, message, coalesce_into: str | None = None, alone=None
-    ) -> Any:
+    def _accept(self, work, task: str, message, coalesce_into: str | None = None) -> Any:
         """Commit an intent (`work(session) -> (record, created)`), then publish its task.
         A replay publishes nothing; a failed publish is left to the sweeper (the row is
         the outbox). With `coalesce_into`, `message(record)` is one item of that list
         argument, handed to the publisher's sender thread, which shares a message among the
         submits of this process; the call returns after the commit (`flush` waits for the
-        message, and `close` or the end of the process publishes what is left). `alone(record)`
-        gives the more arguments of a message that carries this item alone."""
+        message, and `close` or the end of the process publishes what is left)."""
         if coalesce_into:
             with self.publisher.coalescing(task, coalesce_into) as publish:
                 record, created = run_transaction(self.engine, work, direct=True)
                 if created:
-                    publish(message(record), _label(record), alone and alone(record))
+                    publish(message(record), _label(record))
             return record
         record, created = run_transaction(self.engine, work)
         if created:
@@ -178,9 +175,6 @@ class AgentRadar:
             DISPATCH_TASK,
             lambda op: op.operation_id,
             coalesce_into="operation_ids",
-            # A message of this operation alone names its session too: the worker then
-            # takes the session's lane without reading it first (checked by the claim).
-            alone=lambda op: {"workspace_id": op.workspace_id, "session_id": op.session_id},
         )
 
     def set_goal(

@@ -413,12 +413,7 @@ def good_kwargs(task: str, n: int) -> dict:
                 "occurred_at_ms": int(time.time() * 1000),
             }
         },
-        # named, as a lone submit's message is: the name's fields are fuzzed too
-        "agent_radar.goal.dispatch": {
-            "operation_id": str(uuid.uuid4()),
-            "workspace_id": "w-broker",
-            "session_id": f"b-{n}",
-        },
+        "agent_radar.goal.dispatch": {"operation_id": str(uuid.uuid4())},
         "agent_radar.fence.apply": {"fence_id": str(uuid.uuid4())},
         "agent_radar.cancel.apply": {"operation_id": str(uuid.uuid4())},
         "agent_radar.maintenance.execute": {"run_id": str(uuid.uuid4())},

@@ -24,9 +24,8 @@ from workflows.adapters import logs
 from workflows.adapters.runtime import STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import ensure_fences_installed
-from workflows.goals import flight
+from workflows.goals import claim_rule, flight
 from workflows.goals.claims import Attempt, Claim, Lane, StepResult
-from workflows.goals.named_claim import claim_params, named_claim
 from workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
     backoff_s,
@@ -41,7 +40,6 @@ from workflows.goals.statements import (
     CLAIM_LOOKUP,
     GIVE_BACK,
     LOCK_SESSIONS_OF_OPS,
-    LOOKUP_AND_CLAIM,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
     NEXT_DUE_AND_ANYWHERE,
@@ -52,7 +50,7 @@ from workflows.goals.statements import (
     STATE_SYNC,
     STATES_APPLYING,
     TAKE_LANES_AND_LOCK,
-    lookup_and_claim_params,
+    claim_params,
 )
 from workflows.goals.submit import supersede
 from workflows.sessions.rows import lock_session
@@ -104,27 +102,6 @@ def _with_due_along(
 
 def _mine(row) -> bool:
     return bool(row.mine)
-
-
-def _obstacle(row, operation_id: str, now: datetime) -> str | None:
-    """Why an operation (its claim-lookup row) cannot be attempted now; None if it can.
-    "gone" (settled or unknown), "leased" (another worker is on it), "superseded",
-    "held" (a maintenance run holds the session), "failed" (its budget is spent: see
-    budget_exhausted) or "accepted" (acknowledged, waiting for its applied report).
-    LOOKUP_AND_CLAIM takes exactly the operations this lets go."""
-    if row is None or row.status not in OPEN_OPERATION_STATUSES:
-        return "gone"
-    if row.lease_expires_at is not None and row.lease_expires_at > now:
-        return "leased"
-    if row.state_revision != row.goal_revision or row.state_pending != operation_id:
-        return "superseded"
-    if row.held:
-        return "held"
-    if budget_exhausted(row, now):
-        return "failed"
-    if row.provider_phase == ProviderPhase.ACCEPTED:
-        return "accepted"
-    return None
 
 
 def _give_back(conn, row, token: str) -> None:
@@ -205,12 +182,6 @@ class Dispatcher:
         # the backlog to find its work taken (embedded, 400 operations: 282 → 167 ops/s and
         # CPU ×1.9); there it takes other due work only along its own.
         self.steals_anywhere = engine.dialect.name == "postgresql"
-        # Whether a message that names its operation's session skips the lanes read (see
-        # _dispatch_named). On SQLite the read is no round trip, and taking the write lock at
-        # once, instead of after it, made the paced phases' tail worse (embedded, alternating
-        # runs, medians: p99 at half rate 250 and 285 → 390 ms, at the common rate 71 and
-        # 68 → 122 ms).
-        self.takes_named_lanes = engine.dialect.name == "postgresql"
         # Whether a step's record releases its lanes in its own statement (PostgreSQL:
         # data-modifying CTEs), one round trip less on every step.
         self.releases_in_record = engine.dialect.name == "postgresql"
@@ -223,21 +194,13 @@ class Dispatcher:
         self,
         operation_ids: list[str],
         steal: bool = False,
-        session_of: tuple[str, str] | None = None,
     ) -> list[StepResult]:
         """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
         operation and drain those lanes together, starting with these operations. With
         `steal`, a dispatch also takes other due operations along — where it
         `steals_anywhere`, even when its own were already taken: under load the messages
         queue behind their work and most find it taken along by an earlier one, and taking
-        what is due then serves the operations whose messages are still in the queue.
-
-        `session_of` names the session of the one given operation, as its message says (see
-        `_dispatch_named`; PostgreSQL only, `takes_named_lanes`)."""
-        if session_of is not None and len(operation_ids) == 1 and self.takes_named_lanes:
-            named = self._dispatch_named(operation_ids[0], session_of, steal)
-            if named is not None:
-                return named
+        what is due then serves the operations whose messages are still in the queue."""
 
         def lanes_to_open(
             s: Session, wanted: list[str]
@@ -281,52 +244,6 @@ class Dispatcher:
                     eager=late,
                 )
         return results
-
-    def _dispatch_named(
-        self, operation_id: str, key: tuple[str, str], steal: bool
-    ) -> list[StepResult] | None:
-        """Take the lane of the session a message names and claim the operation in one
-        call (named_claim: the lane with the session lock, then the claim's read and claim,
-        as one PL/pgSQL function in autocommit), without the read that finds its session
-        (a round trip less for a lone submit's message); None if this dispatch is then to
-        go on as if nothing were named. The name is the message's word: the lane is taken
-        only if the operation is open and unleased in that very session
-        (NAMED_LANE_AND_LOCK), and let go again in the same call if the claim then does not
-        take it (a maintenance hold, a newer revision …): nothing is left written but the
-        claim of that very operation."""
-        now = self.clock()
-        params = claim_params(
-            operation_id,
-            key,
-            ids.lane_name(*key),
-            self.worker_id,
-            self.lease_s,
-            now,
-        )
-        rows = run_read(self.engine, lambda s: named_claim(s, params), direct=True)
-        if not rows:
-            return None
-        row = rows[0]
-        token, lane = params["b_token"], Lane(*key, params["b_lane_token"])
-        obstacle = _obstacle(row, operation_id, now)
-        if obstacle is not None or (row.workspace_id, row.session_id) != key:
-            # The call took what this judgement holds back: they disagree, a bug (as in
-            # _claim_ops). Give it back rather than call the agent against the judgement.
-            log.error(
-                "goal operation %s: claimed by the named claim but held back (%s)",
-                operation_id,
-                obstacle,
-            )
-
-            def give_back(s: Session) -> None:
-                _give_back(s.connection(), row, token)
-                self._release(s, [lane])
-
-            run_transaction(self.engine, give_back, direct=True)
-            return None
-        op = records.from_row(records.GoalOperation, row)
-        claim = self._claim_of(op, row, token, now, params["b_expires"])
-        return self._drain({lane: claim}, steal)
 
     def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
         """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
@@ -443,56 +360,30 @@ class Dispatcher:
     ) -> dict[str, Claim | StepResult]:
         """Claim these operations for an attempt now (their lanes are held), or say why
         not: the session rows locked (unless the lanes' statement did, `sessions_locked`),
-        then on PostgreSQL one statement that reads them (operations, goal states,
-        maintenance holds) and claims those that may go (LOOKUP_AND_CLAIM); elsewhere the
-        read and a write (two on SQLite)."""
+        then their rows read (operations, goal states, maintenance holds) and judged by the
+        claim rule (goals.claim_rule.obstacle, its one source of truth), and those it lets
+        go claimed under a guard that takes a row only while it is open and unleased."""
         now = self.clock()
         conn = session.connection()
         wanted = {"b_ops": list(operation_ids)}
         if not sessions_locked:
             conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
-        token = leases.new_token()
-        expires = now + timedelta(seconds=self.lease_s)
-        params = lookup_and_claim_params(operation_ids, now, self.worker_id, token, expires)
-        postgresql = conn.dialect.name == "postgresql"
-        if postgresql:
-            lookup = conn.execute(LOOKUP_AND_CLAIM, params)
-        else:
-            lookup = conn.execute(CLAIM_LOOKUP, wanted)
-        rows = {row.operation_id: row for row in lookup}
+        rows = {row.operation_id: row for row in conn.execute(CLAIM_LOOKUP, wanted)}
         verdicts: dict[str, Claim | StepResult] = {}
-        taken: set[str] = set()
         claimable: list[records.GoalOperation] = []
         for operation_id in operation_ids:
             row = rows.get(operation_id)
-            obstacle = _obstacle(row, operation_id, now)
-            if postgresql and row is not None and row.taken:
-                if obstacle is None:
-                    taken.add(operation_id)
-                    claimable.append(records.from_row(records.GoalOperation, row))
-                    continue
-                # The statement took one that this judgement holds back. The statement
-                # takes a row only if the version it read (this one) passed its conditions,
-                # so this means that they and _obstacle no longer agree: a bug. Give the
-                # claim back rather than call the agent against the judgement.
-                log.error(
-                    "goal operation %s: claimed by the statement but held back (%s); "
-                    "LOOKUP_AND_CLAIM and _obstacle disagree",
-                    operation_id,
-                    obstacle,
-                )
-                _give_back(conn, row, token)
+            obstacle = claim_rule.obstacle(row, operation_id, now)
             if obstacle is not None:
                 verdicts[operation_id] = self._verdict(session, row, operation_id, obstacle, now)
             else:
                 claimable.append(records.from_row(records.GoalOperation, row))
-        late = [op for op in claimable if op.operation_id not in taken]
-        if late:
-            # What the judgement lets go and the statement did not take (SQLite; on
-            # PostgreSQL a row another transaction changed after the statement's snapshot,
-            # which the update then found no longer passing), claimed on its own: taken if
-            # it still may go.
-            taken |= self._claim_now(conn, params, late)
+        if not claimable:
+            return verdicts
+        token = leases.new_token()
+        expires = now + timedelta(seconds=self.lease_s)
+        params = claim_params(now, self.worker_id, token, expires)
+        taken = self._claim_now(conn, params, claimable)
         for op in claimable:
             if op.operation_id not in taken:
                 verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")
