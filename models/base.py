@@ -6,6 +6,8 @@ from typing import cast
 from sqlalchemy import DateTime, MetaData, Table, TypeDecorator
 from sqlalchemy.orm import DeclarativeBase
 
+from models.dialects import dialect_of
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -31,7 +33,7 @@ class UTCDateTime(TypeDecorator):
         if value.tzinfo is None:
             raise ValueError("naive datetime given; agent-radar stores UTC only")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect_of(dialect).naive_timestamps else value
 
     def process_result_value(self, value, dialect):
         if value is None:

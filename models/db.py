@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Insert, bindparam, create_engine, event, insert
+from sqlalchemy import Insert, bindparam, insert
 from sqlalchemy.engine import Connection, CursorResult, Dialect, Engine, Result
 from sqlalchemy.exc import (
     DBAPIError,
@@ -25,12 +25,11 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from models.dialects import dialect_of
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# SQLite waits this long for the write lock before reporting "database is locked". Worker
-# transactions are a few milliseconds; 30 s only matters while another process is paused.
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Transient faults (lock waits, serialization failures, a dropped PostgreSQL connection, a
 # unique-key race between two first submits) are retried this many times with jitter.
 TRANSACTION_ATTEMPTS = 8
@@ -45,45 +44,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-# The execution option that marks a transaction read-only (run_read).
-READ_ONLY = "agent_radar_read_only"
-
-
-def _configure_sqlite(engine: Engine) -> None:
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
-        # Take transaction control away from the sqlite3 module so BEGIN IMMEDIATE below
-        # is the only BEGIN issued.
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):
-        # Every transaction takes the write lock up front: a deferred transaction that
-        # upgrades to a writer later can fail with SQLITE_BUSY without waiting. A read-only
-        # one (run_read) takes a plain snapshot instead, which never waits for a writer.
-        if conn.get_execution_options().get(READ_ONLY):
-            conn.exec_driver_sql("BEGIN")
-        else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        _configure_sqlite(engine)
-        return engine
-    # No pre-ping: it costs a round trip per transaction, and a connection the server
-    # dropped surfaces as a transient error that run_transaction retries on a fresh one.
-    # LIFO: a process that ran several transactions at once (the client's producer threads)
-    # goes on with its most recent connection, whose statements psycopg has prepared (a
-    # text on its sixth use on a connection), instead of taking each pooled one in turn.
-    return create_engine(url, pool_size=5, max_overflow=5, pool_use_lifo=True)
+    return dialect_of(url).make_engine(url)
 
 
 def engine_for(url: str) -> Engine:
@@ -137,7 +100,7 @@ def run_transaction(
     `direct`, on PostgreSQL, `work` gets a Direct in place of the ORM session: for work on
     a hot path whose statements are prebuilt and go through `session.connection()`."""
     attempts = attempts or TRANSACTION_ATTEMPTS
-    scope = direct_scope if direct and engine.dialect.name == "postgresql" else session_scope
+    scope = direct_scope if direct and dialect_of(engine).direct else session_scope
     for attempt in range(1, attempts + 1):
         try:
             with scope(engine) as session:
@@ -159,16 +122,11 @@ _readers: dict[Engine, Engine] = {}
 
 
 def run_read(engine: Engine, work: Callable[[Session], T], *, direct: bool = False) -> T:
-    """`run_transaction` for work that only reads. On SQLite it takes no write lock. On
-    PostgreSQL it runs in autocommit, without the round trips of BEGIN and COMMIT: under
-    READ COMMITTED each statement reads its own snapshot either way."""
+    """`run_transaction` for work that only reads (see Dialect.reader: no write lock on
+    SQLite, autocommit on PostgreSQL)."""
     reader = _readers.get(engine)
     if reader is None:
-        if engine.dialect.name == "postgresql":
-            reader = engine.execution_options(isolation_level="AUTOCOMMIT")
-        else:
-            reader = engine.execution_options(**{READ_ONLY: True})
-        reader = _readers[engine] = reader
+        reader = _readers[engine] = dialect_of(engine).reader(engine)
     return run_transaction(reader, work, direct=direct)
 
 
@@ -426,12 +384,11 @@ def insert_ignore(session: Session, table, values: dict | list[dict]) -> Any:
     """INSERT … ON CONFLICT DO NOTHING on both SQLite and PostgreSQL. For one row (a dict):
     True if it went in; for several (a list of dicts, one statement): the set of the first
     primary key column's values that went in."""
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     # rowcount is not reliable for INSERT; RETURNING says which rows went in.
     key = next(iter(table.primary_key.columns))
-    statement = insert(table).values(values).on_conflict_do_nothing().returning(key)
+    statement = (
+        dialect_of(session).insert(table).values(values).on_conflict_do_nothing().returning(key)
+    )
     inserted = set(session.execute(statement).scalars())
     return inserted if isinstance(values, list) else bool(inserted)
 
@@ -460,7 +417,7 @@ def execute_writes(session: Session, statements: Sequence[Any], params: dict[str
     another. PostgreSQL runs the parts on one snapshot in no set order, so no two of them
     may touch the same row, and none may depend on another's effect."""
     conn = session.connection()
-    if conn.dialect.name != "postgresql" or len(statements) == 1:
+    if not dialect_of(conn).writes_together or len(statements) == 1:
         for statement in statements:
             conn.execute(statement, params)
         return

@@ -16,6 +16,7 @@ from sqlalchemy.sql.expression import Executable
 
 from models.base import table_of
 from models.db import insert_ignore, rowcount
+from models.dialects import dialect_of
 from models.tables import Heartbeat, Lease
 from workflows import ids
 
@@ -158,7 +159,7 @@ def claim_many(
         "b_token": token,
         "b_expires": expires,
     }
-    if conn.dialect.name == "postgresql":
+    if dialect_of(conn).writes_together:
         skip = set(unlocked_only) & set(names)
         params |= {
             "b_names": [name for name in names if name not in skip],

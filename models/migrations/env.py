@@ -1,10 +1,10 @@
 """Alembic environment: runs migrations on the connection or URL given by models.migrate."""
 
 from alembic import context
-from sqlalchemy import text
 
 from models.base import Base
 from models.db import make_engine
+from models.dialects import dialect_of
 
 config = context.config
 
@@ -13,12 +13,10 @@ def _run(connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=dialect_of(connection).batch_migrations,
     )
     with context.begin_transaction():
-        if connection.dialect.name == "postgresql":
-            # Workers, beat and `up` all upgrade on start; this lock makes them take turns.
-            connection.execute(text("SELECT pg_advisory_xact_lock(7242661)"))
+        dialect_of(connection).migration_lock(connection)
         context.run_migrations()
 
 

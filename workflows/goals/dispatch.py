@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from models.base import utcnow
 from models.db import rowcount, run_read, run_transaction
+from models.dialects import dialect_of
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import ids, leases, records
@@ -181,10 +182,10 @@ class Dispatcher:
         # for the one write lock, so such a dispatch queues behind the one already draining
         # the backlog to find its work taken (embedded, 400 operations: 282 → 167 ops/s and
         # CPU ×1.9); there it takes other due work only along its own.
-        self.steals_anywhere = engine.dialect.name == "postgresql"
+        self.steals_anywhere = dialect_of(engine).locks_rows
         # Whether a step's record releases its lanes in its own statement (PostgreSQL:
         # data-modifying CTEs), one round trip less on every step.
-        self.releases_in_record = engine.dialect.name == "postgresql"
+        self.releases_in_record = dialect_of(engine).writes_together
 
     # -- lanes -----------------------------------------------------------------------------
     def dispatch(self, operation_id: str) -> list[StepResult]:
@@ -296,7 +297,7 @@ class Dispatcher:
         lane needs no renewal before the claim)."""
         if not first:
             return {}
-        locks = s.connection().dialect.name == "postgresql"
+        locks = dialect_of(s).locks_rows
         lanes = self._take_lanes(s, first, along, first if locks else None)
         if not lanes:
             return {}
@@ -425,7 +426,7 @@ class Dispatcher:
         """CLAIM (with their goal states' `applying`) of operations judged free to go; the
         ids it took."""
         params = {**params, "b_ops": [op.operation_id for op in ops]}
-        if conn.dialect.name == "postgresql":
+        if dialect_of(conn).writes_together:
             return set(conn.execute(CLAIM_AND_APPLYING, params).scalars())
         taken = set(conn.execute(CLAIM, params).scalars())
         keys = {(op.workspace_id, op.session_id) for op in ops if op.operation_id in taken}

@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from models.db import rowcount
+from models.dialects import dialect_of
 from models.enums import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase, SyncStatus
 from models.tables import GoalOperation, GoalState
 from workflows import budgets, leases, records
@@ -282,7 +283,7 @@ def complete_applied_many(
                 "b_goal": goal,
                 "b_sync": sync.value,
             }
-    if conn.dialect.name == "postgresql":
+    if dialect_of(conn).writes_together:
         params |= {
             "b_applied_op": params["b_ops"],
             "b_applied_evidence": [proof for _op, _goal, proof in applied],

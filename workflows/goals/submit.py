@@ -11,6 +11,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from models.db import bound, execute_writes, insert_bound, rowcount
+from models.dialects import dialect_of
 from models.enums import (
     OPEN_OPERATION_STATUSES,
     GoalAction,
@@ -213,7 +214,7 @@ def submit(
     if locked is None:
         writes.append(INSERT_SESSION)
         params |= new_session_params(request.workspace_id, request.session_id, sequence)
-        if conn.dialect.name == "postgresql":
+        if dialect_of(conn).locks_rows:
             # The session's lane, free: a dispatch then takes it by an update, which one
             # stealing the same backlog can skip while it is being taken (an insert of the
             # same new row would wait for the other's commit).

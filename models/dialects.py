@@ -1,0 +1,137 @@
+"""What differs between the two databases the product runs on, one class each: SQLite (the
+embedded default) and PostgreSQL (production). Code asks `dialect_of(bind)` for a fact or a
+construct instead of testing a dialect's name."""
+
+from typing import Any, ClassVar
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+# SQLite waits this long for the write lock before reporting "database is locked". Worker
+# transactions are a few milliseconds; 30 s only matters while another process is paused.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# The execution option that marks a transaction read-only (models.db.run_read).
+READ_ONLY = "agent_radar_read_only"
+# Workers, beat and `up` all upgrade the schema on start; on PostgreSQL this advisory lock
+# makes them take turns.
+MIGRATION_LOCK_KEY = 7242661
+
+
+class Dialect:
+    name: ClassVar[str]
+    # Several writes sent as one statement (data-modifying CTEs): one round trip, not one each.
+    writes_together: ClassVar[bool]
+    # Row locks: a statement can lock the rows it reads (FOR UPDATE) and pass over those
+    # another transaction is taking (SKIP LOCKED). SQLite has one write lock for everything.
+    locks_rows: ClassVar[bool]
+    # Hot-path transactions go through the driver itself (models.db.Direct).
+    direct: ClassVar[bool]
+    # Timestamps are stored without their zone (always UTC).
+    naive_timestamps: ClassVar[bool]
+    # Schema changes rebuild a table rather than alter it in place (Alembic's batch mode).
+    batch_migrations: ClassVar[bool]
+
+    def make_engine(self, url: str) -> Engine:
+        raise NotImplementedError
+
+    def reader(self, engine: Engine) -> Engine:
+        """The engine for transactions that only read."""
+        raise NotImplementedError
+
+    def insert(self, table: Any) -> Any:
+        """An INSERT that can be told what to do on a conflict (`on_conflict_do_nothing`)."""
+        raise NotImplementedError
+
+    def migration_lock(self, connection: Connection) -> None:
+        """Make concurrent schema upgrades take turns (inside the migration's transaction)."""
+
+
+class Sqlite(Dialect):
+    name = "sqlite"
+    writes_together = False
+    locks_rows = False
+    direct = False
+    naive_timestamps = True
+    batch_migrations = True
+
+    def make_engine(self, url: str) -> Engine:
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # Take transaction control away from the sqlite3 module so BEGIN IMMEDIATE below
+            # is the only BEGIN issued.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            # Every transaction takes the write lock up front: a deferred transaction that
+            # upgrades to a writer later can fail with SQLITE_BUSY without waiting. A read-only
+            # one (run_read) takes a plain snapshot instead, which never waits for a writer.
+            if conn.get_execution_options().get(READ_ONLY):
+                conn.exec_driver_sql("BEGIN")
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+
+    def reader(self, engine: Engine) -> Engine:
+        return engine.execution_options(**{READ_ONLY: True})
+
+    def insert(self, table: Any) -> Any:
+        return sqlite.insert(table)
+
+
+class Postgres(Dialect):
+    name = "postgresql"
+    writes_together = True
+    locks_rows = True
+    direct = True
+    naive_timestamps = False
+    batch_migrations = False
+
+    def make_engine(self, url: str) -> Engine:
+        # No pre-ping: it costs a round trip per transaction, and a connection the server
+        # dropped surfaces as a transient error that run_transaction retries on a fresh one.
+        # LIFO: a process that ran several transactions at once (the client's producer
+        # threads) goes on with its most recent connection, whose statements psycopg has
+        # prepared (a text on its sixth use on a connection), instead of taking each pooled
+        # one in turn.
+        return create_engine(url, pool_size=5, max_overflow=5, pool_use_lifo=True)
+
+    def reader(self, engine: Engine) -> Engine:
+        # Autocommit, without the round trips of BEGIN and COMMIT: under READ COMMITTED each
+        # statement reads its own snapshot either way.
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def insert(self, table: Any) -> Any:
+        return postgresql.insert(table)
+
+    def migration_lock(self, connection: Connection) -> None:
+        connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
+
+
+SQLITE = Sqlite()
+POSTGRES = Postgres()
+_BY_NAME: dict[str, Dialect] = {d.name: d for d in (SQLITE, POSTGRES)}
+
+
+def dialect_of(bind: Any) -> Dialect:
+    """The dialect of an engine, a connection, a session, a SQLAlchemy dialect or a URL."""
+    if isinstance(bind, str):
+        name = bind.split(":", 1)[0].split("+", 1)[0]
+        name = "postgresql" if name == "postgres" else name
+    else:
+        if hasattr(bind, "get_bind"):  # a session (or models.db.Direct)
+            bind = bind.get_bind()
+        name = getattr(bind, "dialect", bind).name
+    dialect = _BY_NAME.get(name)
+    if dialect is None:
+        raise ValueError(f"unsupported database {name!r}: use SQLite or PostgreSQL")
+    return dialect
