@@ -5,7 +5,6 @@ its own (one bad row is logged and skipped), and the beat task only wraps it.
 """
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -16,16 +15,17 @@ from models.db import run_transaction
 from models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
 from workflows import leases
-from workflows.adapters.broker import COALESCE_MAX_ITEMS
 from workflows.goals.operations import budget_exhausted, due_operations, fail_operation
-from workflows.maintenance.executor import sweep_maintenance
-from workflows.sessions.prompts import sessions_with_queued_prompts
+from workflows.prompts.queue import sessions_with_queued_prompts
+from workflows.steps.maintenance import sweep_maintenance
 from workflows.task_names import (
     CANCEL_APPLY_TASK,
+    COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
     FENCE_APPLY_TASK,
     PROMPT_TASK,
     RESTORE_TASK,
+    Publish,
 )
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,6 @@ class SweepCounts:
             "failed": self.failed,
             "errors": self.errors,
         }
-
-
-Publish = Callable[[str, dict], bool]
 
 
 def sweep_once(
@@ -273,7 +270,7 @@ def sweep_stale_cancels(
 def sweep_restores(
     engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
 ) -> None:
-    """Sessions whose restore is due (workflows/fences/restore.py) and whose message was
+    """Sessions whose restore is due (workflows/steps/restore.py) and whose message was
     lost, whose restore met a fault, or whose restoring worker died: published again, each
     reserved for REPUBLISH_INTERVAL_S first so two sweeps never both publish it."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)

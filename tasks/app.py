@@ -102,10 +102,10 @@ def _after_fork(**_kwargs) -> None:
 def _finish_calls(**_kwargs) -> None:
     # Calls in flight in this process's goal drain end (each within the runtime timeout) and
     # are recorded; what it had not called goes back, due at once.
-    from workflows.goals import flight
+    from workflows.steps import worker_drain
 
     # An attempt may make a few calls (fences first, a resume): twice the timeout, and more.
-    flight.stop(2 * Settings.from_env().runtime_timeout_s + 2)
+    worker_drain.stop(2 * Settings.from_env().runtime_timeout_s + 2)
 
 
 @worker_init.connect

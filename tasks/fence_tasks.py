@@ -1,11 +1,12 @@
-"""Fence and cancel tasks: thin wrappers over workflows.fences.submit and workflows.fences.apply."""
+"""Fence and cancel tasks: thin wrappers over the fence rules and steps."""
 
 from tasks.goal_tasks import _client
 from tasks.runtime_context import TaskContext
 from tasks.strict import strict_task
 from tasks.worker_id import worker_name
-from workflows.fences.apply import CancelRunner, FenceApplier
-from workflows.fences.restore import Restorer
+from workflows.steps.cancel import CancelRunner
+from workflows.steps.fence_apply import FenceApplier
+from workflows.steps.restore import Restorer
 from workflows.task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, FENCE_TASK, RESTORE_TASK
 from workflows.validation import check_id
 

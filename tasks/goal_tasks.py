@@ -3,12 +3,16 @@
 from tasks.runtime_context import TaskContext
 from tasks.strict import strict_task
 from tasks.worker_id import worker_name
-from workflows.adapters.broker import COALESCE_MAX_ITEMS
 from workflows.client import AgentRadar
 from workflows.errors import InvalidArgument
-from workflows.goals import flight
-from workflows.goals.dispatch import Dispatcher
-from workflows.task_names import DISPATCH_TASK, GOAL_CONTROL_TASK, REPORT_ACTIVITY_TASK
+from workflows.steps import worker_drain
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.task_names import (
+    COALESCE_MAX_ITEMS,
+    DISPATCH_TASK,
+    GOAL_CONTROL_TASK,
+    REPORT_ACTIVITY_TASK,
+)
 from workflows.validation import check_id, check_ids
 
 
@@ -64,9 +68,9 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
         resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
         hand_off=True,
     )
-    # The calls go on in this process's drain (workflows/goals/flight.py); this task only
+    # The calls go on in this process's drain (workflows/steps/flight.py); this task only
     # claims, and waits first while the process has as many calls in flight as it takes.
-    flight.wait_for_room(ctx.settings.lease_s / 2)
+    worker_drain.wait_for_room(ctx.settings.lease_s / 2)
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
     results = dispatcher.dispatch_many(wanted, steal=True)
     return {r.operation_id: r.outcome for r in results}

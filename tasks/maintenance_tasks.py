@@ -5,8 +5,8 @@ from tasks import shutdown
 from tasks.fence_tasks import _collaborators
 from tasks.goal_tasks import _client
 from tasks.strict import strict_task
-from workflows.maintenance.executor import MaintenanceExecutor
-from workflows.sessions import prompts
+from workflows.steps import prompt_dispatch
+from workflows.steps.maintenance import MaintenanceExecutor
 from workflows.task_names import (
     CANCEL_MAINTENANCE_TASK,
     EXECUTE_TASK,
@@ -66,7 +66,7 @@ def submit_prompt(ctx, workspace_id, session_id, text, *, client_submit_id):
 
 @strict_task(PROMPT_TASK)
 def dispatch_prompt(ctx, workspace_id, session_id):
-    return prompts.dispatch_next(
+    return prompt_dispatch.dispatch_next(
         ctx.engine,
         ctx.runtime,
         check_id("workspace_id", workspace_id),

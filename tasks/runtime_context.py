@@ -11,9 +11,9 @@ from functools import lru_cache
 from sqlalchemy.engine import Engine
 
 from models.db import engine_for
-from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
-from workflows.adapters.runtime import HostRouter
+from workflows.adapters.http_runtime import HostRouter
+from workflows.adapters.publisher import TaskPublisher
 from workflows.sessions.hosts import locator
 
 

@@ -38,8 +38,8 @@ from sqlalchemy import create_engine, text
 from models.base import Base
 from models.db import dispose_engine, engine_for, forget_engines
 from models.migrate import upgrade
-from workflows.adapters.broker import TaskPublisher
 from workflows.adapters.config import Settings
+from workflows.adapters.publisher import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.tools.simulator import SimControl, SimServer
 from workflows.tools.stack import Stack, free_port  # noqa: F401 - tests import it from here

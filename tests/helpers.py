@@ -118,8 +118,8 @@ def restorer(client, runtime=None, published: list | None = None):
     """What a worker runs for `agent_radar.session.restore`, in this process: the session's
     restore through `runtime` (the client's, which routes to each session's host), its
     publishes kept in `published` if given."""
-    from workflows.fences.apply import CancelRunner
-    from workflows.fences.restore import Restorer
+    from workflows.steps.cancel import CancelRunner
+    from workflows.steps.restore import Restorer
 
     runner = CancelRunner(
         client.engine,

@@ -1,5 +1,15 @@
-"""Every task name of the product, in one place: the names producers publish (public, DESIGN 7:
-code outside the repository uses them) and the ones the product publishes to itself."""
+"""Every task name of the product and the publish port, in one place: the names producers
+publish (public, DESIGN 7: code outside the repository uses them), the ones the product
+publishes to itself, and the port its rules and steps publish through (adapters/publisher.py
+implements it)."""
+
+from collections.abc import Callable
+
+# The publish port: publish(task name, keyword arguments) -> whether it went out. A failed
+# publish loses nothing: the committed rows are the outbox, and the sweeper publishes again.
+Publish = Callable[[str, dict], bool]
+# At most this many operations share one dispatch message (`operation_ids`).
+COALESCE_MAX_ITEMS = 16
 
 # Public: what producers in any language publish.
 GOAL_CONTROL_TASK = "agent_radar.goal_control"

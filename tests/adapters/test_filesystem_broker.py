@@ -11,12 +11,12 @@ from kombu.transport import filesystem
 from workflows.adapters.broker import (
     DEFAULT_QUEUE,
     FILESYSTEM_DRAIN_SLICE_S,
-    TaskPublisher,
     broker_connection,
     broker_folders,
     queue_named,
 )
 from workflows.adapters.config import Settings
+from workflows.adapters.publisher import TaskPublisher
 
 
 def _settings(tmp_path, name) -> Settings:

@@ -8,7 +8,7 @@ import pytest
 
 from tests import helpers
 from tests.hostile import HANG, ScriptedHost, applied
-from workflows.adapters.runtime import HostRouter
+from workflows.adapters.http_runtime import HostRouter
 from workflows.errors import RuntimeFault
 
 WS = "ws-router"

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from tests.helpers import eventually
-from workflows.adapters.broker import COALESCE_MAX_ITEMS, TaskPublisher
+from workflows.adapters.publisher import TaskPublisher
+from workflows.task_names import COALESCE_MAX_ITEMS
 
 TASK = "agent_radar.goal.dispatch"
 
@@ -366,7 +367,7 @@ def test_a_process_that_ends_without_close_publishes_its_items(settings):
     script = textwrap.dedent(
         """
         import time
-        from workflows.adapters.broker import TaskPublisher
+        from workflows.adapters.publisher import TaskPublisher
         from workflows.adapters.config import Settings
 
         publisher = TaskPublisher(Settings.from_env())

@@ -9,10 +9,11 @@ import pytest
 
 from models.db import run_transaction
 from tests.hostile import applied
-from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
-from workflows.goals.dispatch import Dispatcher
+from workflows.adapters.answers import MAX_ANSWER_BYTES
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.maintenance import runs
-from workflows.maintenance.executor import MaintenanceExecutor
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.maintenance import MaintenanceExecutor
 
 WS = "ws-answers"
 BAD_ANSWERS = {

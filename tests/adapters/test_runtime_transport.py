@@ -10,7 +10,8 @@ import time
 import pytest
 
 from tests.hostile import CLOSE, HANG, ScriptedHost
-from workflows.adapters.runtime import MAX_ANSWER_BYTES, HttpRuntime
+from workflows.adapters.answers import MAX_ANSWER_BYTES
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import InvalidArgument, RuntimeFault
 from workflows.tools.simulator.server import STOP_POLL_S
 

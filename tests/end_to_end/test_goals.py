@@ -13,7 +13,7 @@ from sqlalchemy import select
 from models.db import run_transaction
 from models.tables import GoalOperation, Lease
 from tests.helpers import dispatching, effects_by_operation, eventually, row_counts
-from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.publisher import TaskPublisher
 from workflows.client import AgentRadar
 
 WS = "ws-e2e"

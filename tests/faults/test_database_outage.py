@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from tests.helpers import dispatching, effects_by_operation, eventually
-from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.publisher import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.tools.stack import Stack
 

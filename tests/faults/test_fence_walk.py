@@ -29,12 +29,13 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.tables import GoalFence, GoalOperation
 from tests.conftest import free_port
-from workflows.adapters.broker import TaskPublisher
+from workflows.adapters.publisher import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.errors import AgentRadarError
-from workflows.fences.apply import CancelRunner, FenceApplier
-from workflows.fences.restore import Restorer
-from workflows.goals.dispatch import Dispatcher
+from workflows.steps.cancel import CancelRunner
+from workflows.steps.fence_apply import FenceApplier
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.restore import Restorer
 from workflows.tools.simulator import SimControl, SimServer
 
 SCHEDULES = int(os.environ.get("AGENT_RADAR_WALK_SCHEDULES") or 3)

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from tests.helpers import eventually, queue_depth, row_counts
 from tests.hostile import applied, raw_publish, task_headers
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
-from workflows.goals.dispatch import Dispatcher
 from workflows.maintenance import runs
-from workflows.maintenance.executor import MaintenanceExecutor
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.maintenance import MaintenanceExecutor
 
 CAMPAIGN = "AGENT_RADAR_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("AGENT_RADAR_FUZZ_EXAMPLES") or 100)

@@ -9,7 +9,8 @@ from sqlalchemy.exc import IntegrityError, MultipleResultsFound, NoResultFound, 
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
-from models.db import Direct, engine_for, run_read, run_transaction
+from models.db import engine_for, run_read, run_transaction
+from models.direct import Direct
 from models.tables import AgentSession
 from tests.helpers import row_counts, statements_sent
 from workflows.goals.tables import OPS, STATES
@@ -110,7 +111,7 @@ def test_a_kept_text_binds_exactly_what_sqlalchemy_would():
     the same bound parameters as SQLAlchemy's expansion of that very execution."""
     from sqlalchemy.dialects import postgresql
 
-    from models.db import _Compiled
+    from models.direct import _Compiled
     from workflows.goals.statements import CLAIM_LOOKUP, NEXT_DUE_AND_ANYWHERE
     from workflows.sessions.rows import INSERT_EVENT, event_params
 

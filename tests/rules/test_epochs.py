@@ -7,9 +7,9 @@ import time
 from models.db import run_transaction
 from models.tables import AgentSession, GoalFence, Turn
 from tests.helpers import restorer
-from workflows.adapters.runtime import HttpRuntime
-from workflows.goals.dispatch import Dispatcher
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.maintenance import runs
+from workflows.steps.goal_dispatch import Dispatcher
 
 WS, SID = "ws-epochs", "s1"
 
@@ -146,7 +146,7 @@ def test_a_forged_epoch_changes_nothing(client, sim_control, settings):
 
 
 def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_control, settings):
-    from workflows.fences.apply import FenceApplier
+    from workflows.steps.fence_apply import FenceApplier
 
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
@@ -180,7 +180,7 @@ def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_cont
 def test_a_background_liveness_answer_at_a_newer_epoch_counts(client, sim_control, settings):
     from models.base import utcnow
     from workflows.fences import cancels
-    from workflows.fences.apply import CancelRunner
+    from workflows.steps.cancel import CancelRunner
 
     client.ensure_session(WS, SID)  # epoch 1
     report(client, turn={"turn_id": "t-old", "phase": "running"})

@@ -106,8 +106,8 @@ def test_ensure_session_resumes_with_every_fence_and_reinstalls_them(client, sim
 
 
 def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settings):
-    from workflows.adapters.runtime import HttpRuntime
-    from workflows.goals.dispatch import Dispatcher
+    from workflows.adapters.http_runtime import HttpRuntime
+    from workflows.steps.goal_dispatch import Dispatcher
 
     op = client.set_goal(WS, SID, "one", client_submit_id="1")
     sim_control.session(WS, SID)  # the agent host knows the session
@@ -146,8 +146,8 @@ def test_cancel_replay_and_conflict(client):
 
 def _leased_cancel(client, clock_now):
     from models.db import run_transaction
+    from workflows.activity.activity import apply_turn
     from workflows.fences import cancels
-    from workflows.sessions.activity import apply_turn
     from workflows.sessions.rows import lock_session
 
     def seed(s):
@@ -176,8 +176,8 @@ def _leased_cancel(client, clock_now):
 
 
 def _runner(client, sim_control, clock, published=None):
-    from workflows.adapters.runtime import HttpRuntime
-    from workflows.fences.apply import CancelRunner
+    from workflows.adapters.http_runtime import HttpRuntime
+    from workflows.steps.cancel import CancelRunner
 
     return CancelRunner(
         client.engine,
@@ -308,8 +308,8 @@ def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_co
     from models.db import run_transaction
     from models.tables import CancelOperation
     from tests.helpers import Clock
-    from workflows.adapters.runtime import HttpRuntime
-    from workflows.fences.apply import CancelRunner
+    from workflows.adapters.http_runtime import HttpRuntime
+    from workflows.steps.cancel import CancelRunner
 
     clock = Clock()
     op_id = _leased_cancel(client, clock.now)
@@ -332,8 +332,8 @@ def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_co
 
 
 def _applier(client, sim_control):
-    from workflows.adapters.runtime import HttpRuntime
-    from workflows.fences.apply import FenceApplier
+    from workflows.adapters.http_runtime import HttpRuntime
+    from workflows.steps.fence_apply import FenceApplier
 
     return FenceApplier(
         client.engine,

@@ -1,4 +1,4 @@
-"""Calls in flight (workflows/goals/flight.py, docs/dispatch.md): each host's limit and
+"""Calls in flight (workflows/steps/flight.py, docs/dispatch.md): each host's limit and
 circuit breaker, a claim given back unattempted costs no budget, a claim whose lease would
 not outlast its call is not called, and a drain whose record fails keeps its outcomes."""
 
@@ -8,12 +8,13 @@ import pytest
 
 from models.db import run_transaction
 from tests.helpers import Clock
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import RuntimeFault
-from workflows.goals import flight
 from workflows.goals.claims import StepResult
-from workflows.goals.dispatch import Dispatcher
-from workflows.goals.flight import FULL, GO, OPEN, Drain, HostGate
+from workflows.steps import flight, host_gate
+from workflows.steps.flight import Drain
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.host_gate import BREAKER_FAILURES, FULL, GO, OPEN, HostGate
 
 WS = "ws-flight"
 TIMEOUT = RuntimeFault("runtime timed out", code="timeout", retryable=True)
@@ -29,16 +30,16 @@ def test_a_host_has_its_own_limit():
 
 
 def test_the_circuit_opens_after_failures_in_a_row_and_one_trial_closes_it(monkeypatch):
-    monkeypatch.setattr(flight, "BREAKER_OPEN_S", 0.0)  # a trial may go at once
+    monkeypatch.setattr(host_gate, "BREAKER_OPEN_S", 0.0)  # a trial may go at once
     gate = HostGate(limit=32)
-    for _ in range(flight.BREAKER_FAILURES - 1):
+    for _ in range(BREAKER_FAILURES - 1):
         assert gate.admit("h")[0] == GO
         gate.done("h", TIMEOUT, trial=False, called=True)
     # An answer, even an error of the protocol, is the host working: the count starts over.
     gate.admit("h")
     gate.done("h", REFUSED, trial=False, called=True)
     hanging = [gate.admit("h") for _ in range(3)]  # admitted while it was shut
-    for _ in range(flight.BREAKER_FAILURES):
+    for _ in range(BREAKER_FAILURES):
         gate.admit("h")
         gate.done("h", TIMEOUT, trial=False, called=True)
     assert gate.take_transitions()[0].open_until is not None
@@ -55,9 +56,9 @@ def test_the_circuit_opens_after_failures_in_a_row_and_one_trial_closes_it(monke
 
 
 def test_a_failed_trial_opens_it_again_for_longer(monkeypatch):
-    monkeypatch.setattr(flight, "BREAKER_OPEN_S", 0.0)
+    monkeypatch.setattr(host_gate, "BREAKER_OPEN_S", 0.0)
     gate = HostGate()
-    for _ in range(flight.BREAKER_FAILURES):
+    for _ in range(BREAKER_FAILURES):
         gate.admit("h")
         gate.done("h", TIMEOUT, trial=False, called=True)
     gate.admit("h")

@@ -13,17 +13,17 @@ from sqlalchemy import event, select, update
 from models.db import run_transaction
 from tests.helpers import Clock, row_counts, statements_sent
 from workflows import ids
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
     GoalStateAbsent,
     InvalidArgument,
 )
-from workflows.goals.dispatch import Dispatcher
 from workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
 from workflows.goals.tables import OPS
 from workflows.sessions.rows import EVENTS, SESSIONS
+from workflows.steps.goal_dispatch import Dispatcher
 
 WS, SID = "ws-rules", "session-1"
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
@@ -269,18 +269,18 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         client.pause_goal(WS, "b3", client_submit_id="p-1"),
     ]
     # Each call's outcome is recorded as it finishes, together with whatever else finished
-    # meanwhile (workflows/goals/flight.py): here all four are held until every one has its
+    # meanwhile (workflows/steps/flight.py): here all four are held until every one has its
     # answer, so they come in at once and are recorded together.
     d = dispatcher()
     answered = threading.Barrier(len(ops))
-    attempt = d._attempt
+    attempt = d.attempt
 
     def together(claim):
         outcome = attempt(claim)
         answered.wait(10)
         return outcome
 
-    d._attempt = together
+    d.attempt = together
     with statements_sent(client.engine) as statements:
         outcomes = d.dispatch_many([op.operation_id for op in ops])
     assert sorted(r.outcome for r in outcomes) == ["applied"] * 4
@@ -461,14 +461,14 @@ def test_an_expired_lease_holder_cannot_write(client, dispatcher, clock, setting
     """Worker A claims, stalls past its lease; B takes over; A's late write is refused."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     a = dispatcher("worker-a")
-    claim = run_transaction(client.engine, lambda s: a._claim(s, op.operation_id))
+    claim = run_transaction(client.engine, lambda s: a.claim(s, op.operation_id))
     answer = a._call_runtime(a.runtime, claim.op)
     clock.advance(settings.lease_s + 1)
     b = dispatcher("worker-b")
     assert [r.outcome for r in b.dispatch(op.operation_id)] == ["applied"]
     row_after_b = client.get_goal_operation(op.operation_id)
-    assert a._record_answer(claim, answer).outcome == "skipped"
-    assert a._record_fault(claim, RuntimeError("late"), True).outcome == "skipped"
+    assert a.record_answer(claim, answer).outcome == "skipped"
+    assert a.record_fault(claim, RuntimeError("late"), True).outcome == "skipped"
     assert client.get_goal_operation(op.operation_id) == row_after_b
     assert row_after_b.attempt == 2
     assert len(sim_control.effects()) == 1  # the runtime deduped by operation id
@@ -756,13 +756,13 @@ def _due_at(client, op, at):
 def _during_the_calls(d, act):
     """Run `act()` each time the dispatcher `d` calls the runtime, before the call; what `d`
     called before (to put back)."""
-    attempt = d._attempt
+    attempt = d.attempt
 
     def meanwhile(claim):
         act()
         return attempt(claim)
 
-    d._attempt = meanwhile
+    d.attempt = meanwhile
     return attempt
 
 
@@ -774,7 +774,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     been due for STEAL_AFTER: work due for less has its message on the way (most often to
     an idle process), which would otherwise wait for the lane this step creates only to
     find its work taken."""
-    from workflows.goals.dispatch import STEAL_AFTER
+    from workflows.steps.goal_claim import STEAL_AFTER
 
     own = client.set_goal(WS, "own", "x", client_submit_id="1")
     fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
@@ -801,7 +801,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     assert client.get_goal_operation(fresh.operation_id).status == "prepared"
     assert set(_lane_tokens(client, ["fresh"]).values()) <= {None}
     # Its own message takes it.
-    d._attempt = attempt
+    d.attempt = attempt
     assert [r.outcome for r in d.dispatch_many([fresh.operation_id], steal=True)] == ["applied"]
     assert len(sim_control.effects()) == 3
 
@@ -813,7 +813,7 @@ def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_c
     starts take every due operation at their ends, however young, rather than leave it
     STEAL_AFTER for a message that is itself late. A message that finds its own work leaves
     such work alone (test_a_steps_end_leaves_work_just_come_due_to_its_message)."""
-    from workflows.goals.dispatch import STEAL_AFTER
+    from workflows.steps.goal_claim import STEAL_AFTER
 
     taken = client.set_goal(WS, "taken", "x", client_submit_id="1")
     other = client.set_goal(WS, "other", "x", client_submit_id="1")
@@ -865,7 +865,7 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
     dispatch that steals then goes on with the rest of the backlog as its calls finish,
     without another message (on SQLite the rest waits for the next message)."""
     from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
-    from workflows.goals.dispatch import MAX_LANES_PER_STEP
+    from workflows.goals.statements import MAX_LANES_PER_STEP
 
     given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
     others = [
@@ -877,7 +877,7 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
     started: list[str] = []
     at_once = [0, 0]  # now, most
     lock = threading.Lock()
-    attempt = d._attempt
+    attempt = d.attempt
 
     def counted(claim):
         with lock:
@@ -890,7 +890,7 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
             with lock:
                 at_once[0] -= 1
 
-    d._attempt = counted
+    d.attempt = counted
     results = d.dispatch_many([op.operation_id for op in given], steal=True)
     drained = backend == "production"
     expected = MAX_LANES_PER_STEP + (10 if drained else 0)
@@ -921,8 +921,8 @@ def test_a_dispatch_lets_go_of_a_backlog_after_its_time(
     """A dispatch that steals drains a backlog as its calls finish, but claims nothing more
     after DRAIN_BUDGET_S: what it did not claim stays due, its lanes free, no attempt
     counted."""
-    from workflows.goals import flight
-    from workflows.goals.dispatch import MAX_LANES_PER_STEP
+    from workflows.goals.statements import MAX_LANES_PER_STEP
+    from workflows.steps import flight
 
     monkeypatch.setattr(flight, "DRAIN_BUDGET_S", 0.0)
     ops = [

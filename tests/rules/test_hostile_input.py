@@ -10,7 +10,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from tests.helpers import row_counts
 from workflows import ids
 from workflows.errors import InvalidArgument, NotFound
-from workflows.sessions import prompts
+from workflows.steps import prompt_dispatch
 from workflows.validation import MAX_INT, MAX_REPORT_SKEW_S
 
 WS, SID = "ws-input", "s1"
@@ -146,7 +146,7 @@ def test_a_report_slightly_ahead_is_accepted_and_a_rejected_one_freezes_nothing(
 
 def test_a_report_cannot_touch_another_workspaces_prompt(client, sim_control):
     prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p-1")
-    assert prompts.dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert prompt_dispatch.dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     turn_id = client.get_prompt(prompt.prompt_id).turn_id
     # Another workspace, then another session of this workspace, name the prompt: neither
     # may touch it.

@@ -1,6 +1,7 @@
-"""The layering of DESIGN 2, checked from the code's own imports (function-level ones too):
-tools -> client -> rules -> adapters/models; `workflows/` never imports Celery; `tasks/` and
-`beat/` point at `workflows/`, `tasks/` at `beat/`, never the reverse."""
+"""The layering of docs/architecture.md, checked from the code's own imports (function-level
+ones too): tools -> client -> steps -> rules -> adapters/models; the rules' concept folders
+import only downward; `workflows/` never imports Celery; `tasks/` and `beat/` point at
+`workflows/`, `tasks/` at `beat/`, never the reverse; and no module is over 400 lines."""
 
 import ast
 from pathlib import Path
@@ -8,12 +9,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RULE_PACKAGES = (
-    "workflows.operators",
-    "workflows.goals",
-    "workflows.fences",
-    "workflows.maintenance",
+# The rules' concept folders, lowest first: each may import those before it, never after.
+CONCEPTS = (
     "workflows.sessions",
+    "workflows.maintenance",
+    "workflows.prompts",
+    "workflows.fences",
+    "workflows.goals",
+    "workflows.activity",
+    "workflows.operators",
 )
 KERNEL = (
     "workflows.ids",
@@ -23,22 +27,36 @@ KERNEL = (
     "workflows.records",
     "workflows.budgets",
     "workflows.task_names",
+    "workflows.escape",
+    "workflows.accept",
 )
+STEPS = ("workflows.steps",)
 TOOLS = ("workflows.tools", "click")
+CLIENT = ("workflows.client",)
+MAX_MODULE_LINES = 400
 
 # (modules it applies to, imports they must not make, why)
 RULES = [
-    (("workflows",), ("celery",), "the domain never imports Celery (DESIGN 2)"),
-    ((*RULE_PACKAGES, *KERNEL), (*TOOLS, "workflows.client"), "rules never import a tool"),
-    (KERNEL, RULE_PACKAGES, "the kernel sits below the concepts"),
+    (("workflows",), ("celery",), "the domain never imports Celery"),
+    (
+        (*CONCEPTS, *KERNEL),
+        (*TOOLS, *CLIENT, *STEPS),
+        "rules never import a tool, the client or a step",
+    ),
+    (KERNEL, CONCEPTS, "the kernel sits below the concepts"),
     (
         ("workflows.adapters",),
-        (*RULE_PACKAGES, *TOOLS, "workflows.client"),
+        (*CONCEPTS, *STEPS, *TOOLS, *CLIENT),
         "adapters sit below the rules",
     ),
-    (("workflows.client",), TOOLS, "the client sits below the tools"),
+    (STEPS, (*TOOLS, *CLIENT), "steps sit below the client"),
+    (CLIENT, TOOLS, "the client sits below the tools"),
     (("models",), ("workflows", "tasks", "beat", "celery"), "models are the bottom floor"),
     (("beat",), ("tasks",), "tasks/ imports beat/, not the reverse"),
+] + [
+    ((concept,), CONCEPTS[i + 1 :], "concept folders import only downward")
+    for i, concept in enumerate(CONCEPTS)
+    if CONCEPTS[i + 1 :]
 ]
 
 
@@ -99,11 +117,11 @@ def test_the_layers_point_one_way():
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("workflows.goals.dispatch", "from celery import shared_task"),
-        ("workflows.fences.apply", "def f():\n    import click\n"),
-        ("workflows.sessions.prompts", "from workflows.tools.cli import cli"),
+        ("workflows.steps.goal_dispatch", "from celery import shared_task"),
+        ("workflows.steps.fence_apply", "def f():\n    import click\n"),
+        ("workflows.prompts.queue", "from workflows.tools.cli import cli"),
         ("workflows.maintenance.runs", "from ..tools import demo"),
-        ("workflows.adapters.runtime", "from workflows.goals import dispatch"),
+        ("workflows.adapters.runtime", "from workflows.steps import goal_dispatch"),
         ("workflows.validation", "from workflows.sessions import rows"),
         ("models.tables", "import workflows.errors"),
         ("beat.sweeper", "from tasks.strict import strict_task"),
@@ -111,6 +129,16 @@ def test_the_layers_point_one_way():
 )
 def test_the_check_catches_a_wrong_import(module, source):
     assert violations({module: source}), f"{source!r} in {module} passed"
+
+
+def test_no_module_is_over_400_lines():
+    """A module a reader can hold in their head; past that, it is two concepts."""
+    long = {
+        name: lines
+        for name, source in project_modules().items()
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
 
 
 def test_concept_folders_stay_small():

@@ -14,7 +14,7 @@ from models.db import run_transaction
 from models.tables import Lease, MaintenanceRun, Prompt
 from tests.helpers import eventually, lock_waits, row_counts
 from workflows import ids, leases
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import (
     InvalidArgument,
     MaintenanceBusy,
@@ -23,9 +23,9 @@ from workflows.errors import (
     RuntimeDraining,
     SessionBusy,
 )
-from workflows.goals.dispatch import Dispatcher
 from workflows.maintenance import runs
-from workflows.maintenance.executor import MaintenanceExecutor
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.maintenance import MaintenanceExecutor
 
 WS, SID = "ws-maint", "s1"
 
@@ -267,7 +267,7 @@ def test_goal_operations_wait_for_the_run_without_using_budget(
 def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
     client, executor, settings, sim_control
 ):
-    from workflows.sessions import prompts
+    from workflows.steps import prompt_dispatch
 
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
@@ -276,10 +276,10 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
     p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
     assert (p1.position, p2.position) == (1, 2)
     assert client.submit_prompt(WS, SID, "first", client_submit_id="p1") == p1
-    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "held"
+    assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "held"
     executor.execute(run.run_id)
-    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
-    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "busy"
+    assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
+    assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "busy"
     turn_id = client.get_prompt(p1.prompt_id).turn_id
     client.report_activity(
         {
@@ -295,14 +295,15 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
         }
     )
     assert client.get_prompt(p1.prompt_id).status == "completed"
-    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
+    assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]
 
 
 def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(
     client, executor, settings, sim_control
 ):
-    from workflows.sessions import prompts
+    from workflows.prompts import queue as prompts
+    from workflows.steps import prompt_dispatch
 
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
@@ -328,7 +329,7 @@ def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(
     assert pushed() == []  # held: the run's release pushes the queue
     executor.execute(run.run_id)
     assert pushed() == [(WS, SID)]  # released; in case that push was lost
-    assert prompts.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
+    assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert pushed() == []  # one in flight: its turn's settle pushes the queue
     turn(
         client.get_prompt(p1.prompt_id).turn_id,
@@ -426,7 +427,7 @@ def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, mon
 def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
     client, executor, settings, sim_control
 ):
-    from workflows.fences.apply import FenceApplier
+    from workflows.steps.fence_apply import FenceApplier
 
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
@@ -590,7 +591,7 @@ def test_two_concurrent_starts_give_one_run_and_one_busy(client):
 def test_a_cancel_between_finalizing_and_the_terminal_record_never_reopens_it(
     client, executor, sim_control, monkeypatch
 ):
-    from workflows.maintenance import executor as executor_module
+    from workflows.steps import maintenance as executor_module
 
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")

@@ -14,12 +14,12 @@ from models.db import run_transaction
 from models.tables import GoalFence, GoalOperation, MaintenanceRun
 from tests.helpers import row_counts
 from workflows import budgets
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeDraining
-from workflows.fences.apply import FenceApplier
-from workflows.goals.dispatch import Dispatcher
 from workflows.goals.operations import fail_operation
 from workflows.maintenance import runs
+from workflows.steps.fence_apply import FenceApplier
+from workflows.steps.goal_dispatch import Dispatcher
 
 WS, SID = "ws-operators", "s1"
 

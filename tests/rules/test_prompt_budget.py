@@ -11,8 +11,8 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.tables import Prompt
 from workflows import budgets
-from workflows.adapters.runtime import HttpRuntime
-from workflows.sessions.prompts import dispatch_next
+from workflows.adapters.http_runtime import HttpRuntime
+from workflows.steps.prompt_dispatch import dispatch_next
 from workflows.tools.status import fleet_status
 
 WS, SID = "ws-prompt-budget", "s1"

@@ -10,9 +10,9 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.tables import AgentSession, GoalFence
 from tests.helpers import restorer
-from workflows.adapters.runtime import HttpRuntime
-from workflows.fences.apply import FenceApplier
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.fences.reinstall import request_restore
+from workflows.steps.fence_apply import FenceApplier
 from workflows.task_names import RESTORE_TASK
 
 WS, SID = "ws-restore", "s1"

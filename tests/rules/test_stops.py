@@ -10,9 +10,9 @@ from models.db import run_transaction
 from models.tables import CancelOperation
 from tests.helpers import row_counts
 from workflows import ids
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import Conflict, InvalidArgument, NotFound
-from workflows.maintenance.executor import MaintenanceExecutor
+from workflows.steps.maintenance import MaintenanceExecutor
 
 WS, SID = "ws-stop", "s1"
 

@@ -11,10 +11,9 @@ from models.db import run_transaction
 from models.tables import GoalOperation
 from tests.helpers import Clock
 from workflows import leases
-from workflows.adapters.broker import COALESCE_MAX_ITEMS
-from workflows.adapters.runtime import HttpRuntime
-from workflows.goals.dispatch import Dispatcher
-from workflows.task_names import DISPATCH_TASK
+from workflows.adapters.http_runtime import HttpRuntime
+from workflows.steps.goal_dispatch import Dispatcher
+from workflows.task_names import COALESCE_MAX_ITEMS, DISPATCH_TASK
 
 
 class RecordingPublisher:
@@ -68,7 +67,7 @@ def test_a_held_operation_lease_is_not_taken_over_until_it_expires(client, setti
         lease_s=settings.lease_s,
         clock=clock,
     )
-    claim = run_transaction(client.engine, lambda s: d._claim(s, op.operation_id))
+    claim = run_transaction(client.engine, lambda s: d.claim(s, op.operation_id))
     assert claim.token
     pub = RecordingPublisher()
     soon = clock.now + timedelta(seconds=OUTBOX_GRACE_S + 0.5)
@@ -131,8 +130,8 @@ def test_only_one_sweep_runs_at_a_time(client):
 def test_publishing_into_a_second_embedded_broker_before_any_worker(tmp_path):
     """One process, two broker folders: the second must get its own bindings, or a message
     published before a worker binds there is routed nowhere."""
-    from workflows.adapters.broker import TaskPublisher
     from workflows.adapters.config import Settings
+    from workflows.adapters.publisher import TaskPublisher
 
     for name in ("first", "second"):
         settings = Settings(

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.helpers import eventually, goal_call
-from workflows.adapters.runtime import HttpRuntime
+from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import RuntimeFault
 
 WS = "ws-sim"

@@ -14,7 +14,7 @@ from models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, T
 from models.tables import CancelOperation, GoalFence, Turn
 from workflows import ids, leases
 from workflows.errors import CancelConflict
-from workflows.sessions import prompts
+from workflows.prompts import queue as prompts
 from workflows.sessions.rows import lock_session
 
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)

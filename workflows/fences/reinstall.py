@@ -14,12 +14,9 @@ matches, and the fence is installed once more.
 from datetime import datetime
 
 from sqlalchemy import exists, or_, select, update
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.db import run_transaction
 from models.tables import AgentSession, GoalFence
-from workflows.adapters.runtime import RuntimePort
 
 
 def not_installed_at(fences, host_id, epoch):
@@ -68,35 +65,6 @@ def record_installed(session: Session, fence_ids: list[str], host_id: str, epoch
             .where(GoalFence.fence_id.in_(fence_ids))
             .values(installed_host=host_id, installed_epoch=epoch)
         )
-
-
-def ensure_fences_installed(
-    engine: Engine,
-    runtime: RuntimePort,
-    workspace_id: str,
-    session_id: str,
-    *,
-    require_live: bool = True,
-) -> bool:
-    """Install every durable fence of the session not known to be installed at its (host,
-    epoch), once, and record it. Background work passes require_live (it never resumes a
-    session); a user's own call (ensure_session) does not. True if it installed any.
-    Runtime faults propagate to the caller, which treats them as its own call's."""
-    todo = run_transaction(engine, lambda s: missing_fences(s, workspace_id, session_id))
-    if todo is None:
-        return False
-    host_id, epoch, fences = todo
-    for _fence_id, target_operation_id, target_revision in fences:
-        runtime.install_fence(
-            workspace_id,
-            session_id,
-            target_operation_id=target_operation_id,
-            target_revision=target_revision,
-            require_live=require_live,
-        )
-    installed = [fence_id for fence_id, _op, _rev in fences]
-    run_transaction(engine, lambda s: record_installed(s, installed, host_id, epoch))
-    return True
 
 
 def needs_restore(session: Session, row: AgentSession) -> bool:

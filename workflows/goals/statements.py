@@ -212,7 +212,7 @@ GIVE_BACK = (
 )
 STATE_SYNC = update(STATES).where(*key_params(STATES)).values(sync_status=bindparam("b_sync"))
 RESCHEDULE = update(OPS).where(OP_KEY).values(next_attempt_at=bindparam("b_at"))
-# The same, only under the claim's lease token (a give-back's: see Dispatcher._unclaim).
+# The same, only under the claim's lease token (a give-back's: see Dispatcher.unclaim).
 RESCHEDULE_HELD = (
     update(OPS)
     .where(OP_KEY, OPS.c.lease_token == bindparam("b_token"))

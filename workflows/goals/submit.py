@@ -20,7 +20,7 @@ from models.enums import (
     ProviderPhase,
     SyncStatus,
 )
-from workflows import ids, records
+from workflows import accept, ids, records
 from workflows.errors import GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent
 from workflows.goals.tables import OPS, STATES, key_params
 from workflows.leases import LEASES
@@ -180,15 +180,18 @@ def submit(
     if locked is not None:
         found = conn.execute(_SUBMIT_LOOKUP, {**key, "b_op": request.operation_id}).first()
     if found is not None and found.existing is not None:
-        existing = load_operation(session, request.operation_id)
+        existing = accept.replay(
+            load_operation(session, request.operation_id),
+            (request.action.value, request.objective),
+            lambda op: (op.action, op.objective),
+            lambda op: GoalOperationConflict(
+                f"client_submit_id {request.client_submit_id!r} was used for "
+                f"{op.action} {op.objective!r}",
+                operation_id=op.operation_id,
+            ),
+        )
         if existing is None:  # the lookup just found it, under the session lock
             raise LookupError(f"goal operation {request.operation_id} disappeared")
-        if (existing.action, existing.objective) != (request.action.value, request.objective):
-            raise GoalOperationConflict(
-                f"client_submit_id {request.client_submit_id!r} was used for "
-                f"{existing.action} {existing.objective!r}",
-                operation_id=existing.operation_id,
-            )
         return existing, False
     has_state = found is not None and found.revision is not None
     revision, desired, pending = (

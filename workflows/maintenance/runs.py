@@ -21,7 +21,7 @@ from models.enums import (
     MaintenanceStatus,
 )
 from models.tables import MaintenanceRun
-from workflows import ids
+from workflows import accept, ids
 from workflows.errors import (
     InvalidArgument,
     MaintenanceBusy,
@@ -160,14 +160,18 @@ def start(
 ) -> tuple[MaintenanceRun, bool]:
     """Admission (one transaction, session row locked). Returns (run, created)."""
     row = lock_session(session, request.workspace_id, request.session_id)
-    existing = session.get(MaintenanceRun, request.run_id, populate_existing=True)
+    existing = accept.find_replay(
+        session,
+        MaintenanceRun,
+        request.run_id,
+        (request.kind, request.args),
+        lambda r: (r.kind, r.args),
+        lambda r: MaintenanceConflict(
+            f"client_submit_id {request.client_submit_id!r} was used for {r.kind} {r.args}",
+            run_id=r.run_id,
+        ),
+    )
     if existing is not None:
-        if (existing.kind, existing.args) != (request.kind, request.args):
-            raise MaintenanceConflict(
-                f"client_submit_id {request.client_submit_id!r} was used for {existing.kind} "
-                f"{existing.args}",
-                run_id=existing.run_id,
-            )
         return existing, False
     if row.admission == "draining":
         raise RuntimeDraining(f"session {request.workspace_id}/{request.session_id} is draining")

@@ -23,8 +23,8 @@ from models.tables import (
     SessionStop,
 )
 from workflows import records
+from workflows.activity import stops
 from workflows.errors import InvalidArgument, NotFound
-from workflows.sessions import stops
 from workflows.validation import check_choice, check_id, check_limit
 
 

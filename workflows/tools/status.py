@@ -24,7 +24,7 @@ from models.tables import (
     Prompt,
 )
 from workflows import budgets, leases
-from workflows.fences.apply import WAITING_FOR_TURN
+from workflows.steps.fence_apply import WAITING_FOR_TURN
 
 # The sweep's heartbeat (beat/sweeper.py records it under the sweeper lease's name).
 SWEEP_HEARTBEAT = "sweeper"
@@ -171,7 +171,7 @@ def fleet_facts(s: Session, now: datetime) -> dict:
             GoalFence.status == FenceStatus.PENDING, GoalFence.last_error == WAITING_FOR_TURN
         )
     ).scalar_one()
-    # Hosts a worker skips for now: their calls kept failing (workflows/goals/flight.py).
+    # Hosts a worker skips for now: their calls kept failing (workflows/steps/flight.py).
     hosts_skipped = [
         {
             "host_id": c.host_id,

@@ -198,7 +198,7 @@ def flower(port: int, address: str, as_json: bool):
 @json_option
 def runtime_sim(host: str, port: int, host_id: str, as_json: bool):
     """Run the agent runtime simulator (an HTTP server) in the foreground."""
-    from workflows.adapters.broker import TaskPublisher
+    from workflows.adapters.publisher import TaskPublisher
     from workflows.tools.simulator import SimServer
 
     settings = Settings.from_env()

@@ -20,31 +20,26 @@ import os
 import queue
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import delete, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.base import table_of, utcnow
-from models.db import insert_ignore, run_transaction
-from models.tables import HostCircuit
+from models.db import run_transaction
 from workflows.adapters import logs, metrics
-from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
 from workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from workflows.goals.statements import MAX_LANES_PER_STEP
+from workflows.steps.host_gate import FULL, FULL_RETRY_S, GO, MAX_IN_FLIGHT, gate, write_transitions
 
 log = logging.getLogger(__name__)
 
 
 class Steps(Protocol):
-    """What a drain needs of its dispatcher (dispatch.Dispatcher): the claim's, the record's
+    """What a drain needs of its dispatcher (goal_dispatch.Dispatcher): the claim's, the record's
     and the release's steps, each in the caller's transaction."""
 
     engine: Engine
@@ -53,183 +48,30 @@ class Steps(Protocol):
     lease_s: float
     clock: Callable[[], datetime]
 
-    def _attempt(self, claim: Claim) -> Attempt: ...
+    def attempt(self, claim: Claim) -> Attempt: ...
 
-    def _record(
+    def record(
         self, s: Session, attempts: list[Attempt], lanes: list[Lane]
     ) -> tuple[list[StepResult], bool]: ...
 
-    def _release(self, s: Session, lanes: list[Lane]) -> None: ...
+    def release(self, s: Session, lanes: list[Lane]) -> None: ...
 
-    def _next(
+    def next_work(
         self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False
     ) -> dict[Lane, Claim | StepResult]: ...
 
-    def _unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
+    def unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
 
 
-# Calls in flight from one worker process, all hosts together; a dispatch task that finds the
-# process this full waits before claiming more.
-MAX_IN_FLIGHT = 256
-# A claim given back because its host is full is due again after this long.
-FULL_RETRY_S = 1.0
-# The circuit breaker: this many calls to a host failing in a row (timeouts, refused or
-# dropped connections, 5xx) open its circuit for BREAKER_OPEN_S, doubling on each failed
-# trial up to BREAKER_MAX_OPEN_S; while open, its sessions' work is left due, unattempted.
-BREAKER_FAILURES = 5
-BREAKER_OPEN_S = 2.0
-BREAKER_MAX_OPEN_S = 60.0
-HOST_FAULTS = frozenset({"timeout", "unreachable", "server_error"})
 # A lane takes at most this many operations in a row before it lets go (another worker, or
 # the next message, takes the rest); a synchronous drain also stops claiming after
 # DRAIN_BUDGET_S.
 LANE_MAX_STEPS = 64
 DRAIN_BUDGET_S = 60.0
-# A worker's background drain stops (its thread ends) after this long with nothing to do.
-IDLE_EXIT_S = 5.0
 WAIT_POLL_S = 0.05
 
-GO, FULL, OPEN = "go", "full", "open"
-
-
-@dataclass
-class _Host:
-    in_flight: int = 0
-    failures: int = 0
-    open_until: float = 0.0  # time.monotonic()
-    open_for: float = 0.0
-    trial: bool = False  # a half-open circuit's one call is in flight
-
-
-@dataclass
-class Transition:
-    """A circuit that opened (`open_until` set) or closed, to be written for `status`."""
-
-    host_id: str
-    open_until: datetime | None
-    failures: int = 0
-    error: str | None = None
-
-
-class HostGate:
-    """Per-process admission of calls to each host: its concurrency limit and its circuit
-    breaker. Thread-safe."""
-
-    def __init__(self, limit: int = DEFAULT_HOST_CONCURRENCY) -> None:
-        self.limit = limit
-        self._hosts: dict[str, _Host] = {}
-        self._lock = threading.Lock()
-        self._transitions: list[Transition] = []
-        self.total = 0  # calls in flight to every host: at most MAX_IN_FLIGHT (the pool)
-
-    def admit(self, host_id: str) -> tuple[str, float, bool]:
-        """GO (a slot is taken: call `done` after), FULL, or OPEN with the seconds until
-        the circuit lets a trial through; and whether this call is that trial."""
-        now = time.monotonic()
-        with self._lock:
-            host = self._hosts.setdefault(host_id, _Host())
-            trial = False
-            if host.open_until:
-                if now < host.open_until or host.trial:
-                    return OPEN, max(host.open_until - now, FULL_RETRY_S), False
-                host.trial = trial = True  # half-open: this one call finds out
-            elif host.in_flight >= self.limit or self.total >= MAX_IN_FLIGHT:
-                return FULL, FULL_RETRY_S, False
-            host.in_flight += 1
-            self.total += 1
-            return GO, 0.0, trial
-
-    def done(self, host_id: str, fault: Exception | None, trial: bool, called: bool) -> None:
-        """A call admitted to this host ended (`called`: it reached the host; `fault`: its
-        failure, if it failed; `trial`: it was the half-open circuit's trial). Only calls
-        that were admitted while the circuit was shut, or its trial, say anything about
-        the host: a call that hung from before the circuit opened does not count twice."""
-        failed = getattr(fault, "code", None) in HOST_FAULTS
-        with self._lock:
-            host = self._hosts[host_id]
-            host.in_flight -= 1
-            self.total -= 1
-            if trial:
-                host.trial = False
-            if not called or (host.open_until and not trial):
-                return
-            if not failed:
-                if host.open_until:
-                    self._transitions.append(Transition(host_id, None))
-                    metrics.HOST_CIRCUIT_OPEN.labels(host_id).set(0)
-                host.failures, host.open_until, host.open_for = 0, 0.0, 0.0
-                return
-            host.failures += 1
-            if not trial and host.failures < BREAKER_FAILURES:
-                return
-            host.open_for = min(BREAKER_MAX_OPEN_S, max(BREAKER_OPEN_S, host.open_for * 2))
-            host.open_until = time.monotonic() + host.open_for
-            until = utcnow() + timedelta(seconds=host.open_for)
-            self._transitions.append(Transition(host_id, until, host.failures, str(fault)))
-        metrics.HOST_CIRCUIT_OPEN.labels(host_id).set(1)
-        metrics.HOST_CIRCUIT_OPENS.labels(host_id).inc()
-        log.warning(
-            "host %s: %d calls failed in a row (%s); its calls stop for %.0f s",
-            host_id,
-            host.failures,
-            fault,
-            host.open_for,
-        )
-
-    def put_back(self, transitions: list[Transition]) -> None:
-        """Transitions whose write failed, to be written with the next."""
-        with self._lock:
-            self._transitions[:0] = transitions
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return self.total
-
-    def take_transitions(self) -> list[Transition]:
-        with self._lock:
-            taken, self._transitions = self._transitions, []
-        return taken
-
-
-def write_transitions(s: Session, transitions: Iterable[Transition], worker_id: str) -> None:
-    """Record circuits that opened or closed (for `status` and the metrics)."""
-    for t in transitions:
-        if t.open_until is None:
-            # Only this process's opening: another's circuit may still be open.
-            s.execute(
-                delete(HostCircuit).where(
-                    HostCircuit.host_id == t.host_id, HostCircuit.opened_by == worker_id
-                )
-            )
-            continue
-        values = {
-            "open_until": t.open_until,
-            "failures": t.failures,
-            "last_error": (t.error or "")[:512],
-            "opened_by": worker_id,
-        }
-        if not insert_ignore(s, table_of(HostCircuit), {"host_id": t.host_id, **values}):
-            s.execute(update(HostCircuit).where(HostCircuit.host_id == t.host_id).values(values))
-
-
-# One gate per runtime port (a worker process has one; each test its own), so one port's
-# hosts, their slots and circuits, are nobody else's.
-_gates: "weakref.WeakKeyDictionary[Any, HostGate]" = weakref.WeakKeyDictionary()
 _pools: dict[int, ThreadPoolExecutor] = {}
 _lock = threading.RLock()
-
-
-def gate(runtime: Any) -> HostGate:
-    """The host gate of this runtime port."""
-    with _lock:
-        found = _gates.get(runtime)
-        if found is None:
-            # Calls in flight to one host from one worker process (AGENT_RADAR_HOST_CONCURRENCY);
-            # past it, claims for that host wait in its own queue (as long again), and past
-            # that they are given back, due again shortly.
-            limit = getattr(runtime, "host_concurrency", DEFAULT_HOST_CONCURRENCY)
-            found = _gates[runtime] = HostGate(limit)
-        return found
 
 
 def _call_pool() -> ThreadPoolExecutor:
@@ -341,7 +183,7 @@ class Drain:
         try:
             if self._lease_ok(claim):
                 with logs.task_context(**claim.log_context):
-                    attempt = self.d._attempt(claim)
+                    attempt = self.d.attempt(claim)
             return attempt
         finally:
             fault = attempt.fault if attempt is not None else None
@@ -445,18 +287,18 @@ class Drain:
             now = self.d.clock()
             for _lane, claim, retry_s in give_back:
                 due = now + timedelta(seconds=retry_s) if retry_s else None
-                self.d._unclaim(s, claim, due)
+                self.d.unclaim(s, claim, due)
             if give_back:
-                self.d._release(s, [lane for lane, _, _ in give_back])
-            recorded, released = self.d._record(s, attempts, lanes) if lanes else ([], True)
+                self.d.release(s, [lane for lane, _, _ in give_back])
+            recorded, released = self.d.record(s, attempts, lanes) if lanes else ([], True)
             if not released:
-                self.d._release(s, lanes)
+                self.d.release(s, lanes)
             if transitions:
                 write_transitions(s, transitions, self.d.worker_id)
             # Look for more only after the release, in the same transaction (see
             # Dispatcher._next: a worker that found one of these lanes held had committed its
             # operation before, so this statement sees it).
-            more = self.d._next(s, keys, steal, eager) if keys or steal else {}
+            more = self.d.next_work(s, keys, steal, eager) if keys or steal else {}
             return recorded, more
 
         try:
@@ -491,76 +333,3 @@ class Drain:
             self.steps[key] = counts.get(key, 0)
         self.add(more)
         return True
-
-
-class WorkerDrain(Drain):
-    """A worker process's drain, in a thread of its own (see the module's note)."""
-
-    def __init__(self, dispatcher: Steps) -> None:
-        super().__init__(dispatcher, steal=True)
-        self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
-        self.alive = True
-        self.room = threading.Condition(_lock)
-
-    def _main(self) -> None:
-        try:
-            self.run(idle_exit_s=IDLE_EXIT_S)
-        except Exception:  # noqa: BLE001 - the leases and the sweeper finish what is left
-            log.exception("goal drain failed; its claims are left to their leases")
-        finally:
-            with _lock:
-                self.alive = False
-                if _drains.get(os.getpid()) is self:
-                    del _drains[os.getpid()]
-                self.room.notify_all()
-
-    def _may_exit(self) -> bool:
-        with _lock:
-            if not self.events.empty():
-                return False
-            self.alive = False
-            return True
-
-    def _finished(self, future: Future) -> None:
-        super()._finished(future)
-        with _lock:
-            self.room.notify_all()
-
-    def _keep(self, results: list[StepResult]) -> None:
-        pass  # nobody waits for them: the database has them
-
-
-_drains: dict[int, WorkerDrain] = {}
-
-
-def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
-    """Give claimed lanes to this process's drain (started if none runs)."""
-    with _lock:
-        drain = _drains.get(os.getpid())
-        if drain is None or not drain.alive:
-            drain = _drains[os.getpid()] = WorkerDrain(dispatcher)
-            drain.thread.start()
-        drain.events.put(("work", work, eager))
-
-
-def wait_for_room(timeout_s: float) -> None:
-    """Back-pressure: wait (up to timeout_s) while this process has MAX_IN_FLIGHT calls."""
-    end = time.monotonic() + timeout_s
-    with _lock:
-        drain = _drains.get(os.getpid())
-        while drain is not None and drain.alive and drain.gate.in_flight() >= MAX_IN_FLIGHT:
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            drain.room.wait(left)
-
-
-def stop(timeout_s: float) -> None:
-    """A worker process ending: its drain finishes the calls in flight (up to timeout_s),
-    records them and gives back what it had not called."""
-    with _lock:
-        drain = _drains.get(os.getpid())
-    if drain is None or not drain.alive:
-        return
-    drain.events.put(("stop",))
-    drain.thread.join(timeout_s)

@@ -3,7 +3,7 @@
 Background work: neither ever resumes a session. A session known to be offline is settled
 locally: the fence is installed nowhere yet and its clear is marked undelivered, so the
 session's next return — a resume, a reconnect, a restart, a move — installs the one and
-delivers the other (workflows/fences/restore.py).
+delivers the other (workflows/steps/restore.py).
 """
 
 import logging
@@ -19,48 +19,29 @@ from models.base import utcnow
 from models.db import rowcount, run_transaction
 from models.enums import (
     OPEN_OPERATION_STATUSES,
-    CancelResult,
-    CancelStatus,
     FenceStatus,
     OperationStatus,
     ProviderPhase,
     SyncStatus,
     TurnPhase,
 )
-from models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation, GoalState, Turn
+from models.tables import AgentSession, GoalFence, GoalOperation, GoalState, Turn
 from workflows import budgets, ids, leases
-from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from workflows.adapters.runtime import SESSION_NOT_FOUND, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
-from workflows.fences.reinstall import ensure_fences_installed, needs_restore, request_restore
+from workflows.goals import outcomes
 from workflows.goals.claims import Claim
-from workflows.goals.dispatch import Dispatcher, apply_goal
 from workflows.goals.operations import backoff_s, fail_operation
-from workflows.sessions.epochs import EpochEffects, observe_epoch
-from workflows.sessions.release import publish_epoch_effects
-from workflows.sessions.rows import lock_session
-from workflows.task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+from workflows.steps import Step
+from workflows.steps.cancel import CancelRunner, mark_offline
+from workflows.steps.fence_install import ensure_fences_installed
+from workflows.steps.goal_dispatch import Dispatcher, apply_goal
+from workflows.task_names import Publish
 
 log = logging.getLogger(__name__)
 
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
-
-Publish = Callable[[str, dict], bool]
-
-
-def mark_offline(session: Session, workspace_id: str, session_id: str) -> None:
-    """The runtime said the session is offline: remember it, so background work settles
-    locally instead of calling an agent host that is not there."""
-    lock_session(session, workspace_id, session_id).live = False
-
-
-def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> int | None:
-    """A liveness look (never a resume): RuntimeDisconnected if the session is offline;
-    else the runtime epoch the host answered, if it did."""
-    answer = runtime.liveness(workspace_id, session_id)
-    if not answer.get("live"):
-        raise RuntimeDisconnected("the session is offline at the agent host")
-    return answer.get("runtime_epoch")
 
 
 def _known_offline(session: Session, workspace_id: str, session_id: str) -> bool:
@@ -86,199 +67,7 @@ class FenceClaim:
         return ids.lane_name(self.workspace_id, self.session_id)
 
 
-class CancelRunner:
-    """Requests and retries durable turn cancels."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        runtime: RuntimePort,
-        *,
-        worker_id: str,
-        lease_s: float,
-        publish: Publish,
-        clock: Callable[[], datetime] = utcnow,
-    ) -> None:
-        self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
-        self.lease_s, self.publish, self.clock = lease_s, publish, clock
-
-    @property
-    def deadline_s(self) -> float:
-        # How long an accepted cancel waits for its turn-settled report before the stale
-        # cancel sweep looks at the session again.
-        return 2 * self.lease_s
-
-    def require_live(self, workspace_id: str, session_id: str, *, restore: bool = True) -> bool:
-        """A liveness look (never a resume) whose answer counts as what it is: the session is
-        live, at the epoch its host answered (DESIGN 4.9). A newer one ends the older
-        epoch's turns and run here too, and what waited on them goes on; a fence not known
-        to be installed there, or a clear not yet delivered, gets the session's restore
-        (unless the caller is that restore). True if the epoch was newer. Raises
-        RuntimeDisconnected when the session is offline."""
-        epoch = require_live(self.runtime, workspace_id, session_id)
-
-        def observe(s: Session) -> tuple[EpochEffects, bool]:
-            now = self.clock()
-            row = lock_session(s, workspace_id, session_id)
-            row.live = True
-            effects = EpochEffects()
-            if epoch and epoch > (row.runtime_epoch or 0):
-                effects = observe_epoch(s, row, epoch, now)
-            wanted = restore and needs_restore(s, row) and request_restore(row, now)
-            return effects, wanted
-
-        effects, wanted = run_transaction(self.engine, observe)
-        if wanted:
-            self.publish(RESTORE_TASK, {"workspace_id": workspace_id, "session_id": session_id})
-        if not effects.newer:
-            return False
-        publish_epoch_effects(
-            self.engine, self.publish, workspace_id, session_id, effects, self.clock()
-        )
-        if not effects.released:  # a release wakes the prompt queue itself
-            self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
-        return True
-
-    def request(self, workspace_id: str, session_id: str, turn_id: str, reason: str) -> str:
-        """Cancel a turn (require_live), or join the cancel it already has for another cause
-        (a session stop: a turn is cancelled once, whoever asked, DESIGN 4.3). Returns
-        "settled" or "waiting"; raises RuntimeDisconnected (no row written) when the session
-        is offline."""
-        self.require_live(workspace_id, session_id)
-
-        def prepare_and_claim(s: Session):
-            cancel = cancels.prepare(
-                s, workspace_id, session_id, turn_id, reason, self.clock(), join=True
-            )
-            if cancel.status == CancelStatus.COMPLETED:
-                return cancel, None
-            return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
-
-        cancel, token = run_transaction(self.engine, prepare_and_claim)
-        if cancel.status == CancelStatus.COMPLETED:
-            return "settled"
-        if token is None:
-            return "waiting"  # already requested; its answer or report is on the way
-        return self._deliver(cancel, token)
-
-    def _deliver(self, cancel: CancelOperation, token: str) -> str:
-        """The cancel call (require_live) and its recorded answer: "settled" or "waiting".
-        A host that does not know the turn (`not_found`: it restarted, or the turn never
-        ran there) is an end for it: it is not running there, and the cancel completes
-        `interrupted` instead of spending its budget on a turn nobody has."""
-        try:
-            answer = self.runtime.cancel_turn(
-                cancel.workspace_id,
-                cancel.session_id,
-                cancel.turn_id,
-                operation_id=cancel.operation_id,
-                reason=cancel.reason,  # a joined cancel keeps the reason it was made for
-                require_live=True,
-            )
-        except RuntimeFault as exc:
-            if exc.code != NOT_FOUND:
-                raise
-            answer = {"result": CancelResult.INTERRUPTED}
-        return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
-
-    def _record(self, s: Session, cancel: CancelOperation, token: str, answer: dict) -> str:
-        result = answer.get("result")
-        if result in (
-            CancelResult.CANCELED,
-            CancelResult.ALREADY_SETTLED,
-            CancelResult.INTERRUPTED,
-        ):
-            cancels.complete(s, cancel, result, self.clock(), token)
-            return "settled"
-        cancels.wait_for_settle(s, cancel, token, self.deadline_s, self.clock())
-        return "waiting"
-
-    def apply(self, operation_id: str) -> str:
-        """`agent_radar.cancel.apply`, the stale-cancel path (DESIGN 4.5). A live session gets
-        the cancel retried with backoff; an offline one waits, using no budget, and gets it
-        once it is live again (a disconnect is no end: the turn may still run); a session that
-        is gone (`session_not_found`) settles its turns as interrupted locally. Never a
-        resume; past its budget the cancel ends `failed`."""
-
-        def claim(s: Session):
-            cancel = s.get(CancelOperation, operation_id, populate_existing=True)
-            if cancel is None or cancel.status not in cancels.OPEN_CANCEL_STATUSES:
-                return None, None
-            return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
-
-        cancel, token = run_transaction(self.engine, claim)
-        if token is None:
-            return "skipped"
-        # The claim counted this attempt: the budget is of the ones made before it.
-        spent = budgets.spent(cancel.attempt - 1, cancel.failing_since, self.clock())
-        if spent is not None:
-            error = budgets.exhausted(spent, cancel.last_error)
-            run_transaction(
-                self.engine, lambda s: cancels.fail(s, cancel, token, error, self.clock())
-            )
-            log.warning("cancel %s failed: delivery budget exhausted", operation_id)
-            return "failed"
-        ws, sid = cancel.workspace_id, cancel.session_id
-        try:
-            if self.require_live(ws, sid) and not run_transaction(
-                self.engine, lambda s: cancels.is_open(s, operation_id)
-            ):
-                return "interrupted"  # the host restarted: the turn ended with its process
-            outcome = self._deliver(cancel, token)
-        except RuntimeDisconnected:
-
-            def wait(s: Session) -> None:
-                mark_offline(s, ws, sid)
-                cancels.wait_offline(s, cancel, token, self.clock())
-
-            run_transaction(self.engine, wait)
-            return "waiting_offline"
-        except RuntimeFault as exc:
-            if exc.code == SESSION_NOT_FOUND:
-                self.session_gone(ws, sid)
-                return "interrupted"
-            error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
-            run_transaction(
-                self.engine,
-                lambda s: cancels.retry_later(s, cancel, token, error, delay, self.clock()),
-            )
-            return "retry"
-        if outcome == "settled":
-            self._wake(cancel)
-        return outcome
-
-    def session_gone(self, workspace_id: str, session_id: str, extra=None) -> object:
-        """The host answered session_not_found: the session is gone, an authoritative end for
-        every turn of it. They end interrupted (their open cancels too), in one transaction
-        with `extra(s)` if given; the fences and the prompt queue that waited move on."""
-
-        def settle(s: Session):
-            mark_offline(s, workspace_id, session_id)
-            result = extra(s) if extra is not None else None
-            woken = cancels.interrupt_running_turns(s, workspace_id, session_id, self.clock())
-            return result, woken
-
-        result, woken = run_transaction(self.engine, settle)
-        log.warning(
-            "session %s/%s is gone at its host: its turns end interrupted", workspace_id, session_id
-        )
-        for fence_id in woken:
-            self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
-        self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
-        return result
-
-    def _wake(self, cancel: CancelOperation) -> None:
-        fence_ids = run_transaction(
-            self.engine,
-            lambda s: cancels.waiting_fences(
-                s, cancel.workspace_id, cancel.session_id, cancel.turn_id, self.clock()
-            ),
-        )
-        for fence_id in fence_ids:
-            self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
-
-
-class FenceApplier:
+class FenceApplier(Step):
     """Delivers a fence under the session's lane: install, cancel the fenced turn, drive the
     clear, complete — or settle locally when the session is offline."""
 
@@ -292,8 +81,9 @@ class FenceApplier:
         publish: Publish,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
-        self.lease_s, self.publish, self.clock = lease_s, publish, clock
+        super().__init__(
+            engine, runtime, worker_id=worker_id, lease_s=lease_s, publish=publish, clock=clock
+        )
         self.cancels = CancelRunner(
             engine, runtime, worker_id=worker_id, lease_s=lease_s, publish=publish, clock=clock
         )
@@ -429,7 +219,7 @@ class FenceApplier:
         clear_id = claim.clear_operation_id
         if clear_id is None:
             return True  # the fence made no clear: a newer goal owns the session
-        current = run_transaction(self.engine, lambda s: self.dispatcher._claim(s, clear_id))
+        current = run_transaction(self.engine, lambda s: self.dispatcher.claim(s, clear_id))
         if not isinstance(current, Claim):
             if current.outcome in ("held", "lane_lost"):
                 return False  # a maintenance run holds the session: the clear waits
@@ -440,10 +230,15 @@ class FenceApplier:
             fault = exc
             result = run_transaction(
                 self.engine,
-                lambda s: self.dispatcher._fault_outcome(s, current, fault, fault.retryable),
+                lambda s: outcomes.fault_outcome(
+                    s, current, fault, fault.retryable, self.dispatcher.clock()
+                ),
             )
             return result.outcome != "retry"
-        run_transaction(self.engine, lambda s: self.dispatcher._answer_outcome(s, current, answer))
+        run_transaction(
+            self.engine,
+            lambda s: outcomes.answer_outcome(s, current, answer, self.dispatcher.clock()),
+        )
         return True
 
     def _clear_settled(self, claim: FenceClaim) -> bool:
@@ -533,7 +328,7 @@ class FenceApplier:
         """No evidence from the agent: the clear completes with phase and sync `unknown`
         (observed kept) and the fence completes, recording the cancel it caused, if any. No
         runtime call and no resume: the session's next return installs the fence and
-        delivers the clear (workflows/fences/restore.py)."""
+        delivers the clear (workflows/steps/restore.py)."""
         now = self.clock()
         if claim.clear_operation_id:
             done = s.execute(

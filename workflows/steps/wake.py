@@ -2,7 +2,6 @@
 by recovery, or because its host restarted or the session moved — the goal operations, fence
 clears and prompts it held are woken, in submission order."""
 
-from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import update
@@ -11,12 +10,10 @@ from sqlalchemy.orm import Session
 
 from models.db import run_transaction
 from models.tables import GoalOperation
+from workflows.activity.epochs import EpochEffects
 from workflows.fences import cancels
 from workflows.goals.operations import open_client_operations
-from workflows.sessions.epochs import EpochEffects
-from workflows.task_names import DISPATCH_TASK, FENCE_APPLY_TASK, PROMPT_TASK
-
-Publish = Callable[[str, dict], bool]
+from workflows.task_names import DISPATCH_TASK, FENCE_APPLY_TASK, PROMPT_TASK, Publish
 
 
 def release_session(

@@ -10,13 +10,14 @@ from sqlalchemy.orm import Session
 
 from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutcome, TurnPhase
 from models.tables import GoalFence, GoalOperation, Turn
+from workflows.activity.epochs import EpochEffects, move_host
 from workflows.errors import InvalidArgument
 from workflows.fences import cancels
 from workflows.fences.reinstall import needs_restore, request_restore
 from workflows.goals.operations import complete_applied
 from workflows.maintenance import runs
-from workflows.sessions import hosts, prompts
-from workflows.sessions.epochs import EpochEffects, move_host
+from workflows.prompts import queue as prompts
+from workflows.sessions import hosts
 from workflows.sessions.rows import lock_session
 from workflows.validation import (
     check_choice,

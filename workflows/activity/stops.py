@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from models.enums import TERMINAL_MAINTENANCE_STATUSES, TurnPhase
 from models.tables import MaintenanceRun, SessionStop, Turn
-from workflows import ids, records
+from workflows import accept, ids, records
 from workflows.errors import Conflict
 from workflows.fences import cancels
 from workflows.maintenance import runs
@@ -45,14 +45,19 @@ def stop(session: Session, request: StopRequest, now: datetime) -> tuple[Session
     """Accept a stop in the caller's transaction (session row locked). Returns (stop,
     created); a replay returns the stop it made, another reason is a Conflict."""
     row = lock_session(session, request.workspace_id, request.session_id)
-    existing = session.get(SessionStop, request.stop_id, populate_existing=True)
+    existing = accept.find_replay(
+        session,
+        SessionStop,
+        request.stop_id,
+        (request.reason,),
+        lambda s: (s.reason,),
+        lambda s: Conflict(
+            f"client_submit_id {request.client_submit_id!r} already stopped this session "
+            f"for {s.reason!r}",
+            stop_id=s.stop_id,
+        ),
+    )
     if existing is not None:
-        if existing.reason != request.reason:
-            raise Conflict(
-                f"client_submit_id {request.client_submit_id!r} already stopped this session "
-                f"for {existing.reason!r}",
-                stop_id=existing.stop_id,
-            )
         return existing, False
     turn_id, cancel_id = row.active_turn_id, None
     if turn_id is not None:

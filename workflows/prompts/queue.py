@@ -2,7 +2,6 @@
 running turn and no maintenance run holds it; the next goes when the previous turn settles."""
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,14 +10,11 @@ from sqlalchemy import exists, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased
 
-from models.base import utcnow
 from models.db import run_transaction
 from models.enums import PromptStatus, TurnOutcome
 from models.tables import AgentSession, Prompt
-from workflows import budgets, ids, leases
-from workflows.adapters.runtime import RuntimePort
+from workflows import accept, budgets, ids, leases
 from workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
-from workflows.fences.reinstall import ensure_fences_installed
 from workflows.maintenance.runs import holds, session_held
 from workflows.sessions.rows import lock_session, same_session
 from workflows.validation import check_id, check_submit_id, check_text
@@ -54,13 +50,18 @@ class PromptRequest:
 
 def submit(session: Session, request: PromptRequest, now: datetime) -> tuple[Prompt, bool]:
     lock_session(session, request.workspace_id, request.session_id)
-    existing = session.get(Prompt, request.prompt_id, populate_existing=True)
+    existing = accept.find_replay(
+        session,
+        Prompt,
+        request.prompt_id,
+        (request.text,),
+        lambda p: (p.text,),
+        lambda p: PromptConflict(
+            f"client_submit_id {request.client_submit_id!r} was used for another prompt",
+            prompt_id=p.prompt_id,
+        ),
+    )
     if existing is not None:
-        if existing.text != request.text:
-            raise PromptConflict(
-                f"client_submit_id {request.client_submit_id!r} was used for another prompt",
-                prompt_id=existing.prompt_id,
-            )
         return existing, False
     last = session.execute(
         select(func.max(Prompt.position)).where(
@@ -82,7 +83,7 @@ def submit(session: Session, request: PromptRequest, now: datetime) -> tuple[Pro
     return prompt, True
 
 
-def _take_next(session: Session, workspace_id: str, session_id: str, now: datetime) -> Prompt | str:
+def take_next(session: Session, workspace_id: str, session_id: str, now: datetime) -> Prompt | str:
     """Mark the session's next prompt dispatched if it may go now; else say why not."""
     row = lock_session(session, workspace_id, session_id)
     if session_held(session, workspace_id, session_id):
@@ -115,37 +116,7 @@ def _take_next(session: Session, workspace_id: str, session_id: str, now: dateti
     return prompt
 
 
-def dispatch_next(
-    engine: Engine,
-    runtime: RuntimePort,
-    workspace_id: str,
-    session_id: str,
-    clock: Callable[[], datetime] = utcnow,
-) -> str:
-    """`agent_radar.prompt.dispatch`: send the session's next prompt if it may go now."""
-    taken = run_transaction(engine, lambda s: _take_next(s, workspace_id, session_id, clock()))
-    if isinstance(taken, str):
-        return taken
-    try:
-        ensure_fences_installed(engine, runtime, workspace_id, session_id)
-        answer = runtime.submit_prompt(
-            workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
-        )
-    except (RuntimeFault, RuntimeDisconnected) as exc:
-        fault = exc
-        return run_transaction(engine, lambda s: _not_sent(s, taken, fault, clock()))
-    run_transaction(
-        engine,
-        lambda s: s.execute(
-            update(Prompt)
-            .where(Prompt.prompt_id == taken.prompt_id)
-            .values(turn_id=answer.get("turn_id"))
-        ),
-    )
-    return "dispatched"
-
-
-def _not_sent(
+def not_sent(
     session: Session, prompt: Prompt, exc: RuntimeFault | RuntimeDisconnected, now: datetime
 ) -> str:
     """The call failed: the prompt was not sent, or is not known to have been. It goes back

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from models.enums import FenceStatus, GoalAction, Origin
 from models.tables import GoalFence, GoalOperation, GoalState
-from workflows import ids
+from workflows import accept, ids
 from workflows.errors import FenceConflict, NotFound
 from workflows.goals.submit import GoalRequest, submit
 from workflows.sessions.rows import append_event, lock_session
@@ -54,14 +54,19 @@ class FenceRequest:
 def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tuple[GoalFence, bool]:
     """Accept a fence in the caller's transaction. Returns (fence, created)."""
     lock_session(session, request.workspace_id, request.session_id)
-    existing = session.get(GoalFence, request.fence_id, populate_existing=True)
+    existing = accept.find_replay(
+        session,
+        GoalFence,
+        request.fence_id,
+        (request.target_operation_id,),
+        lambda f: (f.target_operation_id,),
+        lambda f: FenceConflict(
+            f"client_submit_id {request.client_submit_id!r} already fences operation "
+            f"{f.target_operation_id}",
+            fence_id=f.fence_id,
+        ),
+    )
     if existing is not None:
-        if existing.target_operation_id != request.target_operation_id:
-            raise FenceConflict(
-                f"client_submit_id {request.client_submit_id!r} already fences operation "
-                f"{existing.target_operation_id}",
-                fence_id=existing.fence_id,
-            )
         return existing, False
     target = session.get(GoalOperation, request.target_operation_id)
     if (

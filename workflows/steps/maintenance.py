@@ -20,10 +20,11 @@ from models.tables import MaintenanceRun
 from workflows import leases
 from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fences.reinstall import ensure_fences_installed
 from workflows.maintenance import runs
-from workflows.sessions.release import release_session
-from workflows.task_names import EXECUTE_TASK
+from workflows.steps import Step
+from workflows.steps.fence_install import ensure_fences_installed
+from workflows.steps.wake import release_session
+from workflows.task_names import EXECUTE_TASK, Publish
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ HAND_BACK: dict = {"hand_back": True}
 # How long an executor keeps trying to record a failed terminal write as recovery before
 # leaving it to lease expiry and the sweeper.
 PERSIST_RETRY_S = 120
-Publish = Callable[[str, dict], bool]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class RunClaim:
 FINALIZE_TRIES = 3
 
 
-class MaintenanceExecutor:
+class MaintenanceExecutor(Step):
     def __init__(
         self,
         engine: Engine,
@@ -71,8 +71,9 @@ class MaintenanceExecutor:
         max_wait_s: float = MAX_WAIT_S,
         stopping: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
-        self.lease_s, self.publish, self.clock = lease_s, publish, clock
+        super().__init__(
+            engine, runtime, worker_id=worker_id, lease_s=lease_s, publish=publish, clock=clock
+        )
         self.poll_s, self.max_wait_s, self.stopping = poll_s, max_wait_s, stopping
 
     def execute(self, run_id: str) -> str:

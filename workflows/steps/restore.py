@@ -26,16 +26,15 @@ from models.tables import AgentSession, GoalFence, GoalOperation, GoalState
 from workflows import records
 from workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fences.reinstall import ensure_fences_installed, needs_restore
-from workflows.goals.dispatch import apply_goal
+from workflows.fences.reinstall import needs_restore
 from workflows.sessions.rows import lock_session
+from workflows.steps.fence_install import ensure_fences_installed
+from workflows.steps.goal_dispatch import apply_goal
 
 log = logging.getLogger(__name__)
 
 # A restore that met a runtime fault (not a disconnect) is due again after this long.
 RESTORE_RETRY_S = 10.0
-
-Publish = Callable[[str, dict], bool]
 
 
 def restore_fences(

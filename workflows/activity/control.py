@@ -5,10 +5,9 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from models.tables import AgentSession
-from workflows.adapters.runtime import RuntimePort
+from workflows.activity.epochs import EpochEffects, observe_epoch
 from workflows.fences.reinstall import record_installed, session_fences
 from workflows.goals.operations import open_client_operations
-from workflows.sessions.epochs import EpochEffects, observe_epoch
 from workflows.sessions.rows import lock_session
 
 
@@ -19,22 +18,6 @@ def durable_fences(session: Session, workspace_id: str, session_id: str) -> list
         (fence_id, {"target_operation_id": op_id, "target_revision": rev})
         for fence_id, op_id, rev in session_fences(session, workspace_id, session_id)
     ]
-
-
-def resume_if_offline(
-    runtime: RuntimePort, workspace_id: str, session_id: str, fences: list[dict]
-) -> tuple[bool, int]:
-    """Resume an offline session with its fences preloaded. Returns (resumed, epoch).
-    Only user-triggered paths call this: background work never resumes a session."""
-    liveness = runtime.liveness(workspace_id, session_id)
-    if liveness.get("live"):
-        return False, int(liveness.get("runtime_epoch") or 0)
-    answer = runtime.resume(workspace_id, session_id, fences)
-    # Reinstall them too before anything else reaches the session: a resume that dropped
-    # one must not let a fenced generation run. The user's own call: require_live false.
-    for fence in fences:
-        runtime.install_fence(workspace_id, session_id, require_live=False, **fence)
-    return True, int(answer.get("runtime_epoch") or 0)
 
 
 def record_live(

@@ -1,0 +1,113 @@
+"""What every part of the client shares: its settings, engine, publisher and runtime port;
+the accept of a submit (commit, then publish); loading a record; waiting for one to settle."""
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Self
+
+from models.db import engine_for, run_transaction
+from workflows import records
+from workflows.adapters.config import Settings
+from workflows.adapters.http_runtime import HostRouter
+from workflows.adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
+from workflows.adapters.runtime import RuntimePort
+from workflows.errors import NotFound
+from workflows.sessions import hosts
+from workflows.validation import check_id, check_seconds
+
+# How often `wait` looks at the database; the database is the source of truth.
+WAIT_POLL_S = 0.05
+# The longest `flush` may be asked to wait.
+MAX_FLUSH_S = 3600.0
+
+
+def _label(record: Any) -> str:
+    """What an operator knows a message by: workspace/session and the client submit ID."""
+    submit = getattr(record, "client_submit_id", None)
+    return f"{record.workspace_id}/{record.session_id}" + (f" submit={submit}" if submit else "")
+
+
+class ClientBase:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        runtime: RuntimePort | None = None,
+        publisher: TaskPublisher | None = None,
+    ) -> None:
+        base = settings or Settings.from_env()
+        self.settings = replace(
+            base,
+            database_url=database_url or base.database_url,
+            broker_url=broker_url or base.broker_url,
+        )
+        if self.settings.database_url.startswith("sqlite"):
+            self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.engine = engine_for(self.settings.database_url)
+        self.publisher = publisher or TaskPublisher(self.settings)
+        self.runtime = runtime or HostRouter(
+            self.settings.runtime_url,
+            hosts.locator(self.engine),
+            self.settings.runtime_token,
+            self.settings.runtime_timeout_s,
+            self.settings.host_concurrency,
+        )
+
+    @classmethod
+    def from_env(cls) -> Self:
+        return cls()
+
+    def _accept(self, work, task: str, message, coalesce_into: str | None = None) -> Any:
+        """Commit an intent (`work(session) -> (record, created)`), then publish its task.
+        A replay publishes nothing; a failed publish is left to the sweeper (the row is
+        the outbox). With `coalesce_into`, `message(record)` is one item of that list
+        argument, handed to the publisher's sender thread, which shares a message among the
+        submits of this process; the call returns after the commit (`flush` waits for the
+        message, and `close` or the end of the process publishes what is left)."""
+        if coalesce_into:
+            with self.publisher.coalescing(task, coalesce_into) as publish:
+                record, created = run_transaction(self.engine, work, direct=True)
+                if created:
+                    publish(message(record), _label(record))
+            return record
+        record, created = run_transaction(self.engine, work)
+        if created:
+            self.publisher.publish_after_commit(task, message(record), _label(record))
+        return record
+
+    def _load(
+        self,
+        row_type,
+        record_type,
+        key,
+        what: str,
+        workspace_id: str | None = None,
+        build: Callable[[Any, Any], Any] | None = None,
+        **error_attrs,
+    ) -> Any:
+        """Load a record by id. With `workspace_id` (DESIGN 4.10), a record of another
+        workspace is NotFound, exactly as a missing one. `build(session, row)` makes a record
+        that needs more than its row."""
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+
+        def load(s):
+            row = s.get(row_type, key)
+            if row is None or workspace_id is not None and row.workspace_id != workspace_id:
+                raise NotFound(f"no {what} {key}", **error_attrs)
+            if build is not None:
+                return build(s, row)
+            return records.record_of(record_type, row)
+
+        return run_transaction(self.engine, load)
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until the messages of this process's goal submits are at the broker (a goal
+        submit returns once its intent is committed); False if some still wait after
+        `timeout_s`: the sweeper publishes those."""
+        return self.publisher.flush(check_seconds("timeout_s", timeout_s, maximum=MAX_FLUSH_S))
+
+    def close(self) -> None:
+        self.publisher.close()

@@ -1,0 +1,184 @@
+"""The client's goal control and fences (DESIGN 4.1–4.3, 7.1)."""
+
+from sqlalchemy import select
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import GoalFence as GoalFenceRow
+from models.tables import GoalOperation as GoalOperationRow
+from models.tables import GoalState as GoalStateRow
+from workflows import ids, records
+from workflows.client.base import ClientBase
+from workflows.errors import NotFound
+from workflows.goals.fencing import FenceRequest, submit_fence
+from workflows.goals.submit import GoalRequest, load_operation, submit
+from workflows.records import (
+    Fence,
+    GoalOperation,
+    GoalState,
+)
+from workflows.task_names import (
+    DISPATCH_TASK,
+    FENCE_APPLY_TASK,
+)
+from workflows.validation import check_id
+
+
+class GoalCalls(ClientBase):
+    # -- goal control ----------------------------------------------------------------------
+    def goal_control(
+        self,
+        workspace_id: str,
+        session_id: str,
+        action: str,
+        objective: str | None = None,
+        *,
+        client_submit_id: str,
+        expected_revision: int | None = None,
+    ) -> GoalOperation:
+        request = GoalRequest.parse(
+            workspace_id,
+            session_id,
+            action,
+            objective,
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
+        return self._accept(
+            lambda s: submit(s, request, utcnow()),
+            DISPATCH_TASK,
+            lambda op: op.operation_id,
+            coalesce_into="operation_ids",
+        )
+
+    def set_goal(
+        self, workspace_id, session_id, objective, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "set",
+            objective,
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
+
+    def clear_goal(
+        self, workspace_id, session_id, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "clear",
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
+
+    def pause_goal(
+        self, workspace_id, session_id, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "pause",
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
+
+    def resume_goal(
+        self, workspace_id, session_id, *, client_submit_id, expected_revision=None
+    ) -> GoalOperation:
+        return self.goal_control(
+            workspace_id,
+            session_id,
+            "resume",
+            client_submit_id=client_submit_id,
+            expected_revision=expected_revision,
+        )
+
+    def find_goal_operation(
+        self, workspace_id: str, session_id: str, client_submit_id: str
+    ) -> GoalOperation | None:
+        operation_id = ids.goal_operation_id(
+            check_id("workspace_id", workspace_id),
+            check_id("session_id", session_id),
+            check_id("client_submit_id", client_submit_id),
+        )
+        return run_transaction(self.engine, lambda s: load_operation(s, operation_id))
+
+    def get_goal_operation(
+        self, operation_id: str, *, workspace_id: str | None = None
+    ) -> GoalOperation:
+        return self._load(
+            GoalOperationRow,
+            GoalOperation,
+            check_id("operation_id", operation_id),
+            "goal operation",
+            workspace_id,
+            operation_id=operation_id,
+        )
+
+    def goal_state(self, workspace_id: str, session_id: str) -> GoalState:
+        key = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
+
+        def load(s):
+            row = s.get(GoalStateRow, key)
+            if row is None:
+                raise NotFound(f"session {workspace_id}/{session_id} has no goal state")
+            return records.from_row(GoalState, row)
+
+        return run_transaction(self.engine, load)
+
+    def list_goal_operations(self, workspace_id: str, session_id: str) -> list[GoalOperation]:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        return run_transaction(
+            self.engine,
+            lambda s: [
+                records.from_row(GoalOperation, row)
+                for row in s.execute(
+                    select(GoalOperationRow)
+                    .where(
+                        GoalOperationRow.workspace_id == workspace_id,
+                        GoalOperationRow.session_id == session_id,
+                    )
+                    .order_by(GoalOperationRow.goal_revision)
+                ).scalars()
+            ],
+        )
+
+    # -- fences ----------------------------------------------------------------------------
+    def fence_goal_generation(
+        self,
+        workspace_id: str,
+        session_id: str,
+        target_operation_id: str,
+        *,
+        client_submit_id: str,
+        reason: str = "",
+    ) -> Fence:
+        """Forbid one exact goal generation forever, and clear it if it is still current.
+        The returned fence is accepted (durable); delivery to the agent follows."""
+        request = FenceRequest.parse(
+            workspace_id,
+            session_id,
+            target_operation_id,
+            client_submit_id=client_submit_id,
+            reason=reason,
+        )
+
+        def accept(s):
+            row, created = submit_fence(s, request, utcnow())
+            return Fence.from_row(row), created
+
+        return self._accept(accept, FENCE_APPLY_TASK, lambda f: {"fence_id": f.fence_id})
+
+    def get_fence(self, fence_id: str, *, workspace_id: str | None = None) -> Fence:
+        return self._load(
+            GoalFenceRow,
+            Fence,
+            check_id("fence_id", fence_id),
+            "fence",
+            workspace_id,
+            fence_id=fence_id,
+        )

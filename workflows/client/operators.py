@@ -1,0 +1,137 @@
+"""The client's operator calls (DESIGN 4.10): any operation by id, listing, retry, resolving a
+maintenance run, pruning history."""
+
+from typing import Any
+
+from models.base import utcnow
+from models.db import run_transaction
+from workflows.client.sessions import SessionCalls
+from workflows.operators import actions, catalog, retention
+from workflows.records import (
+    MaintenanceRun,
+    OperationSummary,
+)
+from workflows.steps.wake import release_session
+from workflows.task_names import (
+    DISPATCH_TASK,
+    FENCE_APPLY_TASK,
+)
+from workflows.validation import check_id, check_limit
+
+
+class OperatorCalls(SessionCalls):
+    # -- operators (DESIGN 4.10) -------------------------------------------------------------
+    def get_operation(self, operation_id: str, *, workspace_id: str | None = None) -> Any:
+        """The operation with this id, of any kind (its record has the kind's fields); with
+        `workspace_id`, one of another workspace is NotFound."""
+        check_id("operation_id", operation_id)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+        return run_transaction(
+            self.engine, lambda s: catalog.show(s, operation_id, workspace_id)[1]
+        )
+
+    def find_operations(
+        self, workspace_id: str, session_id: str, client_submit_id: str
+    ) -> list[Any]:
+        """Every operation submitted under this client submit ID in the session, one per
+        family that has one (IDs are scoped per family)."""
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        check_id("client_submit_id", client_submit_id)
+        return [
+            record
+            for _kind, record in run_transaction(
+                self.engine,
+                lambda s: catalog.find(s, workspace_id, session_id, client_submit_id),
+            )
+        ]
+
+    def list_operations(
+        self,
+        *,
+        kind: str | None = None,
+        status: str | None = None,
+        workspace_id: str | None = None,
+        session_id: str | None = None,
+        older_than_s: float | None = None,
+        limit: int = 50,
+    ) -> list[OperationSummary]:
+        """Operations of every kind (or one), oldest first, filtered by status, workspace,
+        session and age (accepted at least `older_than_s` seconds ago)."""
+        query = catalog.ListQuery.parse(kind, status, workspace_id, session_id, older_than_s, limit)
+        return run_transaction(self.engine, lambda s: catalog.list_operations(s, query, utcnow()))
+
+    def retry_operation(
+        self, operation_id: str, *, reason: str, workspace_id: str | None = None
+    ) -> Any:
+        """An operator retries a `failed` goal operation or fence: same id, a fresh budget;
+        audited with the reason. Returns its record."""
+        check_id("operation_id", operation_id)
+        reason = actions.check_operator_reason(reason)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+        done = run_transaction(
+            self.engine,
+            lambda s: actions.retry(s, operation_id, reason, utcnow(), workspace_id),
+        )
+        if done.kind == "fence":
+            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": operation_id})
+        else:
+            self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
+        return self.get_operation(operation_id)
+
+    def resolve_maintenance(
+        self, run_id: str, *, to: str, reason: str, workspace_id: str | None = None
+    ) -> MaintenanceRun:
+        """An operator ends a run in `recovery_required` as `failed` or `completed`; the
+        session's held work goes on. Audited with the reason."""
+        check_id("run_id", run_id)
+        reason = actions.check_operator_reason(reason)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+        done = run_transaction(
+            self.engine,
+            lambda s: actions.resolve(s, run_id, to, reason, utcnow(), workspace_id),
+        )
+        release_session(
+            self.engine,
+            self.publisher.publish_after_commit,
+            done.workspace_id,
+            done.session_id,
+            utcnow(),
+        )
+        return self.get_maintenance(run_id)
+
+    def prune(
+        self,
+        *,
+        dry_run: bool = False,
+        retention_days: float | None = None,
+        batch: int = retention.BATCH,
+        max_batches: int = 1,
+    ) -> dict:
+        """Retention (DESIGN 4.10): delete settled operations and events older than the
+        window, up to `max_batches` batches of `batch` rows of each kind, each batch its own
+        transaction. A dry run counts one batch and deletes nothing."""
+        days = retention.check_retention_days(
+            self.settings.retention_days if retention_days is None else retention_days
+        )
+        check_limit(batch)
+        totals: dict[str, int] = {}
+        cutoff = None
+        for _ in range(1 if dry_run else max_batches):
+            result = run_transaction(
+                self.engine,
+                lambda s: retention.prune_batch(s, utcnow(), days, batch, dry_run),
+            )
+            cutoff = result.cutoff
+            for name, count in result.rows.items():
+                totals[name] = totals.get(name, 0) + count
+            if max(result.rows.values(), default=0) < batch:
+                break  # nothing more of any kind
+        return {
+            "cutoff": cutoff.isoformat() if cutoff else None,
+            "dry_run": dry_run,
+            "rows": totals,
+        }

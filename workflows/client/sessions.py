@@ -1,0 +1,298 @@
+"""The client's sessions: prompts, maintenance, admission, resume and stop, history, agent
+hosts and activity reports (DESIGN 4.4–4.9, 7.1)."""
+
+from typing import Any
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import MaintenanceRun as MaintenanceRunRow
+from models.tables import Prompt as PromptRow
+from models.tables import SessionStop as SessionStopRow
+from workflows import records
+from workflows.activity import stops
+from workflows.activity.activity import apply_report, parse_report
+from workflows.activity.control import durable_fences, load_session, record_live
+from workflows.activity.epochs import EpochEffects, bind_host
+from workflows.client.base import ClientBase
+from workflows.errors import InvalidArgument, NotFound
+from workflows.maintenance import runs
+from workflows.operators import actions
+from workflows.prompts import queue as prompts
+from workflows.prompts.queue import PromptRequest
+from workflows.records import (
+    HistoryRow,
+    Host,
+    MaintenanceRun,
+    SessionInfo,
+)
+from workflows.records import Prompt as PromptRecord
+from workflows.records import SessionStop as SessionStopRecord
+from workflows.sessions import hosts
+from workflows.sessions.history import session_history
+from workflows.steps.fence_install import resume_if_offline
+from workflows.steps.restore import restore_fences
+from workflows.steps.wake import publish_epoch_effects
+from workflows.task_names import (
+    CANCEL_APPLY_TASK,
+    DISPATCH_TASK,
+    EXECUTE_TASK,
+    FENCE_APPLY_TASK,
+    PROMPT_TASK,
+    RESTORE_TASK,
+)
+from workflows.validation import check_id, check_limit, check_url
+
+
+class SessionCalls(ClientBase):
+    # -- prompts ---------------------------------------------------------------------------
+    def submit_prompt(
+        self, workspace_id: str, session_id: str, text: str, *, client_submit_id: str
+    ) -> PromptRecord:
+        request = PromptRequest.parse(
+            workspace_id, session_id, text, client_submit_id=client_submit_id
+        )
+
+        def queue(s):
+            row, created = prompts.submit(s, request, utcnow())
+            return records.from_row(PromptRecord, row), created
+
+        return self._accept(
+            queue,
+            PROMPT_TASK,
+            lambda p: {"workspace_id": p.workspace_id, "session_id": p.session_id},
+        )
+
+    def get_prompt(self, prompt_id: str, *, workspace_id: str | None = None) -> PromptRecord:
+        return self._load(
+            PromptRow,
+            PromptRecord,
+            check_id("prompt_id", prompt_id),
+            "prompt",
+            workspace_id,
+            prompt_id=prompt_id,
+        )
+
+    def drain_session(
+        self, workspace_id: str, session_id: str, *, reason: str = "drained"
+    ) -> SessionInfo:
+        """Stop admitting maintenance on this session (RuntimeDraining from now on); an
+        operator action, audited in the session's events with its reason (DESIGN 4.10)."""
+        return self._set_admission(workspace_id, session_id, "draining", reason)
+
+    def undrain_session(self, workspace_id: str, session_id: str, *, reason: str) -> SessionInfo:
+        """Admit maintenance on this session again; audited with its reason."""
+        return self._set_admission(workspace_id, session_id, "open", reason)
+
+    def _set_admission(
+        self, workspace_id: str, session_id: str, admission: str, reason: str
+    ) -> SessionInfo:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        reason = actions.check_operator_reason(reason)
+        run_transaction(
+            self.engine,
+            lambda s: actions.set_admission(
+                s, workspace_id, session_id, admission, reason, utcnow()
+            ),
+        )
+        return self.session_info(workspace_id, session_id)
+
+    # -- maintenance -----------------------------------------------------------------------
+    def start_maintenance(
+        self,
+        workspace_id: str,
+        session_id: str,
+        kind: str = "compact",
+        *,
+        client_submit_id: str,
+        args: dict | None = None,
+        expected_runtime_epoch: int | None = None,
+    ) -> MaintenanceRun:
+        """Admit an exclusive maintenance run; its first record is durable on return. With
+        `expected_runtime_epoch`, a session whose agent host has moved to a newer epoch
+        since is draining for this caller (RuntimeDraining, nothing written)."""
+        request = runs.MaintenanceRequest.parse(
+            workspace_id,
+            session_id,
+            kind,
+            client_submit_id=client_submit_id,
+            args=args,
+            expected_runtime_epoch=expected_runtime_epoch,
+        )
+
+        def admit(s):
+            row, created = runs.start(s, request, utcnow())
+            return records.from_row(MaintenanceRun, row), created
+
+        return self._accept(admit, EXECUTE_TASK, lambda run: {"run_id": run.run_id})
+
+    def cancel_maintenance(self, run_id: str, *, workspace_id: str | None = None) -> MaintenanceRun:
+        check_id("run_id", run_id)
+        if workspace_id is not None:
+            check_id("workspace_id", workspace_id)
+
+        def cancel(s):
+            row = runs.request_cancel(s, run_id, utcnow(), workspace_id)
+            if row is None:
+                raise NotFound(f"no maintenance run {run_id}", run_id=run_id)
+            return records.from_row(MaintenanceRun, row)
+
+        return run_transaction(self.engine, cancel)
+
+    def get_maintenance(self, run_id: str, *, workspace_id: str | None = None) -> MaintenanceRun:
+        return self._load(
+            MaintenanceRunRow,
+            MaintenanceRun,
+            check_id("run_id", run_id),
+            "maintenance run",
+            workspace_id,
+            run_id=run_id,
+        )
+
+    def history(self, workspace_id: str, session_id: str, limit: int = 50) -> list[HistoryRow]:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        limit = check_limit(limit)
+        return run_transaction(
+            self.engine, lambda s: session_history(s, workspace_id, session_id, limit)
+        )
+
+    # -- sessions --------------------------------------------------------------------------
+    def ensure_session(
+        self, workspace_id: str, session_id: str, *, host_id: str | None = None
+    ) -> SessionInfo:
+        """User-triggered: resume an offline session with every durable fence preloaded,
+        then wake its prepared goal operations. A live session whose host moved to a newer
+        runtime epoch gets its fences installed there again; at the same epoch nothing is
+        reinstalled (DESIGN 4.9). With `host_id` (a registered host), the session is bound
+        to that host first; another host than its own is a move, a new epoch there."""
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+        if host_id is not None:
+            hosts.check_host_id(host_id)
+            moved = run_transaction(
+                self.engine,
+                lambda s: bind_host(s, workspace_id, session_id, host_id, utcnow()),
+            )
+            self._publish_epoch(workspace_id, session_id, moved)
+        fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
+        resumed, epoch = resume_if_offline(
+            self.runtime, workspace_id, session_id, [fence for _id, fence in fences]
+        )
+        installed = [fence_id for fence_id, _fence in fences] if resumed else []
+        wake, effects = run_transaction(
+            self.engine,
+            lambda s: record_live(s, workspace_id, session_id, epoch, utcnow(), installed),
+        )
+        self._publish_epoch(workspace_id, session_id, effects)
+        # Whatever fence is not known to be at this (host, epoch) goes there, and a clear
+        # settled locally is delivered: the user's own call, so require_live false.
+        restore_fences(self.engine, self.runtime, workspace_id, session_id, require_live=False)
+        for operation_id in wake:
+            self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
+        return self.session_info(workspace_id, session_id)
+
+    def _publish_epoch(self, workspace_id: str, session_id: str, effects: EpochEffects) -> None:
+        publish_epoch_effects(
+            self.engine,
+            self.publisher.publish_after_commit,
+            workspace_id,
+            session_id,
+            effects,
+            utcnow(),
+        )
+
+    def stop_session(
+        self, workspace_id: str, session_id: str, *, client_submit_id: str, reason: str = ""
+    ) -> SessionStopRecord:
+        """Cancel the session's running turn (a durable cancel) and its active maintenance run,
+        in one idempotent operation; queued prompts and goal operations stay queued. The
+        record settles when both have ended (DESIGN 4.9)."""
+        request = stops.StopRequest.parse(
+            workspace_id, session_id, client_submit_id=client_submit_id, reason=reason
+        )
+
+        def accept(s):
+            row, created = stops.stop(s, request, utcnow())
+            return stops.record(s, row), created
+
+        record, created = run_transaction(self.engine, accept)
+        if created and record.cancel_operation_id is not None:
+            self.publisher.publish_after_commit(
+                CANCEL_APPLY_TASK, {"operation_id": record.cancel_operation_id}
+            )
+        return record
+
+    def get_session_stop(
+        self, stop_id: str, *, workspace_id: str | None = None
+    ) -> SessionStopRecord:
+        return self._load(
+            SessionStopRow,
+            SessionStopRecord,
+            check_id("stop_id", stop_id),
+            "session stop",
+            workspace_id,
+            build=stops.record,
+            stop_id=stop_id,
+        )
+
+    # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
+    def add_host(
+        self, host_id: str, url: str, *, replace: bool = False, token: str | None = None
+    ) -> Host:
+        """Register an agent host, with the bearer token that host alone accepts (calls to
+        it carry that one, never another host's). The same URL and token again change
+        nothing; others are a Conflict unless `replace`. The host `default` is
+        AGENT_RADAR_RUNTIME_URL, with AGENT_RADAR_RUNTIME_TOKEN."""
+        host_id = hosts.check_host_id(host_id, allow_default=False)
+        url = check_url(url)
+        if token is not None:
+            check_id("token", token)
+            if any(c.isspace() for c in token):
+                raise InvalidArgument("token must not contain spaces", field="token")
+        return run_transaction(
+            self.engine, lambda s: hosts.add_host(s, host_id, url, utcnow(), replace, token)
+        )
+
+    def remove_host(self, host_id: str) -> Host:
+        """Unregister an agent host that no session is bound to."""
+        host_id = hosts.check_host_id(host_id, allow_default=False)
+        return run_transaction(self.engine, lambda s: hosts.remove_host(s, host_id))
+
+    def list_hosts(self) -> list[Host]:
+        """Every host, `default` first, with the number of sessions bound to each."""
+        return run_transaction(
+            self.engine, lambda s: hosts.list_hosts(s, self.settings.runtime_url)
+        )
+
+    def session_info(self, workspace_id: str, session_id: str) -> SessionInfo:
+        check_id("workspace_id", workspace_id)
+        check_id("session_id", session_id)
+
+        def load(s):
+            row = load_session(s, workspace_id, session_id)
+            if row is None:
+                raise NotFound(f"unknown session {workspace_id}/{session_id}")
+            return records.from_row(SessionInfo, row)
+
+        return run_transaction(self.engine, load)
+
+    def report_activity(self, report: dict[str, Any]) -> list[str]:
+        """Apply an agent host's report; returns the goal operations it completed."""
+        parsed = parse_report(report, utcnow())
+        effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
+        for fence_id in effects.wake_fences:
+            self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        for operation_id in effects.cancels:
+            self.publisher.publish_after_commit(CANCEL_APPLY_TASK, {"operation_id": operation_id})
+        if effects.restore:
+            self.publisher.publish_after_commit(
+                RESTORE_TASK, {"workspace_id": parsed.workspace_id, "session_id": parsed.session_id}
+            )
+        if effects.epoch.released:
+            self._publish_epoch(parsed.workspace_id, parsed.session_id, EpochEffects(released=True))
+        if effects.wake_prompts:
+            self.publisher.publish_after_commit(
+                PROMPT_TASK, {"workspace_id": parsed.workspace_id, "session_id": parsed.session_id}
+            )
+        return effects.completed

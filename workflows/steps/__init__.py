@@ -1,0 +1,30 @@
+"""Steps act, rules decide (docs/architecture.md): the only code that claims work, calls an
+agent host and publishes — goal dispatch, fence apply, cancels, the maintenance executor,
+prompt dispatch, and the wake-ups after a release."""
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy.engine import Engine
+
+from models.base import utcnow
+from workflows.adapters.runtime import RuntimePort
+from workflows.task_names import Publish
+
+
+class Step:
+    """What a step holds: the database, the runtime port, the worker it runs for (the owner of
+    the leases it takes), how long those leases last, the publish port and the clock."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        worker_id: str,
+        lease_s: float,
+        publish: Publish,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
+        self.lease_s, self.publish, self.clock = lease_s, publish, clock

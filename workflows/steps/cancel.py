@@ -1,0 +1,221 @@
+"""Durable turn cancels (DESIGN 4.5): requested, delivered to the session's host and retried;
+a session the host no longer has settles them locally. Background work: never resumes a
+session (a liveness look only)."""
+
+import logging
+
+from sqlalchemy.orm import Session
+
+from models.db import run_transaction
+from models.enums import (
+    CancelResult,
+    CancelStatus,
+)
+from models.tables import CancelOperation
+from workflows import budgets
+from workflows.activity.epochs import EpochEffects, observe_epoch
+from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.fences import cancels
+from workflows.fences.reinstall import needs_restore, request_restore
+from workflows.goals.operations import backoff_s
+from workflows.sessions.rows import lock_session
+from workflows.steps import Step
+from workflows.steps.wake import publish_epoch_effects
+from workflows.task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+
+log = logging.getLogger(__name__)
+
+
+def mark_offline(session: Session, workspace_id: str, session_id: str) -> None:
+    """The runtime said the session is offline: remember it, so background work settles
+    locally instead of calling an agent host that is not there."""
+    lock_session(session, workspace_id, session_id).live = False
+
+
+def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> int | None:
+    """A liveness look (never a resume): RuntimeDisconnected if the session is offline;
+    else the runtime epoch the host answered, if it did."""
+    answer = runtime.liveness(workspace_id, session_id)
+    if not answer.get("live"):
+        raise RuntimeDisconnected("the session is offline at the agent host")
+    return answer.get("runtime_epoch")
+
+
+class CancelRunner(Step):
+    """Requests and retries durable turn cancels."""
+
+    @property
+    def deadline_s(self) -> float:
+        # How long an accepted cancel waits for its turn-settled report before the stale
+        # cancel sweep looks at the session again.
+        return 2 * self.lease_s
+
+    def require_live(self, workspace_id: str, session_id: str, *, restore: bool = True) -> bool:
+        """A liveness look (never a resume) whose answer counts as what it is: the session is
+        live, at the epoch its host answered (DESIGN 4.9). A newer one ends the older
+        epoch's turns and run here too, and what waited on them goes on; a fence not known
+        to be installed there, or a clear not yet delivered, gets the session's restore
+        (unless the caller is that restore). True if the epoch was newer. Raises
+        RuntimeDisconnected when the session is offline."""
+        epoch = require_live(self.runtime, workspace_id, session_id)
+
+        def observe(s: Session) -> tuple[EpochEffects, bool]:
+            now = self.clock()
+            row = lock_session(s, workspace_id, session_id)
+            row.live = True
+            effects = EpochEffects()
+            if epoch and epoch > (row.runtime_epoch or 0):
+                effects = observe_epoch(s, row, epoch, now)
+            wanted = restore and needs_restore(s, row) and request_restore(row, now)
+            return effects, wanted
+
+        effects, wanted = run_transaction(self.engine, observe)
+        if wanted:
+            self.publish(RESTORE_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+        if not effects.newer:
+            return False
+        publish_epoch_effects(
+            self.engine, self.publish, workspace_id, session_id, effects, self.clock()
+        )
+        if not effects.released:  # a release wakes the prompt queue itself
+            self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+        return True
+
+    def request(self, workspace_id: str, session_id: str, turn_id: str, reason: str) -> str:
+        """Cancel a turn (require_live), or join the cancel it already has for another cause
+        (a session stop: a turn is cancelled once, whoever asked, DESIGN 4.3). Returns
+        "settled" or "waiting"; raises RuntimeDisconnected (no row written) when the session
+        is offline."""
+        self.require_live(workspace_id, session_id)
+
+        def prepare_and_claim(s: Session):
+            cancel = cancels.prepare(
+                s, workspace_id, session_id, turn_id, reason, self.clock(), join=True
+            )
+            if cancel.status == CancelStatus.COMPLETED:
+                return cancel, None
+            return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
+
+        cancel, token = run_transaction(self.engine, prepare_and_claim)
+        if cancel.status == CancelStatus.COMPLETED:
+            return "settled"
+        if token is None:
+            return "waiting"  # already requested; its answer or report is on the way
+        return self._deliver(cancel, token)
+
+    def _deliver(self, cancel: CancelOperation, token: str) -> str:
+        """The cancel call (require_live) and its recorded answer: "settled" or "waiting".
+        A host that does not know the turn (`not_found`: it restarted, or the turn never
+        ran there) is an end for it: it is not running there, and the cancel completes
+        `interrupted` instead of spending its budget on a turn nobody has."""
+        try:
+            answer = self.runtime.cancel_turn(
+                cancel.workspace_id,
+                cancel.session_id,
+                cancel.turn_id,
+                operation_id=cancel.operation_id,
+                reason=cancel.reason,  # a joined cancel keeps the reason it was made for
+                require_live=True,
+            )
+        except RuntimeFault as exc:
+            if exc.code != NOT_FOUND:
+                raise
+            answer = {"result": CancelResult.INTERRUPTED}
+        return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
+
+    def _record(self, s: Session, cancel: CancelOperation, token: str, answer: dict) -> str:
+        result = answer.get("result")
+        if result in (
+            CancelResult.CANCELED,
+            CancelResult.ALREADY_SETTLED,
+            CancelResult.INTERRUPTED,
+        ):
+            cancels.complete(s, cancel, result, self.clock(), token)
+            return "settled"
+        cancels.wait_for_settle(s, cancel, token, self.deadline_s, self.clock())
+        return "waiting"
+
+    def apply(self, operation_id: str) -> str:
+        """`agent_radar.cancel.apply`, the stale-cancel path (DESIGN 4.5). A live session gets
+        the cancel retried with backoff; an offline one waits, using no budget, and gets it
+        once it is live again (a disconnect is no end: the turn may still run); a session that
+        is gone (`session_not_found`) settles its turns as interrupted locally. Never a
+        resume; past its budget the cancel ends `failed`."""
+
+        def claim(s: Session):
+            cancel = s.get(CancelOperation, operation_id, populate_existing=True)
+            if cancel is None or cancel.status not in cancels.OPEN_CANCEL_STATUSES:
+                return None, None
+            return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
+
+        cancel, token = run_transaction(self.engine, claim)
+        if token is None:
+            return "skipped"
+        # The claim counted this attempt: the budget is of the ones made before it.
+        spent = budgets.spent(cancel.attempt - 1, cancel.failing_since, self.clock())
+        if spent is not None:
+            error = budgets.exhausted(spent, cancel.last_error)
+            run_transaction(
+                self.engine, lambda s: cancels.fail(s, cancel, token, error, self.clock())
+            )
+            log.warning("cancel %s failed: delivery budget exhausted", operation_id)
+            return "failed"
+        ws, sid = cancel.workspace_id, cancel.session_id
+        try:
+            if self.require_live(ws, sid) and not run_transaction(
+                self.engine, lambda s: cancels.is_open(s, operation_id)
+            ):
+                return "interrupted"  # the host restarted: the turn ended with its process
+            outcome = self._deliver(cancel, token)
+        except RuntimeDisconnected:
+
+            def wait(s: Session) -> None:
+                mark_offline(s, ws, sid)
+                cancels.wait_offline(s, cancel, token, self.clock())
+
+            run_transaction(self.engine, wait)
+            return "waiting_offline"
+        except RuntimeFault as exc:
+            if exc.code == SESSION_NOT_FOUND:
+                self.session_gone(ws, sid)
+                return "interrupted"
+            error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
+            run_transaction(
+                self.engine,
+                lambda s: cancels.retry_later(s, cancel, token, error, delay, self.clock()),
+            )
+            return "retry"
+        if outcome == "settled":
+            self._wake(cancel)
+        return outcome
+
+    def session_gone(self, workspace_id: str, session_id: str, extra=None) -> object:
+        """The host answered session_not_found: the session is gone, an authoritative end for
+        every turn of it. They end interrupted (their open cancels too), in one transaction
+        with `extra(s)` if given; the fences and the prompt queue that waited move on."""
+
+        def settle(s: Session):
+            mark_offline(s, workspace_id, session_id)
+            result = extra(s) if extra is not None else None
+            woken = cancels.interrupt_running_turns(s, workspace_id, session_id, self.clock())
+            return result, woken
+
+        result, woken = run_transaction(self.engine, settle)
+        log.warning(
+            "session %s/%s is gone at its host: its turns end interrupted", workspace_id, session_id
+        )
+        for fence_id in woken:
+            self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        self.publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+        return result
+
+    def _wake(self, cancel: CancelOperation) -> None:
+        fence_ids = run_transaction(
+            self.engine,
+            lambda s: cancels.waiting_fences(
+                s, cancel.workspace_id, cancel.session_id, cancel.turn_id, self.clock()
+            ),
+        )
+        for fence_id in fence_ids:
+            self.publish(FENCE_APPLY_TASK, {"fence_id": fence_id})

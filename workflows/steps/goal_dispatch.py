@@ -1,0 +1,226 @@
+"""Goal dispatch (DESIGN 4.2 dispatch, 4.8 lanes): the batched step a worker runs.
+
+A dispatch reads which lanes to open, claims them (goal_claim.py), and hands the claims to a
+drain that calls the hosts, each within its bulkhead (flight.py), and records the outcomes
+(goals/outcomes.py) as the calls finish.
+"""
+
+import functools
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.db import run_read, run_transaction
+from models.dialects import dialect_of
+from models.enums import Origin
+from workflows import records
+from workflows.adapters.runtime import RuntimePort
+from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.goals import outcomes
+from workflows.goals.claims import Attempt, Claim, Lane, StepResult
+from workflows.goals.statements import (
+    MAX_LANES_PER_STEP,
+    OPS_LANES,
+    OPS_LANES_AND_DUE,
+)
+from workflows.steps import flight, worker_drain
+from workflows.steps.fence_install import ensure_fences_installed
+from workflows.steps.goal_claim import GoalClaims, first_per_session, with_due_along
+
+log = logging.getLogger(__name__)
+
+
+def apply_goal(
+    runtime: RuntimePort, op: records.GoalOperation, *, require_live: bool = True
+) -> dict[str, Any]:
+    """The runtime call of one goal operation (require_live: no background call resumes a
+    session; only a user's own ensure_session passes False)."""
+    return runtime.apply_goal(
+        op.workspace_id,
+        op.session_id,
+        operation_id=op.operation_id,
+        action=op.action,
+        objective=op.objective,
+        revision=op.goal_revision,
+        client_submit_id=op.client_submit_id,
+        require_live=require_live,
+    )
+
+
+class Dispatcher(GoalClaims):
+    """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
+
+    A short transaction takes lanes and claims their operations (lane + operation lease,
+    `dispatched`), up to MAX_LANES_PER_STEP at a time; the calls then run in a drain
+    (flight.py: per-host bulkheads), whose transactions record the outcomes as calls finish,
+    release the lanes, and take back those with due work and claim it.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        runtime: RuntimePort,
+        *,
+        worker_id: str,
+        lease_s: float,
+        clock: Callable[[], datetime] = utcnow,
+        resume_session: Callable[[str, str], Any] | None = None,
+        hand_off: bool = False,
+    ) -> None:
+        super().__init__(engine, worker_id=worker_id, lease_s=lease_s, clock=clock)
+        # A worker's dispatch hands its claims to the process's drain and returns (flight.py).
+        self.hand_off = hand_off
+        self.runtime = runtime
+        # Client operations may bring an offline session back (user-triggered, fences
+        # preloaded); fence-made operations never do.
+        self.resume_session = resume_session
+        # Whether a step's record releases its lanes in its own statement (PostgreSQL:
+        # data-modifying CTEs), one round trip less on every step.
+        self.releases_in_record = dialect_of(engine).writes_together
+
+    def dispatch(self, operation_id: str) -> list[StepResult]:
+        return self.dispatch_many([operation_id])
+
+    def dispatch_many(
+        self,
+        operation_ids: list[str],
+        steal: bool = False,
+    ) -> list[StepResult]:
+        """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
+        operation and drain those lanes together, starting with these operations. With
+        `steal`, a dispatch also takes other due operations along — where it
+        `steals_anywhere`, even when its own were already taken: under load the messages
+        queue behind their work and most find it taken along by an earlier one, and taking
+        what is due then serves the operations whose messages are still in the queue."""
+
+        def lanes_to_open(
+            s: Session, wanted: list[str]
+        ) -> tuple[dict[tuple[str, str], str], set[tuple[str, str]], bool]:
+            """Per session lane to open, the operation to start with: the given ones' and
+            (stealing) other due ones'; the sessions taken along; and whether none of the
+            given ones was there to take (their message came late)."""
+            conn = s.connection()
+            params = {"b_ops": wanted, "b_now": self.clock()}
+            if not steal:
+                return first_per_session(conn.execute(OPS_LANES, params)), set(), False
+            rows = conn.execute(OPS_LANES_AND_DUE, params).all()
+            late = not any(row.wanted for row in rows)
+            if not self.steals_anywhere and late:
+                return {}, set(), late
+            return (*with_due_along(rows, lambda row: row.wanted), late)
+
+        results: list[StepResult] = []
+        for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
+            wanted = list(operation_ids[start : start + MAX_LANES_PER_STEP])
+            # The read needs no transaction of its own (the claim checks every row again
+            # under the session lock), so a message whose work is already done or taken,
+            # with nothing else due, costs one statement.
+            first, along, late = run_read(
+                self.engine, functools.partial(lanes_to_open, wanted=wanted), direct=True
+            )
+            if first:
+                # Lanes taken along are not waited for: a dispatch that is taking one right
+                # now (another stealing the same backlog, most often) keeps it, and this one
+                # goes on with the rest instead of waiting to find it taken. The given
+                # operations' lanes are waited for (see _drain). A message that came after
+                # its work was taken says the messages lag behind the work: its steps then
+                # take all due work at their ends, however young (see STEAL_AFTER).
+                results += self._drain(
+                    run_transaction(
+                        self.engine,
+                        functools.partial(self._open, first=first, along=along),
+                        direct=True,
+                    ),
+                    steal,
+                    eager=late,
+                )
+        return results
+
+    def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
+        """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
+        return self._drain(
+            run_transaction(
+                self.engine,
+                lambda s: self.next_work(s, [(workspace_id, session_id)]),
+                direct=True,
+            )
+        )
+
+    def _drain(
+        self, work: dict[Lane, Claim | StepResult], steal: bool = False, eager: bool = False
+    ) -> list[StepResult]:
+        """Call the runtime for every claimed operation, each host within its bulkhead
+        (flight.py); as calls finish, one transaction records their outcomes, releases their
+        lanes, takes back those that have due work and claims it (with `steal`, other due
+        work too). Handing off (a worker), the calls go on in this process's drain and the
+        claims are reported `in_flight`."""
+        if self.hand_off:
+            if work:
+                worker_drain.hand_off(self, work, eager)
+            return [
+                current
+                if isinstance(current, StepResult)
+                else StepResult(current.op.operation_id, "in_flight")
+                for current in work.values()
+            ]
+        drain = flight.Drain(self, steal, eager)
+        drain.add(work)
+        return drain.run()
+
+    def record(
+        self, s: Session, attempts: list[Attempt], lanes: list[Lane]
+    ) -> tuple[list[StepResult], bool]:
+        """Record the attempts' outcomes (goals.outcomes.record) in the caller's transaction;
+        where it can, the lanes are released in the same statement."""
+        return outcomes.record(
+            s, attempts, lanes, self.clock(), releases_in_record=self.releases_in_record
+        )
+
+    def attempt(self, claim: Claim) -> Attempt:
+        """Call the runtime (outside any transaction)."""
+        try:
+            runtime = self.runtime.on_host(*claim.host)
+            if claim.reinstall:
+                ensure_fences_installed(
+                    self.engine, runtime, claim.op.workspace_id, claim.op.session_id
+                )
+            return Attempt(claim, answer=self._call_runtime(runtime, claim.op))
+        except RuntimeFault as exc:
+            return Attempt(claim, fault=exc, retryable=exc.retryable)
+        except RuntimeDisconnected as exc:
+            return Attempt(claim, fault=exc, retryable=True)
+        except Exception as exc:  # noqa: BLE001 - one call's failure stays that call's
+            log.exception("goal operation %s: runtime call failed", claim.op.operation_id)
+            fault = RuntimeFault(
+                f"runtime call failed: {exc.__class__.__name__}",
+                code="bad_response",
+                retryable=True,
+                http_status=None,
+            )
+            return Attempt(claim, fault=fault, retryable=True)
+
+    def _call_runtime(self, runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:
+        try:
+            return apply_goal(runtime, op)
+        except RuntimeDisconnected:
+            if op.origin != Origin.CLIENT or self.resume_session is None:
+                raise
+            self.resume_session(op.workspace_id, op.session_id)
+            return apply_goal(runtime, op)
+
+    # For tests that drive an attempt by hand, each in its own transaction.
+    def record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:
+        return run_transaction(
+            self.engine, lambda s: outcomes.answer_outcome(s, claim, answer, self.clock())
+        )
+
+    def record_fault(self, claim: Claim, exc: Exception, retryable: bool) -> StepResult:
+        return run_transaction(
+            self.engine,
+            lambda s: outcomes.fault_outcome(s, claim, exc, retryable, self.clock()),
+        )

@@ -1,0 +1,175 @@
+"""Per-host bulkheads (docs/dispatch.md): each host's concurrency limit and circuit breaker
+in one worker process, and the record of the circuits that open and close (for `status`)."""
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from models.base import table_of, utcnow
+from models.db import insert_ignore
+from models.tables import HostCircuit
+from workflows.adapters import metrics
+from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
+
+log = logging.getLogger(__name__)
+
+# Calls in flight from one worker process, all hosts together; a dispatch task that finds the
+# process this full waits before claiming more.
+MAX_IN_FLIGHT = 256
+# A claim given back because its host is full is due again after this long.
+FULL_RETRY_S = 1.0
+# The circuit breaker: this many calls to a host failing in a row (timeouts, refused or
+# dropped connections, 5xx) open its circuit for BREAKER_OPEN_S, doubling on each failed
+# trial up to BREAKER_MAX_OPEN_S; while open, its sessions' work is left due, unattempted.
+BREAKER_FAILURES = 5
+BREAKER_OPEN_S = 2.0
+BREAKER_MAX_OPEN_S = 60.0
+HOST_FAULTS = frozenset({"timeout", "unreachable", "server_error"})
+GO, FULL, OPEN = "go", "full", "open"
+
+
+@dataclass
+class _Host:
+    in_flight: int = 0
+    failures: int = 0
+    open_until: float = 0.0  # time.monotonic()
+    open_for: float = 0.0
+    trial: bool = False  # a half-open circuit's one call is in flight
+
+
+@dataclass
+class Transition:
+    """A circuit that opened (`open_until` set) or closed, to be written for `status`."""
+
+    host_id: str
+    open_until: datetime | None
+    failures: int = 0
+    error: str | None = None
+
+
+class HostGate:
+    """Per-process admission of calls to each host: its concurrency limit and its circuit
+    breaker. Thread-safe."""
+
+    def __init__(self, limit: int = DEFAULT_HOST_CONCURRENCY) -> None:
+        self.limit = limit
+        self._hosts: dict[str, _Host] = {}
+        self._lock = threading.Lock()
+        self._transitions: list[Transition] = []
+        self.total = 0  # calls in flight to every host: at most MAX_IN_FLIGHT (the pool)
+
+    def admit(self, host_id: str) -> tuple[str, float, bool]:
+        """GO (a slot is taken: call `done` after), FULL, or OPEN with the seconds until
+        the circuit lets a trial through; and whether this call is that trial."""
+        now = time.monotonic()
+        with self._lock:
+            host = self._hosts.setdefault(host_id, _Host())
+            trial = False
+            if host.open_until:
+                if now < host.open_until or host.trial:
+                    return OPEN, max(host.open_until - now, FULL_RETRY_S), False
+                host.trial = trial = True  # half-open: this one call finds out
+            elif host.in_flight >= self.limit or self.total >= MAX_IN_FLIGHT:
+                return FULL, FULL_RETRY_S, False
+            host.in_flight += 1
+            self.total += 1
+            return GO, 0.0, trial
+
+    def done(self, host_id: str, fault: Exception | None, trial: bool, called: bool) -> None:
+        """A call admitted to this host ended (`called`: it reached the host; `fault`: its
+        failure, if it failed; `trial`: it was the half-open circuit's trial). Only calls
+        that were admitted while the circuit was shut, or its trial, say anything about
+        the host: a call that hung from before the circuit opened does not count twice."""
+        failed = getattr(fault, "code", None) in HOST_FAULTS
+        with self._lock:
+            host = self._hosts[host_id]
+            host.in_flight -= 1
+            self.total -= 1
+            if trial:
+                host.trial = False
+            if not called or (host.open_until and not trial):
+                return
+            if not failed:
+                if host.open_until:
+                    self._transitions.append(Transition(host_id, None))
+                    metrics.HOST_CIRCUIT_OPEN.labels(host_id).set(0)
+                host.failures, host.open_until, host.open_for = 0, 0.0, 0.0
+                return
+            host.failures += 1
+            if not trial and host.failures < BREAKER_FAILURES:
+                return
+            host.open_for = min(BREAKER_MAX_OPEN_S, max(BREAKER_OPEN_S, host.open_for * 2))
+            host.open_until = time.monotonic() + host.open_for
+            until = utcnow() + timedelta(seconds=host.open_for)
+            self._transitions.append(Transition(host_id, until, host.failures, str(fault)))
+        metrics.HOST_CIRCUIT_OPEN.labels(host_id).set(1)
+        metrics.HOST_CIRCUIT_OPENS.labels(host_id).inc()
+        log.warning(
+            "host %s: %d calls failed in a row (%s); its calls stop for %.0f s",
+            host_id,
+            host.failures,
+            fault,
+            host.open_for,
+        )
+
+    def put_back(self, transitions: list[Transition]) -> None:
+        """Transitions whose write failed, to be written with the next."""
+        with self._lock:
+            self._transitions[:0] = transitions
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self.total
+
+    def take_transitions(self) -> list[Transition]:
+        with self._lock:
+            taken, self._transitions = self._transitions, []
+        return taken
+
+
+def write_transitions(s: Session, transitions: Iterable[Transition], worker_id: str) -> None:
+    """Record circuits that opened or closed (for `status` and the metrics)."""
+    for t in transitions:
+        if t.open_until is None:
+            # Only this process's opening: another's circuit may still be open.
+            s.execute(
+                delete(HostCircuit).where(
+                    HostCircuit.host_id == t.host_id, HostCircuit.opened_by == worker_id
+                )
+            )
+            continue
+        values = {
+            "open_until": t.open_until,
+            "failures": t.failures,
+            "last_error": (t.error or "")[:512],
+            "opened_by": worker_id,
+        }
+        if not insert_ignore(s, table_of(HostCircuit), {"host_id": t.host_id, **values}):
+            s.execute(update(HostCircuit).where(HostCircuit.host_id == t.host_id).values(values))
+
+
+# One gate per runtime port (a worker process has one; each test its own), so one port's
+# hosts, their slots and circuits, are nobody else's.
+_gates: "weakref.WeakKeyDictionary[Any, HostGate]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def gate(runtime: Any) -> HostGate:
+    """The host gate of this runtime port."""
+    with _lock:
+        found = _gates.get(runtime)
+        if found is None:
+            # Calls in flight to one host from one worker process (AGENT_RADAR_HOST_CONCURRENCY);
+            # past it, claims for that host wait in its own queue (as long again), and past
+            # that they are given back, due again shortly.
+            limit = getattr(runtime, "host_concurrency", DEFAULT_HOST_CONCURRENCY)
+            found = _gates[runtime] = HostGate(limit)
+        return found

@@ -1,0 +1,47 @@
+"""Prompt dispatch (DESIGN 4.7): the session's next prompt sent to its host when it may go."""
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
+
+from models.base import utcnow
+from models.db import run_transaction
+from models.tables import Prompt
+from workflows.adapters.runtime import RuntimePort
+from workflows.errors import RuntimeDisconnected, RuntimeFault
+from workflows.prompts import queue as prompts
+from workflows.steps.fence_install import ensure_fences_installed
+
+
+def dispatch_next(
+    engine: Engine,
+    runtime: RuntimePort,
+    workspace_id: str,
+    session_id: str,
+    clock: Callable[[], datetime] = utcnow,
+) -> str:
+    """`agent_radar.prompt.dispatch`: send the session's next prompt if it may go now."""
+    taken = run_transaction(
+        engine, lambda s: prompts.take_next(s, workspace_id, session_id, clock())
+    )
+    if isinstance(taken, str):
+        return taken
+    try:
+        ensure_fences_installed(engine, runtime, workspace_id, session_id)
+        answer = runtime.submit_prompt(
+            workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
+        )
+    except (RuntimeFault, RuntimeDisconnected) as exc:
+        fault = exc
+        return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
+    run_transaction(
+        engine,
+        lambda s: s.execute(
+            update(Prompt)
+            .where(Prompt.prompt_id == taken.prompt_id)
+            .values(turn_id=answer.get("turn_id"))
+        ),
+    )
+    return "dispatched"

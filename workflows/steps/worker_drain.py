@@ -1,0 +1,92 @@
+"""A worker pool process's drain (docs/dispatch.md): a thread that keeps the process's goal
+calls in flight, so the dispatch task that claimed them returns at once and a slow host holds
+no pool process; the task waits only while the process has MAX_IN_FLIGHT calls."""
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+
+from workflows.goals.claims import Claim, Lane, StepResult
+from workflows.steps.flight import Drain, Steps
+from workflows.steps.host_gate import MAX_IN_FLIGHT
+
+log = logging.getLogger(__name__)
+
+# A worker's background drain stops (its thread ends) after this long with nothing to do.
+IDLE_EXIT_S = 5.0
+_lock = threading.RLock()
+
+
+class WorkerDrain(Drain):
+    """A worker process's drain, in a thread of its own (see the module's note)."""
+
+    def __init__(self, dispatcher: Steps) -> None:
+        super().__init__(dispatcher, steal=True)
+        self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
+        self.alive = True
+        self.room = threading.Condition(_lock)
+
+    def _main(self) -> None:
+        try:
+            self.run(idle_exit_s=IDLE_EXIT_S)
+        except Exception:  # noqa: BLE001 - the leases and the sweeper finish what is left
+            log.exception("goal drain failed; its claims are left to their leases")
+        finally:
+            with _lock:
+                self.alive = False
+                if _drains.get(os.getpid()) is self:
+                    del _drains[os.getpid()]
+                self.room.notify_all()
+
+    def _may_exit(self) -> bool:
+        with _lock:
+            if not self.events.empty():
+                return False
+            self.alive = False
+            return True
+
+    def _finished(self, future: Future) -> None:
+        super()._finished(future)
+        with _lock:
+            self.room.notify_all()
+
+    def _keep(self, results: list[StepResult]) -> None:
+        pass  # nobody waits for them: the database has them
+
+
+_drains: dict[int, WorkerDrain] = {}
+
+
+def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
+    """Give claimed lanes to this process's drain (started if none runs)."""
+    with _lock:
+        drain = _drains.get(os.getpid())
+        if drain is None or not drain.alive:
+            drain = _drains[os.getpid()] = WorkerDrain(dispatcher)
+            drain.thread.start()
+        drain.events.put(("work", work, eager))
+
+
+def wait_for_room(timeout_s: float) -> None:
+    """Back-pressure: wait (up to timeout_s) while this process has MAX_IN_FLIGHT calls."""
+    end = time.monotonic() + timeout_s
+    with _lock:
+        drain = _drains.get(os.getpid())
+        while drain is not None and drain.alive and drain.gate.in_flight() >= MAX_IN_FLIGHT:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            drain.room.wait(left)
+
+
+def stop(timeout_s: float) -> None:
+    """A worker process ending: its drain finishes the calls in flight (up to timeout_s),
+    records them and gives back what it had not called."""
+    with _lock:
+        drain = _drains.get(os.getpid())
+    if drain is None or not drain.alive:
+        return
+    drain.events.put(("stop",))
+    drain.thread.join(timeout_s)
