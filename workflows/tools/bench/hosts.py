@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from workflows.tools.bench_stats import _exactly_once, _from_producers, _percentile, _summary
+from workflows.tools.bench.stats import _exactly_once, _from_producers, _percentile, _summary
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port
 
-# The running benchmark (workflows/tools/bench.py's Bench): its client, its worker's
+# The running benchmark (bench/run.py's Bench): its client, its worker's
 # components, its pacing and its audit; passed in, so that this phase needs nothing else of it.
 Bench = Any
 

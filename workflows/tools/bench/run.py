@@ -22,7 +22,7 @@ from models.tables import GoalOperation as GoalOperationRow
 from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
 from workflows.task_names import BASELINE_TASK
-from workflows.tools.bench_stats import (
+from workflows.tools.bench.stats import (
     SUBMIT_THREADS,
     _exactly_once,
     _from_producers,
@@ -664,7 +664,7 @@ def run_bench(
             )
         slow = None
         if slow_hosts:
-            from workflows.tools.bench_hosts import slow_hosts as slow_hosts_phase
+            from workflows.tools.bench.hosts import slow_hosts as slow_hosts_phase
 
             slow = slow_hosts_phase(bench, stack, say)
         audits = [warm_up_audit, full_audit, unloaded_audit, paced_audit, storm_audit]
