@@ -3,7 +3,6 @@ end — throughput, round-trip latency unloaded and at half the goal operations'
 and the whole machine's CPU per operation — then a duplicate storm, all on the configured
 database and broker with the same worker settings, every figure a ratio within one run."""
 
-import os
 import random
 import statistics
 import threading
@@ -11,17 +10,18 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from sqlalchemy import func, insert, select
-
-from models.base import utcnow
-from models.db import engine_for, run_transaction
-from models.enums import TERMINAL_OPERATION_STATUSES
-from models.tables import GoalOperation as GoalOperationRow
 from workflows.adapters.config import Settings
 from workflows.client import AgentRadar
 from workflows.task_names import BASELINE_TASK
+from workflows.tools.bench.cpu import (
+    IDLE_FOR_S,
+    Components,
+    Phase,
+    machine_busy_s,
+    machine_ms_per_op,
+)
 from workflows.tools.bench.stats import (
     SUBMIT_THREADS,
     _exactly_once,
@@ -29,6 +29,7 @@ from workflows.tools.bench.stats import (
     _percentile,
     _summary,
 )
+from workflows.tools.bench.sweep import settled_sweep
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port, wait_for
 
@@ -48,128 +49,9 @@ POLL_S = 0.05
 UNLOADED_POLL_S = 0.0005
 EFFECT_WAIT_S = 0.5
 PROGRESS_EVERY_S = 2.0
-# A throughput phase's CPU counts until the worker has spent none for this long (its event
-# loop's own timers wake it every second or two, for a few clock ticks).
-IDLE_FOR_S = 0.3
-IDLE_POLL_S = 0.05
 # DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.
 TARGETS = {"throughput": 0.8, "unloaded_p50": 3.0, "paced_p99": 5.0, "cpu": 1.0}
-
-
-def machine_busy_s() -> float | None:
-    """CPU seconds the whole machine has spent busy (every process: client, workers,
-    simulator, database, broker, and whatever else runs), from /proc/stat; None elsewhere."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(v) for v in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_stat(pid: int | str) -> tuple[str, int, float] | None:
-    """(command name, parent pid, CPU seconds so far) of a process, from /proc; None if it
-    is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    name = raw[raw.index("(") + 1 : raw.rindex(")")]
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_stats() -> dict[int, tuple[str, int, float]]:
-    """pid -> _proc_stat of every process."""
-    return {
-        int(entry): stat
-        for entry in os.listdir("/proc")
-        if entry.isdigit() and (stat := _proc_stat(entry)) is not None
-    }
-
-
-class Components:
-    """CPU seconds per component of the run, from /proc: the benchmark's own process (the
-    submitting client), the worker's main process and its pool processes, the simulator,
-    the database server and the broker server (every process of theirs on this machine)."""
-
-    SERVERS = {"database": ("postgres",), "broker": ("redis-server", "beam.smp")}
-
-    def __init__(self, worker_pid: int | None, sim_pid: int | None) -> None:
-        self.worker_pid = worker_pid
-        self.sim_pid = sim_pid
-
-    def snapshot(self) -> dict[str, float] | None:
-        if not os.path.isdir("/proc"):
-            return None
-        stats = _proc_stats()
-        totals = dict.fromkeys(
-            ("client", "worker main", "worker pool", "simulator", "database", "broker"), 0.0
-        )
-        for pid, (name, ppid, cpu) in stats.items():
-            if pid == os.getpid():
-                totals["client"] += cpu
-            elif pid == self.worker_pid:
-                totals["worker main"] += cpu
-            elif ppid == self.worker_pid and self.worker_pid is not None:
-                totals["worker pool"] += cpu
-            elif pid == self.sim_pid:
-                totals["simulator"] += cpu
-            else:
-                for component, names in self.SERVERS.items():
-                    if name.startswith(names):
-                        totals[component] += cpu
-        return totals
-
-    def worker_cpu_s(self) -> float | None:
-        """CPU seconds of the worker's main and pool processes so far (reads only theirs:
-        cheap enough to poll)."""
-        if self.worker_pid is None:
-            return None
-        try:
-            with open(f"/proc/{self.worker_pid}/task/{self.worker_pid}/children") as fh:
-                pids = [self.worker_pid, *(int(pid) for pid in fh.read().split())]
-        except OSError:
-            return None
-        return sum(stat[2] for pid in pids if (stat := _proc_stat(pid)) is not None)
-
-    def wait_until_worker_idle(self, idle_for_s: float, timeout_s: float) -> bool:
-        """Wait until the worker's processes (main and pool) have spent no CPU for
-        `idle_for_s`; False if they were still busy after `timeout_s` (or there is no
-        /proc to tell)."""
-        last = self.worker_cpu_s()
-        if last is None:
-            return False
-        deadline = time.monotonic() + timeout_s
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < idle_for_s:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(IDLE_POLL_S)
-            now = self.worker_cpu_s()
-            if now != last:
-                last, quiet_since = now, time.monotonic()
-        return True
-
-    @staticmethod
-    def per_op_ms(
-        before: dict[str, float] | None, after: dict[str, float] | None, ops: int
-    ) -> dict[str, float] | None:
-        if before is None or after is None:
-            return None
-        return {k: round((after[k] - before[k]) * 1000 / ops, 3) for k in before}
-
-
-@dataclass
-class Phase:
-    """One throughput phase: its rate and the machine's CPU per operation."""
-
-    per_s: float
-    cpu_ms_per_op: float | None
-    components_ms_per_op: dict[str, float] | None = None
 
 
 class EffectFeed:
@@ -264,7 +146,7 @@ class Bench:
         cpu1, parts1 = machine_busy_s(), self.components.snapshot()
         return Phase(
             self.n / (finished - started),
-            _cpu_ms(cpu0, cpu1, self.n),
+            machine_ms_per_op(cpu0, cpu1, self.n),
             Components.per_op_ms(parts0, parts1, self.n),
         )
 
@@ -471,12 +353,6 @@ class Bench:
         return {"operations": len(submitted), **_exactly_once(states, per_op, allow_superseded)}
 
 
-def _cpu_ms(before: float | None, after: float | None, ops: int) -> float | None:
-    if before is None or after is None:
-        return None
-    return round((after - before) * 1000 / ops, 3)
-
-
 def targets(settings: Settings, ratios: dict[str, float | None]) -> dict[str, dict]:
     """Each DESIGN 8 target with this run's ratio and whether it was met."""
     embedded = settings.is_embedded_broker or settings.database_url.startswith("sqlite")
@@ -490,83 +366,6 @@ def targets(settings: Settings, ratios: dict[str, float | None]) -> dict[str, di
             met = ratio >= limit if name == "throughput" else ratio <= limit
         out[name] = {"ratio": ratio, "limit": limit, "met": met}
     return out
-
-
-# -- DESIGN 8: a sweep over a large settled history costs about what a sweep over none does --
-SWEEP_REPEATS = 25
-SETTLED_CHUNK = 10_000
-
-
-def _sweep_ms(engine) -> float:
-    """Median wall time of one sweep over this database, in ms."""
-    from beat.sweeper import sweep_once
-
-    times = []
-    for i in range(SWEEP_REPEATS):
-        started = time.perf_counter()
-        sweep_once(engine, lambda _task, _kwargs: True, utcnow(), owner=f"bench-sweep-{i}")
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
-def _settled_count(engine) -> int:
-    return run_transaction(
-        engine,
-        lambda s: s.execute(
-            select(func.count())
-            .select_from(GoalOperationRow)
-            .where(GoalOperationRow.status.in_(TERMINAL_OPERATION_STATUSES))
-        ).scalar_one(),
-    )
-
-
-def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
-    """Add `count` completed goal operations, as a long history leaves behind."""
-    now = utcnow()
-    for start in range(0, count, SETTLED_CHUNK):
-        rows = [
-            {
-                "operation_id": str(uuid.uuid4()),
-                "workspace_id": workspace_id,
-                "session_id": f"h{i}",
-                "client_submit_id": "1",
-                "origin": "client",
-                "action": "set",
-                "objective": "settled",
-                "goal_revision": 1,
-                "status": "completed",
-                "provider_phase": "applied",
-                "attempt": 1,
-                "next_attempt_at": now,
-                "first_dispatched_at": now,
-                "completed_at": now,
-                "created_at": now,
-            }
-            for i in range(start, min(start + SETTLED_CHUNK, count))
-        ]
-        run_transaction(
-            engine,
-            lambda s, rows=rows: s.connection().execute(insert(GoalOperationRow.__table__), rows),
-        )
-        if (start // SETTLED_CHUNK) % 10 == 9:
-            say(f"    … {start + SETTLED_CHUNK:,} settled operations added")
-    if engine.dialect.name == "postgresql":
-        # What autovacuum's automatic analyze does soon after a bulk load.
-        with engine.begin() as conn:
-            conn.exec_driver_sql("ANALYZE goal_operations")
-
-
-def settled_sweep(settings: Settings, count: int, run_id: str, say: Callable) -> dict:
-    """Sweep time over the database as it is, then with `count` more settled operations."""
-    engine = engine_for(settings.database_url)
-    before = {"settled": _settled_count(engine), "sweep_ms": _sweep_ms(engine)}
-    _add_settled(engine, f"bench-{run_id}-history", count, say)
-    after = {"settled": _settled_count(engine), "sweep_ms": _sweep_ms(engine)}
-    return {
-        "before": {"settled": before["settled"], "sweep_ms": round(before["sweep_ms"], 2)},
-        "after": {"settled": after["settled"], "sweep_ms": round(after["sweep_ms"], 2)},
-        "ratio": round(after["sweep_ms"] / before["sweep_ms"], 2),
-    }
 
 
 def run_bench(
