@@ -10,7 +10,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
-from workflows.tools.simulator.state import SESSION_PATH, Reporter, SimError, Simulator
+from workflows.tools.simulator.sessions import SimError
+from workflows.tools.simulator.state import SESSION_PATH, Reporter, Simulator
 
 log = logging.getLogger(__name__)
 
