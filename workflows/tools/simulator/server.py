@@ -40,7 +40,7 @@ def make_handler(sim: Simulator, token: str | None):
 
         def _send(self, status: int, payload: dict, protocol: bool = False) -> None:
             data = json.dumps(payload).encode()
-            trickle_ms = sim.trickle_ms if protocol else 0  # never the /sim/ endpoints'
+            trickle_ms = sim.faults.trickle_ms if protocol else 0  # never the /sim/ endpoints'
             if trickle_ms:
                 # A host that trickles: the whole answer, one byte every trickle_ms.
                 head = (

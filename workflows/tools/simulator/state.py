@@ -2,16 +2,14 @@
 maintenance runs, fences, injected faults; every effect and call recorded."""
 
 import logging
-import math
-import random
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from workflows.tools.simulator.faults import HostFaults
 from workflows.tools.simulator.sessions import (
     SESSION_SETTINGS,
     SimError,
@@ -28,28 +26,9 @@ SESSION_PATH = re.compile(
 )
 Reporter = Callable[[dict[str, Any]], Any]
 
-
-@dataclass
-class Fault:
-    call: str  # liveness, resume, goal or * for any
-    status: int
-    code: str
-    remaining: int
-    workspace_id: str | None = None
-    session_id: str | None = None
-
-
 # The longest an effects poller may wait for a new effect, and how often it looks anyway.
 MAX_WAIT_S = 5.0
 WAIT_SLICE_S = 0.05
-
-
-def _latency(median_ms: int, p99_ms: int | None) -> float:
-    """A call's latency: the median, or drawn from a lognormal with this median and p99."""
-    if not p99_ms or p99_ms <= median_ms or median_ms <= 0:
-        return median_ms
-    sigma = math.log(p99_ms / median_ms) / 2.326  # the 99th percentile's z
-    return random.lognormvariate(math.log(median_ms), sigma)
 
 
 class Simulator:
@@ -57,6 +36,8 @@ class Simulator:
         self.lock = threading.RLock()
         # Notified after each protocol call, for pollers that wait for new effects.
         self.changed = threading.Condition(self.lock)
+        # Failures, latency, holds and trickles set through /sim/ (reset with the rest).
+        self.faults = HostFaults(self.changed)
         self.reporter = reporter
         # The host this simulator is (DESIGN 4.9): every report names it.
         self.host_id = host_id
@@ -85,15 +66,7 @@ class Simulator:
             self.answers: dict[str, dict] = {}
             self.effects: list[dict] = []
             self.calls: list[dict] = []
-            self.faults: list[Fault] = []
-            self.latency_ms: dict[str, int] = {}
-            # A call's latency drawn per call (lognormal) for a median and a p99, if given.
-            self.latency_p99_ms: dict[str, int] = {}
-            # Calls held until released (a host that hangs), and how slowly answers are
-            # written (a byte every trickle_ms: a host that trickles).
-            self.held: set[str] = set()
-            self.holding = 0
-            self.trickle_ms = 0
+            self.faults.reset()
             self.defaults: dict[str, Any] = {}
 
     def session(self, ws: str, sid: str) -> SimSession:
@@ -115,14 +88,9 @@ class Simulator:
                     "at": time.time(),
                 }
             )
-            self._inject_fault(call, ws, sid)
-            delay_ms = _latency(self.latency_ms.get(call, 0), self.latency_p99_ms.get(call))
-            while call in self.held or "*" in self.held:
-                self.holding += 1
-                try:
-                    self.changed.wait(WAIT_SLICE_S)
-                finally:
-                    self.holding -= 1
+            self.faults.inject(call, ws, sid)
+            delay_ms = self.faults.delay_ms(call)
+            self.faults.wait_while_held(call)
         if delay_ms:
             time.sleep(delay_ms / 1000)
         with self.lock:
@@ -149,17 +117,6 @@ class Simulator:
             if call.startswith("maintenance"):
                 return self._maintenance(ws, sid, sess, call.split("/"), body)
             return self._goal(ws, sid, sess, body)
-
-    def _inject_fault(self, call: str, ws: str, sid: str) -> None:
-        for fault in self.faults:
-            if (
-                fault.remaining > 0
-                and fault.call in (call, "*")
-                and (fault.workspace_id in (None, ws))
-                and fault.session_id in (None, sid)
-            ):
-                fault.remaining -= 1
-                raise SimError(fault.status, fault.code)
 
     def _resume(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
         fences = body.get("fences") or []
@@ -516,39 +473,15 @@ class Simulator:
                         for t in sess.turns.values()
                     },
                 }
-            if path == "/sim/faults":
-                self.faults.append(
-                    Fault(
-                        call=body.get("call", "*"),
-                        status=int(body.get("status", 503)),
-                        code=body.get("error", "server_error"),
-                        remaining=int(body.get("count", 1)),
-                        workspace_id=body.get("workspace_id"),
-                        session_id=body.get("session_id"),
-                    )
-                )
-                return {}
             if path == "/sim/defaults":
                 unknown = set(body) - set(SESSION_SETTINGS)
                 if unknown:
                     raise SimError(422, "rejected", detail=f"unknown settings {sorted(unknown)}")
                 self.defaults.update(body)
                 return dict(self.defaults)
-            if path == "/sim/latency":
-                self.latency_ms[body["call"]] = int(body["ms"])
-                if body.get("p99_ms"):
-                    self.latency_p99_ms[body["call"]] = int(body["p99_ms"])
-                else:
-                    self.latency_p99_ms.pop(body["call"], None)
-                return {}
-            if path == "/sim/hold":
-                # {"call": name or "*", "hold": true|false}: calls wait until let go.
-                (self.held.add if body.get("hold", True) else self.held.discard)(body["call"])
-                self.changed.notify_all()
-                return {"holding": self.holding}
-            if path == "/sim/trickle":
-                self.trickle_ms = int(body["ms"])
-                return {}
+            answer = self.faults.control(path, body)
+            if answer is not None:
+                return answer
         raise SimError(404, "not_found")
 
     def snapshot(self, path: str, since: int = 0, wait_s: float = 0.0) -> dict:
@@ -568,7 +501,7 @@ class Simulator:
                     self.changed.wait(min(left, WAIT_SLICE_S))
                 return {"effects": self.effects[max(since, 0) :], "total": len(self.effects)}
             if path == "/sim/calls":
-                return {"calls": list(self.calls), "holding": self.holding}
+                return {"calls": list(self.calls), "holding": self.faults.holding}
             if path == "/sim/health":
                 return {"ok": True}
         raise SimError(404, "not_found")
