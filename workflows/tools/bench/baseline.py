@@ -1,5 +1,5 @@
 """The bench's standard Celery baseline, (a): no-op tasks sent from the same producer threads
-to the same workers, timed at full rate, unloaded and paced (DESIGN 8)."""
+to the same workers, timed at full rate, unloaded and paced."""
 
 import time
 

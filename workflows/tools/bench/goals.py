@@ -1,5 +1,5 @@
 """The bench's goal-operation phases: (b) goal operations end to end, at full rate, unloaded
-and paced; (c) a duplicate storm; (e) more worker nodes and agent hosts (DESIGN 8)."""
+and paced; (c) a duplicate storm; (e) more worker nodes and agent hosts."""
 
 import random
 import threading

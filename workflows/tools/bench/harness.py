@@ -1,6 +1,5 @@
-"""The running benchmark: its client, Celery producer and simulator feed, how it sends each
-kind of operation, waits for them, paces them, measures a throughput phase's rate and CPU,
-and audits the goal operations (DESIGN 8)."""
+"""The running benchmark: its client, Celery producer and simulator feed, and how it sends
+each kind of operation, waits for it, paces it, times a phase and audits the goals."""
 
 import threading
 import time

@@ -1,5 +1,5 @@
-"""`agent-radar bench` (DESIGN 8): runs the phases in order on a fresh worker and simulator,
-prints each figure as it comes, checks the targets, and returns the whole report."""
+"""`agent-radar bench`: runs the phases in order on a fresh worker and simulator, prints each
+figure as it comes, checks the targets, and returns the whole report."""
 
 import statistics
 from collections.abc import Callable

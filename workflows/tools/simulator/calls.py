@@ -1,5 +1,5 @@
-"""The runtime protocol's calls as the simulated host answers them (DESIGN 6): liveness,
-resume, goals (applied at once or later), fences, prompts, turn cancels, maintenance runs."""
+"""The runtime protocol's calls as the simulated host answers them: liveness, resume, goals
+(applied at once or later), fences, prompts, turn cancels and maintenance runs."""
 
 import re
 import time
