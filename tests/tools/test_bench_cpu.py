@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from workflows.tools.bench import Components
+from workflows.tools.bench.cpu import Components
 
 # A stand-in for a worker: a main process with one child, as a prefork worker has.
 WORKER = """

@@ -74,7 +74,7 @@ def test_a_stopped_simulator_reports_nothing_more():
 
     sim = Simulator(reporter)
     report = {"workspace_id": WS, "session_id": "s"}
-    sim._later(200, sim.report, {**report, "late": True})
+    sim.later(200, sim.report, {**report, "late": True})
     (timer,) = sim._timers
     on_its_way = threading.Thread(target=sim.report, args=({**report, "slow": True},))
     on_its_way.start()
@@ -89,6 +89,6 @@ def test_a_stopped_simulator_reports_nothing_more():
     assert not closing.is_alive()
     timer.join(5)
     sim.report(report)
-    sim._later(0, sim.report, report)
+    sim.later(0, sim.report, report)
     assert [r.get("slow") for r in reported] == [True]  # the late one never fired
     assert not sim._timers

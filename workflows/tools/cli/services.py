@@ -342,7 +342,7 @@ def bench(
     as_json: bool,
 ):
     """Benchmark (DESIGN 8) on the configured database and broker."""
-    from workflows.tools.bench import run_bench
+    from workflows.tools.bench.run import run_bench
 
     result = run_bench(
         Settings.from_env(),

@@ -10,7 +10,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
-from workflows.tools.simulator.state import SESSION_PATH, Reporter, SimError, Simulator
+from workflows.tools.simulator.calls import SESSION_PATH
+from workflows.tools.simulator.sessions import SimError
+from workflows.tools.simulator.state import Reporter, Simulator
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ def make_handler(sim: Simulator, token: str | None):
 
         def _send(self, status: int, payload: dict, protocol: bool = False) -> None:
             data = json.dumps(payload).encode()
-            trickle_ms = sim.trickle_ms if protocol else 0  # never the /sim/ endpoints'
+            trickle_ms = sim.faults.trickle_ms if protocol else 0  # never the /sim/ endpoints'
             if trickle_ms:
                 # A host that trickles: the whole answer, one byte every trickle_ms.
                 head = (

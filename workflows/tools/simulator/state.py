@@ -1,118 +1,29 @@
-"""The simulated agent host's state and behaviour: sessions, goals, turns, prompts,
-maintenance runs, fences, injected faults; every effect and call recorded."""
+"""The simulated agent host: it records every call and effect, keeps its sessions, runs its
+timers and sends its reports, and answers the `/sim/` control and snapshot endpoints."""
 
 import logging
-import math
-import random
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+from workflows.tools.simulator.calls import answer_call
+from workflows.tools.simulator.faults import HostFaults
+from workflows.tools.simulator.sessions import (
+    SESSION_SETTINGS,
+    SimError,
+    SimSession,
+)
+
 log = logging.getLogger(__name__)
 
-SESSION_PATH = re.compile(
-    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|prompts"
-    r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$"
-)
 Reporter = Callable[[dict[str, Any]], Any]
-
-
-class SimError(Exception):
-    def __init__(self, status: int, code: str, **extra: Any) -> None:
-        super().__init__(code)
-        self.status, self.code, self.extra = status, code, extra
-
-
-@dataclass
-class SimSession:
-    live: bool = True
-    epoch: int = 1
-    missing: bool = False
-    goal: dict | None = None
-    applied_revision: int = 0
-    goal_mode: str = "applied"  # or "accepted": acknowledge now, apply after apply_delay_ms
-    apply_delay_ms: int = 100
-    fences: set = field(default_factory=set)
-    # Goal continuation turns: started when a goal is set, settled after turn_duration_ms
-    # (0: never on its own) or on cancel. cancel_mode: "immediate" settles at once,
-    # "accepted" settles after cancel_delay_ms and reports it, "ignore" never settles.
-    continuation_turns: bool = True
-    turn_duration_ms: int = 200
-    cancel_mode: str = "immediate"
-    cancel_delay_ms: int = 100
-    # How long a turn's start is in flight before its report goes out (a late report).
-    report_delay_ms: int = 0
-    turns: dict = field(default_factory=dict)  # turn_id -> SimTurn
-    # Maintenance: runs finish after maintenance_duration_ms with maintenance_outcome
-    # ("applied", "noop", "cancelled" or "error:<text>"); ignore_cancel makes cancels do
-    # nothing.
-    maintenance_duration_ms: int = 300
-    maintenance_outcome: str = "applied"
-    ignore_cancel: bool = False
-    runs: dict = field(default_factory=dict)  # run_id -> SimRun
-    prompt_turns: dict = field(default_factory=dict)  # prompt_id -> turn_id
-
-
-@dataclass
-class SimRun:
-    run_id: str
-    done_at: float
-    outcome: str
-    cancelled: bool = False
-
-
-@dataclass
-class SimTurn:
-    turn_id: str
-    origin: str
-    source_goal_operation_id: str | None
-    source_goal_revision: int | None
-    phase: str = "running"
-    outcome: str | None = None
-    prompt_id: str | None = None
-
-
-SESSION_SETTINGS = (
-    "live",
-    "missing",
-    "goal_mode",
-    "apply_delay_ms",
-    "continuation_turns",
-    "turn_duration_ms",
-    "cancel_mode",
-    "cancel_delay_ms",
-    "report_delay_ms",
-    "maintenance_duration_ms",
-    "maintenance_outcome",
-    "ignore_cancel",
-)
-
-
-@dataclass
-class Fault:
-    call: str  # liveness, resume, goal or * for any
-    status: int
-    code: str
-    remaining: int
-    workspace_id: str | None = None
-    session_id: str | None = None
-
 
 # The longest an effects poller may wait for a new effect, and how often it looks anyway.
 MAX_WAIT_S = 5.0
 WAIT_SLICE_S = 0.05
-
-
-def _latency(median_ms: int, p99_ms: int | None) -> float:
-    """A call's latency: the median, or drawn from a lognormal with this median and p99."""
-    if not p99_ms or p99_ms <= median_ms or median_ms <= 0:
-        return median_ms
-    sigma = math.log(p99_ms / median_ms) / 2.326  # the 99th percentile's z
-    return random.lognormvariate(math.log(median_ms), sigma)
 
 
 class Simulator:
@@ -120,6 +31,8 @@ class Simulator:
         self.lock = threading.RLock()
         # Notified after each protocol call, for pollers that wait for new effects.
         self.changed = threading.Condition(self.lock)
+        # Failures, latency, holds and trickles set through /sim/ (reset with the rest).
+        self.faults = HostFaults(self.changed)
         self.reporter = reporter
         # The host this simulator is (DESIGN 4.9): every report names it.
         self.host_id = host_id
@@ -127,7 +40,7 @@ class Simulator:
         self.closed = False
         self._timers: set[threading.Timer] = set()
         self._reporting = 0
-        # Turn ids are never given twice, a reset included (see _new_turn_id).
+        # Turn ids are never given twice, a reset included (see turns._new_turn_id).
         self.turn_seq = 0
         self.reset()
 
@@ -148,15 +61,7 @@ class Simulator:
             self.answers: dict[str, dict] = {}
             self.effects: list[dict] = []
             self.calls: list[dict] = []
-            self.faults: list[Fault] = []
-            self.latency_ms: dict[str, int] = {}
-            # A call's latency drawn per call (lognormal) for a median and a p99, if given.
-            self.latency_p99_ms: dict[str, int] = {}
-            # Calls held until released (a host that hangs), and how slowly answers are
-            # written (a byte every trickle_ms: a host that trickles).
-            self.held: set[str] = set()
-            self.holding = 0
-            self.trickle_ms = 0
+            self.faults.reset()
             self.defaults: dict[str, Any] = {}
 
     def session(self, ws: str, sid: str) -> SimSession:
@@ -178,180 +83,21 @@ class Simulator:
                     "at": time.time(),
                 }
             )
-            self._inject_fault(call, ws, sid)
-            delay_ms = _latency(self.latency_ms.get(call, 0), self.latency_p99_ms.get(call))
-            while call in self.held or "*" in self.held:
-                self.holding += 1
-                try:
-                    self.changed.wait(WAIT_SLICE_S)
-                finally:
-                    self.holding -= 1
+            self.faults.inject(call, ws, sid)
+            delay_ms = self.faults.delay_ms(call)
+            self.faults.wait_while_held(call)
         if delay_ms:
             time.sleep(delay_ms / 1000)
         with self.lock:
             try:
-                return self._answer(call, ws, sid, body)
+                return answer_call(self, call, ws, sid, body)
             finally:
                 self.changed.notify_all()
 
-    def _answer(self, call: str, ws: str, sid: str, body: dict) -> dict:
-        with self.lock:
-            sess = self.session(ws, sid)
-            if sess.missing:
-                raise SimError(404, "session_not_found")
-            if call == "liveness":
-                return {"live": sess.live, "runtime_epoch": sess.epoch}
-            if call == "resume":
-                return self._resume(ws, sid, sess, body)
-            if call == "goal-fences":
-                return self._install_fence(ws, sid, sess, body)
-            if call.startswith("turns/"):
-                return self._cancel_turn(ws, sid, sess, unquote(call.split("/")[1]), body)
-            if call == "prompts":
-                return self._prompt(ws, sid, sess, body)
-            if call.startswith("maintenance"):
-                return self._maintenance(ws, sid, sess, call.split("/"), body)
-            return self._goal(ws, sid, sess, body)
+    # -- timers and reports ------------------------------------------------------------------
+    def later(self, delay_ms: int, fn, *args) -> None:
+        """fn(*args) after `delay_ms`, on a timer of its own, unless closed by then."""
 
-    def _inject_fault(self, call: str, ws: str, sid: str) -> None:
-        for fault in self.faults:
-            if (
-                fault.remaining > 0
-                and fault.call in (call, "*")
-                and (fault.workspace_id in (None, ws))
-                and fault.session_id in (None, sid)
-            ):
-                fault.remaining -= 1
-                raise SimError(fault.status, fault.code)
-
-    def _resume(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
-        fences = body.get("fences") or []
-        if not sess.live:
-            # A new provider process (a new epoch): what the old one ran ended with it, and
-            # it holds the fences it was given, no others.
-            sess.live = True
-            sess.epoch += 1
-            sess.fences, sess.turns, sess.runs, sess.prompt_turns = set(), {}, {}, {}
-            self.effects.append(
-                {
-                    "kind": "resume",
-                    "workspace_id": ws,
-                    "session_id": sid,
-                    "fences": fences,
-                    "runtime_epoch": sess.epoch,
-                    "at": time.time(),
-                }
-            )
-        sess.fences |= {(f["target_operation_id"], f["target_revision"]) for f in fences}
-        return {"live": True, "runtime_epoch": sess.epoch}
-
-    def _goal(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
-        op_id, revision = body["operation_id"], int(body["revision"])
-        if not sess.live:
-            raise SimError(409, "disconnected")
-        if op_id in self.answers:
-            return self.answers[op_id]  # a retry: same answer, no second effect
-        if (op_id, revision) in sess.fences:
-            raise SimError(422, "rejected", detail="fenced generation")
-        if revision <= sess.applied_revision:
-            raise SimError(409, "stale_revision", current_revision=sess.applied_revision)
-        if sess.goal_mode == "accepted":
-            answer = {"phase": "accepted", "goal": None, "evidence": {"acknowledged": True}}
-            self.answers[op_id] = answer
-            self._later(sess.apply_delay_ms, self._apply_later, ws, sid, body)
-            return answer
-        goal = self._apply(ws, sid, sess, body)
-        answer = {"phase": "applied", "goal": goal, "evidence": {"applied_revision": revision}}
-        self.answers[op_id] = answer
-        return answer
-
-    def _apply(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict | None:
-        action, revision = body["action"], int(body["revision"])
-        if action == "set":
-            sess.goal = {"objective": body["objective"], "status": "active"}
-        elif action == "clear":
-            sess.goal = None
-        elif sess.goal is not None:
-            sess.goal = {**sess.goal, "status": "paused" if action == "pause" else "active"}
-        sess.applied_revision = revision
-        self.effects.append(
-            {
-                "kind": "goal",
-                "workspace_id": ws,
-                "session_id": sid,
-                "operation_id": body["operation_id"],
-                "action": action,
-                "revision": revision,
-                "objective": body.get("objective"),
-                "at": time.time(),
-            }
-        )
-        if action == "set" and sess.continuation_turns:
-            self._start_turn(ws, sid, sess, body["operation_id"], revision)
-        return sess.goal
-
-    # -- turns, fences and cancels -----------------------------------------------------------
-    def _new_turn_id(self) -> str:
-        """A turn id this host never gave before, whatever its sessions did (they restart,
-        leave and come back anew): the protocol's turn ids are unique for good, as a real
-        agent's UUIDs are; the control plane keys turns and their cancels by them."""
-        self.turn_seq += 1
-        return f"turn-{self.host_id}-{self.turn_seq}"
-
-    def _start_turn(
-        self, ws: str, sid: str, sess: SimSession, operation_id: str, revision: int
-    ) -> None:
-        turn = SimTurn(
-            turn_id=self._new_turn_id(),
-            origin="goal_continuation",
-            source_goal_operation_id=operation_id,
-            source_goal_revision=revision,
-        )
-        sess.turns[turn.turn_id] = turn
-        self._report_turn_later(ws, sid, turn, sess.report_delay_ms)
-        if sess.turn_duration_ms:
-            self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id, "completed")
-
-    def _settle(self, ws: str, sid: str, turn_id: str, outcome: str) -> None:
-        with self.lock:
-            turn = self.session(ws, sid).turns.get(turn_id)
-            if turn is None or turn.phase == "settled":
-                return
-            turn.phase, turn.outcome = "settled", outcome
-            self.effects.append(
-                {
-                    "kind": "turn_settled",
-                    "workspace_id": ws,
-                    "session_id": sid,
-                    "turn_id": turn_id,
-                    "outcome": outcome,
-                    "at": time.time(),
-                }
-            )
-        self._report_turn_later(ws, sid, turn, 0)
-
-    def _report_turn_later(self, ws: str, sid: str, turn: SimTurn, delay_ms: int) -> None:
-        snapshot = {
-            "turn_id": turn.turn_id,
-            "phase": turn.phase,
-            "outcome": turn.outcome,
-            "origin": turn.origin,
-            "source_goal_operation_id": turn.source_goal_operation_id,
-            "source_goal_revision": turn.source_goal_revision,
-            "prompt_id": turn.prompt_id,
-        }
-        self._later(
-            delay_ms,
-            self.report,
-            {
-                "workspace_id": ws,
-                "session_id": sid,
-                "occurred_at_ms": int(time.time() * 1000),
-                "turn": snapshot,
-            },
-        )
-
-    def _later(self, delay_ms: int, fn, *args) -> None:
         def fire() -> None:
             with self.lock:
                 self._timers.discard(timer)
@@ -366,151 +112,6 @@ class Simulator:
                 return
             self._timers.add(timer)
         timer.start()
-
-    def _prompt(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
-        if not sess.live:
-            raise SimError(409, "disconnected")
-        prompt_id = body["prompt_id"]
-        if prompt_id not in sess.prompt_turns:
-            turn = SimTurn(
-                turn_id=self._new_turn_id(),
-                origin="user_prompt",
-                source_goal_operation_id=None,
-                source_goal_revision=None,
-                prompt_id=prompt_id,
-            )
-            sess.turns[turn.turn_id] = turn
-            sess.prompt_turns[prompt_id] = turn.turn_id
-            self.effects.append(
-                {
-                    "kind": "prompt",
-                    "workspace_id": ws,
-                    "session_id": sid,
-                    "prompt_id": prompt_id,
-                    "turn_id": turn.turn_id,
-                    "text": body.get("text"),
-                    "at": time.time(),
-                }
-            )
-            self._report_turn_later(ws, sid, turn, 0)
-            if sess.turn_duration_ms:
-                self._later(sess.turn_duration_ms, self._settle, ws, sid, turn.turn_id, "completed")
-        return {"turn_id": sess.prompt_turns[prompt_id]}
-
-    def _maintenance(
-        self, ws: str, sid: str, sess: SimSession, parts: list[str], body: dict
-    ) -> dict:
-        if len(parts) == 1:  # start, idempotent by run_id
-            if not sess.live:
-                raise SimError(409, "disconnected")
-            run_id = body["run_id"]
-            if run_id not in sess.runs:
-                sess.runs[run_id] = SimRun(
-                    run_id,
-                    time.time() + sess.maintenance_duration_ms / 1000,
-                    sess.maintenance_outcome,
-                )
-                self.effects.append(
-                    {
-                        "kind": "maintenance",
-                        "workspace_id": ws,
-                        "session_id": sid,
-                        "run_id": run_id,
-                        "maintenance_kind": body.get("kind"),
-                        "at": time.time(),
-                    }
-                )
-            return {"state": "running"}
-        run = sess.runs.get(unquote(parts[1]))
-        if run is None:
-            raise SimError(404, "not_found")
-        if len(parts) == 3:  # cancel
-            if not sess.ignore_cancel and time.time() < run.done_at:
-                run.cancelled, run.done_at = True, time.time()
-            return {}
-        if time.time() < run.done_at:
-            return {"state": "running"}
-        applied = run.outcome == "applied" and not run.cancelled
-        error = run.outcome.split(":", 1)[1] if run.outcome.startswith("error:") else None
-        cancelled = run.cancelled or run.outcome == "cancelled"  # the agent gave up by itself
-        return {
-            "state": "done",
-            "applied": applied,
-            "cancelled": cancelled,
-            "error": None if run.cancelled else error,
-            "input_tokens": 12000,
-            "result_tokens": 800 if applied else None,
-            "summary": "conversation compacted" if applied else None,
-        }
-
-    def _install_fence(self, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
-        if body.get("require_live") and not sess.live:
-            raise SimError(409, "disconnected")
-        fence = (body["target_operation_id"], int(body["target_revision"]))
-        if fence not in sess.fences:
-            sess.fences.add(fence)
-            self.effects.append(
-                {
-                    "kind": "fence",
-                    "workspace_id": ws,
-                    "session_id": sid,
-                    "target_operation_id": fence[0],
-                    "target_revision": fence[1],
-                    "at": time.time(),
-                }
-            )
-        return {}
-
-    def _cancel_turn(self, ws: str, sid: str, sess: SimSession, turn_id: str, body: dict) -> dict:
-        if body.get("require_live") and not sess.live:
-            raise SimError(409, "disconnected")
-        op_id = body["operation_id"]
-        if op_id in self.answers:
-            return self.answers[op_id]
-        turn = sess.turns.get(turn_id)
-        if turn is None:
-            raise SimError(404, "not_found")
-        self.effects.append(
-            {
-                "kind": "cancel",
-                "workspace_id": ws,
-                "session_id": sid,
-                "turn_id": turn_id,
-                "operation_id": op_id,
-                "at": time.time(),
-            }
-        )
-        if turn.phase == "settled":
-            answer = {"result": "already_settled"}
-        elif sess.cancel_mode == "immediate":
-            turn.phase, turn.outcome = "settled", "canceled"
-            self._report_turn_later(ws, sid, turn, 0)
-            answer = {"result": "canceled"}
-        else:
-            if sess.cancel_mode == "accepted":
-                self._later(sess.cancel_delay_ms, self._settle, ws, sid, turn_id, "canceled")
-            answer = {"result": "accepted"}
-        self.answers[op_id] = answer
-        return answer
-
-    def _apply_later(self, ws: str, sid: str, body: dict) -> None:
-        with self.lock:
-            sess = self.session(ws, sid)
-            if int(body["revision"]) <= sess.applied_revision:
-                return  # a newer revision got there first; this one is stale now
-            goal = self._apply(ws, sid, sess, body)
-        self.report(
-            {
-                "workspace_id": ws,
-                "session_id": sid,
-                "occurred_at_ms": int(time.time() * 1000),
-                "goal_applied": {
-                    "operation_id": body["operation_id"],
-                    "revision": int(body["revision"]),
-                    "goal": goal,
-                },
-            }
-        )
 
     def report(self, report: dict) -> None:
         if self.reporter is None:
@@ -579,39 +180,15 @@ class Simulator:
                         for t in sess.turns.values()
                     },
                 }
-            if path == "/sim/faults":
-                self.faults.append(
-                    Fault(
-                        call=body.get("call", "*"),
-                        status=int(body.get("status", 503)),
-                        code=body.get("error", "server_error"),
-                        remaining=int(body.get("count", 1)),
-                        workspace_id=body.get("workspace_id"),
-                        session_id=body.get("session_id"),
-                    )
-                )
-                return {}
             if path == "/sim/defaults":
                 unknown = set(body) - set(SESSION_SETTINGS)
                 if unknown:
                     raise SimError(422, "rejected", detail=f"unknown settings {sorted(unknown)}")
                 self.defaults.update(body)
                 return dict(self.defaults)
-            if path == "/sim/latency":
-                self.latency_ms[body["call"]] = int(body["ms"])
-                if body.get("p99_ms"):
-                    self.latency_p99_ms[body["call"]] = int(body["p99_ms"])
-                else:
-                    self.latency_p99_ms.pop(body["call"], None)
-                return {}
-            if path == "/sim/hold":
-                # {"call": name or "*", "hold": true|false}: calls wait until let go.
-                (self.held.add if body.get("hold", True) else self.held.discard)(body["call"])
-                self.changed.notify_all()
-                return {"holding": self.holding}
-            if path == "/sim/trickle":
-                self.trickle_ms = int(body["ms"])
-                return {}
+            result = self.faults.control(path, body)
+            if result is not None:
+                return result
         raise SimError(404, "not_found")
 
     def snapshot(self, path: str, since: int = 0, wait_s: float = 0.0) -> dict:
@@ -631,7 +208,7 @@ class Simulator:
                     self.changed.wait(min(left, WAIT_SLICE_S))
                 return {"effects": self.effects[max(since, 0) :], "total": len(self.effects)}
             if path == "/sim/calls":
-                return {"calls": list(self.calls), "holding": self.holding}
+                return {"calls": list(self.calls), "holding": self.faults.holding}
             if path == "/sim/health":
                 return {"ok": True}
         raise SimError(404, "not_found")

@@ -15,15 +15,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
-from workflows.tools.bench_stats import _exactly_once, _from_producers, _percentile, _summary
+from workflows.tools.bench.harness import Bench
+from workflows.tools.bench.stats import _exactly_once, _from_producers, _percentile, _summary
 from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port
-
-# The running benchmark (workflows/tools/bench.py's Bench): its client, its worker's
-# components, its pacing and its audit; passed in, so that this phase needs nothing else of it.
-Bench = Any
 
 HEALTHY_HOSTS = 3
 SLOW_MS, SLOW_P99_MS = 200, 2000
@@ -79,13 +75,13 @@ class Hosts:
 
 def _throughput(bench: Bench, hosts: Hosts, label: str) -> tuple[float, dict]:
     ws = f"bench-{bench.run_id}-{label}"
-    hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench._set_goal names them
+    hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench.set_goal names them
     bench.components.wait_until_worker_idle(0.3, 300)
     submitted: dict[str, float] = {}
 
     started = time.time()
-    _from_producers(lambda i: bench._set_goal(ws, i, submitted), range(bench.n))
-    bench._wait(f"(f) {label}", lambda: len(hosts.effects(ws)), bench.n, poll_s=0.2)
+    _from_producers(lambda i: bench.set_goal(ws, i, submitted), range(bench.n))
+    bench.wait(f"(f) {label}", lambda: len(hosts.effects(ws)), bench.n, poll_s=0.2)
     finished = max(at for _, at in hosts.effects(ws).values())
     return bench.n / (finished - started), _audit(bench, hosts, ws, submitted)
 
@@ -95,7 +91,7 @@ def _paced(bench: Bench, hosts: Hosts, label: str, bad: Callable[[], None] | Non
     the bad host misbehave) every BAD_EVERY-th to the bad host's: the healthy goals'
     latencies (ms) and the audit, taken once the bad host is healthy again."""
     ws = f"bench-{bench.run_id}-{label}"
-    hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench._set_goal names them
+    hosts.sessions(ws, bench.n, hosts.healthy)  # s0, s1 … as Bench.set_goal names them
     bad_sessions = hosts.sessions(f"{ws}-bad", bench.n // BAD_EVERY, [hosts.bad]) if bad else []
     if bad:
         bad()
@@ -104,15 +100,15 @@ def _paced(bench: Bench, hosts: Hosts, label: str, bad: Callable[[], None] | Non
     lock = threading.Lock()
 
     def send(i: int) -> None:
-        bench._set_goal(ws, i, submitted)
+        bench.set_goal(ws, i, submitted)
         if bad_sessions and i % BAD_EVERY == 0:
             sid = bad_sessions[i // BAD_EVERY][0]
             op = bench.client.set_goal(f"{ws}-bad", sid, f"objective {i}", client_submit_id="1")
             with lock:
                 bad_submitted[op.operation_id] = time.time()
 
-    bench._paced(send, PACED_RATE)
-    bench._wait(f"(f) {label}", lambda: len(hosts.effects(ws)), bench.n, poll_s=0.2)
+    bench.paced(send, PACED_RATE)
+    bench.wait(f"(f) {label}", lambda: len(hosts.effects(ws)), bench.n, poll_s=0.2)
     effects = hosts.effects(ws)
     latencies = [(effects[op_id][1] - t) * 1000 for op_id, t in submitted.items()]
     audit = _audit(bench, hosts, ws, submitted)
@@ -127,7 +123,7 @@ def _paced(bench: Bench, hosts: Hosts, label: str, bad: Callable[[], None] | Non
 
 
 def _audit(bench: Bench, hosts: Hosts, ws: str, submitted: dict[str, float]) -> dict:
-    states = bench._settled_states(submitted)
+    states = bench.settled_states(submitted)
     return {"operations": len(submitted), **_exactly_once(states, hosts.per_op(ws), False)}
 
 

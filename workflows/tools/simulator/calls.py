@@ -1,0 +1,189 @@
+"""The runtime protocol's calls as the simulated host answers them: liveness, resume, goals
+(applied at once or later), fences, prompts, turn cancels and maintenance runs."""
+
+import re
+import time
+from urllib.parse import unquote
+
+from workflows.tools.simulator.sessions import SimError, SimRun, SimSession
+from workflows.tools.simulator.turns import Host, cancel_turn, prompt, start_turn
+
+SESSION_PATH = re.compile(
+    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|prompts"
+    r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$"
+)
+
+
+def answer_call(host: Host, call: str, ws: str, sid: str, body: dict) -> dict:
+    with host.lock:
+        sess = host.session(ws, sid)
+        if sess.missing:
+            raise SimError(404, "session_not_found")
+        if call == "liveness":
+            return {"live": sess.live, "runtime_epoch": sess.epoch}
+        if call == "resume":
+            return _resume(host, ws, sid, sess, body)
+        if call == "goal-fences":
+            return _install_fence(host, ws, sid, sess, body)
+        if call.startswith("turns/"):
+            return cancel_turn(host, ws, sid, sess, unquote(call.split("/")[1]), body)
+        if call == "prompts":
+            return prompt(host, ws, sid, sess, body)
+        if call.startswith("maintenance"):
+            return _maintenance(host, ws, sid, sess, call.split("/"), body)
+        return _goal(host, ws, sid, sess, body)
+
+
+def _resume(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
+    fences = body.get("fences") or []
+    if not sess.live:
+        # A new provider process (a new epoch): what the old one ran ended with it, and
+        # it holds the fences it was given, no others.
+        sess.live = True
+        sess.epoch += 1
+        sess.fences, sess.turns, sess.runs, sess.prompt_turns = set(), {}, {}, {}
+        host.effects.append(
+            {
+                "kind": "resume",
+                "workspace_id": ws,
+                "session_id": sid,
+                "fences": fences,
+                "runtime_epoch": sess.epoch,
+                "at": time.time(),
+            }
+        )
+    sess.fences |= {(f["target_operation_id"], f["target_revision"]) for f in fences}
+    return {"live": True, "runtime_epoch": sess.epoch}
+
+
+def _goal(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
+    op_id, revision = body["operation_id"], int(body["revision"])
+    if not sess.live:
+        raise SimError(409, "disconnected")
+    if op_id in host.answers:
+        return host.answers[op_id]  # a retry: same answer, no second effect
+    if (op_id, revision) in sess.fences:
+        raise SimError(422, "rejected", detail="fenced generation")
+    if revision <= sess.applied_revision:
+        raise SimError(409, "stale_revision", current_revision=sess.applied_revision)
+    if sess.goal_mode == "accepted":
+        answer = {"phase": "accepted", "goal": None, "evidence": {"acknowledged": True}}
+        host.answers[op_id] = answer
+        host.later(sess.apply_delay_ms, _apply_later, host, ws, sid, body)
+        return answer
+    goal = _apply(host, ws, sid, sess, body)
+    answer = {"phase": "applied", "goal": goal, "evidence": {"applied_revision": revision}}
+    host.answers[op_id] = answer
+    return answer
+
+
+def _apply(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict | None:
+    action, revision = body["action"], int(body["revision"])
+    if action == "set":
+        sess.goal = {"objective": body["objective"], "status": "active"}
+    elif action == "clear":
+        sess.goal = None
+    elif sess.goal is not None:
+        sess.goal = {**sess.goal, "status": "paused" if action == "pause" else "active"}
+    sess.applied_revision = revision
+    host.effects.append(
+        {
+            "kind": "goal",
+            "workspace_id": ws,
+            "session_id": sid,
+            "operation_id": body["operation_id"],
+            "action": action,
+            "revision": revision,
+            "objective": body.get("objective"),
+            "at": time.time(),
+        }
+    )
+    if action == "set" and sess.continuation_turns:
+        start_turn(host, ws, sid, sess, body["operation_id"], revision)
+    return sess.goal
+
+
+def _maintenance(
+    host: Host, ws: str, sid: str, sess: SimSession, parts: list[str], body: dict
+) -> dict:
+    if len(parts) == 1:  # start, idempotent by run_id
+        if not sess.live:
+            raise SimError(409, "disconnected")
+        run_id = body["run_id"]
+        if run_id not in sess.runs:
+            sess.runs[run_id] = SimRun(
+                run_id,
+                time.time() + sess.maintenance_duration_ms / 1000,
+                sess.maintenance_outcome,
+            )
+            host.effects.append(
+                {
+                    "kind": "maintenance",
+                    "workspace_id": ws,
+                    "session_id": sid,
+                    "run_id": run_id,
+                    "maintenance_kind": body.get("kind"),
+                    "at": time.time(),
+                }
+            )
+        return {"state": "running"}
+    run = sess.runs.get(unquote(parts[1]))
+    if run is None:
+        raise SimError(404, "not_found")
+    if len(parts) == 3:  # cancel
+        if not sess.ignore_cancel and time.time() < run.done_at:
+            run.cancelled, run.done_at = True, time.time()
+        return {}
+    if time.time() < run.done_at:
+        return {"state": "running"}
+    applied = run.outcome == "applied" and not run.cancelled
+    error = run.outcome.split(":", 1)[1] if run.outcome.startswith("error:") else None
+    cancelled = run.cancelled or run.outcome == "cancelled"  # the agent gave up by itself
+    return {
+        "state": "done",
+        "applied": applied,
+        "cancelled": cancelled,
+        "error": None if run.cancelled else error,
+        "input_tokens": 12000,
+        "result_tokens": 800 if applied else None,
+        "summary": "conversation compacted" if applied else None,
+    }
+
+
+def _install_fence(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
+    if body.get("require_live") and not sess.live:
+        raise SimError(409, "disconnected")
+    fence = (body["target_operation_id"], int(body["target_revision"]))
+    if fence not in sess.fences:
+        sess.fences.add(fence)
+        host.effects.append(
+            {
+                "kind": "fence",
+                "workspace_id": ws,
+                "session_id": sid,
+                "target_operation_id": fence[0],
+                "target_revision": fence[1],
+                "at": time.time(),
+            }
+        )
+    return {}
+
+
+def _apply_later(host: Host, ws: str, sid: str, body: dict) -> None:
+    with host.lock:
+        sess = host.session(ws, sid)
+        if int(body["revision"]) <= sess.applied_revision:
+            return  # a newer revision got there first; this one is stale now
+        goal = _apply(host, ws, sid, sess, body)
+    host.report(
+        {
+            "workspace_id": ws,
+            "session_id": sid,
+            "occurred_at_ms": int(time.time() * 1000),
+            "goal_applied": {
+                "operation_id": body["operation_id"],
+                "revision": int(body["revision"]),
+                "goal": goal,
+            },
+        }
+    )
