@@ -46,6 +46,10 @@ class Dialect:
     def migration_lock(self, connection: Connection) -> None:
         """Make concurrent schema upgrades take turns (inside the migration's transaction)."""
 
+    def analyze(self, engine: Engine, table: str) -> None:
+        """Refresh the planner's statistics of a table after a bulk load (PostgreSQL's
+        autovacuum would, soon after)."""
+
 
 class Sqlite(Dialect):
     name = "sqlite"
@@ -115,6 +119,10 @@ class Postgres(Dialect):
 
     def migration_lock(self, connection: Connection) -> None:
         connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
+
+    def analyze(self, engine: Engine, table: str) -> None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ANALYZE {table}")
 
 
 SQLITE = Sqlite()

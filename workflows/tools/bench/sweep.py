@@ -10,6 +10,7 @@ from sqlalchemy import func, insert, select
 
 from models.base import utcnow
 from models.db import engine_for, run_transaction
+from models.dialects import dialect_of
 from models.enums import TERMINAL_OPERATION_STATUSES
 from models.tables import GoalOperation as GoalOperationRow
 from workflows.adapters.config import Settings
@@ -71,10 +72,7 @@ def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
         )
         if (start // SETTLED_CHUNK) % 10 == 9:
             say(f"    … {start + SETTLED_CHUNK:,} settled operations added")
-    if engine.dialect.name == "postgresql":
-        # What autovacuum's automatic analyze does soon after a bulk load.
-        with engine.begin() as conn:
-            conn.exec_driver_sql("ANALYZE goal_operations")
+    dialect_of(engine).analyze(engine, "goal_operations")
 
 
 def settled_sweep(settings: Settings, count: int, run_id: str, say: Callable) -> dict:
