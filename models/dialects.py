@@ -25,8 +25,10 @@ class Dialect:
     # Row locks: a statement can lock the rows it reads (FOR UPDATE) and pass over those
     # another transaction is taking (SKIP LOCKED). SQLite has one write lock for everything.
     locks_rows: ClassVar[bool]
-    # Hot-path transactions go through the driver itself (models.db.Direct).
+    # Hot-path transactions go through the driver itself (models.direct).
     direct: ClassVar[bool]
+    # The database runs functions of its own (PL/pgSQL): a lone message's claim is one call.
+    server_functions: ClassVar[bool]
     # Timestamps are stored without their zone (always UTC).
     naive_timestamps: ClassVar[bool]
     # Schema changes rebuild a table rather than alter it in place (Alembic's batch mode).
@@ -56,6 +58,7 @@ class Sqlite(Dialect):
     writes_together = False
     locks_rows = False
     direct = False
+    server_functions = False
     naive_timestamps = True
     batch_migrations = True
 
@@ -97,6 +100,7 @@ class Postgres(Dialect):
     writes_together = True
     locks_rows = True
     direct = True
+    server_functions = True
     naive_timestamps = False
     batch_migrations = False
 

@@ -102,7 +102,7 @@ def _after_fork(**_kwargs) -> None:
 def _finish_calls(**_kwargs) -> None:
     # Calls in flight in this process's goal drain end (each within the runtime timeout) and
     # are recorded; what it had not called goes back, due at once.
-    from workflows.steps import worker_drain
+    from workflows.steps.goals import worker_drain
 
     # An attempt may make a few calls (fences first, a resume): twice the timeout, and more.
     worker_drain.stop(2 * Settings.from_env().runtime_timeout_s + 2)

@@ -5,8 +5,8 @@ from tasks.strict import strict_task
 from tasks.worker_id import worker_name
 from workflows.client import AgentRadar
 from workflows.errors import InvalidArgument
-from workflows.steps import worker_drain
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals import worker_drain
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.task_names import (
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
@@ -47,9 +47,12 @@ def goal_control(
 
 
 @strict_task(DISPATCH_TASK)
-def dispatch(ctx, operation_id=None, operation_ids=None):
+def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, session_id=None):
     """One operation (`operation_id`, as the sweeper publishes) or several submitted together
-    (`operation_ids`, as a client coalesces them)."""
+    (`operation_ids`, as a client coalesces them). A message of one operation may name its
+    session (`workspace_id`, `session_id`, as a lone submit's does): its lane is then taken
+    without a read first. That is a claim the dispatcher checks, not trusted: named wrongly,
+    no lane is taken for it and the operation is dispatched as if unnamed."""
     if (operation_id is None) == (operation_ids is None):
         raise InvalidArgument(
             "give exactly one of operation_id and operation_ids", field="operation_id"
@@ -59,6 +62,14 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
         if operation_id is not None
         else check_ids("operation_ids", operation_ids, COALESCE_MAX_ITEMS)
     )
+    session_of = None
+    if workspace_id is not None or session_id is not None:
+        if len(wanted) != 1:
+            raise InvalidArgument(
+                "workspace_id and session_id name the session of one operation",
+                field="workspace_id",
+            )
+        session_of = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
     # The client is only needed for the rare resume of an offline session.
     dispatcher = Dispatcher(
         ctx.engine,
@@ -68,11 +79,11 @@ def dispatch(ctx, operation_id=None, operation_ids=None):
         resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
         hand_off=True,
     )
-    # The calls go on in this process's drain (workflows/steps/flight.py); this task only
+    # The calls go on in this process's drain (workflows/steps/goals/flight.py); this task only
     # claims, and waits first while the process has as many calls in flight as it takes.
     worker_drain.wait_for_room(ctx.settings.lease_s / 2)
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
-    results = dispatcher.dispatch_many(wanted, steal=True)
+    results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
     return {r.operation_id: r.outcome for r in results}
 
 

@@ -67,9 +67,9 @@ _WANTED = func.unnest(bindparam("b_name_array", type_=postgresql.ARRAY(String)))
 )
 
 
-def _created(name: Any, existing: str, cte: str) -> Any:
-    """A CTE inserting the lease rows of `name` (a column of names), taken, where they
-    have none yet; the names created.
+def _created(name: Any, existing: str, cte: str, *conditions: Any) -> Any:
+    """A CTE inserting the lease row of `name` (an SQL expression: one name, or a column
+    of several), taken, where it has none yet and `conditions` hold; the names created.
     Only names with no row yet: inserting over a row that another transaction is updating
     would wait for it (so the names taken, which have rows, are out too)."""
     row = LEASES.alias(existing)
@@ -78,7 +78,7 @@ def _created(name: Any, existing: str, cte: str) -> Any:
         .from_select(
             ["name", "owner", "token", "expires_at"],
             select(name, *_TAKEN_BY.values()).where(
-                ~select(row.c.name).where(row.c.name == name).exists()
+                ~select(row.c.name).where(row.c.name == name).exists(), *conditions
             ),
         )
         .on_conflict_do_nothing()
@@ -92,6 +92,23 @@ _CLAIM_OR_CREATE = select(_TAKEN.c.name).union_all(select(_CREATED.c.name))
 # The names _CLAIM_OR_CREATE takes, as a CTE for a statement that goes on with them in the
 # same round trip (claim_many's `and_then`).
 CLAIMED = _CLAIM_OR_CREATE.cte("claimed")
+
+
+def claim_or_create_one_if(condition: Any) -> Any:
+    """_CLAIM_OR_CREATE for the one name `b_name` (PostgreSQL), taken only while `condition`
+    (an SQL expression, read at the statement's snapshot) holds: where it does not, nothing
+    is written. A CTE of the name taken, for a statement built on it (the named claim of
+    workflows.steps.goals.named_claim)."""
+    name = bindparam("b_name", type_=LEASES.c.name.type)
+    waited = (
+        update(LEASES)
+        .where(LEASES.c.name == name, _FREE, condition)
+        .values(_TAKEN_BY)
+        .returning(LEASES.c.name)
+        .cte("named_waited")
+    )
+    created = _created(name, "named_existing", "named_created", condition)
+    return select(waited.c.name).union_all(select(created.c.name)).cte("named_claimed")
 
 
 _RENEW = (

@@ -165,6 +165,32 @@ def test_a_lone_submit_publishes_its_own_message_before_it_returns(settings):
     assert publisher.flush(0.01)
 
 
+def test_an_items_arguments_for_a_message_of_its_own_go_only_with_it_alone(settings):
+    """An item may bring more arguments for a message that carries it alone (a goal
+    operation's session): a lone submit's message has them, and so has a message of the
+    sender that holds that item only; a shared message has none of them."""
+    alone = {"workspace_id": "acme", "session_id": "s1"}
+    lone = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
+    with lone.coalescing(TASK, "operation_ids") as publish:
+        publish("op-1", None, alone)
+    assert lone.messages == [(TASK, {"operation_ids": ["op-1"], **alone})]
+
+    sender = RecordingPublisher(settings, delay_s=0)
+    with sender.coalescing(TASK, "operation_ids") as publish:
+        publish("op-2", None, alone)
+    assert sender.flush(5)
+    assert sender.messages == [(TASK, {"operation_ids": ["op-2"], **alone})]
+
+    shared = RecordingPublisher(settings, delay_s=0)
+    shared.linger_s = 5.0
+    with shared.coalescing(TASK, "operation_ids") as first:
+        with shared.coalescing(TASK, "operation_ids") as second:
+            second("op-3", None, alone)
+        first("op-4", None, {"workspace_id": "acme", "session_id": "s2"})
+    assert shared.flush(5)
+    assert shared.messages == [(TASK, {"operation_ids": ["op-3", "op-4"]})]
+
+
 def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(settings):
     """While a lone submit's message is on its way, the next submit does not wait for the
     broker: it hands its item over and returns, and the sender publishes it after."""

@@ -12,7 +12,7 @@ from tests.hostile import applied
 from workflows.adapters.answers import MAX_ANSWER_BYTES
 from workflows.adapters.http_runtime import HttpRuntime
 from workflows.maintenance import runs
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.steps.maintenance import MaintenanceExecutor
 
 WS = "ws-answers"

@@ -176,13 +176,6 @@ def test_accepted_goals_complete_from_the_agents_report(client, stack, sim_contr
     assert client.goal_state(WS, "acc").sync_status == "synced"
 
 
-GOOD_GOAL = {
-    "workspace_id": "w",
-    "session_id": "s",
-    "action": "set",
-    "objective": "x",
-    "client_submit_id": "c",
-}
 BAD_MESSAGES = [
     (
         "agent_radar.goal_control",
@@ -216,9 +209,12 @@ BAD_MESSAGES = [
     ("agent_radar.goal.dispatch", {"operation_ids": [7]}),
     ("agent_radar.goal.dispatch", {"operation_id": "a", "operation_ids": ["b"]}),
     ("agent_radar.goal.dispatch", {}),
-    ("agent_radar.goal.dispatch", {"operation_id": "a", "workspace_id": "w", "session_id": "s"}),
-    ("agent_radar.goal_control", {**GOOD_GOAL, "session_id": ["s"]}),
-    ("agent_radar.goal_control", {**GOOD_GOAL, "session_id": ""}),
+    (
+        "agent_radar.goal.dispatch",
+        {"operation_ids": ["a", "b"], "workspace_id": "w", "session_id": "s"},
+    ),
+    ("agent_radar.goal.dispatch", {"operation_id": "a", "workspace_id": "w"}),
+    ("agent_radar.goal.dispatch", {"operation_id": "a", "workspace_id": "w", "session_id": ""}),
     ("agent_radar.report_activity", {"report": "not an object"}),
     (
         "agent_radar.report_activity",
@@ -260,7 +256,7 @@ def test_ill_typed_task_messages_are_rejected_and_write_nothing(client, stack, s
     assert "unexpected keyword argument 'colour'" in log
     assert "operation_ids must be a list of 1-16 ids" in log
     assert "give exactly one of operation_id and operation_ids" in log
-    assert "unexpected keyword argument 'workspace_id'" in log
+    assert "workspace_id and session_id name the session of one operation" in log
     assert "session_id must be a string" in log
     assert "session_id must be 1-" in log
     publisher.close()

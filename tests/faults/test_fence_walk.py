@@ -34,7 +34,7 @@ from workflows.client import AgentRadar
 from workflows.errors import AgentRadarError
 from workflows.steps.cancel import CancelRunner
 from workflows.steps.fence_apply import FenceApplier
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.steps.restore import Restorer
 from workflows.tools.simulator import SimControl, SimServer
 

@@ -26,7 +26,7 @@ from tests.hostile import applied, raw_publish, task_headers
 from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
 from workflows.maintenance import runs
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.steps.maintenance import MaintenanceExecutor
 
 CAMPAIGN = "AGENT_RADAR_FUZZ_EXAMPLES" in os.environ
@@ -413,7 +413,12 @@ def good_kwargs(task: str, n: int) -> dict:
                 "occurred_at_ms": int(time.time() * 1000),
             }
         },
-        "agent_radar.goal.dispatch": {"operation_id": str(uuid.uuid4())},
+        # named, as a lone submit's message is: the name's fields are fuzzed too
+        "agent_radar.goal.dispatch": {
+            "operation_id": str(uuid.uuid4()),
+            "workspace_id": "w-broker",
+            "session_id": f"b-{n}",
+        },
         "agent_radar.fence.apply": {"fence_id": str(uuid.uuid4())},
         "agent_radar.cancel.apply": {"operation_id": str(uuid.uuid4())},
         "agent_radar.maintenance.execute": {"run_id": str(uuid.uuid4())},

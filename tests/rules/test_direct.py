@@ -112,12 +112,20 @@ def test_a_kept_text_binds_exactly_what_sqlalchemy_would():
     from sqlalchemy.dialects import postgresql
 
     from models.direct import _Compiled
-    from workflows.goals.statements import CLAIM_LOOKUP, NEXT_DUE_AND_ANYWHERE
+    from workflows.goals.statements import LOOKUP_AND_CLAIM, NEXT_DUE_AND_ANYWHERE
     from workflows.sessions.rows import INSERT_EVENT, event_params
 
     now = utcnow()
+    claim = {
+        "b_now": now,
+        "b_first": now,
+        "b_owner": "w",
+        "b_token": "t",
+        "b_expires": now,
+        "b_budget_since": now,
+    }
     cases = [
-        (CLAIM_LOOKUP, lambda n, tag: {"b_ops": [f"{tag}-op-{i}" for i in range(n)]}),
+        (LOOKUP_AND_CLAIM, lambda n, tag: {**claim, "b_ops": [f"{tag}-op-{i}" for i in range(n)]}),
         (
             NEXT_DUE_AND_ANYWHERE,
             lambda n, tag: {

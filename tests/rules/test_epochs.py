@@ -9,7 +9,7 @@ from models.tables import AgentSession, GoalFence, Turn
 from tests.helpers import restorer
 from workflows.adapters.http_runtime import HttpRuntime
 from workflows.maintenance import runs
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 
 WS, SID = "ws-epochs", "s1"
 

@@ -107,7 +107,7 @@ def test_ensure_session_resumes_with_every_fence_and_reinstalls_them(client, sim
 
 def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settings):
     from workflows.adapters.http_runtime import HttpRuntime
-    from workflows.steps.goal_dispatch import Dispatcher
+    from workflows.steps.goals.dispatch import Dispatcher
 
     op = client.set_goal(WS, SID, "one", client_submit_id="1")
     sim_control.session(WS, SID)  # the agent host knows the session

@@ -1,4 +1,4 @@
-"""Calls in flight (workflows/steps/flight.py, docs/dispatch.md): each host's limit and
+"""Calls in flight (workflows/steps/goals/flight.py, docs/dispatch.md): each host's limit and
 circuit breaker, a claim given back unattempted costs no budget, a claim whose lease would
 not outlast its call is not called, and a drain whose record fails keeps its outcomes."""
 
@@ -11,10 +11,10 @@ from tests.helpers import Clock
 from workflows.adapters.http_runtime import HttpRuntime
 from workflows.errors import RuntimeFault
 from workflows.goals.claims import StepResult
-from workflows.steps import flight, host_gate
-from workflows.steps.flight import Drain
-from workflows.steps.goal_dispatch import Dispatcher
-from workflows.steps.host_gate import BREAKER_FAILURES, FULL, GO, OPEN, HostGate
+from workflows.steps.goals import flight, host_gate
+from workflows.steps.goals.dispatch import Dispatcher
+from workflows.steps.goals.flight import Drain
+from workflows.steps.goals.host_gate import BREAKER_FAILURES, FULL, GO, OPEN, HostGate
 
 WS = "ws-flight"
 TIMEOUT = RuntimeFault("runtime timed out", code="timeout", retryable=True)

@@ -1,19 +1,23 @@
 """DESIGN 4.1 and 4.2, rule by rule, on both backends: the workflow functions against the
 real database and the simulator over real HTTP, with a clock the test controls."""
 
+import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import create_engine, event, make_url, select, text, update
 
 from models.db import run_transaction
+from tests.conftest import PG_ADMIN_URL, throwaway_pg_database
 from tests.helpers import Clock, row_counts, statements_sent
 from workflows import ids
 from workflows.adapters.http_runtime import HttpRuntime
+from workflows.client import AgentRadar
 from workflows.errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
@@ -23,15 +27,17 @@ from workflows.errors import (
 from workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
 from workflows.goals.tables import OPS
 from workflows.sessions.rows import EVENTS, SESSIONS
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 
 WS, SID = "ws-rules", "session-1"
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
-# taken or created with the session locks, the claim's read, the claim with its goal
+# taken or created with the session locks, the claim read with the claim and its goal
 # states); the record (session lock, every applied operation with its evidence and goal
 # state with the lanes' release, the look for more work).
 LANES_READ = ["SELECT"]
-CLAIM = ["WITH", "SELECT", "WITH"]
+CLAIM = ["WITH", "WITH"]
+# A named message's claim: one call, in autocommit (workflows.steps.goals.named_claim).
+NAMED_CLAIM = ["SELECT"]
 RECORD = ["SELECT", "WITH", "SELECT"]
 DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
 
@@ -171,6 +177,29 @@ def test_a_lone_dispatch_is_six_statements_on_postgresql(client, dispatcher, bac
     assert (done.status, done.lease_token, done.evidence is not None) == ("completed", None, True)
 
 
+def test_work_the_claim_statement_left_is_claimed_on_its_own(
+    client, dispatcher, sim_control, monkeypatch, backend
+):
+    """What the judgement lets go but the claim statement did not take (a row another
+    transaction changed after the statement's snapshot; here, a statement that takes
+    nothing) is claimed by a statement of its own, and applied once."""
+    from sqlalchemy import false
+
+    from workflows.goals.statements import CLAIM_LOOKUP
+    from workflows.steps.goals import claim as claim_module
+
+    took_nothing = CLAIM_LOOKUP.add_columns(false().label("taken"))
+    monkeypatch.setattr(claim_module, "LOOKUP_AND_CLAIM", took_nothing)
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    with statements_sent(client.engine) as statements:
+        assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    if backend == "production":
+        assert statements[:3] == LANES_READ + ["WITH", "SELECT"]
+        assert statements[3] == "WITH"  # the claim of its own
+    assert [e["revision"] for e in sim_control.effects()] == [1]
+    assert client.get_goal_operation(op.operation_id).status == "completed"
+
+
 def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
     """Under load most dispatch messages find their operation already taken along by
     another dispatch: such a message reads once and writes nothing."""
@@ -182,6 +211,167 @@ def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
         again = dispatcher("worker-b").dispatch_many([op.operation_id], steal=True)
     assert again == []
     assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
+
+
+def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
+    """So that the worker takes the session's lane without reading it first."""
+    from tests.adapters.test_publisher import RecordingPublisher
+
+    publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
+    c = AgentRadar(settings=settings, publisher=publisher)
+    op = c.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    c.close()
+    assert publisher.messages == [
+        (
+            "agent_radar.goal.dispatch",
+            {"operation_ids": [op.operation_id], "workspace_id": WS, "session_id": SID},
+        )
+    ]
+
+
+def test_a_message_that_names_the_session_skips_the_lanes_read(
+    client, dispatcher, sim_control, backend
+):
+    """On PostgreSQL the lane of the named session is taken at once, in the claim's one
+    call: a lone dispatch is then four statements (no lanes read). On SQLite the
+    name is not used (`takes_named_lanes`): the dispatch is the unnamed one, with the same
+    outcome."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    with statements_sent(client.engine) as statements:
+        outcomes = dispatcher().dispatch_many([op.operation_id], steal=True, session_of=(WS, SID))
+    assert [r.outcome for r in outcomes] == ["applied"]
+    if backend == "production":
+        assert statements == NAMED_CLAIM + RECORD
+    assert [e["operation_id"] for e in sim_control.effects()] == [op.operation_id]
+    assert client.get_goal_operation(op.operation_id).status == "completed"
+    assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): None}
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_named_claim_is_made_on_each_new_connection(client, dispatcher, sim_control):
+    """The named claim's function lives in the connection's own schema (`pg_temp`): a new
+    connection (a new pool, a reconnect) makes it again before its first call."""
+    first = client.set_goal(WS, SID, "one", client_submit_id="s-1")
+    d = dispatcher()
+    assert [r.outcome for r in d.dispatch_many([first.operation_id], session_of=(WS, SID))] == [
+        "applied"
+    ]
+    client.engine.dispose()
+    second = client.set_goal(WS, "s-2", "two", client_submit_id="s-1")
+    with _rollbacks(client.engine) as rolled_back:
+        outcomes = d.dispatch_many([second.operation_id], session_of=(WS, "s-2"))
+    assert [r.outcome for r in outcomes] == ["applied"]
+    assert rolled_back == []
+    assert [e["operation_id"] for e in sim_control.effects()] == [
+        first.operation_id,
+        second.operation_id,
+    ]
+    assert _lane_tokens(client, [SID, "s-2"]) == {
+        ids.lane_name(WS, SID): None,
+        ids.lane_name(WS, "s-2"): None,
+    }
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_role_without_the_temp_privilege_dispatches_named_messages_as_unnamed(
+    settings, sim_control, caplog
+):
+    """The named claim's function needs the right to make temporary objects. A database
+    role without it (TEMP revoked from PUBLIC, as some hardened databases do) gets the
+    dispatch as if nothing were named: applied once, the refusal logged once, and not
+    tried again on every message."""
+    role = f"radar_no_temp_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+    try:
+        with throwaway_pg_database("agent_radar_no_temp") as url:
+            database = url.rsplit("/", 1)[1]
+            owner = create_engine(url, isolation_level="AUTOCOMMIT")
+            with owner.connect() as conn:
+                conn.execute(text(f'REVOKE TEMPORARY ON DATABASE "{database}" FROM PUBLIC'))
+                conn.execute(text(f'GRANT USAGE ON SCHEMA public TO "{role}"'))
+                conn.execute(
+                    text(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public "
+                        f'TO "{role}"'
+                    )
+                )
+                conn.execute(text(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{role}"'))
+            owner.dispose()
+            role_url = make_url(url).set(username=role).render_as_string(hide_password=False)
+            as_role = replace(settings, database_url=role_url)
+            client = AgentRadar(settings=as_role)
+            try:
+                d = Dispatcher(
+                    client.engine,
+                    HttpRuntime(settings.runtime_url, timeout_s=2),
+                    worker_id="worker-a",
+                    lease_s=settings.lease_s,
+                )
+                ops = [
+                    client.set_goal(WS, sid, "ship it", client_submit_id="s-1")
+                    for sid in (SID, "s-2")
+                ]
+                with caplog.at_level(logging.WARNING, logger="workflows.steps.goals.named_claim"):
+                    first = d.dispatch_many([ops[0].operation_id], session_of=(WS, SID))
+                    with statements_sent(client.engine) as statements:
+                        second = d.dispatch_many([ops[1].operation_id], session_of=(WS, "s-2"))
+                assert [r.outcome for r in first + second] == ["applied", "applied"]
+                assert statements == DISPATCH_STEP_STATEMENTS  # the unnamed path, no call
+                refusals = [r for r in caplog.records if "named claims are off" in r.message]
+                assert len(refusals) == 1
+                assert [e["operation_id"] for e in sim_control.effects()] == [
+                    op.operation_id for op in ops
+                ]
+                assert {client.get_goal_operation(op.operation_id).status for op in ops} == {
+                    "completed"
+                }
+            finally:
+                client.close()
+                client.engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
+
+
+@pytest.mark.parametrize("named", ["another-session", "no-such-session"])
+def test_a_wrongly_named_session_takes_nothing_and_the_operation_is_applied_once(
+    client, dispatcher, sim_control, settings, named
+):
+    """A message's session is its word, not the database's: named wrongly (another
+    session, with open work of its own, or none at all), no lane is taken for it, and the
+    operation is dispatched as if nothing were named: applied once. The named session is
+    left as it was, and no lane row is made for a session that does not exist."""
+    other = client.set_goal(WS, "another-session", "not now", client_submit_id="o-1")
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    lanes_before = _lane_tokens(client, [SID, "another-session", "no-such-session"])
+    held_during_call = []
+
+    class Watched(HttpRuntime):
+        def apply_goal(self, workspace_id, session_id, **call):
+            held_during_call.append(_lane_tokens(client, [session_id]))
+            return super().apply_goal(workspace_id, session_id, **call)
+
+    d = dispatcher()
+    d.runtime = Watched(settings.runtime_url, timeout_s=2)
+    with _rollbacks(client.engine) as rolled_back:
+        outcomes = d.dispatch_many([op.operation_id], session_of=(WS, named))
+    assert rolled_back == []
+    # the operation was called with its own session's lane held
+    assert [list(tokens) for tokens in held_during_call] == [[ids.lane_name(WS, SID)]]
+    assert None not in held_during_call[0].values()
+    assert [(r.operation_id, r.outcome) for r in outcomes] == [(op.operation_id, "applied")]
+    assert [e["operation_id"] for e in sim_control.effects()] == [op.operation_id]
+    untouched = client.get_goal_operation(other.operation_id)
+    assert (untouched.status, untouched.attempt, untouched.lease_token) == ("prepared", 0, None)
+    lanes_after = _lane_tokens(client, [SID, "another-session", "no-such-session"])
+    mine = ids.lane_name(WS, SID)
+    assert lanes_after.pop(mine) is None  # taken and released by the unnamed dispatch
+    lanes_before.pop(mine, None)
+    assert lanes_after == lanes_before  # on SQLite a lane's row is made on its first use
+    assert ids.lane_name(WS, "no-such-session") not in lanes_after
 
 
 @contextmanager
@@ -197,6 +387,45 @@ def _rollbacks(engine):
         yield seen
     finally:
         event.remove(engine, "rollback", record)
+
+
+def test_a_named_message_for_settled_work_writes_nothing(client, dispatcher, sim_control):
+    """A second message for an operation already applied, naming its session: no lane is
+    taken, nothing is called, nothing written, and (on PostgreSQL) nothing is rolled back
+    either: psycopg forgets the statements it prepared on a connection that rolls back."""
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    before = (row_counts(client.engine), client.get_goal_operation(op.operation_id))
+    with _rollbacks(client.engine) as rolled_back:
+        again = dispatcher("worker-b").dispatch_many(
+            [op.operation_id], steal=True, session_of=(WS, SID)
+        )
+    assert again == []
+    assert rolled_back == []
+    assert (row_counts(client.engine), client.get_goal_operation(op.operation_id)) == before
+    assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): None}
+    assert len(sim_control.effects()) == 1
+
+
+def test_a_named_message_leaves_a_lane_another_worker_holds(client, dispatcher, sim_control):
+    """The named session's lane is held (another worker drains it): this dispatch takes
+    nothing and calls nothing; the holder finds the operation when it releases."""
+    from workflows import leases
+
+    op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    token, taken = run_transaction(
+        client.engine,
+        lambda s: leases.claim_many(
+            s, [ids.lane_name(WS, SID)], "worker-b", 60, dispatcher().clock()
+        ),
+    )
+    assert taken == {ids.lane_name(WS, SID)}
+    with _rollbacks(client.engine) as rolled_back:
+        assert dispatcher().dispatch_many([op.operation_id], session_of=(WS, SID)) == []
+    assert rolled_back == []
+    assert _lane_tokens(client, [SID]) == {ids.lane_name(WS, SID): token}
+    assert client.get_goal_operation(op.operation_id).status == "prepared"
+    assert sim_control.effects() == []
 
 
 def test_concurrent_submits_to_one_session_take_distinct_revisions(client):
@@ -269,7 +498,7 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         client.pause_goal(WS, "b3", client_submit_id="p-1"),
     ]
     # Each call's outcome is recorded as it finishes, together with whatever else finished
-    # meanwhile (workflows/steps/flight.py): here all four are held until every one has its
+    # meanwhile (workflows/steps/goals/flight.py): here all four are held until every one has its
     # answer, so they come in at once and are recorded together.
     d = dispatcher()
     answered = threading.Barrier(len(ops))
@@ -774,7 +1003,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     been due for STEAL_AFTER: work due for less has its message on the way (most often to
     an idle process), which would otherwise wait for the lane this step creates only to
     find its work taken."""
-    from workflows.steps.goal_claim import STEAL_AFTER
+    from workflows.steps.goals.claim import STEAL_AFTER
 
     own = client.set_goal(WS, "own", "x", client_submit_id="1")
     fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
@@ -813,7 +1042,7 @@ def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_c
     starts take every due operation at their ends, however young, rather than leave it
     STEAL_AFTER for a message that is itself late. A message that finds its own work leaves
     such work alone (test_a_steps_end_leaves_work_just_come_due_to_its_message)."""
-    from workflows.steps.goal_claim import STEAL_AFTER
+    from workflows.steps.goals.claim import STEAL_AFTER
 
     taken = client.set_goal(WS, "taken", "x", client_submit_id="1")
     other = client.set_goal(WS, "other", "x", client_submit_id="1")
@@ -922,7 +1151,7 @@ def test_a_dispatch_lets_go_of_a_backlog_after_its_time(
     after DRAIN_BUDGET_S: what it did not claim stays due, its lanes free, no attempt
     counted."""
     from workflows.goals.statements import MAX_LANES_PER_STEP
-    from workflows.steps import flight
+    from workflows.steps.goals import flight
 
     monkeypatch.setattr(flight, "DRAIN_BUDGET_S", 0.0)
     ops = [

@@ -12,7 +12,7 @@ from models.db import run_transaction
 from models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
 from tests.helpers import restorer, row_counts
 from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.tools.simulator import SimControl
 
 WS = "ws-hosts"

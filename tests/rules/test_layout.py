@@ -117,7 +117,7 @@ def test_the_layers_point_one_way():
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("workflows.steps.goal_dispatch", "from celery import shared_task"),
+        ("workflows.steps.goals.dispatch", "from celery import shared_task"),
         ("workflows.steps.fence_apply", "def f():\n    import click\n"),
         ("workflows.prompts.queue", "from workflows.tools.cli import cli"),
         ("workflows.maintenance.runs", "from ..tools import demo"),

@@ -24,7 +24,7 @@ from workflows.errors import (
     SessionBusy,
 )
 from workflows.maintenance import runs
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.steps.maintenance import MaintenanceExecutor
 
 WS, SID = "ws-maint", "s1"
@@ -210,14 +210,17 @@ def test_a_late_cancel_never_reopens_finalizing(client, sim_control):
     assert client.get_maintenance(run.run_id).cancel_requested_at is None
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
 @pytest.mark.parametrize("backend", ["production"])
 def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
-    client, settings, sim_control
+    client, settings, sim_control, named
 ):
     """A claim waits for the session lock while a maintenance run's admission holds it. On
     PostgreSQL it must read the session's holds after it has the lock (a read in the
     locking statement sees the database as it was before the wait): the operation is held,
-    and the agent gets no goal call during the run."""
+    and the agent gets no goal call during the run. So must a named message's claim, whose
+    lane, lock and read are one call of a server-side function (named_claim): its read is
+    a statement of its own in that function, with a snapshot of its own."""
     from sqlalchemy.orm import Session
 
     from workflows.maintenance import runs
@@ -231,7 +234,9 @@ def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
     try:
         with Session(client.engine) as admission, admission.begin():
             runs.start(admission, request, utcnow())  # the session row stays locked
-            outcome = pool.submit(d.dispatch_many, [op.operation_id])
+            outcome = pool.submit(
+                d.dispatch_many, [op.operation_id], session_of=(WS, SID) if named else None
+            )
 
             eventually(
                 lambda: lock_waits(client.engine) > 0,
@@ -243,7 +248,7 @@ def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
     assert sim_control.effects() == []
     assert client.get_goal_operation(op.operation_id).status == "prepared"
     lane = run_transaction(client.engine, lambda s: s.get(Lease, ids.lane_name(WS, SID)))
-    assert lane is None or lane.token is None  # the lane let go again
+    assert lane is None or lane.token is None  # the named claim let its lane go again
 
 
 def test_goal_operations_wait_for_the_run_without_using_budget(

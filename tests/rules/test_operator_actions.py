@@ -19,7 +19,7 @@ from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeDrainin
 from workflows.goals.operations import fail_operation
 from workflows.maintenance import runs
 from workflows.steps.fence_apply import FenceApplier
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 
 WS, SID = "ws-operators", "s1"
 

@@ -12,7 +12,7 @@ from models.tables import GoalOperation
 from tests.helpers import Clock
 from workflows import leases
 from workflows.adapters.http_runtime import HttpRuntime
-from workflows.steps.goal_dispatch import Dispatcher
+from workflows.steps.goals.dispatch import Dispatcher
 from workflows.task_names import COALESCE_MAX_ITEMS, DISPATCH_TASK
 
 

@@ -27,7 +27,7 @@ MAX_LEASE_S = 3600.0
 # (tasks/app.py, 300 s) would cut it anyway.
 MAX_RUNTIME_TIMEOUT_S = 300.0
 # Calls at once to one agent host from one worker process (docs/dispatch.md); a worker process
-# keeps at most 256 calls in flight in all (workflows/steps/flight.py).
+# keeps at most 256 calls in flight in all (workflows/steps/goals/flight.py).
 DEFAULT_HOST_CONCURRENCY = 32
 MAX_HOST_CONCURRENCY = 256
 # A replay within a day must always find its operation (DESIGN 4.10).

@@ -267,7 +267,7 @@ class HostRouter:
         host_concurrency: int = DEFAULT_HOST_CONCURRENCY,
     ) -> None:
         self.locate = locate
-        # Calls at once to one host from this process (workflows/steps/flight.py).
+        # Calls at once to one host from this process (workflows/steps/goals/flight.py).
         self.host_concurrency = host_concurrency
         self.token = token
         self.timeout_s = timeout_s

@@ -173,7 +173,9 @@ class TaskPublisher:
         item (and its label, see `publish`). Leaving the block hands the item to this
         process's sender thread and returns at once: the committed row is the accepted
         intent, and the sender publishes it with the items of this process's other submits
-        at that moment, so a burst of submits costs a few messages, not one each. While the
+        at that moment, so a burst of submits costs a few messages, not one each. An item
+        may come with `alone`, more arguments for a message that carries it alone (what
+        saves its consumer a read, for example), left out of a shared one. While the
         block runs, the sender waits briefly (COALESCE_LINGER_S) for its item. A failed
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
         for the sender.
@@ -194,8 +196,8 @@ class TaskPublisher:
             spaced = began - self._last_began >= self.linger_s
             self._last_began = began
 
-        def add(item: Any, label: str | None = None) -> None:
-            mine.append(_Waiting(item, label))
+        def add(item: Any, label: str | None = None, alone: dict[str, Any] | None = None) -> None:
+            mine.append(_Waiting(item, label, alone))
 
         def leave(alone_may_publish: bool) -> bool:
             with self._changed:
@@ -297,6 +299,8 @@ class TaskPublisher:
                 chunk = batch[start : start + COALESCE_MAX_ITEMS]
                 labels = "; ".join(w.label for w in chunk if w.label)
                 kwargs = {list_kwarg: [w.item for w in chunk]}
+                if len(chunk) == 1 and chunk[0].alone:
+                    kwargs |= chunk[0].alone
                 ok = self.publish_after_commit(task_name, kwargs, labels or None)
                 self._settle(chunk, ok)
                 settled += len(chunk)
@@ -350,9 +354,12 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class _Waiting:
-    __slots__ = ("item", "label", "published")
+    __slots__ = ("item", "label", "alone", "published")
 
-    def __init__(self, item: Any, label: str | None = None) -> None:
+    def __init__(
+        self, item: Any, label: str | None = None, alone: dict[str, Any] | None = None
+    ) -> None:
         self.item = item
         self.label = label
+        self.alone = alone  # more arguments for a message of this item alone
         self.published: bool | None = None

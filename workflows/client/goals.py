@@ -49,6 +49,9 @@ class GoalCalls(ClientBase):
             DISPATCH_TASK,
             lambda op: op.operation_id,
             coalesce_into="operation_ids",
+            # A message of this operation alone names its session too: the worker then
+            # takes the session's lane without reading it first (checked by the claim).
+            alone=lambda op: {"workspace_id": op.workspace_id, "session_id": op.session_id},
         )
 
     def set_goal(

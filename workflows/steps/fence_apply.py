@@ -36,7 +36,7 @@ from workflows.goals.operations import backoff_s, fail_operation
 from workflows.steps import Step
 from workflows.steps.cancel import CancelRunner, mark_offline
 from workflows.steps.fence_install import ensure_fences_installed
-from workflows.steps.goal_dispatch import Dispatcher, apply_goal
+from workflows.steps.goals.dispatch import Dispatcher, apply_goal
 from workflows.task_names import Publish
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences.reinstall import needs_restore
 from workflows.sessions.rows import lock_session
 from workflows.steps.fence_install import ensure_fences_installed
-from workflows.steps.goal_dispatch import apply_goal
+from workflows.steps.goals.dispatch import apply_goal
 
 log = logging.getLogger(__name__)
 

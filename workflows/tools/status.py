@@ -171,7 +171,7 @@ def fleet_facts(s: Session, now: datetime) -> dict:
             GoalFence.status == FenceStatus.PENDING, GoalFence.last_error == WAITING_FOR_TURN
         )
     ).scalar_one()
-    # Hosts a worker skips for now: their calls kept failing (workflows/steps/flight.py).
+    # Hosts a worker skips for now: their calls kept failing (workflows/steps/goals/flight.py).
     hosts_skipped = [
         {
             "host_id": c.host_id,

@@ -33,7 +33,14 @@ from models.db import run_transaction
 from workflows.adapters import logs, metrics
 from workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from workflows.goals.statements import MAX_LANES_PER_STEP
-from workflows.steps.host_gate import FULL, FULL_RETRY_S, GO, MAX_IN_FLIGHT, gate, write_transitions
+from workflows.steps.goals.host_gate import (
+    FULL,
+    FULL_RETRY_S,
+    GO,
+    MAX_IN_FLIGHT,
+    gate,
+    write_transitions,
+)
 
 log = logging.getLogger(__name__)
 

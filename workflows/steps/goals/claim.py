@@ -25,6 +25,7 @@ from workflows.goals.statements import (
     CLAIM_LOOKUP,
     GIVE_BACK,
     LOCK_SESSIONS_OF_OPS,
+    LOOKUP_AND_CLAIM,
     MAX_LANES_PER_STEP,
     NEXT_DUE,
     NEXT_DUE_AND_ANYWHERE,
@@ -32,7 +33,7 @@ from workflows.goals.statements import (
     STATE_SYNC,
     STATES_APPLYING,
     TAKE_LANES_AND_LOCK,
-    claim_params,
+    lookup_and_claim_params,
 )
 
 # A step's end takes other sessions' due work (PostgreSQL, a dispatch that steals) only once
@@ -210,30 +211,43 @@ class GoalClaims:
     ) -> dict[str, Claim | StepResult]:
         """Claim these operations for an attempt now (their lanes are held), or say why
         not: the session rows locked (unless the lanes' statement did, `sessions_locked`),
-        then their rows read (operations, goal states, maintenance holds) and judged by the
-        claim rule (goals.claim_rule.obstacle, its one source of truth), and those it lets
-        go claimed under a guard that takes a row only while it is open and unleased."""
+        then their rows read (operations, goal states, maintenance holds) and those the claim
+        rule lets go claimed. On PostgreSQL the read and the claim are one statement
+        (LOOKUP_AND_CLAIM), whose conditions are the claim rule's (goals/claim_rule.py; a
+        test proves the two equal); elsewhere the read, the rule, and a claim that takes a
+        row only while it is open and unleased."""
         now = self.clock()
         conn = session.connection()
         wanted = {"b_ops": list(operation_ids)}
         if not sessions_locked:
             conn.execute(LOCK_SESSIONS_OF_OPS, wanted).all()
-        rows = {row.operation_id: row for row in conn.execute(CLAIM_LOOKUP, wanted)}
+        token = leases.new_token()
+        expires = now + timedelta(seconds=self.lease_s)
+        params = lookup_and_claim_params(operation_ids, now, self.worker_id, token, expires)
+        together = dialect_of(conn).writes_together
+        lookup = conn.execute(LOOKUP_AND_CLAIM if together else CLAIM_LOOKUP, params)
+        rows = {row.operation_id: row for row in lookup}
         verdicts: dict[str, Claim | StepResult] = {}
+        taken: set[str] = set()
         claimable: list[records.GoalOperation] = []
         for operation_id in operation_ids:
             row = rows.get(operation_id)
+            if together and row is not None and row.taken:
+                taken.add(operation_id)
+                claimable.append(records.from_row(records.GoalOperation, row))
+                continue
             obstacle = claim_rule.obstacle(row, operation_id, now)
             if obstacle is not None:
                 verdicts[operation_id] = outcomes.verdict(session, row, operation_id, obstacle, now)
             else:
                 claimable.append(records.from_row(records.GoalOperation, row))
-        if not claimable:
-            return verdicts
-        token = leases.new_token()
-        expires = now + timedelta(seconds=self.lease_s)
-        params = claim_params(now, self.worker_id, token, expires)
-        taken = self._claim_now(conn, params, claimable)
+        late = [op for op in claimable if op.operation_id not in taken]
+        if late:
+            # What the rule lets go and the statement did not take (SQLite; on PostgreSQL a
+            # row another transaction changed after the statement's snapshot, which the
+            # update then found no longer passing), claimed on its own: taken if it still
+            # may go.
+            taken |= self._claim_now(conn, params, late)
         for op in claimable:
             if op.operation_id not in taken:
                 verdicts[op.operation_id] = StepResult(op.operation_id, "skipped")

@@ -9,8 +9,8 @@ import time
 from concurrent.futures import Future
 
 from workflows.goals.claims import Claim, Lane, StepResult
-from workflows.steps.flight import Drain, Steps
-from workflows.steps.host_gate import MAX_IN_FLIGHT
+from workflows.steps.goals.flight import Drain, Steps
+from workflows.steps.goals.host_gate import MAX_IN_FLIGHT
 
 log = logging.getLogger(__name__)
 
