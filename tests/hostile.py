@@ -30,6 +30,9 @@ class HostileHost:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as separate writes; without TCP_NODELAY the body waits
+            # for the caller's delayed ACK (~40 ms a call). The simulator's handler sets it too.
+            disable_nagle_algorithm = True
 
             def log_message(self, *_args):
                 pass
