@@ -9,9 +9,9 @@ reason — except under CI=true, where that is a failure.
 What each fixture starts (all torn down after the test):
 - `pg_database` (session): one throwaway PostgreSQL database, migrated to head.
 - `backend`: the parameter, `embedded` or `production`.
-- `settings`: a home folder, the backend's database (SQLite file, or the PostgreSQL database
-  truncated) and broker (a folder, Redis under a key prefix of its own, or a RabbitMQ
-  virtual host of its own), a free port.
+- `settings`: a home folder, the backend's database (a copy of a SQLite file migrated once
+  per session, or the PostgreSQL database truncated) and broker (a folder, Redis under a key
+  prefix of its own, or a RabbitMQ virtual host of its own), a free port.
 - `sim`: the runtime simulator as a real HTTP server in this process, reporting through the
   real broker; `sim_control` is its `/sim/` client. `sim_b`: a second host, `host-b`.
 - `client`: the Python client against that backend and simulator (no worker).
@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -130,6 +131,19 @@ def _empty_pg(pg_url: str) -> None:
         conn.execute(text(f"TRUNCATE {tables}"))
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> Path:
+    """One SQLite database migrated to head; each embedded test starts from a copy of it
+    (a migration per test cost more than many tests do)."""
+    path = tmp_path_factory.mktemp("migrated") / "agent-radar.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    # Closing its last connection checkpoints the write-ahead log into the file.
+    dispose_engine(url)
+    assert not Path(f"{path}-wal").exists(), "the migrated database is not all in its file"
+    return path
+
+
 @pytest.fixture(params=["embedded", "production"])
 def backend(request) -> str:
     """Which backend this test runs on (every scenario runs on both)."""
@@ -169,7 +183,7 @@ def settings(backend, tmp_path, request):
         base = replace(base, database_url=pg_url, broker_url=f"{RABBITMQ_URL}/{vhost}")
         _empty_pg(pg_url)
     else:
-        upgrade(base.database_url)
+        shutil.copyfile(request.getfixturevalue("migrated_sqlite"), home / "agent-radar.db")
     yield base
     if backend == "embedded":
         # This test's own database: its engine (pooled connections, each holding the
