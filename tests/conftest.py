@@ -10,7 +10,7 @@ What each fixture starts (all torn down after the test):
 - `pg_database` (session): one throwaway PostgreSQL database, migrated to head.
 - `backend`: the parameter, `embedded` or `production`.
 - `settings`: a home folder, the backend's database (a copy of a SQLite file migrated once
-  per session, or the PostgreSQL database truncated) and broker (a folder, Redis under a key
+  per session, or the PostgreSQL database emptied) and broker (a folder, Redis under a key
   prefix of its own, or a RabbitMQ virtual host of its own), a free port.
 - `sim`: the runtime simulator as a real HTTP server in this process, reporting through the
   real broker; `sim_control` is its `/sim/` client. `sim_b`: a second host, `host-b`.
@@ -126,9 +126,15 @@ def rabbitmq_vhost():
 
 
 def _empty_pg(pg_url: str) -> None:
+    """Every table emptied. As TRUNCATE does, it first waits for any transaction still at
+    work on a table (the exclusive locks); it then deletes the few rows a test leaves, which
+    costs a millisecond where TRUNCATE's new files for every table and index cost ~50 ms."""
+    tables = Base.metadata.sorted_tables
     with engine_for(pg_url).begin() as conn:
-        tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
-        conn.execute(text(f"TRUNCATE {tables}"))
+        names = ", ".join(t.name for t in tables)
+        conn.execute(text(f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE"))
+        for table in reversed(tables):  # the referencing tables first
+            conn.execute(table.delete())
 
 
 @pytest.fixture(scope="session")
