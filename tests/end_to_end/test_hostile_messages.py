@@ -4,6 +4,7 @@ attacker with broker access could; then a good message proves the same worker we
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -268,8 +269,11 @@ def test_inspect_conf_shows_no_secret(backend, settings, stack):
     )
     assert SECRET_PASSWORD in secret.database_url
     stack.settings = secret
-    stack.start_worker(concurrency=1, name="secretive")
+    worker = stack.start_worker(concurrency=1, name="secretive")
     env = {**os.environ, **secret.to_env()}
+    # Asked by its node name (`agent-radar worker` names it `<name>-<pid>@<host>`), inspect
+    # returns with the answer instead of waiting out its whole timeout for other workers.
+    node = f"secretive-{worker.pid}@{socket.gethostname()}"
     proc = subprocess.run(
         [
             sys.executable,
@@ -282,6 +286,8 @@ def test_inspect_conf_shows_no_secret(backend, settings, stack):
             "--json",
             "--timeout",
             "10",
+            "--destination",
+            node,
         ],
         env=env,
         capture_output=True,
