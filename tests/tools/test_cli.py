@@ -747,7 +747,9 @@ def test_health_probes(settings, client, stack):
     assert probe("worker", "--timeout", "1").returncode == 1
     stack.start_worker()
     stack.start_beat()
-    worker = probe("worker")
+    # A ping collects answers for its whole timeout (5 s by default); one worker answers
+    # within milliseconds of it.
+    worker = probe("worker", "--timeout", "2")
     assert worker.returncode == 0 and json.loads(worker.stdout)["ok"], worker.stdout
     assert probe("worker", "--host", "no-such-host", "--timeout", "1").returncode == 1
     from tests.helpers import eventually
