@@ -227,10 +227,11 @@ def test_remote_control_that_changes_a_worker_is_not_obeyed(client, stack, setti
         app.control.broadcast("shutdown")
         replies = eventually(lambda: app.control.ping(timeout=1), what="a ping answered")
         assert len(replies) == 1
-        queues = eventually(lambda: app.control.inspect(timeout=1).active_queues())
+        # The one worker's answer is all there is to wait for (limit=1), not the timeout.
+        queues = eventually(lambda: app.control.inspect(timeout=1, limit=1).active_queues())
         assert "elsewhere" not in {q["name"] for q in next(iter(queues.values()))}
         # Flower's worker pages read these; each answer goes out as JSON.
-        assert eventually(lambda: app.control.inspect(timeout=1).stats())
+        assert eventually(lambda: app.control.inspect(timeout=1, limit=1).stats())
     finally:
         app.close()
     assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
