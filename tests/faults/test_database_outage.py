@@ -198,4 +198,4 @@ def test_a_database_outage_loses_nothing_and_applies_nothing_twice(
         publisher.close()
         through_proxy.close()
         observer.close()
-        stack.stop()
+        stack.kill()  # as the stack fixture: the test is over, no warm shutdown to wait for
