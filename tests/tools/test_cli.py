@@ -80,16 +80,26 @@ def test_session_ensure_resumes_an_offline_session(settings, client, sim_control
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["goal", "set", "ws", "s1", "x"], "Missing option '--submit-id'"),
         (["goal", "set", "", "s1", "x", "--submit-id", "a"], "workspace_id must be 1-255"),
         (["goal", "set", "ws", "s" * 256, "x", "--submit-id", "a"], "session_id must be 1-255"),
+        (["goal", "pause", "ws", "s1", "--submit-id", "a"], "goal_state_absent"),
+        (["goal", "show", "ws", "nobody"], "not_found"),
+    ],
+)
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):
+    _one_line_nonzero_and_nothing_written(settings, client, args, needle)
+
+
+@pytest.mark.parametrize("backend", ["production"])  # refused before a command runs
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["goal", "set", "ws", "s1", "x"], "Missing option '--submit-id'"),
         (
             ["goal", "clear", "ws", "s1", "--submit-id", "a", "--expected-revision", "x"],
             "is not a valid integer",
         ),
-        (["goal", "pause", "ws", "s1", "--submit-id", "a"], "goal_state_absent"),
         (["goal", "launch", "ws", "s1"], "No such command 'launch'"),
-        (["goal", "show", "ws", "nobody"], "not_found"),
         (["bench", "--nodes", "0"], "not in the range"),
         (["bench", "--hosts", "9"], "not in the range"),
         (["bench", "--nodes", "two"], "is not a valid integer"),
@@ -104,7 +114,13 @@ def test_session_ensure_resumes_an_offline_session(settings, client, sim_control
         (["session", "stop", "ws", "s1", "--submit-id", "s", "--wait", "1e9"], "--wait must be"),
     ],
 )
-def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):
+def test_a_usage_error_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):
+    """Options and arguments Click refuses while it parses the command line: the command
+    never runs, so no backend is involved and one is enough."""
+    _one_line_nonzero_and_nothing_written(settings, client, args, needle)
+
+
+def _one_line_nonzero_and_nothing_written(settings, client, args, needle):
     before = row_counts(client.engine)
     proc = run_cli(settings, *args, "--json", check=False)
     assert proc.returncode != 0
