@@ -39,10 +39,11 @@ from sqlalchemy import create_engine, text
 from models.base import Base
 from models.db import dispose_engine, engine_for, forget_engines
 from models.migrate import upgrade
+from tests.helpers import QuickStopSimServer
 from workflows.adapters.config import Settings
 from workflows.adapters.publisher import TaskPublisher
 from workflows.client import AgentRadar
-from workflows.tools.simulator import SimControl, SimServer
+from workflows.tools.simulator import SimControl
 from workflows.tools.stack import Stack, free_port  # noqa: F401 - tests import it from here
 
 pytest_plugins = ("celery.contrib.pytest",)
@@ -210,7 +211,7 @@ def sim(settings):
     """The runtime simulator as a real HTTP server, reporting through the real broker."""
     publisher = TaskPublisher(settings)
     port = int(settings.runtime_url.rsplit(":", 1)[1])
-    server = SimServer(
+    server = QuickStopSimServer(
         "127.0.0.1",
         port,
         reporter=lambda report: publisher.publish(
@@ -228,7 +229,7 @@ def sim_b(settings):
     reporting through the real broker and naming itself in every report. Registering it is
     the test's business (`client.add_host("host-b", sim_b.url)`)."""
     publisher = TaskPublisher(settings)
-    server = SimServer(
+    server = QuickStopSimServer(
         "127.0.0.1",
         free_port(),
         reporter=lambda report: publisher.publish(

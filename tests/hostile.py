@@ -12,8 +12,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
+from tests.helpers import STOP_POLL_S
 from workflows.adapters.broker import broker_connection, queue_named
-from workflows.tools.simulator.server import STOP_POLL_S
 
 SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
 

@@ -29,6 +29,7 @@ from models.base import utcnow
 from models.db import run_transaction
 from models.tables import GoalFence, GoalOperation
 from tests.conftest import free_port
+from tests.helpers import QuickStopSimServer
 from workflows.adapters.publisher import TaskPublisher
 from workflows.client import AgentRadar
 from workflows.errors import AgentRadarError
@@ -36,7 +37,7 @@ from workflows.steps.cancel import CancelRunner
 from workflows.steps.fence_apply import FenceApplier
 from workflows.steps.goals.dispatch import Dispatcher
 from workflows.steps.restore import Restorer
-from workflows.tools.simulator import SimControl, SimServer
+from workflows.tools.simulator import SimControl
 
 SCHEDULES = int(os.environ.get("AGENT_RADAR_WALK_SCHEDULES") or 3)
 STEPS = int(os.environ.get("AGENT_RADAR_WALK_STEPS") or 30)
@@ -68,8 +69,8 @@ class Fleet:
         report = lambda r: self.messages.append(("agent_radar.report_activity", {"report": r}))  # noqa: E731
         port = int(settings.runtime_url.rsplit(":", 1)[1])
         self.servers = {
-            "default": SimServer("127.0.0.1", port, reporter=report).start(),
-            "host-b": SimServer(
+            "default": QuickStopSimServer("127.0.0.1", port, reporter=report).start(),
+            "host-b": QuickStopSimServer(
                 "127.0.0.1", free_port(), reporter=report, host_id="host-b"
             ).start(),
         }
