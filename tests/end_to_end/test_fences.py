@@ -8,7 +8,7 @@ from sqlalchemy import select
 from beat.sweeper import sweep_once
 from models.base import utcnow
 from models.db import run_transaction
-from models.tables import CancelOperation, Turn
+from models.tables import AgentSession, CancelOperation, Turn
 from tests.helpers import eventually
 from workflows import ids
 
@@ -45,6 +45,24 @@ def fence_while_offline(client, sim_control, sid, ws=WS, **sim):
     clear = client.get_goal_operation(fence.clear_operation_id)
     assert (clear.status, clear.provider_phase) == ("completed", "unknown")
     return target, fence
+
+
+def background_done(client, sid, ws=WS) -> bool:
+    """No restore of the session due or running, and none of its cancels running (a running
+    one holds a lease, which a sweep far enough ahead would find expired)."""
+
+    def look(s):
+        row = s.get(AgentSession, (ws, sid), populate_existing=True)
+        leased = s.execute(
+            select(CancelOperation.operation_id).where(
+                CancelOperation.workspace_id == ws,
+                CancelOperation.session_id == sid,
+                CancelOperation.lease_token.is_not(None),
+            )
+        ).first()
+        return row is not None and row.restore_due_at is None and leased is None
+
+    return run_transaction(client.engine, look)
 
 
 def goal_actions(sim_control, sid):
@@ -123,6 +141,10 @@ def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, s
     state = client.goal_state(WS, "s5")
     assert state.sync_status == "unknown" and state.observed["objective"] == "shared"
     assert calls(sim_control, "resume", "s5") == []
+    # Once the background work the fence set going has run (a restore that finds the
+    # session offline, a cancel settled locally), nothing of this session stays due: the
+    # sweeper publishes nothing for it, however late, until the session is back.
+    eventually(lambda: background_done(client, "s5"), what="the background work to end")
     later = utcnow() + timedelta(seconds=60)
     assert sweep_once(client.engine, lambda *a: True, later, owner="t").republished == 0
     client.ensure_session(WS, "s5")
