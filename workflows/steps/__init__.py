@@ -4,12 +4,15 @@ prompt dispatch, and the wake-ups after a release."""
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy.engine import Engine
 
 from models.base import utcnow
 from workflows.adapters.runtime import RuntimePort
 from workflows.task_names import Publish
+
+S = TypeVar("S", bound="Step")
 
 
 class Step:
@@ -28,3 +31,15 @@ class Step:
     ) -> None:
         self.engine, self.runtime, self.worker_id = engine, runtime, worker_id
         self.lease_s, self.publish, self.clock = lease_s, publish, clock
+
+    def alongside(self, step: type[S]) -> S:
+        """Another step for the same worker, on the same database, runtime, publish port and
+        clock."""
+        return step(
+            self.engine,
+            self.runtime,
+            worker_id=self.worker_id,
+            lease_s=self.lease_s,
+            publish=self.publish,
+            clock=self.clock,
+        )

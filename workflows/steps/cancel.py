@@ -7,10 +7,7 @@ import logging
 from sqlalchemy.orm import Session
 
 from models.db import run_transaction
-from models.enums import (
-    CancelResult,
-    CancelStatus,
-)
+from models.enums import CancelResult, CancelStatus
 from models.tables import CancelOperation
 from workflows import budgets
 from workflows.activity.epochs import EpochEffects, observe_epoch

@@ -1,21 +1,20 @@
-"""Applying goal generation fences (DESIGN 4.3 apply) and running turn cancels (4.5).
+"""Applying goal generation fences (DESIGN 4.3 apply); the fenced turn's cancel is the cancel
+step's (cancel.py).
 
-Background work: neither ever resumes a session. A session known to be offline is settled
+Background work: it never resumes a session. A session known to be offline is settled
 locally: the fence is installed nowhere yet and its clear is marked undelivered, so the
 session's next return — a resume, a reconnect, a restart, a move — installs the one and
 delivers the other (workflows/steps/restore.py).
 """
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
+from functools import cached_property
 
 from sqlalchemy import func, select, update
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
 from models.db import rowcount, run_transaction
 from models.enums import (
     OPEN_OPERATION_STATUSES,
@@ -27,7 +26,7 @@ from models.enums import (
 )
 from models.tables import AgentSession, GoalFence, GoalOperation, GoalState, Turn
 from workflows import budgets, ids, leases
-from workflows.adapters.runtime import SESSION_NOT_FOUND, RuntimePort
+from workflows.adapters.runtime import SESSION_NOT_FOUND
 from workflows.errors import RuntimeDisconnected, RuntimeFault
 from workflows.fences import cancels
 from workflows.goals import outcomes
@@ -37,7 +36,6 @@ from workflows.steps import Step
 from workflows.steps.cancel import CancelRunner, mark_offline
 from workflows.steps.fence_install import ensure_fences_installed
 from workflows.steps.goals.dispatch import Dispatcher, apply_goal
-from workflows.task_names import Publish
 
 log = logging.getLogger(__name__)
 
@@ -71,25 +69,19 @@ class FenceApplier(Step):
     """Delivers a fence under the session's lane: install, cancel the fenced turn, drive the
     clear, complete — or settle locally when the session is offline."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        runtime: RuntimePort,
-        *,
-        worker_id: str,
-        lease_s: float,
-        publish: Publish,
-        clock: Callable[[], datetime] = utcnow,
-    ) -> None:
-        super().__init__(
-            engine, runtime, worker_id=worker_id, lease_s=lease_s, publish=publish, clock=clock
-        )
-        self.cancels = CancelRunner(
-            engine, runtime, worker_id=worker_id, lease_s=lease_s, publish=publish, clock=clock
-        )
+    @cached_property
+    def cancels(self) -> CancelRunner:
+        return self.alongside(CancelRunner)
+
+    @cached_property
+    def dispatcher(self) -> Dispatcher:
         # Fence-made clears never resume a session: no resume callback.
-        self.dispatcher = Dispatcher(
-            engine, runtime, worker_id=worker_id, lease_s=lease_s, clock=clock
+        return Dispatcher(
+            self.engine,
+            self.runtime,
+            worker_id=self.worker_id,
+            lease_s=self.lease_s,
+            clock=self.clock,
         )
 
     def apply(self, fence_id: str) -> str:

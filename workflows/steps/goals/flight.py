@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 class Steps(Protocol):
-    """What a drain needs of its dispatcher (goal_dispatch.Dispatcher): the claim's, the record's
+    """What a drain needs of its dispatcher (dispatch.Dispatcher): the claim's, the record's
     and the release's steps, each in the caller's transaction."""
 
     engine: Engine
