@@ -12,7 +12,9 @@ that claimed the work returns at once and a slow host holds no pool process: the
 only when the process already has MAX_IN_FLIGHT calls (back-pressure). A claim that is not
 called (its host is full past its queue, or its circuit is open, or the process is stopping)
 is given back unattempted and due again later: a lease protects it meanwhile, and a crash
-leaves it to the sweeper as before.
+leaves it to the sweeper as before. A worker's drain looks at the sessions it gave back
+once their work is due again (`recheck`) and takes it if its lane is free, so a burst past
+a host's limit settles at the host's pace without waiting for a sweep.
 """
 
 import logging
@@ -112,6 +114,8 @@ class Drain:
         self.ready: list[tuple[Lane, Attempt | StepResult]] = []
         self.give_back: list[tuple[Lane, Claim, float | None]] = []
         self.steps: dict[tuple[str, str], int] = {}
+        # Sessions whose claims went back due later, and when (monotonic) to look again.
+        self.recheck: dict[tuple[str, str], float] = {}
         self.results: list[StepResult] = []
         self.deadline: float | None = None
         self.stopping = False
@@ -222,7 +226,7 @@ class Drain:
         retry_s = FLUSH_RETRY_S
         while True:
             self._admit_waiting()
-            if self.ready or self.give_back:
+            if self.ready or self.give_back or (idle_exit_s is not None and self._rechecks_due()):
                 if self._flush():
                     retry_s = FLUSH_RETRY_S
                     continue
@@ -238,10 +242,13 @@ class Drain:
             # Claims waiting for slots that other drains of this process hold are looked at
             # again every WAIT_POLL_S (a call of this drain's own ending wakes it at once).
             timeout = WAIT_POLL_S if waiting else (None if self.in_flight else idle_exit_s)
+            if self.recheck and idle_exit_s is not None:
+                left = max(0.0, min(self.recheck.values()) - time.monotonic())
+                timeout = left if timeout is None else min(timeout, left)
             try:
                 event = self.events.get(timeout=timeout)
             except queue.Empty:
-                if not waiting and not self.in_flight and self._may_exit():
+                if not (waiting or self.in_flight or self.recheck) and self._may_exit():
                     return self.results
                 continue
             self._take(event)
@@ -262,12 +269,17 @@ class Drain:
             self.add(event[1])
         elif event[0] == "stop":
             self.stopping = True
+            self.recheck.clear()  # other workers, or the sweeper, take what is due
             for queued in self.waiting.values():
                 while queued:
                     self._give(*queued.popleft(), None)
 
     def _keep(self, results: list[StepResult]) -> None:
         self.results += results
+
+    def _rechecks_due(self) -> list[tuple[str, str]]:
+        now = time.monotonic()
+        return [key for key, at in self.recheck.items() if at <= now]
 
     def _flush(self) -> bool:
         """One transaction: record what finished, give back what will not be called, release
@@ -286,6 +298,8 @@ class Drain:
             for lane in lanes
         }
         keys = [key for key, n in counts.items() if not over and n < LANE_MAX_STEPS]
+        rechecked = self._rechecks_due()
+        keys += [key for key in rechecked if key not in counts and not over]
         steal = self.steal and not over and self.load() < MAX_IN_FLIGHT - MAX_LANES_PER_STEP
         eager = self.eager
         transitions = self.gate.take_transitions()
@@ -319,6 +333,11 @@ class Drain:
             self.gate.put_back(transitions)
             return False
         self.ready, self.give_back = [], []
+        for key in rechecked:
+            self.recheck.pop(key, None)
+        for lane, _claim, retry_s in give_back:
+            if retry_s and not self.stopping:  # due from `now` on: look once it is
+                self.recheck[(lane.workspace_id, lane.session_id)] = time.monotonic() + retry_s
         self.eager = self.always_eager
         if attempts:
             metrics.DISPATCH_BATCH_SIZE.observe(len(attempts))
