@@ -110,15 +110,19 @@ def test_acceptance_survives_an_agent_failure(client, stack, sim_control):
     stack.start_worker()
     stack.start_beat()
     target = client.wait(client.set_goal(WS, "s3", "shared", client_submit_id="1"))
-    sim_control.fault("goal-fences", status=503, count=2, session_id="s3")
+    # The host refuses every fence install until the fault is lifted: the fence's own
+    # attempts and any restore of the session (a turn report that finds the fence not
+    # installed) alike, so the fence's attempt must meet one, whichever runs first.
+    sim_control.fault("goal-fences", status=503, count=1_000, session_id="s3")
     fence = client.fence_goal_generation(WS, "s3", target.operation_id, client_submit_id="f")
     assert fence.intent_accepted and not fence.settled
     eventually(lambda: client.get_fence(fence.fence_id).last_error, what="a failed attempt")
     assert not client.get_fence(fence.fence_id).settled
+    sim_control.clear_faults()
     done = client.wait(fence, timeout=90)
-    # Two failed installs, then one that got through: the fence's own third attempt, or the
-    # session's restore (a turn report found the fence not installed) before its second.
-    assert done.attempt in (2, 3)
+    # At least one failed install, then one that got through: the fence's own next attempt,
+    # or the session's restore before it.
+    assert done.attempt >= 1
     assert sim_control.session(WS, "s3")["fences"] == [[target.operation_id, 1]]
     assert goal_actions(sim_control, "s3") == ["set", "clear"]
 
@@ -146,7 +150,9 @@ def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, s
     # sweeper publishes nothing for it, however late, until the session is back.
     eventually(lambda: background_done(client, "s5"), what="the background work to end")
     later = utcnow() + timedelta(seconds=60)
-    assert sweep_once(client.engine, lambda *a: True, later, owner="t").republished == 0
+    published = []
+    sweep_once(client.engine, lambda *a: published.append(a) or True, later, owner="t")
+    assert published == []
     client.ensure_session(WS, "s5")
     resume = [e for e in sim_control.effects(kind=None) if e["kind"] == "resume"]
     assert resume[-1]["fences"][0]["target_operation_id"] == target.operation_id

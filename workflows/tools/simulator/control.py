@@ -40,6 +40,10 @@ class SimControl:
             },
         )
 
+    def clear_faults(self) -> None:
+        """Every fault set with `fault` stops failing calls, whatever its count left."""
+        self.http.request("POST", "/sim/faults/clear", {})
+
     def defaults(self, **settings: Any) -> dict:
         """Settings for sessions the simulator has not seen yet."""
         return self.http.request("POST", "/sim/defaults", settings)

@@ -86,6 +86,10 @@ class HostFaults:
                 )
             )
             return {}
+        if path == "/sim/faults/clear":
+            # Every fault set so far stops failing calls (latency, holds and trickle stay).
+            self.failures.clear()
+            return {}
         if path == "/sim/latency":
             self.latency_ms[body["call"]] = int(body["ms"])
             if body.get("p99_ms"):
