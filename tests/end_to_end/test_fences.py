@@ -8,9 +8,11 @@ from sqlalchemy import select
 from beat.sweeper import sweep_once
 from models.base import utcnow
 from models.db import run_transaction
+from models.enums import TurnPhase
 from models.tables import AgentSession, CancelOperation, Turn
 from tests.helpers import eventually
 from workflows import ids
+from workflows.fences.cancels import OPEN_CANCEL_STATUSES
 
 WS = "ws-fences"
 
@@ -48,19 +50,45 @@ def fence_while_offline(client, sim_control, sid, ws=WS, **sim):
 
 
 def background_done(client, sid, ws=WS) -> bool:
-    """No restore of the session due or running, and none of its cancels running (a running
-    one holds a lease, which a sweep far enough ahead would find expired)."""
+    """No restore of the session due or running, none of its cancels open (a waiting one
+    is due again later; a running one holds a lease, which a sweep far enough ahead would
+    find expired), and none of its turns still running here (its end's report would ask
+    for a restore)."""
 
     def look(s):
         row = s.get(AgentSession, (ws, sid), populate_existing=True)
-        leased = s.execute(
+        open_cancel = s.execute(
             select(CancelOperation.operation_id).where(
                 CancelOperation.workspace_id == ws,
                 CancelOperation.session_id == sid,
-                CancelOperation.lease_token.is_not(None),
+                CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
             )
         ).first()
-        return row is not None and row.restore_due_at is None and leased is None
+        running = s.execute(
+            select(Turn.turn_id).where(
+                Turn.workspace_id == ws, Turn.session_id == sid, Turn.phase != TurnPhase.SETTLED
+            )
+        ).first()
+        return row is not None and row.restore_due_at is None and not open_cancel and not running
+
+    return run_transaction(client.engine, look)
+
+
+def turns_reported(client, sim_control, sid, ws=WS) -> bool:
+    """The host settled a turn of the session, and every one it settled is settled here too
+    (its report came)."""
+    settled = [
+        e["turn_id"]
+        for e in sim_control.effects(kind="turn_settled")
+        if (e["workspace_id"], e["session_id"]) == (ws, sid)
+    ]
+
+    def look(s):
+        return bool(settled) and all(
+            (turn := s.get(Turn, (ws, sid, t), populate_existing=True)) is not None
+            and turn.phase == TurnPhase.SETTLED
+            for t in settled
+        )
 
     return run_transaction(client.engine, look)
 
@@ -148,6 +176,9 @@ def test_an_offline_session_settles_locally_and_resumes_with_the_fence(client, s
     # Once the background work the fence set going has run (a restore that finds the
     # session offline, a cancel settled locally), nothing of this session stays due: the
     # sweeper publishes nothing for it, however late, until the session is back.
+    # The goal's continuation turn ends at the host 200 ms after it began, offline or not,
+    # and its reports (running, then settled) may come after the fence settled.
+    eventually(lambda: turns_reported(client, sim_control, "s5"), what="the turn's end")
     eventually(lambda: background_done(client, "s5"), what="the background work to end")
     later = utcnow() + timedelta(seconds=60)
     published = []
