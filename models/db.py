@@ -21,8 +21,8 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
-from models.dialects import dialect_of
-from models.direct import direct_scope
+from agent_radar.models.dialects import dialect_of
+from agent_radar.models.direct import direct_scope
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, UTCDateTime
-from models.enums import OPEN_OPERATION_SQL
+from agent_radar.models.base import Base, UTCDateTime
+from agent_radar.models.enums import OPEN_OPERATION_SQL
 
 ID = String(255)
 SHORT = String(32)

@@ -14,16 +14,16 @@ from celery.signals import (
     worker_ready,
 )
 
-from models.db import forget_engines
-from workflows.adapters import logs
-from workflows.adapters.broker import (
+from agent_radar.models.db import forget_engines
+from agent_radar.workflows.adapters import logs
+from agent_radar.workflows.adapters.broker import (
     DEFAULT_QUEUE,
     MAINTENANCE_QUEUE,
     VISIBILITY_TIMEOUT_S,
     kombu_queues,
     transport_options,
 )
-from workflows.adapters.config import Settings
+from agent_radar.workflows.adapters.config import Settings
 
 # Hard and soft limits per task; below the Redis visibility timeout so a task never runs
 # twice at once because the broker re-delivered it.
@@ -33,15 +33,15 @@ assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
 
 
 TASK_MODULES = [
-    "tasks.goal_tasks",
-    "tasks.fence_tasks",
-    "tasks.maintenance_tasks",
-    "tasks.sweep_tasks",
+    "agent_radar.tasks.goal_tasks",
+    "agent_radar.tasks.fence_tasks",
+    "agent_radar.tasks.maintenance_tasks",
+    "agent_radar.tasks.sweep_tasks",
 ]
 # The benchmark's baseline task is registered only in the benchmark's own workers, which
 # set this variable; a production worker does not know it.
 BENCH_TASKS_ENV = "AGENT_RADAR_BENCH_TASKS"
-BENCH_TASK_MODULE = "tasks.bench_tasks"
+BENCH_TASK_MODULE = "agent_radar.tasks.bench_tasks"
 
 
 def celery_config(settings: Settings) -> dict:
@@ -57,7 +57,7 @@ def celery_config(settings: Settings) -> dict:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         # Every message passes the gate before Celery reads it (tasks/gate.py).
-        "worker_consumer": "tasks.gate:GuardedConsumer",
+        "worker_consumer": "agent_radar.tasks.gate:GuardedConsumer",
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
@@ -74,7 +74,7 @@ def celery_config(settings: Settings) -> dict:
 
 
 def _beat_schedule(settings: Settings) -> dict:
-    from beat.schedule import beat_schedule
+    from agent_radar.beat.schedule import beat_schedule
 
     return beat_schedule(settings)
 
@@ -102,7 +102,7 @@ def _after_fork(**_kwargs) -> None:
 def _finish_calls(**_kwargs) -> None:
     # Calls in flight in this process's goal drain end (each within the runtime timeout) and
     # are recorded; what it had not called goes back, due at once.
-    from workflows.steps.goals import worker_drain
+    from agent_radar.workflows.steps.goals import worker_drain
 
     # An attempt may make a few calls (fences first, a resume): twice the timeout, and more.
     worker_drain.stop(2 * Settings.from_env().runtime_timeout_s + 2)
@@ -110,7 +110,7 @@ def _finish_calls(**_kwargs) -> None:
 
 @worker_init.connect
 def _watch_for_shutdown(sender=None, **_kwargs) -> None:
-    from tasks import shutdown
+    from agent_radar.tasks import shutdown
 
     shutdown.watch(sender.app.agent_radar_settings if sender is not None else Settings.from_env())
 

@@ -14,7 +14,7 @@ from queue import Empty
 
 from kombu.transport import redis as kombu_redis
 
-from workflows.escape import escape
+from agent_radar.workflows.escape import escape
 
 log = logging.getLogger("agent_radar.gate")
 

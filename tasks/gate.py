@@ -32,8 +32,8 @@ from celery.worker.consumer.consumer import Consumer
 from celery.worker.control import Panel
 from kombu import compression
 
-from tasks.envelope import guard_transport, reason
-from tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
+from agent_radar.tasks.envelope import guard_transport, reason
+from agent_radar.tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
 
 log = logging.getLogger("agent_radar.gate")
 

@@ -1,19 +1,19 @@
 """Goal control tasks: thin wrappers over the goal and activity rules."""
 
-from tasks.runtime_context import TaskContext
-from tasks.strict import strict_task
-from tasks.worker_id import worker_name
-from workflows.client import AgentRadar
-from workflows.errors import InvalidArgument
-from workflows.steps.goals import worker_drain
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.task_names import (
+from agent_radar.tasks.runtime_context import TaskContext
+from agent_radar.tasks.strict import strict_task
+from agent_radar.tasks.worker_id import worker_name
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.steps.goals import worker_drain
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.task_names import (
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
     GOAL_CONTROL_TASK,
     REPORT_ACTIVITY_TASK,
 )
-from workflows.validation import check_id, check_ids
+from agent_radar.workflows.validation import check_id, check_ids
 
 
 def _client(ctx: TaskContext) -> AgentRadar:

@@ -19,9 +19,9 @@ from celery.app import trace as celery_trace
 from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from tasks.runtime_context import TaskContext
-from workflows.adapters import logs
-from workflows.errors import AgentRadarError, InvalidArgument
+from agent_radar.tasks.runtime_context import TaskContext
+from agent_radar.workflows.adapters import logs
+from agent_radar.workflows.errors import AgentRadarError, InvalidArgument
 
 log = logging.getLogger("agent_radar.tasks")
 

@@ -20,7 +20,8 @@ What each fixture starts (all torn down after the test):
 
 Tests mirror the code: `rules/` (the domain, against a real database), `adapters/` (runtime,
 broker, migrations), `tools/` (CLI, demo, deploy files, packaging), `end_to_end/` (real
-workers), `faults/` (restarts, outages, the hostile-input campaign).
+workers), `faults/` (restarts, outages, the hostile-input campaign). The servers the tests
+use, and the variables that point them elsewhere, are in docs/testing.md.
 """
 
 import os
@@ -36,17 +37,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from models.base import Base
-from models.db import dispose_engine, engine_for, forget_engines
-from models.migrate import upgrade
+from agent_radar.models.base import Base
+from agent_radar.models.db import dispose_engine, engine_for, forget_engines
+from agent_radar.models.migrate import upgrade
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.tools.simulator import SimControl
+from agent_radar.workflows.tools.stack import Stack, free_port  # noqa: F401 - tests import it from here
 from tests.helpers import QuickStopSimServer
-from workflows.adapters.config import Settings
-from workflows.adapters.publisher import TaskPublisher
-from workflows.client import AgentRadar
-from workflows.tools.simulator import SimControl
-from workflows.tools.stack import Stack, free_port  # noqa: F401 - tests import it from here
 
-pytest_plugins = ("celery.contrib.pytest",)
+# Worker tests run real `agent-radar worker` subprocesses (the `stack` fixture), not Celery's
+# in-process test worker, so Celery's pytest plugin is not loaded (docs/testing.md).
 
 PG_ADMIN_URL = os.environ.get(
     "AGENT_RADAR_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import event, func, select, text
 
-from models.base import Base, utcnow
-from models.db import run_transaction
-from workflows.tools.simulator import SimServer
+from agent_radar.models.base import Base, utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows.tools.simulator import SimServer
 
 # How often the tests' in-process servers (simulators, hostile hosts) look for a stop
 # request: each stop waits up to this. The simulator's own STOP_POLL_S, 50 ms, was paid two
@@ -93,7 +93,7 @@ def dispatching(client, op):
 
 def queue_depth(settings, name: str = "default") -> int:
     """How many messages wait in a queue of the configured broker."""
-    from workflows.adapters.broker import broker_connection, queue_named
+    from agent_radar.workflows.adapters.broker import broker_connection, queue_named
 
     queue = queue_named(settings, name)
     with broker_connection(settings) as conn:
@@ -131,8 +131,8 @@ def restorer(client, runtime=None, published: list | None = None):
     """What a worker runs for `agent_radar.session.restore`, in this process: the session's
     restore through `runtime` (the client's, which routes to each session's host), its
     publishes kept in `published` if given."""
-    from workflows.steps.cancel import CancelRunner
-    from workflows.steps.restore import Restorer
+    from agent_radar.workflows.steps.cancel import CancelRunner
+    from agent_radar.workflows.steps.restore import Restorer
 
     runner = CancelRunner(
         client.engine,

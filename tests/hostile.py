@@ -12,8 +12,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
+from agent_radar.workflows.adapters.broker import broker_connection, queue_named
 from tests.helpers import STOP_POLL_S
-from workflows.adapters.broker import broker_connection, queue_named
 
 SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
 

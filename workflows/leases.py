@@ -14,11 +14,11 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Executable
 
-from models.base import table_of
-from models.db import insert_ignore, rowcount
-from models.dialects import dialect_of
-from models.tables import Heartbeat, Lease
-from workflows import ids
+from agent_radar.models.base import table_of
+from agent_radar.models.db import insert_ignore, rowcount
+from agent_radar.models.dialects import dialect_of
+from agent_radar.models.tables import Heartbeat, Lease
+from agent_radar.workflows import ids
 
 LEASES = table_of(Lease)
 # Reservations the sweeper takes before it re-publishes work that has no row lease of its own

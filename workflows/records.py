@@ -5,7 +5,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from models.enums import TERMINAL_MAINTENANCE_STATUSES, TERMINAL_OPERATION_STATUSES, FenceStatus
+from agent_radar.models.enums import (
+    TERMINAL_MAINTENANCE_STATUSES,
+    TERMINAL_OPERATION_STATUSES,
+    FenceStatus,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

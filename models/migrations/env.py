@@ -2,9 +2,9 @@
 
 from alembic import context
 
-from models.base import Base
-from models.db import make_engine
-from models.dialects import dialect_of
+from agent_radar.models.base import Base
+from agent_radar.models.db import make_engine
+from agent_radar.models.dialects import dialect_of
 
 config = context.config
 

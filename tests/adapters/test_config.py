@@ -3,10 +3,10 @@ and a bad one is refused with one line naming the variable (DESIGN 7.4)."""
 
 import pytest
 
-from workflows.adapters import config
-from workflows.adapters.config import Settings
-from workflows.errors import InvalidArgument
-from workflows.operators.retention import check_retention_days
+from agent_radar.workflows.adapters import config
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.operators.retention import check_retention_days
 
 # Each numeric setting and its upper bound.
 BOUNDS = {
@@ -62,7 +62,7 @@ def test_the_defaults_are_within_the_bounds():
 
 
 def test_the_runtime_timeout_bound_is_within_the_task_time_limit():
-    from tasks.app import TASK_SOFT_TIME_LIMIT_S
+    from agent_radar.tasks.app import TASK_SOFT_TIME_LIMIT_S
 
     assert config.MAX_RUNTIME_TIMEOUT_S <= TASK_SOFT_TIME_LIMIT_S
 

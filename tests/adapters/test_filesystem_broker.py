@@ -8,15 +8,15 @@ import socket
 import pytest
 from kombu.transport import filesystem
 
-from workflows.adapters.broker import (
+from agent_radar.workflows.adapters.broker import (
     DEFAULT_QUEUE,
     FILESYSTEM_DRAIN_SLICE_S,
     broker_connection,
     broker_folders,
     queue_named,
 )
-from workflows.adapters.config import Settings
-from workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.adapters.publisher import TaskPublisher
 
 
 def _settings(tmp_path, name) -> Settings:
@@ -105,7 +105,7 @@ def test_a_lost_redis_connection_while_restoring_unacked_messages_does_not_stop_
     its connection is already released, and the restore raised AttributeError out of the
     worker (seen in the broker restart test). The guarded channel's QoS logs it and goes
     on: the messages stay in Redis's unacknowledged set, which gives them back later."""
-    from tasks.envelope import GuardedRedisQoS
+    from agent_radar.tasks.envelope import GuardedRedisQoS
 
     class Released:
         do_restore = True

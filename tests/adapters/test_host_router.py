@@ -6,10 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from agent_radar.workflows.adapters.http_runtime import HostRouter
+from agent_radar.workflows.errors import RuntimeFault
 from tests import helpers
 from tests.hostile import HANG, ScriptedHost, applied
-from workflows.adapters.http_runtime import HostRouter
-from workflows.errors import RuntimeFault
 
 WS = "ws-router"
 

@@ -3,9 +3,9 @@
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from models.base import Base
-from models.db import engine_for
-from models.migrate import current_revision, head_revision, upgrade
+from agent_radar.models.base import Base
+from agent_radar.models.db import engine_for
+from agent_radar.models.migrate import current_revision, head_revision, upgrade
 
 
 def _diff(url: str) -> list:

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from agent_radar.workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS
 from tests.helpers import eventually
-from workflows.adapters.publisher import TaskPublisher
-from workflows.task_names import COALESCE_MAX_ITEMS
 
 TASK = "agent_radar.goal.dispatch"
 
@@ -393,8 +393,8 @@ def test_a_process_that_ends_without_close_publishes_its_items(settings):
     script = textwrap.dedent(
         """
         import time
-        from workflows.adapters.publisher import TaskPublisher
-        from workflows.adapters.config import Settings
+        from agent_radar.workflows.adapters.publisher import TaskPublisher
+        from agent_radar.workflows.adapters.config import Settings
 
         publisher = TaskPublisher(Settings.from_env())
         original = publisher.publish
@@ -418,7 +418,7 @@ def test_a_process_that_ends_without_close_publishes_its_items(settings):
 
 
 def _queued_items(settings) -> list[str]:
-    from workflows.adapters.broker import broker_connection, queue_named
+    from agent_radar.workflows.adapters.broker import broker_connection, queue_named
 
     queue = queue_named(settings, "default")
     items = []
@@ -431,7 +431,7 @@ def _queued_items(settings) -> list[str]:
 def test_a_label_shows_beside_the_arguments_of_a_real_message(settings):
     """Flower and the worker log show kwargsrepr: a dispatch message carries the workspace,
     session and client submit ID an operator knows it by."""
-    from workflows.adapters.broker import broker_connection, queue_named
+    from agent_radar.workflows.adapters.broker import broker_connection, queue_named
 
     publisher = TaskPublisher(settings)
     try:

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from models.db import run_transaction
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows.adapters.answers import MAX_ANSWER_BYTES
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
 from tests.hostile import applied
-from workflows.adapters.answers import MAX_ANSWER_BYTES
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.maintenance import runs
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.steps.maintenance import MaintenanceExecutor
 
 WS = "ws-answers"
 BAD_ANSWERS = {
@@ -67,7 +67,7 @@ def test_bad_answers_fault_one_call_and_the_step_records_the_rest(client, settin
 
 def test_the_adapter_turns_every_bad_shape_into_bad_response(host):
     runtime = HttpRuntime(host.url, timeout_s=5.0)
-    from workflows.errors import RuntimeFault
+    from agent_radar.workflows.errors import RuntimeFault
 
     host.answers.update(
         {

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from agent_radar.workflows.adapters.answers import MAX_ANSWER_BYTES
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import InvalidArgument, RuntimeFault
+from agent_radar.workflows.tools.simulator.server import STOP_POLL_S
 from tests.hostile import CLOSE, HANG, ScriptedHost
-from workflows.adapters.answers import MAX_ANSWER_BYTES
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import InvalidArgument, RuntimeFault
-from workflows.tools.simulator.server import STOP_POLL_S
 
 APPLIED = b'{"phase": "applied", "goal": {"objective": "o"}, "evidence": {}}'
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import select
 
-from models.db import run_read
-from models.tables import GoalOperation
+from agent_radar.models.db import run_read
+from agent_radar.models.tables import GoalOperation
+from agent_radar.workflows.tools.simulator import SimControl, SimServer
+from agent_radar.workflows.tools.stack import free_port
+from agent_radar.workflows.tools.status import fleet_status, problems
 from tests.helpers import eventually
-from workflows.tools.simulator import SimControl, SimServer
-from workflows.tools.stack import free_port
-from workflows.tools.status import fleet_status, problems
 
 WS = "ws-bulkheads"
 # Calls get this long in all (connection, request and the whole answer): long enough that

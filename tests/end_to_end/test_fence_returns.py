@@ -2,12 +2,12 @@
 reports take (DESIGN 4.3, 4.9): each case on both backends with a real worker and the
 simulator over HTTP."""
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import CancelOperation, Turn
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import CancelOperation, Turn
+from agent_radar.workflows import ids
 from tests.end_to_end.test_fences import calls, fence_while_offline, fenced_turn, goal_actions
 from tests.helpers import eventually
-from workflows import ids
 
 WS = "ws-returns"
 WAITING = "waiting for the fenced turn to settle"
@@ -168,7 +168,7 @@ def test_a_moved_session_gets_its_fences_and_undelivered_clear_at_the_new_host(
 ):
     """The fence settled locally while the session was offline at its host; an operator
     moves it to host-b. host-b gets the fence and the clear before anything else."""
-    from workflows.tools.simulator import SimControl
+    from agent_radar.workflows.tools.simulator import SimControl
 
     control_b = SimControl(sim_b.url)
     client.add_host("host-b", sim_b.url)

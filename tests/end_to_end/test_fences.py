@@ -5,14 +5,14 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from beat.sweeper import sweep_once
-from models.base import utcnow
-from models.db import run_transaction
-from models.enums import TurnPhase
-from models.tables import AgentSession, CancelOperation, Turn
+from agent_radar.beat.sweeper import sweep_once
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.enums import TurnPhase
+from agent_radar.models.tables import AgentSession, CancelOperation, Turn
+from agent_radar.workflows import ids
+from agent_radar.workflows.fences.cancels import OPEN_CANCEL_STATUSES
 from tests.helpers import eventually
-from workflows import ids
-from workflows.fences.cancels import OPEN_CANCEL_STATUSES
 
 WS = "ws-fences"
 

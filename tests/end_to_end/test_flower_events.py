@@ -9,10 +9,10 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from models.db import run_read
-from models.tables import Heartbeat
+from agent_radar.models.db import run_read
+from agent_radar.models.tables import Heartbeat
+from agent_radar.workflows.tools.status import SWEEP_HEARTBEAT
 from tests.helpers import eventually
-from workflows.tools.status import SWEEP_HEARTBEAT
 
 WS = "ws-flower"
 DISPATCH = "agent_radar.goal.dispatch"
@@ -27,7 +27,7 @@ class Watcher:
     """Celery's event receiver feeding Celery's cluster state, in a thread, as Flower does."""
 
     def __init__(self, settings) -> None:
-        from tasks.app import create_app
+        from agent_radar.tasks.app import create_app
 
         self.app = create_app(settings)
         self.state = self.app.events.State()

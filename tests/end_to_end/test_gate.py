@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from beat.sweeper import SWEEPER_LEASE
-from models.db import run_transaction
-from models.tables import Lease
+from agent_radar.beat.sweeper import SWEEPER_LEASE
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import Lease
 from tests.helpers import effects_by_operation, eventually, queue_depth, row_counts
 from tests.hostile import raw_publish, task_headers
 
@@ -216,7 +216,7 @@ def test_a_redis_item_that_is_no_envelope_is_dropped(client, stack, settings, si
 def test_remote_control_that_changes_a_worker_is_not_obeyed(client, stack, settings, sim_control):
     """Any producer may broadcast remote control commands; a worker obeys none that would
     stop it, restart its pool or point it at another queue, and still answers a ping."""
-    from tasks.app import create_app
+    from agent_radar.tasks.app import create_app
 
     worker = stack.start_worker(concurrency=1)
     pool = worker.children()
@@ -242,7 +242,7 @@ def test_remote_control_that_changes_a_worker_is_not_obeyed(client, stack, setti
 def test_past_the_held_limit_an_eta_message_runs_at_once(client, stack, settings, sim_control):
     """The worker holds at most ETA_HELD_MAX messages for their ETA; those past it run at
     once, so a flood of ETAs cannot grow its memory."""
-    from tasks.gate import ETA_HELD_MAX
+    from agent_radar.tasks.gate import ETA_HELD_MAX
 
     stack.start_worker(concurrency=1)
     later = (datetime.now(UTC) + timedelta(seconds=55)).isoformat()

@@ -10,11 +10,11 @@ import time
 import pytest
 from sqlalchemy import select
 
-from models.db import run_transaction
-from models.tables import GoalOperation, Lease
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalOperation, Lease
+from agent_radar.workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.client import AgentRadar
 from tests.helpers import dispatching, effects_by_operation, eventually, row_counts
-from workflows.adapters.publisher import TaskPublisher
-from workflows.client import AgentRadar
 
 WS = "ws-e2e"
 

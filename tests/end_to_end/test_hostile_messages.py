@@ -213,7 +213,7 @@ def test_the_bench_task_is_not_registered_in_a_production_worker(client, stack, 
 
 
 def test_the_bench_task_checks_its_arguments(client, stack, settings, backend):
-    from tasks.bench_tasks import Tally
+    from agent_radar.tasks.bench_tasks import Tally
 
     worker = stack.start_worker(concurrency=1, extra_env={"AGENT_RADAR_BENCH_TASKS": "1"})
     tally = Tally(settings, "beef")
@@ -280,7 +280,7 @@ def test_inspect_conf_shows_no_secret(backend, settings, stack):
             "-m",
             "celery",
             "-A",
-            "tasks.app",
+            "agent_radar.tasks.app",
             "inspect",
             "conf",
             "--json",

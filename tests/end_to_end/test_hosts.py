@@ -3,8 +3,8 @@ every kind of call to the host of its session, and a session that turns up at an
 (its reports say so, through the broker) is a new epoch there: its old turn ends
 `interrupted` and its fences reach the new host before the next goal does."""
 
+from agent_radar.workflows.tools.simulator import SimControl
 from tests.helpers import eventually
-from workflows.tools.simulator import SimControl
 
 WS = "ws-hosts"
 
@@ -101,7 +101,7 @@ def _now_ms() -> int:
 
 
 def _turn(client, turn_id):
-    from models.db import run_transaction
-    from models.tables import Turn
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import Turn
 
     return run_transaction(client.engine, lambda s: s.get(Turn, (WS, "s1", turn_id)))

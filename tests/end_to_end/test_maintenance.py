@@ -1,7 +1,7 @@
 """Maintenance runs end to end with real worker and beat processes, on both backends."""
 
-from models.db import run_transaction
-from models.tables import AgentSession
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import AgentSession
 from tests.helpers import eventually
 from tests.rules.test_maintenance import statuses
 

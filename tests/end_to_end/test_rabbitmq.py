@@ -4,14 +4,14 @@ restart of a RabbitMQ node is in tests/faults/test_broker_restart.py."""
 
 import pytest
 
-from tests.conftest import rabbitmqctl
-from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
-from workflows.adapters.broker import (
+from agent_radar.workflows.adapters.broker import (
     QUEUES,
     kombu_queues,
     transport_options,
 )
-from workflows.adapters.config import Settings
+from agent_radar.workflows.adapters.config import Settings
+from tests.conftest import rabbitmqctl
+from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
 
 WS = "ws-rabbit"
 
@@ -71,7 +71,7 @@ def test_a_countdown_travels_through_native_delayed_delivery(settings, client, s
     """A producer that uses Celery with a countdown (as `Task.retry` does): on quorum queues
     the message waits in RabbitMQ's delay queues, not in a worker's memory, and then arrives
     in the `default` queue like any other."""
-    from tasks.app import create_app
+    from agent_radar.tasks.app import create_app
 
     stack.start_worker(concurrency=1)
     producer = create_app(settings)

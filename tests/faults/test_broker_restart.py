@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from agent_radar.workflows.adapters.broker import broker_connection, kombu_queues
+from agent_radar.workflows.tools.stack import free_port
 from tests.conftest import skip_or_fail
 from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
-from workflows.adapters.broker import broker_connection, kombu_queues
-from workflows.tools.stack import free_port
 
 WS = "ws-restart"
 
@@ -181,7 +181,7 @@ class OwnRabbitMQ:
 
 
 def _on(url: str):
-    from workflows.adapters.config import Settings
+    from agent_radar.workflows.adapters.config import Settings
 
     return Settings(home=Path("."), database_url="sqlite://", broker_url=url)
 
@@ -242,19 +242,27 @@ def test_a_broker_restart_loses_nothing_and_applies_nothing_twice(
     for op in before:
         assert client.wait(op, timeout=60).status == "completed"
 
-    # In flight when the server dies: every pool process waits on a slow agent call...
+    # In flight when the server dies: slow agent calls...
     sim_control.latency("goal", 3000)
     in_flight = []
     for i in range(3):
         in_flight.append(client.set_goal(WS, f"flight-{i}", "mid-call", client_submit_id="1"))
-        eventually(lambda: dispatching(client, in_flight[-1]), what="a busy pool process")
-    # ...so these messages wait in the broker when it dies.
-    queued = [
-        client.set_goal(WS, f"queued-{i}", "queued at the crash", client_submit_id="1")
-        for i in range(6)
-    ]
-    eventually(lambda: broker.queued(settings) > 0, timeout_s=10, what="messages waiting")
-    broker.kill()
+        eventually(lambda: dispatching(client, in_flight[-1]), what="a call in flight")
+    # ...and messages waiting in the broker when it dies. A pool process hands its calls to
+    # its drain and takes the next message at once, so the workers are paused (SIGSTOP)
+    # while these are published and the broker is killed, then let go.
+    for worker in workers:
+        worker.signal_group(signal.SIGSTOP)
+    try:
+        queued = [
+            client.set_goal(WS, f"queued-{i}", "queued at the crash", client_submit_id="1")
+            for i in range(6)
+        ]
+        eventually(lambda: broker.queued(settings) > 0, timeout_s=10, what="messages waiting")
+        broker.kill()
+    finally:
+        for worker in workers:
+            worker.signal_group(signal.SIGCONT)
     sim_control.latency("goal", 0)
 
     # Submitted while the broker is down: accepted and durable; the publish fails.

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from agent_radar.workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.tools.stack import Stack
 from tests.helpers import dispatching, effects_by_operation, eventually
-from workflows.adapters.publisher import TaskPublisher
-from workflows.client import AgentRadar
-from workflows.tools.stack import Stack
 
 WS = "ws-outage"
 

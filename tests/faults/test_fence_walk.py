@@ -24,20 +24,20 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from beat.sweeper import REPUBLISH_INTERVAL_S, sweep_once
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import GoalFence, GoalOperation
+from agent_radar.beat.sweeper import REPUBLISH_INTERVAL_S, sweep_once
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalFence, GoalOperation
+from agent_radar.workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.errors import AgentRadarError
+from agent_radar.workflows.steps.cancel import CancelRunner
+from agent_radar.workflows.steps.fence_apply import FenceApplier
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.restore import Restorer
+from agent_radar.workflows.tools.simulator import SimControl
 from tests.conftest import free_port
 from tests.helpers import QuickStopSimServer
-from workflows.adapters.publisher import TaskPublisher
-from workflows.client import AgentRadar
-from workflows.errors import AgentRadarError
-from workflows.steps.cancel import CancelRunner
-from workflows.steps.fence_apply import FenceApplier
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.steps.restore import Restorer
-from workflows.tools.simulator import SimControl
 
 SCHEDULES = int(os.environ.get("AGENT_RADAR_WALK_SCHEDULES") or 3)
 STEPS = int(os.environ.get("AGENT_RADAR_WALK_STEPS") or 30)
@@ -336,7 +336,7 @@ def test_random_schedules_never_leave_a_fenced_generation_alive(settings, backen
             fleet.check_settled(fences)
         except AssertionError as exc:
             if os.environ.get("WALK_DEBUG"):
-                from models.tables import CancelOperation, Turn
+                from agent_radar.models.tables import CancelOperation, Turn
 
                 def dump(s):
                     for t in (Turn, CancelOperation, GoalFence):
@@ -359,8 +359,8 @@ def test_random_schedules_never_leave_a_fenced_generation_alive(settings, backen
 def _empty_sqlite(settings) -> None:
     from sqlalchemy import delete
 
-    from models.base import Base
-    from models.db import engine_for
+    from agent_radar.models.base import Base
+    from agent_radar.models.db import engine_for
 
     engine = engine_for(settings.database_url)
     with engine.begin() as conn:

@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
 from tests.helpers import eventually, queue_depth, row_counts
 from tests.hostile import applied, raw_publish, task_headers
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
-from workflows.maintenance import runs
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.steps.maintenance import MaintenanceExecutor
 
 CAMPAIGN = "AGENT_RADAR_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("AGENT_RADAR_FUZZ_EXAMPLES") or 100)

@@ -24,10 +24,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from models.db import run_transaction
-from models.tables import GoalOperation
-from tasks.gate import check_headers
-from tasks.strict import TASK_NAMES
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalOperation
+from agent_radar.tasks.gate import check_headers
+from agent_radar.tasks.strict import TASK_NAMES
 from tests.faults.test_fuzz import ANY_JSON, FUZZ, Tally, report_tally  # noqa: F401
 from tests.helpers import eventually, queue_depth
 from tests.hostile import raw_publish, task_headers

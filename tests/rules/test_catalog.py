@@ -6,12 +6,12 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import GoalFence
-from workflows import records
-from workflows.errors import InvalidArgument, NotFound
-from workflows.fences import cancels
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalFence
+from agent_radar.workflows import records
+from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.fences import cancels
 
 WS, SID = "ws-catalog", "s1"
 

@@ -10,12 +10,16 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
-from models.enums import MaintenanceStatus, OperationStatus, ProviderPhase
-from models.tables import AgentSession, GoalOperation, GoalState, MaintenanceRun
-from workflows.goals.claim_rule import obstacle
-from workflows.goals.operations import ACCEPTED_BUDGET_S, DISPATCH_BUDGET_S, DISPATCH_MAX_ATTEMPTS
-from workflows.goals.statements import LOOKUP_AND_CLAIM, lookup_and_claim_params
+from agent_radar.models.base import utcnow
+from agent_radar.models.enums import MaintenanceStatus, OperationStatus, ProviderPhase
+from agent_radar.models.tables import AgentSession, GoalOperation, GoalState, MaintenanceRun
+from agent_radar.workflows.goals.claim_rule import obstacle
+from agent_radar.workflows.goals.operations import (
+    ACCEPTED_BUDGET_S,
+    DISPATCH_BUDGET_S,
+    DISPATCH_MAX_ATTEMPTS,
+)
+from agent_radar.workflows.goals.statements import LOOKUP_AND_CLAIM, lookup_and_claim_params
 
 WS = "ws-claim-rule"
 

@@ -8,13 +8,13 @@ from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.exc import IntegrityError, MultipleResultsFound, NoResultFound, ProgrammingError
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
-from models.db import engine_for, run_read, run_transaction
-from models.direct import Direct
-from models.tables import AgentSession
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import engine_for, run_read, run_transaction
+from agent_radar.models.direct import Direct
+from agent_radar.models.tables import AgentSession
+from agent_radar.workflows.goals.tables import OPS, STATES
+from agent_radar.workflows.sessions.rows import SESSIONS, lock_session
 from tests.helpers import row_counts, statements_sent
-from workflows.goals.tables import OPS, STATES
-from workflows.sessions.rows import SESSIONS, lock_session
 
 WS, SID = "ws-direct", "s-1"
 _STATE = select(STATES.c.revision, STATES.c.desired).where(
@@ -111,9 +111,9 @@ def test_a_kept_text_binds_exactly_what_sqlalchemy_would():
     the same bound parameters as SQLAlchemy's expansion of that very execution."""
     from sqlalchemy.dialects import postgresql
 
-    from models.direct import _Compiled
-    from workflows.goals.statements import LOOKUP_AND_CLAIM, NEXT_DUE_AND_ANYWHERE
-    from workflows.sessions.rows import INSERT_EVENT, event_params
+    from agent_radar.models.direct import _Compiled
+    from agent_radar.workflows.goals.statements import LOOKUP_AND_CLAIM, NEXT_DUE_AND_ANYWHERE
+    from agent_radar.workflows.sessions.rows import INSERT_EVENT, event_params
 
     now = utcnow()
     claim = {

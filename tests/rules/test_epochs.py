@@ -4,12 +4,12 @@ before any goal call reaches the session again."""
 
 import time
 
-from models.db import run_transaction
-from models.tables import AgentSession, GoalFence, Turn
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import AgentSession, GoalFence, Turn
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from tests.helpers import restorer
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.maintenance import runs
-from workflows.steps.goals.dispatch import Dispatcher
 
 WS, SID = "ws-epochs", "s1"
 
@@ -146,7 +146,7 @@ def test_a_forged_epoch_changes_nothing(client, sim_control, settings):
 
 
 def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_control, settings):
-    from workflows.steps.fence_apply import FenceApplier
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
 
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f1")
@@ -178,9 +178,9 @@ def test_ensure_session_reinstalls_fences_only_at_a_newer_epoch(client, sim_cont
 
 
 def test_a_background_liveness_answer_at_a_newer_epoch_counts(client, sim_control, settings):
-    from models.base import utcnow
-    from workflows.fences import cancels
-    from workflows.steps.cancel import CancelRunner
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.fences import cancels
+    from agent_radar.workflows.steps.cancel import CancelRunner
 
     client.ensure_session(WS, SID)  # epoch 1
     report(client, turn={"turn_id": "t-old", "phase": "running"})

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from agent_radar.beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from agent_radar.workflows import budgets, ids
+from agent_radar.workflows.errors import FenceConflict, InvalidArgument, NotFound
 from tests.helpers import row_counts
-from workflows import budgets, ids
-from workflows.errors import FenceConflict, InvalidArgument, NotFound
 
 WS, SID = "ws-fence", "shared"
 
@@ -106,8 +106,8 @@ def test_ensure_session_resumes_with_every_fence_and_reinstalls_them(client, sim
 
 
 def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settings):
-    from workflows.adapters.http_runtime import HttpRuntime
-    from workflows.steps.goals.dispatch import Dispatcher
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 
     op = client.set_goal(WS, SID, "one", client_submit_id="1")
     sim_control.session(WS, SID)  # the agent host knows the session
@@ -122,10 +122,10 @@ def test_a_fenced_generation_is_refused_by_the_agent(client, sim_control, settin
 
 
 def test_cancel_replay_and_conflict(client):
-    from models.base import utcnow
-    from models.db import run_transaction
-    from workflows.errors import CancelConflict
-    from workflows.fences import cancels
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.workflows.errors import CancelConflict
+    from agent_radar.workflows.fences import cancels
 
     first = run_transaction(
         client.engine, lambda s: cancels.prepare(s, WS, SID, "turn-1", "fence", utcnow())
@@ -145,10 +145,10 @@ def test_cancel_replay_and_conflict(client):
 
 
 def _leased_cancel(client, clock_now):
-    from models.db import run_transaction
-    from workflows.activity.activity import apply_turn
-    from workflows.fences import cancels
-    from workflows.sessions.rows import lock_session
+    from agent_radar.models.db import run_transaction
+    from agent_radar.workflows.activity.activity import apply_turn
+    from agent_radar.workflows.fences import cancels
+    from agent_radar.workflows.sessions.rows import lock_session
 
     def seed(s):
         row = lock_session(s, WS, SID)
@@ -176,8 +176,8 @@ def _leased_cancel(client, clock_now):
 
 
 def _runner(client, sim_control, clock, published=None):
-    from workflows.adapters.http_runtime import HttpRuntime
-    from workflows.steps.cancel import CancelRunner
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.cancel import CancelRunner
 
     return CancelRunner(
         client.engine,
@@ -195,8 +195,8 @@ def test_a_stale_cancel_of_an_offline_session_waits_then_goes_once_it_is_live(cl
     """DESIGN 4.5: a disconnected session is no end (the turn may still run behind a network
     fault): the cancel waits, using no budget and never resuming the session, and is
     delivered when the session is live again."""
-    from models.db import run_transaction
-    from models.tables import CancelOperation, Turn
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import CancelOperation, Turn
     from tests.helpers import Clock
 
     clock = Clock()
@@ -224,8 +224,8 @@ def test_a_stale_cancel_of_an_offline_session_waits_then_goes_once_it_is_live(cl
 def test_a_stale_cancel_of_a_vanished_session_settles_its_turns_as_interrupted(client, sim_control):
     """session_not_found is an authoritative end: every turn of the session ends
     interrupted locally, with no cancel call and no resume; waiting work is woken."""
-    from models.db import run_transaction
-    from models.tables import CancelOperation, Turn
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import CancelOperation, Turn
     from tests.helpers import Clock
 
     clock = Clock()
@@ -255,8 +255,8 @@ def test_a_stale_cancel_of_a_vanished_session_settles_its_turns_as_interrupted(c
 def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
     from sqlalchemy import update
 
-    from models.db import run_transaction
-    from models.tables import CancelOperation
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import CancelOperation
     from tests.helpers import Clock
 
     clock = Clock()
@@ -273,7 +273,7 @@ def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
     assert cancel.status == "failed"
     assert cancel.last_error == "budget_exhausted (24 attempts): 503"
     assert sim_control.calls() == []
-    from workflows.tools.status import fleet_status
+    from agent_radar.workflows.tools.status import fleet_status
 
     assert fleet_status(client.engine)["cancels"] == {"failed": 1}
 
@@ -283,8 +283,8 @@ def test_a_stale_cancel_failing_for_too_long_fails_on_age(client, sim_control):
 
     from sqlalchemy import update
 
-    from models.db import run_transaction
-    from models.tables import CancelOperation
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import CancelOperation
     from tests.helpers import Clock
 
     clock = Clock()
@@ -305,11 +305,11 @@ def test_a_stale_cancel_failing_for_too_long_fails_on_age(client, sim_control):
 
 
 def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_control):
-    from models.db import run_transaction
-    from models.tables import CancelOperation
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import CancelOperation
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.cancel import CancelRunner
     from tests.helpers import Clock
-    from workflows.adapters.http_runtime import HttpRuntime
-    from workflows.steps.cancel import CancelRunner
 
     clock = Clock()
     op_id = _leased_cancel(client, clock.now)
@@ -332,8 +332,8 @@ def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_co
 
 
 def _applier(client, sim_control):
-    from workflows.adapters.http_runtime import HttpRuntime
-    from workflows.steps.fence_apply import FenceApplier
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
 
     return FenceApplier(
         client.engine,
@@ -408,8 +408,8 @@ def _fenced_turn_running(client, target, turn_id="t-fenced"):
 
 
 def _cancel_row(client, cancel_id):
-    from models.db import run_transaction
-    from models.tables import CancelOperation
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import CancelOperation
 
     return run_transaction(client.engine, lambda s: s.get(CancelOperation, cancel_id))
 
@@ -460,8 +460,8 @@ def test_an_offline_session_with_the_fenced_turn_running_gets_a_durable_cancel_a
 def test_a_vanished_session_settles_the_fenced_turn_and_records_its_cancel(client, sim_control):
     """DESIGN 4.3 step 6: session_not_found means the session is gone: its running turns end
     interrupted, the fence completes locally and records the cancel of the fenced turn."""
-    from models.db import run_transaction
-    from models.tables import Turn
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import Turn
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     cancel_id = _fenced_turn_running(client, target)
@@ -482,8 +482,8 @@ def test_a_vanished_session_settles_the_fenced_turn_and_records_its_cancel(clien
 def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control):
     from sqlalchemy import update
 
-    from models.db import run_transaction
-    from models.tables import GoalFence
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalFence
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
@@ -504,7 +504,7 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
     state = client.goal_state(WS, SID)
     assert (state.sync_status, state.pending_operation_id) == ("failed", None)
     assert sim_control.calls() == []
-    from workflows.tools.status import fleet_status, render_status
+    from agent_radar.workflows.tools.status import fleet_status, render_status
 
     status = fleet_status(client.engine)
     assert status["fences"] == {"failed": 1}
@@ -517,9 +517,9 @@ def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):
 
     from sqlalchemy import update
 
-    from models.base import utcnow
-    from models.db import run_transaction
-    from models.tables import GoalFence
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalFence
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
@@ -539,8 +539,8 @@ def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):
 
 
 def test_a_fence_failure_starts_the_age_clock_and_a_wait_stops_it(client, sim_control):
-    from models.db import run_transaction
-    from models.tables import GoalFence
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalFence
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")

@@ -6,15 +6,15 @@ from datetime import timedelta
 
 import pytest
 
-from models.db import run_transaction
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import RuntimeFault
+from agent_radar.workflows.goals.claims import StepResult
+from agent_radar.workflows.steps.goals import flight, host_gate
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.goals.flight import Drain
+from agent_radar.workflows.steps.goals.host_gate import BREAKER_FAILURES, FULL, GO, OPEN, HostGate
 from tests.helpers import Clock
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import RuntimeFault
-from workflows.goals.claims import StepResult
-from workflows.steps.goals import flight, host_gate
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.steps.goals.flight import Drain
-from workflows.steps.goals.host_gate import BREAKER_FAILURES, FULL, GO, OPEN, HostGate
 
 WS = "ws-flight"
 TIMEOUT = RuntimeFault("runtime timed out", code="timeout", retryable=True)

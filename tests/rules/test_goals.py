@@ -12,22 +12,22 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import create_engine, event, make_url, select, text, update
 
-from models.db import run_transaction
-from tests.conftest import PG_ADMIN_URL, throwaway_pg_database
-from tests.helpers import Clock, row_counts, statements_sent
-from workflows import ids
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.client import AgentRadar
-from workflows.errors import (
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows import ids
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
     GoalStateAbsent,
     InvalidArgument,
 )
-from workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
-from workflows.goals.tables import OPS
-from workflows.sessions.rows import EVENTS, SESSIONS
-from workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.goals.operations import DISPATCH_MAX_ATTEMPTS
+from agent_radar.workflows.goals.tables import OPS
+from agent_radar.workflows.sessions.rows import EVENTS, SESSIONS
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from tests.conftest import PG_ADMIN_URL, throwaway_pg_database
+from tests.helpers import Clock, row_counts, statements_sent
 
 WS, SID = "ws-rules", "session-1"
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
@@ -185,8 +185,8 @@ def test_work_the_claim_statement_left_is_claimed_on_its_own(
     nothing) is claimed by a statement of its own, and applied once."""
     from sqlalchemy import false
 
-    from workflows.goals.statements import CLAIM_LOOKUP
-    from workflows.steps.goals import claim as claim_module
+    from agent_radar.workflows.goals.statements import CLAIM_LOOKUP
+    from agent_radar.workflows.steps.goals import claim as claim_module
 
     took_nothing = CLAIM_LOOKUP.add_columns(false().label("taken"))
     monkeypatch.setattr(claim_module, "LOOKUP_AND_CLAIM", took_nothing)
@@ -313,7 +313,9 @@ def test_a_role_without_the_temp_privilege_dispatches_named_messages_as_unnamed(
                     client.set_goal(WS, sid, "ship it", client_submit_id="s-1")
                     for sid in (SID, "s-2")
                 ]
-                with caplog.at_level(logging.WARNING, logger="workflows.steps.goals.named_claim"):
+                with caplog.at_level(
+                    logging.WARNING, logger="agent_radar.workflows.steps.goals.named_claim"
+                ):
                     first = d.dispatch_many([ops[0].operation_id], session_of=(WS, SID))
                     with statements_sent(client.engine) as statements:
                         second = d.dispatch_many([ops[1].operation_id], session_of=(WS, "s-2"))
@@ -410,7 +412,7 @@ def test_a_named_message_for_settled_work_writes_nothing(client, dispatcher, sim
 def test_a_named_message_leaves_a_lane_another_worker_holds(client, dispatcher, sim_control):
     """The named session's lane is held (another worker drains it): this dispatch takes
     nothing and calls nothing; the holder finds the operation when it releases."""
-    from workflows import leases
+    from agent_radar.workflows import leases
 
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     token, taken = run_transaction(
@@ -618,7 +620,7 @@ def test_retryable_answers_back_off_exponentially(
 
 
 def test_backoff_is_capped_at_256_seconds():
-    from workflows.goals.operations import backoff_s
+    from agent_radar.workflows.goals.operations import backoff_s
 
     assert [backoff_s(a) for a in (1, 2, 3, 9, 10, 20)] == [1, 2, 4, 256, 256, 256]
 
@@ -676,7 +678,7 @@ def test_client_operation_resumes_an_offline_session(client, dispatcher, sim_con
 def test_a_lane_holder_serializes_the_session(client, dispatcher, clock, settings):
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     lane = ids.lane_name(WS, SID)
-    from workflows import leases
+    from agent_radar.workflows import leases
 
     token = run_transaction(
         client.engine, lambda s: leases.claim(s, lane, "someone-else", settings.lease_s, clock())
@@ -759,7 +761,7 @@ def test_clear_takes_no_objective(client):
 
 
 def test_unknown_records_are_not_found(client):
-    from workflows.errors import NotFound
+    from agent_radar.workflows.errors import NotFound
 
     with pytest.raises(NotFound):
         client.get_goal_operation(str(uuid.uuid4()))
@@ -815,9 +817,9 @@ def test_malformed_reports_write_nothing(client, report):
 
 
 def test_runtime_bearer_token_is_sent_and_checked(settings):
+    from agent_radar.workflows.errors import RuntimeFault
+    from agent_radar.workflows.tools.simulator import SimControl, SimServer
     from tests.conftest import free_port
-    from workflows.errors import RuntimeFault
-    from workflows.tools.simulator import SimControl, SimServer
 
     server = SimServer("127.0.0.1", free_port(), token="s3cret").start()
     try:
@@ -840,7 +842,7 @@ def test_runtime_bearer_token_is_sent_and_checked(settings):
 
 
 def test_bearer_tokens_are_compared_in_constant_time():
-    from workflows.tools.simulator import bearer_matches
+    from agent_radar.workflows.tools.simulator import bearer_matches
 
     assert bearer_matches(None, None) and bearer_matches("anything", None)
     assert bearer_matches("Bearer tok", "tok")
@@ -864,7 +866,7 @@ def _turn_report(turn_id, phase, at_ms, outcome=None, **provenance):
 
 
 def test_turn_phases_only_move_forward(client):
-    from models.tables import Turn
+    from agent_radar.models.tables import Turn
 
     provenance = {"source_goal_operation_id": "op-1", "source_goal_revision": 1}
     client.report_activity(_turn_report("t1", "running", 1_000, **provenance))
@@ -899,7 +901,7 @@ def test_malformed_turn_reports_write_nothing(client, turn):
 
 
 def _lane_tokens(client, session_ids):
-    from models.tables import Lease
+    from agent_radar.models.tables import Lease
 
     names = [ids.lane_name(WS, sid) for sid in session_ids]
     return run_transaction(
@@ -1004,7 +1006,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     been due for STEAL_AFTER: work due for less has its message on the way (most often to
     an idle process), which would otherwise wait for the lane this step creates only to
     find its work taken."""
-    from workflows.steps.goals.claim import STEAL_AFTER
+    from agent_radar.workflows.steps.goals.claim import STEAL_AFTER
 
     own = client.set_goal(WS, "own", "x", client_submit_id="1")
     fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
@@ -1043,7 +1045,7 @@ def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_c
     starts take every due operation at their ends, however young, rather than leave it
     STEAL_AFTER for a message that is itself late. A message that finds its own work leaves
     such work alone (test_a_steps_end_leaves_work_just_come_due_to_its_message)."""
-    from workflows.steps.goals.claim import STEAL_AFTER
+    from agent_radar.workflows.steps.goals.claim import STEAL_AFTER
 
     taken = client.set_goal(WS, "taken", "x", client_submit_id="1")
     other = client.set_goal(WS, "other", "x", client_submit_id="1")
@@ -1071,7 +1073,7 @@ def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_c
 def test_a_batch_skips_a_session_whose_lane_another_worker_holds(
     client, dispatcher, clock, settings
 ):
-    from workflows import leases
+    from agent_radar.workflows import leases
 
     free = client.set_goal(WS, "free", "x", client_submit_id="1")
     busy = client.set_goal(WS, "busy", "x", client_submit_id="1")
@@ -1094,8 +1096,8 @@ def test_a_step_takes_no_more_lanes_than_it_calls_at_once(
     first, and calls no host more than DEFAULT_HOST_CONCURRENCY times at once; on PostgreSQL a
     dispatch that steals then goes on with the rest of the backlog as its calls finish,
     without another message (on SQLite the rest waits for the next message)."""
-    from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
-    from workflows.goals.statements import MAX_LANES_PER_STEP
+    from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
+    from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
 
     given = [client.set_goal(WS, f"given-{i}", "x", client_submit_id="1") for i in range(10)]
     others = [
@@ -1151,8 +1153,8 @@ def test_a_dispatch_lets_go_of_a_backlog_after_its_time(
     """A dispatch that steals drains a backlog as its calls finish, but claims nothing more
     after DRAIN_BUDGET_S: what it did not claim stays due, its lanes free, no attempt
     counted."""
-    from workflows.goals.statements import MAX_LANES_PER_STEP
-    from workflows.steps.goals import flight
+    from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
+    from agent_radar.workflows.steps.goals import flight
 
     monkeypatch.setattr(flight, "DRAIN_BUDGET_S", 0.0)
     ops = [

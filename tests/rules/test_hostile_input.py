@@ -7,11 +7,11 @@ import time
 import pytest
 from sqlalchemy.exc import DataError, OperationalError
 
+from agent_radar.workflows import ids
+from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.steps import prompt_dispatch
+from agent_radar.workflows.validation import MAX_INT, MAX_REPORT_SKEW_S
 from tests.helpers import row_counts
-from workflows import ids
-from workflows.errors import InvalidArgument, NotFound
-from workflows.steps import prompt_dispatch
-from workflows.validation import MAX_INT, MAX_REPORT_SKEW_S
 
 WS, SID = "ws-input", "s1"
 
@@ -224,8 +224,8 @@ def test_a_client_cannot_squat_a_fences_clear(client):
 def test_public_tasks_retry_only_connection_level_database_errors(backend, monkeypatch):
     from celery.exceptions import Reject
 
-    import tasks.goal_tasks as goal_tasks
-    from tasks.app import app
+    import agent_radar.tasks.goal_tasks as goal_tasks
+    from agent_radar.tasks.app import app
 
     def failing(error):
         class Client:

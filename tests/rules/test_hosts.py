@@ -7,13 +7,13 @@ import time
 import pytest
 from sqlalchemy import update
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
+from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.tools.simulator import SimControl
 from tests.helpers import restorer, row_counts
-from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.tools.simulator import SimControl
 
 WS = "ws-hosts"
 
@@ -273,8 +273,8 @@ def test_a_report_cannot_move_a_bound_session(client, sim_control, sim_b):
 def test_each_host_is_called_with_its_own_token(client, settings, host):
     """Each registered host has a token of its own; the fleet's AGENT_RADAR_RUNTIME_TOKEN
     goes to the host `default` only, and a host added without one gets none."""
-    from workflows.adapters.http_runtime import HostRouter
-    from workflows.sessions.hosts import locator
+    from agent_radar.workflows.adapters.http_runtime import HostRouter
+    from agent_radar.workflows.sessions.hosts import locator
 
     host.answers["s-a"] = host.answers["s-c"] = (200, b'{"live": true, "runtime_epoch": 1}')
     client.add_host("host-a", host.url, token="token-of-a")

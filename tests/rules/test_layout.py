@@ -11,33 +11,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # The rules' concept folders, lowest first: each may import those before it, never after.
 CONCEPTS = (
-    "workflows.sessions",
-    "workflows.maintenance",
-    "workflows.prompts",
-    "workflows.fences",
-    "workflows.goals",
-    "workflows.activity",
-    "workflows.operators",
+    "agent_radar.workflows.sessions",
+    "agent_radar.workflows.maintenance",
+    "agent_radar.workflows.prompts",
+    "agent_radar.workflows.fences",
+    "agent_radar.workflows.goals",
+    "agent_radar.workflows.activity",
+    "agent_radar.workflows.operators",
 )
 KERNEL = (
-    "workflows.ids",
-    "workflows.validation",
-    "workflows.leases",
-    "workflows.errors",
-    "workflows.records",
-    "workflows.budgets",
-    "workflows.task_names",
-    "workflows.escape",
-    "workflows.accept",
+    "agent_radar.workflows.ids",
+    "agent_radar.workflows.validation",
+    "agent_radar.workflows.leases",
+    "agent_radar.workflows.errors",
+    "agent_radar.workflows.records",
+    "agent_radar.workflows.budgets",
+    "agent_radar.workflows.task_names",
+    "agent_radar.workflows.escape",
+    "agent_radar.workflows.accept",
 )
-STEPS = ("workflows.steps",)
-TOOLS = ("workflows.tools", "click")
-CLIENT = ("workflows.client",)
+STEPS = ("agent_radar.workflows.steps",)
+TOOLS = ("agent_radar.workflows.tools", "click")
+CLIENT = ("agent_radar.workflows.client",)
 MAX_MODULE_LINES = 400
 
 # (modules it applies to, imports they must not make, why)
 RULES = [
-    (("workflows",), ("celery",), "the domain never imports Celery"),
+    (("agent_radar.workflows",), ("celery",), "the domain never imports Celery"),
     (
         (*CONCEPTS, *KERNEL),
         (*TOOLS, *CLIENT, *STEPS),
@@ -45,14 +45,25 @@ RULES = [
     ),
     (KERNEL, CONCEPTS, "the kernel sits below the concepts"),
     (
-        ("workflows.adapters",),
+        ("agent_radar.workflows.adapters",),
         (*CONCEPTS, *STEPS, *TOOLS, *CLIENT),
         "adapters sit below the rules",
     ),
     (STEPS, (*TOOLS, *CLIENT), "steps sit below the client"),
     (CLIENT, TOOLS, "the client sits below the tools"),
-    (("models",), ("workflows", "tasks", "beat", "celery"), "models are the bottom floor"),
-    (("beat",), ("tasks",), "tasks/ imports beat/, not the reverse"),
+    (
+        ("agent_radar.models",),
+        ("agent_radar.workflows", "agent_radar.tasks", "agent_radar.beat", "celery"),
+        "models are the bottom floor",
+    ),
+    (("agent_radar.beat",), ("agent_radar.tasks",), "tasks/ imports beat/, not the reverse"),
+    # The distribution's one import name (docs/packaging.md): a service beside it has its
+    # own `models` and `tasks`.
+    (
+        ("agent_radar", "tests"),
+        ("models", "workflows", "tasks", "beat"),
+        "everything is imported as agent_radar.…",
+    ),
 ] + [
     ((concept,), CONCEPTS[i + 1 :], "concept folders import only downward")
     for i, concept in enumerate(CONCEPTS)
@@ -61,7 +72,10 @@ RULES = [
 
 
 def module_name(path: Path) -> str:
+    """The module's import name: the product's folders are `agent_radar.<folder>`."""
     parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] not in ("tests", "agent_radar"):
+        parts = ("agent_radar", *parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -108,6 +122,24 @@ def project_modules() -> dict[str, str]:
     return modules
 
 
+def test_modules_and_tests_import_the_product_by_its_one_name():
+    """Migrations and tests too: a bare `models` or `tasks` would be a service's own."""
+    paths = [ROOT / "agent_radar" / "__init__.py"] + [
+        path
+        for top in ("workflows", "models", "tasks", "beat", "tests")
+        for path in (ROOT / top).rglob("*.py")
+    ]
+    sources = {module_name(path): path.read_text() for path in paths}
+    assert len(sources) > 100
+    bare = ("models", "workflows", "tasks", "beat")
+    assert [
+        f"{module} imports {name}"
+        for module, source in sorted(sources.items())
+        for name in sorted(imports_of(source, module))
+        if within(name, bare)
+    ] == []
+
+
 def test_the_layers_point_one_way():
     modules = project_modules()
     assert len(modules) > 40
@@ -117,14 +149,18 @@ def test_the_layers_point_one_way():
 @pytest.mark.parametrize(
     "module, source",
     [
-        ("workflows.steps.goals.dispatch", "from celery import shared_task"),
-        ("workflows.steps.fence_apply", "def f():\n    import click\n"),
-        ("workflows.prompts.queue", "from workflows.tools.cli import cli"),
-        ("workflows.maintenance.runs", "from ..tools import demo"),
-        ("workflows.adapters.runtime", "from workflows.steps import goal_dispatch"),
-        ("workflows.validation", "from workflows.sessions import rows"),
-        ("models.tables", "import workflows.errors"),
-        ("beat.sweeper", "from tasks.strict import strict_task"),
+        ("agent_radar.workflows.steps.goals.dispatch", "from celery import shared_task"),
+        ("agent_radar.workflows.steps.fence_apply", "def f():\n    import click\n"),
+        ("agent_radar.workflows.prompts.queue", "from agent_radar.workflows.tools.cli import cli"),
+        ("agent_radar.workflows.maintenance.runs", "from ..tools import demo"),
+        (
+            "agent_radar.workflows.adapters.runtime",
+            "from agent_radar.workflows.steps import goal_dispatch",
+        ),
+        ("agent_radar.workflows.validation", "from agent_radar.workflows.sessions import rows"),
+        ("agent_radar.models.tables", "import agent_radar.workflows.errors"),
+        ("agent_radar.beat.sweeper", "from agent_radar.tasks.strict import strict_task"),
+        ("agent_radar.workflows.client.base", "from models.tables import GoalOperation"),
     ],
 )
 def test_the_check_catches_a_wrong_import(module, source):

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from models.base import utcnow
-from models.db import run_transaction
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows import leases
 from tests.helpers import eventually, lock_waits, statements_sent
-from workflows import leases
 
 
 def _claim(client, names, owner, now, ttl_s=10):
@@ -88,8 +88,8 @@ def test_a_new_sessions_first_submit_creates_its_lane_free(client):
     another is taking it (an insert of a new row would wait for the other's commit)."""
     from sqlalchemy import select
 
-    from models.tables import Lease
-    from workflows import ids
+    from agent_radar.models.tables import Lease
+    from agent_radar.workflows import ids
 
     client.set_goal("ws-lanes", "new", "x", client_submit_id="1")
     rows = run_transaction(

@@ -8,14 +8,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import Lease, MaintenanceRun, Prompt
-from tests.helpers import eventually, lock_waits, row_counts
-from workflows import ids, leases
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import (
+from agent_radar.beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import Lease, MaintenanceRun, Prompt
+from agent_radar.workflows import ids, leases
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import (
     InvalidArgument,
     MaintenanceBusy,
     MaintenanceConflict,
@@ -23,9 +22,10 @@ from workflows.errors import (
     RuntimeDraining,
     SessionBusy,
 )
-from workflows.maintenance import runs
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.steps.maintenance import MaintenanceExecutor
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
+from tests.helpers import eventually, lock_waits, row_counts
 
 WS, SID = "ws-maint", "s1"
 
@@ -60,7 +60,7 @@ def records_of(client, run_id):
 def statuses(client, run_id):
     from sqlalchemy import select
 
-    from models.tables import SessionEvent
+    from agent_radar.models.tables import SessionEvent
 
     return run_transaction(
         client.engine,
@@ -116,6 +116,7 @@ def test_admission_recovery_draining_and_busy_turn(client):
     )
     with pytest.raises(SessionBusy):
         client.start_maintenance(WS, "busy", client_submit_id="m1")
+    client.set_goal(WS, "drained", "known", client_submit_id="g1")  # a session it knows
     client.drain_session(WS, "drained")
     with pytest.raises(RuntimeDraining):
         client.start_maintenance(WS, "drained", client_submit_id="m1")
@@ -223,7 +224,7 @@ def test_a_claim_that_waited_for_the_session_sees_the_run_admitted_meanwhile(
     a statement of its own in that function, with a snapshot of its own."""
     from sqlalchemy.orm import Session
 
-    from workflows.maintenance import runs
+    from agent_radar.workflows.maintenance import runs
 
     op = client.set_goal(WS, SID, "not during maintenance", client_submit_id="g1")
     d = Dispatcher(
@@ -272,7 +273,7 @@ def test_goal_operations_wait_for_the_run_without_using_budget(
 def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
     client, executor, settings, sim_control
 ):
-    from workflows.steps import prompt_dispatch
+    from agent_radar.workflows.steps import prompt_dispatch
 
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
@@ -307,8 +308,8 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
 def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(
     client, executor, settings, sim_control
 ):
-    from workflows.prompts import queue as prompts
-    from workflows.steps import prompt_dispatch
+    from agent_radar.workflows.prompts import queue as prompts
+    from agent_radar.workflows.steps import prompt_dispatch
 
     runtime = HttpRuntime(settings.runtime_url)
     sim_control.session(WS, SID, maintenance_duration_ms=50, turn_duration_ms=0)
@@ -398,8 +399,8 @@ def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, mon
     operation_persist_failed once the database answers, and recovery writes it again."""
     from sqlalchemy.exc import OperationalError
 
-    from models import db
-    from workflows.maintenance import runs
+    from agent_radar.models import db
+    from agent_radar.workflows.maintenance import runs
 
     monkeypatch.setattr(db, "TRANSACTION_ATTEMPTS", 2)
     real = runs.transition
@@ -432,7 +433,7 @@ def test_a_failed_terminal_write_is_recovered(client, executor, sim_control, mon
 def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
     client, executor, settings, sim_control
 ):
-    from workflows.steps.fence_apply import FenceApplier
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
 
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
@@ -464,7 +465,7 @@ def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
 def test_records_are_optional_diagnostics_of_type_session_maintenance_v1(
     client, executor, sim_control
 ):
-    from models.tables import SessionEvent
+    from agent_radar.models.tables import SessionEvent
 
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
@@ -487,7 +488,7 @@ def test_records_are_optional_diagnostics_of_type_session_maintenance_v1(
 
 
 def test_a_run_leaves_turns_and_prompts_untouched(client, executor, sim_control):
-    from models.tables import Turn
+    from agent_radar.models.tables import Turn
 
     now_ms = int(utcnow().timestamp() * 1000)
     for phase, outcome in (("running", None), ("settled", "completed")):
@@ -520,7 +521,7 @@ def test_a_run_leaves_turns_and_prompts_untouched(client, executor, sim_control)
 def test_the_session_is_released_after_noop_failed_and_cancelled(
     client, executor, sim_control, outcome, status
 ):
-    from workflows.maintenance import runs
+    from agent_radar.workflows.maintenance import runs
 
     sim_control.session(WS, SID, maintenance_duration_ms=20, maintenance_outcome=outcome)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
@@ -596,7 +597,7 @@ def test_two_concurrent_starts_give_one_run_and_one_busy(client):
 def test_a_cancel_between_finalizing_and_the_terminal_record_never_reopens_it(
     client, executor, sim_control, monkeypatch
 ):
-    from workflows.steps import maintenance as executor_module
+    from agent_radar.workflows.steps import maintenance as executor_module
 
     sim_control.session(WS, SID, maintenance_duration_ms=20)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
@@ -645,7 +646,7 @@ def test_recovery_asks_the_host_first_and_a_lost_run_ends_runtime_restarted(
     assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
     starts_after = len([e for e in sim_control.effects(kind=None) if e["kind"] == "maintenance"])
     assert starts_after == starts_before  # never started again
-    from workflows.maintenance import runs
+    from agent_radar.workflows.maintenance import runs
 
     assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
     assert ("agent_radar.goal.dispatch", {"operation_id": held.operation_id}) in executor.published

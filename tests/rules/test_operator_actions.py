@@ -8,18 +8,18 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from beat.sweeper import sweep_once
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import GoalFence, GoalOperation, MaintenanceRun
+from agent_radar.beat.sweeper import sweep_once
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalFence, GoalOperation, MaintenanceRun
+from agent_radar.workflows import budgets
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeDraining
+from agent_radar.workflows.goals.operations import fail_operation
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.steps.fence_apply import FenceApplier
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from tests.helpers import row_counts
-from workflows import budgets
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeDraining
-from workflows.goals.operations import fail_operation
-from workflows.maintenance import runs
-from workflows.steps.fence_apply import FenceApplier
-from workflows.steps.goals.dispatch import Dispatcher
 
 WS, SID = "ws-operators", "s1"
 
@@ -150,6 +150,12 @@ def test_a_run_in_recovery_is_resolved_and_the_session_released(client, to):
 
 
 def test_drain_and_undrain_are_audited(client):
+    # Only a session the control plane knows: a typo is refused, and makes no session.
+    with pytest.raises(NotFound, match="unknown session"):
+        client.drain_session(WS, "s-typo", reason="rollout of host 7")
+    with pytest.raises(NotFound):
+        client.session_info(WS, "s-typo")
+    client.set_goal(WS, SID, "known", client_submit_id="g1")  # the session is known now
     drained = client.drain_session(WS, SID, reason="rollout of host 7")
     assert drained.admission == "draining"
     with pytest.raises(RuntimeDraining):

@@ -7,10 +7,10 @@ import json
 import pytest
 from sqlalchemy import event, text
 
-from models.db import engine_for
+from agent_radar.models.db import engine_for
+from agent_radar.workflows.goals.operations import _LOCK_STATES
+from agent_radar.workflows.goals.statements import CLAIM_LOOKUP, LOCK_SESSIONS_OF_OPS
 from tests.conftest import throwaway_pg_database
-from workflows.goals.operations import _LOCK_STATES
-from workflows.goals.statements import CLAIM_LOOKUP, LOCK_SESSIONS_OF_OPS
 
 SESSIONS = 2000
 WS = "busy-workspace"

@@ -7,13 +7,13 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import Prompt
-from workflows import budgets
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.steps.prompt_dispatch import dispatch_next
-from workflows.tools.status import fleet_status
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import Prompt
+from agent_radar.workflows import budgets
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+from agent_radar.workflows.tools.status import fleet_status
 
 WS, SID = "ws-prompt-budget", "s1"
 

@@ -5,15 +5,15 @@ asked for again while it ran stays due, and an offline session waits for its nex
 import time
 from datetime import timedelta
 
-from beat.sweeper import OUTBOX_GRACE_S, sweep_once
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import AgentSession, GoalFence
+from agent_radar.beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import AgentSession, GoalFence
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.fences.reinstall import request_restore
+from agent_radar.workflows.steps.fence_apply import FenceApplier
+from agent_radar.workflows.task_names import RESTORE_TASK
 from tests.helpers import restorer
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.fences.reinstall import request_restore
-from workflows.steps.fence_apply import FenceApplier
-from workflows.task_names import RESTORE_TASK
 
 WS, SID = "ws-restore", "s1"
 

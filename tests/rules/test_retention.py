@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from beat.schedule import beat_schedule
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import (
+from agent_radar.beat.schedule import beat_schedule
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import (
     GoalFence,
     GoalOperation,
     MaintenanceRun,
@@ -18,11 +18,11 @@ from models.tables import (
     SessionEvent,
     Turn,
 )
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.goals.operations import fail_operation
+from agent_radar.workflows.task_names import PRUNE_TASK
 from tests.helpers import row_counts
-from workflows.adapters.config import Settings
-from workflows.errors import InvalidArgument, NotFound
-from workflows.goals.operations import fail_operation
-from workflows.task_names import PRUNE_TASK
 
 WS = "ws-retention"
 

@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from models.db import run_transaction
-from models.tables import CancelOperation
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import CancelOperation
+from agent_radar.workflows import ids
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound
+from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
 from tests.helpers import row_counts
-from workflows import ids
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import Conflict, InvalidArgument, NotFound
-from workflows.steps.maintenance import MaintenanceExecutor
 
 WS, SID = "ws-stop", "s1"
 

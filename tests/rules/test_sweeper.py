@@ -6,14 +6,14 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
-from models.db import run_transaction
-from models.tables import GoalOperation
+from agent_radar.beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalOperation
+from agent_radar.workflows import leases
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS, DISPATCH_TASK
 from tests.helpers import Clock
-from workflows import leases
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.steps.goals.dispatch import Dispatcher
-from workflows.task_names import COALESCE_MAX_ITEMS, DISPATCH_TASK
 
 
 class RecordingPublisher:
@@ -130,8 +130,8 @@ def test_only_one_sweep_runs_at_a_time(client):
 def test_publishing_into_a_second_embedded_broker_before_any_worker(tmp_path):
     """One process, two broker folders: the second must get its own bindings, or a message
     published before a worker binds there is routed nowhere."""
-    from workflows.adapters.config import Settings
-    from workflows.adapters.publisher import TaskPublisher
+    from agent_radar.workflows.adapters.config import Settings
+    from agent_radar.workflows.adapters.publisher import TaskPublisher
 
     for name in ("first", "second"):
         settings = Settings(

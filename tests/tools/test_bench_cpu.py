@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from workflows.tools.bench.cpu import Components
+from agent_radar.workflows.tools.bench.cpu import Components
 
 # A stand-in for a worker: a main process with one child, as a prefork worker has.
 WORKER = """
@@ -60,7 +60,7 @@ def test_without_a_worker_there_is_nothing_to_wait_for():
 def test_the_slow_hosts_throughput_is_the_rate_while_the_fleet_is_busy():
     """100 effects a second for 10 s, then the last one 2 s later (one slow call): the
     sustained rate is 100 a second; counting the run's end would make it ~83."""
-    from workflows.tools.bench.hosts import _sustained_rate
+    from agent_radar.workflows.tools.bench.hosts import _sustained_rate
 
     times = [i / 100 for i in range(1000)] + [12.0]
     assert round(_sustained_rate(times)) == 100

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from models.migrate import head_revision
+from agent_radar.models.migrate import head_revision
 from tests.helpers import row_counts
 
 
 def run_cli(settings, *args, check=True):
     env = {**os.environ, **settings.to_env()}
     proc = subprocess.run(
-        [sys.executable, "-m", "workflows.tools.cli", *args],
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -30,7 +30,7 @@ def run_cli(settings, *args, check=True):
 def run_status(env: dict[str, str]) -> subprocess.CompletedProcess:
     """`agent-radar status` in a process of its own, with exactly this environment."""
     return subprocess.run(
-        [sys.executable, "-m", "workflows.tools.cli", "status"],
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "status"],
         env=env,
         capture_output=True,
         text=True,
@@ -68,6 +68,30 @@ def test_goal_set_show_and_status_as_json(settings, client, stack):
     assert session["session_id"] == "s1"
     human = run_cli(settings, "goal", "show", "ws", "s1").stdout
     assert "revision 1 synced" in human
+
+
+def test_a_goal_that_settles_failed_exits_one_after_wait(settings, client, stack, sim_control):
+    """`--wait` until it settles: a goal the host refuses for good ends `failed`, its row is
+    printed and the command exits 1 (without --wait it was accepted: 0)."""
+    stack.start_worker()
+    sim_control.fault("goal", status=422, error="rejected", count=1, session_id="s1")
+    proc = run_cli(
+        settings,
+        "goal",
+        "set",
+        "ws",
+        "s1",
+        "x",
+        "--submit-id",
+        "a",
+        "--wait",
+        "--json",
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "failed"
+    accepted = run_cli(settings, "goal", "set", "ws", "s2", "y", "--submit-id", "b", "--json")
+    assert json.loads(accepted.stdout)["status"] in ("prepared", "dispatched", "completed")
 
 
 def test_session_ensure_resumes_an_offline_session(settings, client, sim_control):
@@ -181,7 +205,7 @@ def _refused_at_start(proc, started, what, timeout_s=60):
 
 def _start_cli(env, *args):
     return subprocess.Popen(
-        [sys.executable, "-m", "workflows.tools.cli", *args],
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -211,7 +235,7 @@ def test_flower_refuses_the_loopback_without_auth(settings, backend, monkeypatch
 def test_up_runs_flower_behind_a_password_of_its_own_or_the_one_set(monkeypatch):
     import click
 
-    from workflows.tools.cli.services import _stack_flower_auth, flower_auth_problem
+    from agent_radar.workflows.tools.cli.services import _stack_flower_auth, flower_auth_problem
 
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
     (first, printed), (second, _) = _stack_flower_auth(), _stack_flower_auth()
@@ -236,6 +260,28 @@ def test_a_bad_setting_stops_a_command_with_one_line(settings, backend, lease):
     assert proc.returncode != 0 and proc.stdout == ""
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "AGENT_RADAR_LEASE_S" in lines[0] and repr(lease) in lines[0]
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+@pytest.mark.parametrize(
+    "name, url, needle",
+    [
+        ("AGENT_RADAR_BROKER_URL", "redsi://127.0.0.1:6379/0", "got redsi://"),
+        ("AGENT_RADAR_DATABASE_URL", "mysql://radar:secret@db/radar", "got mysql://"),
+        ("AGENT_RADAR_DATABASE_URL", "/var/lib/radar.db", "got no scheme"),
+    ],
+)
+def test_a_url_of_something_it_does_not_run_on_is_a_setting_error(
+    settings, backend, name, url, needle
+):
+    """A typo in the broker's scheme, or another database: one line at start, exit 1, the
+    URL's password not printed; not an outage retried for ever, not a traceback."""
+    env = {**os.environ, **settings.to_env(), name: url}
+    proc = run_status(env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert len(lines) == 1 and name in lines[0] and needle in lines[0], proc.stderr
+    assert "secret" not in proc.stderr
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
@@ -280,7 +326,7 @@ def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, b
         "AGENT_RADAR_RUNTIME_URL": f"http://127.0.0.1:{free_port()}",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workflows.tools.cli", "up", "--json"],
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "up", "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -293,7 +339,7 @@ def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, b
             [
                 sys.executable,
                 "-m",
-                "workflows.tools.cli",
+                "agent_radar.workflows.tools.cli",
                 "goal",
                 "set",
                 "ws",
@@ -337,7 +383,7 @@ def test_flower_serves_with_basic_auth(settings, backend):
     port = free_port()
     env = {**os.environ, **settings.to_env(), "FLOWER_BASIC_AUTH": "ops:pw-for-this-test"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workflows.tools.cli", "flower", "--port", str(port)],
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "flower", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -414,6 +460,12 @@ def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
         run_cli(settings, "prompt", "ws", "m", "hello", "--submit-id", "p1", "--json").stdout
     )
     assert queued["position"] == 1
+    waited = json.loads(
+        run_cli(
+            settings, "prompt", "ws", "p", "hi", "--submit-id", "p2", "--wait", "60", "--json"
+        ).stdout
+    )
+    assert waited["status"] == "completed" and waited["turn_id"]  # its turn has ended
     rows = json.loads(run_cli(settings, "history", "ws", "m", "--json").stdout)
     assert [r["record_id"] for r in rows] == [f"maintenance:{run['run_id']}"]
     assert rows[0]["revision"] == 3 and rows[0]["pending"] is False
@@ -517,7 +569,9 @@ def test_host_commands(settings, client, sim_b):
         (("host", "add", "host-b", "http://127.0.0.1:1"), 2, "conflict"),
         (("host", "add", "host-c", "ftp://example"), 2, "invalid_argument"),
         (("host", "add", "default", sim_b.url), 2, "invalid_argument"),
-        (("host", "remove", "nowhere"), 2, "not_found"),
+        (("host", "add", "gpu 2", sim_b.url), 2, "host_id must be 1-64 letters"),
+        (("host", "add", "gpu/2", sim_b.url), 2, "host_id must be"),
+        (("host", "remove", "nowhere"), 3, "not_found"),
     ]:
         proc = run_cli(settings, *args, check=False)
         assert proc.returncode == code and needle in proc.stderr, proc.stderr
@@ -548,21 +602,35 @@ def test_op_commands_find_and_list_every_kind(settings, client):
         "pending",
     )
     proc = run_cli(settings, "op", "show", fence.fence_id, "--workspace", "other", check=False)
-    assert proc.returncode == 2 and "not_found" in proc.stderr
+    assert proc.returncode == 3 and "not_found" in proc.stderr
 
     found = json.loads(run_cli(settings, "op", "find", "ws", "s1", "req-1", "--json").stdout)
     assert sorted(f["kind"] for f in found) == ["goal", "prompt"]
     text = run_cli(settings, "op", "find", "ws", "s1", "req-1").stdout
     assert "goal" in text and "prompt" in text and "submit=req-1" in text
     proc = run_cli(settings, "op", "find", "ws", "s1", "nothing", check=False)
-    assert proc.returncode == 2 and "nothing was submitted" in proc.stderr
+    assert proc.returncode == 3 and "not_found: nothing was submitted" in proc.stderr
 
     listed = json.loads(
         run_cli(settings, "op", "list", "--kind", "goal", "--workspace", "ws", "--json").stdout
     )
     assert {o["id"] for o in listed} == {goal.operation_id, fence.clear_operation_id}
     assert run_cli(settings, "op", "list", "--older-than", "1d").stdout.strip() == ("no operations")
-    for bad in (["--older-than", "soon"], ["--session", "s1"], ["--kind", "turn"]):
+    # Newest first unless asked otherwise; --since keeps the recent ones.
+    newest = json.loads(run_cli(settings, "op", "list", "--since", "1h", "--json").stdout)
+    created = [o["created_at"] for o in newest]
+    assert len(newest) == 4 and created == sorted(created, reverse=True)
+    oldest = json.loads(run_cli(settings, "op", "list", "--oldest-first", "--json").stdout)
+    assert [o["id"] for o in oldest] == [o["id"] for o in reversed(newest)]
+    pending = json.loads(run_cli(settings, "op", "list", "--status", "pending", "--json").stdout)
+    assert [o["id"] for o in pending] == [fence.fence_id]
+    for bad in (
+        ["--older-than", "soon"],
+        ["--since", "lately"],
+        ["--session", "s1"],
+        ["--kind", "turn"],
+        ["--status", "faild"],
+    ):
         proc = run_cli(settings, "op", "list", *bad, check=False)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
@@ -571,10 +639,10 @@ def test_op_commands_find_and_list_every_kind(settings, client):
 def test_operator_actions_from_the_cli(settings, client):
     from sqlalchemy import update
 
-    from models.base import utcnow
-    from models.db import run_transaction
-    from models.tables import GoalOperation
-    from workflows.goals.operations import fail_operation
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalOperation
+    from agent_radar.workflows.goals.operations import fail_operation
 
     op = client.set_goal("ws", "s1", "ship it", client_submit_id="g1")
     run_transaction(
@@ -609,6 +677,10 @@ def test_operator_actions_from_the_cli(settings, client):
             update(GoalOperation).values(last_error=None)  # untouched by the refusal above
         ),
     )
+    # A session nobody has used is not made by a drain: not found, exit 3.
+    proc = run_cli(settings, "session", "drain", "ws", "s3", "--reason", "r1", check=False)
+    assert proc.returncode == 3 and "not_found: unknown session ws/s3" in proc.stderr
+    client.set_goal("ws", "s3", "known now", client_submit_id="g3")
     drained = json.loads(
         run_cli(settings, "session", "drain", "ws", "s3", "--reason", "r1", "--json").stdout
     )
@@ -627,10 +699,10 @@ def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
 
     from sqlalchemy import update
 
-    from beat.sweeper import sweep_once
-    from models.base import utcnow
-    from models.db import run_transaction
-    from models.tables import GoalOperation, MaintenanceRun
+    from agent_radar.beat.sweeper import sweep_once
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalOperation, MaintenanceRun
 
     def status(*extra):
         return run_cli(settings, "status", *extra, check=False)
@@ -668,18 +740,42 @@ def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
     assert "problem: 1 goal operation(s) overdue" in failing.stdout
     assert status().returncode == 0  # without --check, status only reports
 
+    # A goal operation that failed: the check fails for an hour, then it is history.
+    run_transaction(
+        client.engine, lambda s: s.execute(update(MaintenanceRun).values(status="failed"))
+    )
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalOperation).values(
+                status="failed", completed_at=utcnow(), next_attempt_at=None
+            )
+        ),
+    )
+    sweep_once(client.engine, lambda *a: True, utcnow(), owner="beat-1")
+    failed = status("--check")
+    assert failed.returncode == 1
+    assert "problem: 1 goal operations failed in the last hour" in failed.stdout
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(GoalOperation).values(completed_at=utcnow() - timedelta(hours=2))
+        ),
+    )
+    assert status("--check").returncode == 0
+
 
 @pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
 def test_version_and_errors_as_json(settings):
     version = run_cli(settings, "--version")
     assert version.stdout.startswith("agent-radar, version ")
-    for args, code in [
-        (["op", "show", "", "--json"], "invalid_argument"),
-        (["op", "list", "--kind", "nope", "--json"], "usage"),
-        (["goal", "show", "ws", "nobody", "--json"], "not_found"),
+    for args, code, exit_code in [
+        (["op", "show", "", "--json"], "invalid_argument", 2),
+        (["op", "list", "--kind", "nope", "--json"], "usage", 2),
+        (["goal", "show", "ws", "nobody", "--json"], "not_found", 3),
     ]:
         proc = run_cli(settings, *args, check=False)
-        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.returncode == exit_code and proc.stdout == ""
         error = json.loads(proc.stderr)
         assert error["error"] == code and error["message"], proc.stderr
 
@@ -692,12 +788,12 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     from prometheus_client.parser import text_string_to_metric_families
     from sqlalchemy import update
 
-    from beat.sweeper import sweep_once
-    from models.base import utcnow
-    from models.db import run_transaction
-    from models.tables import MaintenanceRun
+    from agent_radar.beat.sweeper import sweep_once
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import MaintenanceRun
+    from agent_radar.workflows.tools.metrics import METRICS
     from tests.conftest import free_port
-    from workflows.tools.metrics import METRICS
 
     def samples(text):
         return {
@@ -720,7 +816,7 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     port = free_port()
     env = {**os.environ, **settings.to_env()}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workflows.tools.cli", "metrics", "--port", str(port)],
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "metrics", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -775,7 +871,7 @@ def test_health_probes(settings, client, stack):
 
 @pytest.mark.parametrize("backend", ["production"])  # Celery's own options, one broker
 def test_worker_passes_celerys_options_through(settings, stack):
-    from tasks.app import create_app
+    from agent_radar.tasks.app import create_app
     from tests.helpers import eventually
 
     name = "passthrough"

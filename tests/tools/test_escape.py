@@ -2,7 +2,7 @@
 
 import pytest
 
-from workflows.escape import escape
+from agent_radar.workflows.escape import escape
 
 
 @pytest.mark.parametrize(

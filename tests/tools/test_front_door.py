@@ -14,7 +14,7 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
         [
             sys.executable,
             "-m",
-            "workflows.tools.cli",
+            "agent_radar.workflows.tools.cli",
             "demo",
             "--home",
             str(tmp_path / "demo"),
@@ -70,6 +70,20 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
     for group in result["process_groups"]:
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)
+    # The ids it prints are whole: `op show` takes them as they are.
+    submitted = next(line for line in result["timeline"] if line["event"] == "goal set submitted")
+    demo_db = (tmp_path / "demo" / "demo.db").resolve()
+    demo_env = {**env, "AGENT_RADAR_DATABASE_URL": f"sqlite:///{demo_db}"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "op", "show"]
+        + [submitted["operation"], "--json"],
+        env=demo_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["operation_id"] == submitted["operation"]
 
 
 def test_bench_checks_exactly_once(settings):
@@ -78,7 +92,7 @@ def test_bench_checks_exactly_once(settings):
         [
             sys.executable,
             "-m",
-            "workflows.tools.cli",
+            "agent_radar.workflows.tools.cli",
             "bench",
             "--operations",
             "40",

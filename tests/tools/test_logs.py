@@ -11,9 +11,9 @@ import pytest
 from celery.app.log import TaskFormatter
 from celery.utils.log import ColorFormatter
 
+from agent_radar.workflows.adapters import logs
 from tests.helpers import eventually
 from tests.hostile import raw_publish, task_headers
-from workflows.adapters import logs
 
 
 @pytest.mark.parametrize("backend", ["embedded"])  # logging is the same on both backends
@@ -50,7 +50,7 @@ def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack
     # The sweep ran (every 0.5 s here) without a line of Celery's about it: routine work
     # does not drown the lines about real work. The sweep that re-published the retry may
     # still be running when the operation completes (its heartbeat is its last write).
-    from workflows.tools.status import fleet_status
+    from agent_radar.workflows.tools.status import fleet_status
 
     eventually(
         lambda: fleet_status(client.engine)["sweeper_heartbeat_age_s"] is not None,
@@ -169,8 +169,8 @@ def test_a_worker_serves_runtime_call_metrics(settings, client, stack, sim_contr
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from agent_radar.workflows.adapters.metrics import WORKER_METRICS
     from tests.conftest import free_port
-    from workflows.adapters.metrics import WORKER_METRICS
 
     port = free_port()
     stack.start_worker(concurrency=2, extra_args=["--metrics-port", str(port)])

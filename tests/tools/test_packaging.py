@@ -1,12 +1,15 @@
-"""Packaging as users install it: the built wheel in a fresh virtual environment, without the
-test extras and without this checkout on the path, running `db upgrade`, a worker on Redis
-and PostgreSQL, and one goal operation to applied at the simulator."""
+"""Packaging as users install it (docs/packaging.md): the built wheel holds one top-level
+package, `agent_radar`; installed plainly in a fresh virtual environment, without the test
+extras and without this checkout on the path, it is a client that works inside a service
+with its own `models.py` and `tasks.py`; with the `server` extra the same environment runs
+`db upgrade` and a worker on Redis and PostgreSQL, which applies the goal the client
+submitted."""
 
 import os
 import subprocess
 import sys
-import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,29 +26,65 @@ def _run(args, **kwargs):
     return proc
 
 
+SERVICE_MODELS = """
+class Invoice:  # the service's own model, nothing of ours
+    pass
+"""
+SERVICE_TASKS = """
+def send_invoice():  # the service's own tasks module
+    return "sent"
+"""
+CLIENT_ONLY = ("celery", "alembic", "flower", "tornado", "prometheus_client", "pytest", "yaml")
+# Run inside the service's folder, so its own models.py and tasks.py come first on the path.
+SUBMIT = """
+import importlib.util, sys
+import models, tasks
+from agent_radar import AgentRadar, NotFound
+assert models.Invoice and tasks.send_invoice() == "sent"
+missing = [m for m in sys.argv[1].split(",") if importlib.util.find_spec(m) is None]
+radar = AgentRadar.from_env()
+try:
+    radar.get_goal_operation("no-such-operation")
+except NotFound:
+    pass
+op = radar.set_goal("ws-wheel", "s1", "installed from the wheel", client_submit_id="w-1")
+radar.close()
+print(op.operation_id, ",".join(missing), models.__file__)
+"""
+WAIT = """
+import sys
+from agent_radar import AgentRadar
+radar = AgentRadar.from_env()
+print(radar.wait(radar.get_goal_operation(sys.argv[1]), timeout=60).status)
+"""
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """A fresh venv holding only the wheel and its declared dependencies (exact versions
-    from constraints.txt, as the Dockerfile installs them)."""
+def wheel(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--quiet",
-            "-w",
-            str(work / "dist"),
-            str(ROOT),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(work), str(ROOT)],
         timeout=INSTALL_TIMEOUT_S,
     )
-    wheel = next((work / "dist").glob("agent_radar-*.whl"))
-    venv = work / "venv"
-    base_python = getattr(sys, "_base_executable", sys.executable)
-    _run([base_python, "-m", "venv", str(venv)], timeout=120)
+    return next(work.glob("agent_radar-*.whl"))
+
+
+def test_the_wheel_holds_one_top_level_package(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"agent_radar"}
+    for part in (
+        "agent_radar/__init__.py",
+        "agent_radar/workflows/client/__init__.py",
+        "agent_radar/tasks/app.py",
+        "agent_radar/beat/sweeper.py",
+        "agent_radar/models/migrations/env.py",
+        "agent_radar/models/migrations/versions/0001_goal_control.py",
+    ):
+        assert part in names
+
+
+def _pip_install(venv: Path, requirement: str, cwd: Path) -> None:
     _run(
         [
             str(venv / "bin" / "python"),
@@ -55,47 +94,49 @@ def installed(tmp_path_factory):
             "--quiet",
             "-c",
             str(ROOT / "constraints.txt"),
-            str(wheel),
+            requirement,
         ],
         timeout=INSTALL_TIMEOUT_S,
-        cwd=work,
+        cwd=cwd,
     )
-    return venv
 
 
-@pytest.mark.timeout(INSTALL_TIMEOUT_S + 300)
+@pytest.mark.timeout(2 * INSTALL_TIMEOUT_S + 300)
 @pytest.mark.parametrize("backend", ["production"])
-def test_the_wheel_runs_a_worker_on_redis_and_applies_a_goal(
-    backend, installed, settings, sim, sim_control, tmp_path
+def test_a_plain_install_is_a_client_and_the_server_extra_runs_its_worker(
+    backend, wheel, settings, sim, sim_control, tmp_path
 ):
-    python = installed / "bin" / "python"
-    # Nothing of the test extras, and nothing of this checkout, is importable there.
-    probe = _run(
-        [
-            str(python),
-            "-c",
-            textwrap.dedent("""
-        import importlib.util, workflows
-        print(workflows.__file__)
-        print(importlib.util.find_spec("pytest") is None, importlib.util.find_spec("yaml") is None)
-    """),
-        ],
-        cwd=tmp_path,
-        env={"PATH": os.environ["PATH"]},
-    ).stdout.split()
-    assert str(installed) in probe[0] and probe[1:] == ["True", "True"]
-
+    venv = tmp_path / "venv"
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    _run([base_python, "-m", "venv", str(venv)], timeout=120)
+    _pip_install(venv, str(wheel), tmp_path)
+    python, radar_cli = venv / "bin" / "python", venv / "bin" / "agent-radar"
+    service = tmp_path / "service"
+    service.mkdir()
+    (service / "models.py").write_text(SERVICE_MODELS)
+    (service / "tasks.py").write_text(SERVICE_TASKS)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **settings.to_env()}
-    _run(
-        [str(installed / "bin" / "agent-radar"), "db", "upgrade"],
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
+
+    # The plain install: a client beside the service's own modules, with none of the server's.
+    op_id, missing, models_file = _run(
+        [str(python), "-c", SUBMIT, ",".join(CLIENT_ONLY)], cwd=service, env=env, timeout=120
+    ).stdout.split()
+    assert missing.split(",") == list(CLIENT_ONLY)
+    assert models_file == str(service / "models.py")
+    shown = _run([str(radar_cli), "op", "show", op_id, "--json"], cwd=service, env=env)
+    assert '"status": "prepared"' in shown.stdout or '"status": "dispatched"' in shown.stdout
+    refused = subprocess.run(
+        [str(radar_cli), "worker", "--json"], cwd=service, env=env, capture_output=True, text=True
     )
+    assert refused.returncode == 1 and "agent-radar[server]" in refused.stderr, refused.stderr
+
+    # The server extra in the same environment: its worker applies what the client submitted.
+    _pip_install(venv, f"{wheel}[server]", tmp_path)
+    _run([str(radar_cli), "db", "upgrade"], cwd=tmp_path, env=env, timeout=120)
     ready = tmp_path / "worker.ready"
     log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
-        [str(installed / "bin" / "agent-radar"), "worker", "-c", "1"],
+        [str(radar_cli), "worker", "-c", "1"],
         cwd=tmp_path,
         env={**env, "AGENT_RADAR_READY_FILE": str(ready)},
         stdout=log,
@@ -108,28 +149,13 @@ def test_the_wheel_runs_a_worker_on_redis_and_applies_a_goal(
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the installed worker did not start"
             time.sleep(0.1)
-        submit = _run(
-            [
-                str(python),
-                "-c",
-                textwrap.dedent("""
-            from workflows.client import AgentRadar
-            radar = AgentRadar.from_env()
-            op = radar.set_goal("ws-wheel", "s1", "installed from the wheel",
-                                client_submit_id="w-1")
-            print(radar.wait(op, timeout=60).status, op.operation_id)
-        """),
-            ],
-            cwd=tmp_path,
-            env=env,
-            timeout=120,
-        ).stdout.split()
-        assert submit[0] == "completed"
+        waited = _run([str(python), "-c", WAIT, op_id], cwd=service, env=env, timeout=120)
+        assert waited.stdout.split() == ["completed"]
         eventually(
-            lambda: [e for e in sim_control.effects() if e["operation_id"] == submit[1]],
+            lambda: [e for e in sim_control.effects() if e["operation_id"] == op_id],
             timeout_s=30,
         )
-        assert len([e for e in sim_control.effects() if e["operation_id"] == submit[1]]) == 1
+        assert len([e for e in sim_control.effects() if e["operation_id"] == op_id]) == 1
     finally:
         worker.terminate()
         try:

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import RuntimeFault
 from tests.helpers import eventually, goal_call
-from workflows.adapters.http_runtime import HttpRuntime
-from workflows.errors import RuntimeFault
 
 WS = "ws-sim"
 
@@ -62,7 +62,7 @@ def test_a_stopped_simulator_reports_nothing_more():
     """After `close` (which `SimServer.stop` calls) no timer fires and no report goes out,
     and a report already on its way is waited for: the reporter (a publisher, with its
     broker connection) can then be closed without a late report opening it again."""
-    from workflows.tools.simulator.state import Simulator
+    from agent_radar.workflows.tools.simulator.state import Simulator
 
     reported = []
     release = threading.Event()

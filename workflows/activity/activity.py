@@ -8,18 +8,24 @@ from typing import Any
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from models.enums import TURN_PHASE_ORDER, OperationStatus, TurnOrigin, TurnOutcome, TurnPhase
-from models.tables import GoalFence, GoalOperation, Turn
-from workflows.activity.epochs import EpochEffects, move_host
-from workflows.errors import InvalidArgument
-from workflows.fences import cancels
-from workflows.fences.reinstall import needs_restore, request_restore
-from workflows.goals.operations import complete_applied
-from workflows.maintenance import runs
-from workflows.prompts import queue as prompts
-from workflows.sessions import hosts
-from workflows.sessions.rows import lock_session
-from workflows.validation import (
+from agent_radar.models.enums import (
+    TURN_PHASE_ORDER,
+    OperationStatus,
+    TurnOrigin,
+    TurnOutcome,
+    TurnPhase,
+)
+from agent_radar.models.tables import GoalFence, GoalOperation, Turn
+from agent_radar.workflows.activity.epochs import EpochEffects, move_host
+from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
+from agent_radar.workflows.goals.operations import complete_applied
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.prompts import queue as prompts
+from agent_radar.workflows.sessions import hosts
+from agent_radar.workflows.sessions.rows import lock_session
+from agent_radar.workflows.validation import (
     check_choice,
     check_id,
     check_int,

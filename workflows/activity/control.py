@@ -4,11 +4,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from models.tables import AgentSession
-from workflows.activity.epochs import EpochEffects, observe_epoch
-from workflows.fences.reinstall import record_installed, session_fences
-from workflows.goals.operations import open_client_operations
-from workflows.sessions.rows import lock_session
+from agent_radar.models.tables import AgentSession
+from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
+from agent_radar.workflows.fences.reinstall import record_installed, session_fences
+from agent_radar.workflows.goals.operations import open_client_operations
+from agent_radar.workflows.sessions.rows import lock_session
 
 
 def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[tuple[str, dict]]:

@@ -13,11 +13,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from models.tables import AgentSession
-from workflows.fences import cancels
-from workflows.maintenance import runs
-from workflows.sessions import hosts
-from workflows.sessions.rows import lock_session
+from agent_radar.models.tables import AgentSession
+from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.sessions import hosts
+from agent_radar.workflows.sessions.rows import lock_session
 
 
 @dataclass

@@ -13,7 +13,7 @@ import kombu.transport
 from kombu import Connection, Exchange, Queue
 from kombu.transport import filesystem, redis, virtual
 
-from workflows.adapters.config import Settings
+from agent_radar.workflows.adapters.config import Settings
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,22 @@ from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
 AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
+BROKER_SCHEMES = AMQP_SCHEMES | {"redis", "rediss", "filesystem"}
+# The databases agent-radar runs on, as SQLAlchemy URLs name them (an optional +driver).
+DATABASE_BACKENDS = frozenset({"sqlite", "postgresql"})
+
+
+def _url(env: Mapping[str, str], name: str, default: str, schemes, what: str) -> str:
+    """A URL setting whose scheme is one agent-radar runs on: a typo (`redsi://`) or another
+    database is a setting error at start, not an outage the product retries for ever."""
+    url = env.get(name) or default
+    scheme = urlsplit(url).scheme if "://" in url else ""
+    if scheme.split("+")[0] not in schemes:
+        # The scheme only: the rest of a URL may hold a password.
+        raise ValueError(
+            f"{name} must be {what}, got {scheme[:40] + '://' if scheme else 'no scheme'}"
+        )
+    return url
 
 
 # Upper bounds of the numeric settings. Each is far above any sensible value, so reaching one
@@ -140,9 +156,20 @@ class Settings:
         lease_s = _float(env, "AGENT_RADAR_LEASE_S", 30.0, maximum=MAX_LEASE_S)
         return cls(
             home=home,
-            database_url=env.get("AGENT_RADAR_DATABASE_URL")
-            or f"sqlite:///{home / 'agent-radar.db'}",
-            broker_url=env.get("AGENT_RADAR_BROKER_URL") or "filesystem://",
+            database_url=_url(
+                env,
+                "AGENT_RADAR_DATABASE_URL",
+                f"sqlite:///{home / 'agent-radar.db'}",
+                DATABASE_BACKENDS,
+                "a SQLite or PostgreSQL URL (sqlite:///path, postgresql+psycopg://…)",
+            ),
+            broker_url=_url(
+                env,
+                "AGENT_RADAR_BROKER_URL",
+                "filesystem://",
+                BROKER_SCHEMES,
+                "a Redis, RabbitMQ or filesystem URL (redis://, amqp://, filesystem://)",
+            ),
             runtime_url=env.get("AGENT_RADAR_RUNTIME_URL") or DEFAULT_RUNTIME_URL,
             runtime_token=env.get("AGENT_RADAR_RUNTIME_TOKEN") or None,
             sweep_interval_s=_float(

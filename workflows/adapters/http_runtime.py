@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from workflows.adapters import metrics
-from workflows.adapters.answers import (
+from agent_radar.workflows.adapters import metrics
+from agent_radar.workflows.adapters.answers import (
     ERROR_CODE,
     JSON_TYPE_NAMES,
     MAX_ANSWER_BYTES,
@@ -25,10 +25,10 @@ from workflows.adapters.answers import (
     printable,
     shaped,
 )
-from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
-from workflows.adapters.http_transport import HostConnections
-from workflows.adapters.runtime import RETRYABLE_CODES, session_path
-from workflows.errors import RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
+from agent_radar.workflows.adapters.http_transport import HostConnections
+from agent_radar.workflows.adapters.runtime import RETRYABLE_CODES, session_path
+from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 
 
 class HttpRuntime:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from workflows.escape import escape
+from agent_radar.workflows.escape import escape
 
 LOG_FORMAT_ENV = "AGENT_RADAR_LOG_FORMAT"
 # The ids a line carries when they are known.

@@ -3,7 +3,29 @@ and dispatch batch sizes. A worker serves them with `agent-radar worker --metric
 (prometheus_client's multiprocess mode gathers its pool processes); the fleet gauges come from
 `agent-radar metrics`, which reads the database. Labels are bounded: host, call, code."""
 
-from prometheus_client import Counter, Gauge, Histogram
+try:
+    from prometheus_client import Counter, Gauge, Histogram
+except ImportError:  # a plain client install (no `[server]` extra): nothing serves metrics
+
+    class _Unserved:
+        """A metric that is counted nowhere: the client process serves no metrics."""
+
+        def __init__(self, *_args: object, **_kwargs: object) -> None:
+            pass
+
+        def labels(self, *_args: object, **_kwargs: object) -> "_Unserved":
+            return self
+
+        def observe(self, *_args: object) -> None:
+            pass
+
+        def inc(self, *_args: object) -> None:
+            pass
+
+        def set(self, *_args: object) -> None:
+            pass
+
+    Counter = Gauge = Histogram = _Unserved  # type: ignore[assignment,misc]
 
 RUNTIME_CALL_SECONDS = Histogram(
     "agent_radar_runtime_call_seconds",

@@ -1,16 +1,16 @@
-"""The Python client (DESIGN 7.1): `from workflows.client import AgentRadar`."""
+"""The Python client: `from agent_radar import AgentRadar` (docs/packaging.md)."""
 
 import time
 from collections.abc import Callable
 from typing import Any
 
-from workflows.client.base import WAIT_POLL_S
-from workflows.client.goals import GoalCalls
-from workflows.client.operators import OperatorCalls
-from workflows.errors import InvalidArgument
-from workflows.records import Fence, GoalOperation, MaintenanceRun
-from workflows.records import SessionStop as SessionStopRecord
-from workflows.validation import MAX_WAIT_S, check_seconds
+from agent_radar.workflows.client.base import WAIT_POLL_S
+from agent_radar.workflows.client.goals import GoalCalls
+from agent_radar.workflows.client.operators import OperatorCalls
+from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.records import Fence, GoalOperation, MaintenanceRun, Prompt
+from agent_radar.workflows.records import SessionStop as SessionStopRecord
+from agent_radar.workflows.validation import MAX_WAIT_S, check_seconds
 
 
 class AgentRadar(GoalCalls, OperatorCalls):
@@ -33,6 +33,9 @@ class AgentRadar(GoalCalls, OperatorCalls):
                 lambda: self.get_maintenance(record.run_id),
                 f"maintenance run {record.run_id}",
             )
+        elif isinstance(record, Prompt):
+            # A prompt settles when its turn has ended (completed), or it could not be sent.
+            reload, name = lambda: self.get_prompt(record.prompt_id), f"prompt {record.prompt_id}"
         elif isinstance(record, SessionStopRecord):
             reload, name = (
                 lambda: self.get_session_stop(record.stop_id),

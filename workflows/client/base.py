@@ -5,15 +5,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Self
 
-from models.db import engine_for, run_transaction
-from workflows import records
-from workflows.adapters.config import Settings
-from workflows.adapters.http_runtime import HostRouter
-from workflows.adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
-from workflows.adapters.runtime import RuntimePort
-from workflows.errors import NotFound
-from workflows.sessions import hosts
-from workflows.validation import check_id, check_seconds
+from agent_radar.models.db import engine_for, run_transaction
+from agent_radar.workflows import records
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.adapters.http_runtime import HostRouter
+from agent_radar.workflows.adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
+from agent_radar.workflows.adapters.runtime import RuntimePort
+from agent_radar.workflows.errors import NotFound
+from agent_radar.workflows.sessions import hosts
+from agent_radar.workflows.validation import check_id, check_seconds
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05

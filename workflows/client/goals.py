@@ -2,26 +2,26 @@
 
 from sqlalchemy import select
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import GoalFence as GoalFenceRow
-from models.tables import GoalOperation as GoalOperationRow
-from models.tables import GoalState as GoalStateRow
-from workflows import ids, records
-from workflows.client.base import ClientBase
-from workflows.errors import NotFound
-from workflows.goals.fencing import FenceRequest, submit_fence
-from workflows.goals.submit import GoalRequest, load_operation, submit
-from workflows.records import (
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalFence as GoalFenceRow
+from agent_radar.models.tables import GoalOperation as GoalOperationRow
+from agent_radar.models.tables import GoalState as GoalStateRow
+from agent_radar.workflows import ids, records
+from agent_radar.workflows.client.base import ClientBase
+from agent_radar.workflows.errors import NotFound
+from agent_radar.workflows.goals.fencing import FenceRequest, submit_fence
+from agent_radar.workflows.goals.submit import GoalRequest, load_operation, submit
+from agent_radar.workflows.records import (
     Fence,
     GoalOperation,
     GoalState,
 )
-from workflows.task_names import (
+from agent_radar.workflows.task_names import (
     DISPATCH_TASK,
     FENCE_APPLY_TASK,
 )
-from workflows.validation import check_id
+from agent_radar.workflows.validation import check_id
 
 
 class GoalCalls(ClientBase):

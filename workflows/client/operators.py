@@ -3,20 +3,20 @@ maintenance run, pruning history."""
 
 from typing import Any
 
-from models.base import utcnow
-from models.db import run_transaction
-from workflows.client.sessions import SessionCalls
-from workflows.operators import actions, catalog, retention
-from workflows.records import (
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows.client.sessions import SessionCalls
+from agent_radar.workflows.operators import actions, catalog, retention
+from agent_radar.workflows.records import (
     MaintenanceRun,
     OperationSummary,
 )
-from workflows.steps.wake import release_session
-from workflows.task_names import (
+from agent_radar.workflows.steps.wake import release_session
+from agent_radar.workflows.task_names import (
     DISPATCH_TASK,
     FENCE_APPLY_TASK,
 )
-from workflows.validation import check_id, check_limit
+from agent_radar.workflows.validation import check_id, check_limit
 
 
 class OperatorCalls(SessionCalls):
@@ -56,10 +56,15 @@ class OperatorCalls(SessionCalls):
         session_id: str | None = None,
         older_than_s: float | None = None,
         limit: int = 50,
+        newer_than_s: float | None = None,
+        newest_first: bool = False,
     ) -> list[OperationSummary]:
-        """Operations of every kind (or one), oldest first, filtered by status, workspace,
-        session and age (accepted at least `older_than_s` seconds ago)."""
-        query = catalog.ListQuery.parse(kind, status, workspace_id, session_id, older_than_s, limit)
+        """Operations of every kind (or one), oldest first (or `newest_first`), filtered by
+        status (one some kind has: any other is InvalidArgument), workspace, session and age
+        (accepted at least `older_than_s`, at most `newer_than_s` seconds ago)."""
+        query = catalog.ListQuery.parse(
+            kind, status, workspace_id, session_id, older_than_s, limit, newer_than_s, newest_first
+        )
         return run_transaction(self.engine, lambda s: catalog.list_operations(s, query, utcnow()))
 
     def retry_operation(

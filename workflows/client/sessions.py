@@ -3,36 +3,36 @@ hosts and activity reports (DESIGN 4.4–4.9, 7.1)."""
 
 from typing import Any
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import MaintenanceRun as MaintenanceRunRow
-from models.tables import Prompt as PromptRow
-from models.tables import SessionStop as SessionStopRow
-from workflows import records
-from workflows.activity import stops
-from workflows.activity.activity import apply_report, parse_report
-from workflows.activity.control import durable_fences, load_session, record_live
-from workflows.activity.epochs import EpochEffects, bind_host
-from workflows.client.base import ClientBase
-from workflows.errors import InvalidArgument, NotFound
-from workflows.maintenance import runs
-from workflows.operators import actions
-from workflows.prompts import queue as prompts
-from workflows.prompts.queue import PromptRequest
-from workflows.records import (
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import MaintenanceRun as MaintenanceRunRow
+from agent_radar.models.tables import Prompt as PromptRow
+from agent_radar.models.tables import SessionStop as SessionStopRow
+from agent_radar.workflows import records
+from agent_radar.workflows.activity import stops
+from agent_radar.workflows.activity.activity import apply_report, parse_report
+from agent_radar.workflows.activity.control import durable_fences, load_session, record_live
+from agent_radar.workflows.activity.epochs import EpochEffects, bind_host
+from agent_radar.workflows.client.base import ClientBase
+from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.operators import actions
+from agent_radar.workflows.prompts import queue as prompts
+from agent_radar.workflows.prompts.queue import PromptRequest
+from agent_radar.workflows.records import (
     HistoryRow,
     Host,
     MaintenanceRun,
     SessionInfo,
 )
-from workflows.records import Prompt as PromptRecord
-from workflows.records import SessionStop as SessionStopRecord
-from workflows.sessions import hosts
-from workflows.sessions.history import session_history
-from workflows.steps.fence_install import resume_if_offline
-from workflows.steps.restore import restore_fences
-from workflows.steps.wake import publish_epoch_effects
-from workflows.task_names import (
+from agent_radar.workflows.records import Prompt as PromptRecord
+from agent_radar.workflows.records import SessionStop as SessionStopRecord
+from agent_radar.workflows.sessions import hosts
+from agent_radar.workflows.sessions.history import session_history
+from agent_radar.workflows.steps.fence_install import resume_if_offline
+from agent_radar.workflows.steps.restore import restore_fences
+from agent_radar.workflows.steps.wake import publish_epoch_effects
+from agent_radar.workflows.task_names import (
     CANCEL_APPLY_TASK,
     DISPATCH_TASK,
     EXECUTE_TASK,
@@ -40,7 +40,7 @@ from workflows.task_names import (
     PROMPT_TASK,
     RESTORE_TASK,
 )
-from workflows.validation import check_id, check_limit, check_url
+from agent_radar.workflows.validation import check_id, check_limit, check_url
 
 
 class SessionCalls(ClientBase):
@@ -244,7 +244,7 @@ class SessionCalls(ClientBase):
         it carry that one, never another host's). The same URL and token again change
         nothing; others are a Conflict unless `replace`. The host `default` is
         AGENT_RADAR_RUNTIME_URL, with AGENT_RADAR_RUNTIME_TOKEN."""
-        host_id = hosts.check_host_id(host_id, allow_default=False)
+        host_id = hosts.check_host_id(host_id, allow_default=False, new=True)
         url = check_url(url)
         if token is not None:
             check_id("token", token)

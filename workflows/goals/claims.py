@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from workflows import ids, records
+from agent_radar.workflows import ids, records
 
 
 @dataclass

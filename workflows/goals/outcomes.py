@@ -9,14 +9,14 @@ from typing import Any, cast
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from models.db import rowcount
-from models.enums import OperationStatus, ProviderPhase, SyncStatus
-from models.tables import GoalOperation, GoalState
-from workflows.adapters import logs
-from workflows.adapters.runtime import STALE_REVISION
-from workflows.errors import RuntimeFault
-from workflows.goals.claims import Attempt, Claim, Lane, StepResult
-from workflows.goals.operations import (
+from agent_radar.models.db import rowcount
+from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
+from agent_radar.models.tables import GoalOperation, GoalState
+from agent_radar.workflows.adapters import logs
+from agent_radar.workflows.adapters.runtime import STALE_REVISION
+from agent_radar.workflows.errors import RuntimeFault
+from agent_radar.workflows.goals.claims import Attempt, Claim, Lane, StepResult
+from agent_radar.workflows.goals.operations import (
     ACCEPTED_BUDGET_S,
     backoff_s,
     budget_exhausted,
@@ -24,9 +24,9 @@ from workflows.goals.operations import (
     complete_applied_many,
     fail_operation,
 )
-from workflows.goals.statements import RESCHEDULE
-from workflows.goals.submit import supersede
-from workflows.sessions.rows import lock_session
+from agent_radar.workflows.goals.statements import RESCHEDULE
+from agent_radar.workflows.goals.submit import supersede
+from agent_radar.workflows.sessions.rows import lock_session
 
 log = logging.getLogger(__name__)
 

@@ -19,21 +19,28 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from models.base import table_of
-from models.enums import OperationStatus, ProviderPhase, SyncStatus
-from models.tables import GoalFence
-from workflows.fences.reinstall import not_installed_at
-from workflows.goals.operations import (
+from agent_radar.models.base import table_of
+from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
+from agent_radar.models.tables import GoalFence
+from agent_radar.workflows.fences.reinstall import not_installed_at
+from agent_radar.workflows.goals.operations import (
     DISPATCH_BUDGET_S,
     DISPATCH_MAX_ATTEMPTS,
     due_operations,
     open_unheld,
 )
-from workflows.goals.tables import OPS, OPS_IN, STATES, key_params, keys_in, sessions_of_ops
-from workflows.leases import CLAIMED, claim_or_create_one_if
-from workflows.maintenance.runs import holds
-from workflows.sessions.hosts import HOSTS
-from workflows.sessions.rows import SESSIONS, same_session
+from agent_radar.workflows.goals.tables import (
+    OPS,
+    OPS_IN,
+    STATES,
+    key_params,
+    keys_in,
+    sessions_of_ops,
+)
+from agent_radar.workflows.leases import CLAIMED, claim_or_create_one_if
+from agent_radar.workflows.maintenance.runs import holds
+from agent_radar.workflows.sessions.hosts import HOSTS
+from agent_radar.workflows.sessions.rows import SESSIONS, same_session
 
 FENCES = table_of(GoalFence)
 OP_KEY = OPS.c.operation_id == bindparam("b_op")

@@ -10,9 +10,9 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from models.db import bound, execute_writes, insert_bound, rowcount
-from models.dialects import dialect_of
-from models.enums import (
+from agent_radar.models.db import bound, execute_writes, insert_bound, rowcount
+from agent_radar.models.dialects import dialect_of
+from agent_radar.models.enums import (
     OPEN_OPERATION_STATUSES,
     GoalAction,
     OperationStatus,
@@ -20,11 +20,15 @@ from models.enums import (
     ProviderPhase,
     SyncStatus,
 )
-from workflows import accept, ids, records
-from workflows.errors import GoalGenerationSuperseded, GoalOperationConflict, GoalStateAbsent
-from workflows.goals.tables import OPS, STATES, key_params
-from workflows.leases import LEASES
-from workflows.sessions.rows import (
+from agent_radar.workflows import accept, ids, records
+from agent_radar.workflows.errors import (
+    GoalGenerationSuperseded,
+    GoalOperationConflict,
+    GoalStateAbsent,
+)
+from agent_radar.workflows.goals.tables import OPS, STATES, key_params
+from agent_radar.workflows.leases import LEASES
+from agent_radar.workflows.sessions.rows import (
     INSERT_EVENT,
     INSERT_SESSION,
     SESSIONS,
@@ -33,7 +37,7 @@ from workflows.sessions.rows import (
     new_session_params,
     same_session,
 )
-from workflows.validation import (
+from agent_radar.workflows.validation import (
     check_action,
     check_id,
     check_objective,

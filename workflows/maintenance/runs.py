@@ -13,16 +13,16 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from models.db import rowcount
-from models.enums import (
+from agent_radar.models.db import rowcount
+from agent_radar.models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TERMINAL_MAINTENANCE_STATUSES,
     MaintenanceError,
     MaintenanceStatus,
 )
-from models.tables import MaintenanceRun
-from workflows import accept, ids
-from workflows.errors import (
+from agent_radar.models.tables import MaintenanceRun
+from agent_radar.workflows import accept, ids
+from agent_radar.workflows.errors import (
     InvalidArgument,
     MaintenanceBusy,
     MaintenanceConflict,
@@ -30,8 +30,8 @@ from workflows.errors import (
     RuntimeDraining,
     SessionBusy,
 )
-from workflows.sessions.rows import append_event, lock_session
-from workflows.validation import (
+from agent_radar.workflows.sessions.rows import append_event, lock_session
+from agent_radar.workflows.validation import (
     check_choice,
     check_id,
     check_int,

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from models.enums import (
+from agent_radar.models.enums import (
     FenceStatus,
     MaintenanceError,
     MaintenanceStatus,
@@ -19,12 +19,18 @@ from models.enums import (
     ProviderPhase,
     SyncStatus,
 )
-from models.tables import GoalFence, GoalOperation, GoalState, MaintenanceRun
-from workflows import leases
-from workflows.errors import Conflict, InvalidArgument, NotFound
-from workflows.maintenance import runs
-from workflows.sessions.rows import append_event, lock_session
-from workflows.validation import MAX_REASON_BYTES, check_choice, check_text
+from agent_radar.models.tables import (
+    AgentSession,
+    GoalFence,
+    GoalOperation,
+    GoalState,
+    MaintenanceRun,
+)
+from agent_radar.workflows import leases
+from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.sessions.rows import append_event, lock_session
+from agent_radar.workflows.validation import MAX_REASON_BYTES, check_choice, check_text
 
 OPERATOR_EVENT = "operator-action"
 RESOLVE_TO = {"failed": MaintenanceStatus.FAILED, "completed": MaintenanceStatus.COMPLETED}
@@ -199,6 +205,9 @@ def set_admission(
     """Drain (`draining`: maintenance is refused with RuntimeDraining) or undrain (`open`)."""
     if admission not in ("open", "draining"):
         raise InvalidArgument("admission must be open or draining", field="admission")
+    if session.get(AgentSession, (workspace_id, session_id)) is None:
+        # A typo must not make a session: only one the control plane knows is drained.
+        raise NotFound(f"unknown session {workspace_id}/{session_id}")
     row = lock_session(session, workspace_id, session_id)
     before, row.admission = row.admission, admission
     action = "drain" if admission == "draining" else "undrain"

@@ -14,7 +14,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.tables import (
+from agent_radar.models.enums import (
+    CancelStatus,
+    FenceStatus,
+    MaintenanceStatus,
+    OperationStatus,
+    PromptStatus,
+)
+from agent_radar.models.tables import (
     CancelOperation,
     GoalFence,
     GoalOperation,
@@ -22,10 +29,10 @@ from models.tables import (
     Prompt,
     SessionStop,
 )
-from workflows import records
-from workflows.activity import stops
-from workflows.errors import InvalidArgument, NotFound
-from workflows.validation import check_choice, check_id, check_limit
+from agent_radar.workflows import records
+from agent_radar.workflows.activity import stops
+from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.validation import check_choice, check_id, check_limit
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class Kind:
     created: Any  # when it was accepted
     error: Any  # why it failed, if it did (None: the kind keeps no error)
     record: Callable[[Session, Any], Any]
+    statuses: tuple[str, ...]  # every status its records can have
 
 
 def _plain(record_type) -> Callable[[Session, Any], Any]:
@@ -52,6 +60,7 @@ KINDS: dict[str, Kind] = {
             GoalOperation.created_at,
             GoalOperation.last_error,
             _plain(records.GoalOperation),
+            tuple(OperationStatus),
         ),
         Kind(
             "fence",
@@ -60,6 +69,7 @@ KINDS: dict[str, Kind] = {
             GoalFence.created_at,
             GoalFence.last_error,
             _plain(records.Fence),
+            tuple(FenceStatus),
         ),
         Kind(
             "cancel",
@@ -68,6 +78,7 @@ KINDS: dict[str, Kind] = {
             CancelOperation.created_at,
             CancelOperation.last_error,
             _plain(records.TurnCancel),
+            tuple(CancelStatus),
         ),
         Kind(
             "maintenance",
@@ -76,6 +87,7 @@ KINDS: dict[str, Kind] = {
             MaintenanceRun.started_at,
             MaintenanceRun.detail,
             _plain(records.MaintenanceRun),
+            tuple(MaintenanceStatus),
         ),
         Kind(
             "prompt",
@@ -84,8 +96,18 @@ KINDS: dict[str, Kind] = {
             Prompt.created_at,
             Prompt.last_error,
             _plain(records.Prompt),
+            tuple(PromptStatus),
         ),
-        Kind("stop", SessionStop, SessionStop.stop_id, SessionStop.created_at, None, stops.record),
+        Kind(
+            "stop",
+            SessionStop,
+            SessionStop.stop_id,
+            SessionStop.created_at,
+            None,
+            stops.record,
+            # Stops have no status column: their status is derived (see stops.record).
+            ("stopping", "completed"),
+        ),
     )
 }
 RECORD_KINDS = {
@@ -103,8 +125,9 @@ def kind_of(record: Any) -> str:
     return RECORD_KINDS[type(record)]
 
 
-# Stops have no status column: their status is derived (see stops.record).
-STOP_STATUSES = ("stopping", "completed")
+# Every status an operation of some kind can have: a filter on any other finds nothing, so
+# it is a typo.
+STATUSES = sorted({str(status) for kind in KINDS.values() for status in kind.statuses})
 
 
 def check_kind(value: Any) -> str:
@@ -151,6 +174,8 @@ class ListQuery:
     session_id: str | None = None
     older_than_s: float | None = None
     limit: int = 50
+    newer_than_s: float | None = None
+    newest_first: bool = False
 
     @classmethod
     def parse(
@@ -161,30 +186,37 @@ class ListQuery:
         session_id: Any = None,
         older_than_s: Any = None,
         limit: Any = 50,
+        newer_than_s: Any = None,
+        newest_first: Any = False,
     ) -> "ListQuery":
         if session_id is not None and workspace_id is None:
             raise InvalidArgument("a session filter needs its workspace", field="session_id")
-        if older_than_s is not None and (
-            isinstance(older_than_s, bool)
-            or not isinstance(older_than_s, int | float)
-            or not 0 <= older_than_s <= 10 * 365 * 86400
-        ):
-            raise InvalidArgument(
-                "older_than_s must be a number of seconds (0 to 10 years)", field="older_than_s"
-            )
+        for field, age in (("older_than_s", older_than_s), ("newer_than_s", newer_than_s)):
+            if age is not None and (
+                isinstance(age, bool)
+                or not isinstance(age, int | float)
+                or not 0 <= age <= 10 * 365 * 86400
+            ):
+                raise InvalidArgument(
+                    f"{field} must be a number of seconds (0 to 10 years)", field=field
+                )
+        if not isinstance(newest_first, bool):
+            raise InvalidArgument("newest_first must be true or false", field="newest_first")
         return cls(
             kind=None if kind is None else check_kind(kind),
-            status=None if status is None else check_id("status", status),
+            status=None if status is None else check_choice("status", status, set(STATUSES)),
             workspace_id=None if workspace_id is None else check_id("workspace_id", workspace_id),
             session_id=None if session_id is None else check_id("session_id", session_id),
             older_than_s=older_than_s,
             limit=check_limit(limit),
+            newer_than_s=newer_than_s,
+            newest_first=newest_first,
         )
 
 
 def list_operations(session: Session, query: ListQuery, now: datetime) -> list[Any]:
-    """The operations that match, oldest first, at most `query.limit` of each kind asked
-    and of the whole answer."""
+    """The operations that match, oldest first (or newest first), at most `query.limit` of
+    each kind asked and of the whole answer."""
     found: list[records.OperationSummary] = []
     for kind in KINDS.values():
         if query.kind is not None and kind.name != query.kind:
@@ -196,13 +228,16 @@ def list_operations(session: Session, query: ListQuery, now: datetime) -> list[A
             where.append(kind.table.session_id == query.session_id)
         if query.older_than_s is not None:
             where.append(kind.created <= now - timedelta(seconds=query.older_than_s))
+        if query.newer_than_s is not None:
+            where.append(kind.created >= now - timedelta(seconds=query.newer_than_s))
         derived = kind.name == "stop"
         if query.status is not None and not derived:
             where.append(kind.table.status == query.status)
-        if derived and query.status is not None and query.status not in STOP_STATUSES:
+        if query.status is not None and query.status not in kind.statuses:
             continue
+        order = kind.created.desc() if query.newest_first else kind.created
         rows = session.execute(
-            select(kind.table).where(*where).order_by(kind.created).limit(query.limit)
+            select(kind.table).where(*where).order_by(order).limit(query.limit)
         ).scalars()
         for row in rows:
             status = row.status if not derived else stops.record(session, row).status
@@ -220,5 +255,5 @@ def list_operations(session: Session, query: ListQuery, now: datetime) -> list[A
                     last_error=getattr(row, kind.error.key) if kind.error is not None else None,
                 )
             )
-    found.sort(key=lambda o: (o.created_at, o.kind, o.id))
+    found.sort(key=lambda o: (o.created_at, o.kind, o.id), reverse=query.newest_first)
     return found[: query.limit]

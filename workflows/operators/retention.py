@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, literal, not_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
-from models.enums import (
+from agent_radar.models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TERMINAL_MAINTENANCE_STATUSES,
     TERMINAL_OPERATION_STATUSES,
@@ -20,7 +20,7 @@ from models.enums import (
     PromptStatus,
     TurnPhase,
 )
-from models.tables import (
+from agent_radar.models.tables import (
     CancelOperation,
     GoalOperation,
     GoalState,
@@ -30,7 +30,7 @@ from models.tables import (
     SessionStop,
     Turn,
 )
-from workflows.errors import InvalidArgument
+from agent_radar.workflows.errors import InvalidArgument
 
 DEFAULT_RETENTION_DAYS = 30.0
 MIN_RETENTION_DAYS = 1.0

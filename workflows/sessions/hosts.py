@@ -6,6 +6,7 @@ activity report or by `ensure_session(host_id=)`. The control plane calls only r
 addresses: a message can name a host, never supply one.
 """
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -14,19 +15,30 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.base import table_of
-from models.db import run_read
-from models.tables import AgentSession, RuntimeHost
-from workflows.errors import Conflict, InvalidArgument, NotFound
-from workflows.records import Host
-from workflows.validation import check_id
+from agent_radar.models.base import table_of
+from agent_radar.models.db import run_read
+from agent_radar.models.tables import AgentSession, RuntimeHost
+from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound
+from agent_radar.workflows.records import Host
+from agent_radar.workflows.validation import check_id
 
 HOSTS = table_of(RuntimeHost)
 DEFAULT_HOST = "default"
 
 
-def check_host_id(value: Any, *, allow_default: bool = True) -> str:
+# A host id a new host may take: it names the host in logs, `status` rows and metric labels,
+# so letters, digits, dots, dashes and underscores (a DNS name fits).
+NEW_HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_host_id(value: Any, *, allow_default: bool = True, new: bool = False) -> str:
     host_id = check_id("host_id", value)
+    if new and not NEW_HOST_ID.fullmatch(host_id):
+        raise InvalidArgument(
+            "host_id must be 1-64 letters, digits, dots, dashes or underscores, starting "
+            "with a letter or digit",
+            field="host_id",
+        )
     if host_id == DEFAULT_HOST and not allow_default:
         raise InvalidArgument(
             "the host 'default' is AGENT_RADAR_RUNTIME_URL; it cannot be added or removed",

@@ -6,20 +6,20 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from models.db import run_transaction
-from models.enums import CancelResult, CancelStatus
-from models.tables import CancelOperation
-from workflows import budgets
-from workflows.activity.epochs import EpochEffects, observe_epoch
-from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
-from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fences import cancels
-from workflows.fences.reinstall import needs_restore, request_restore
-from workflows.goals.operations import backoff_s
-from workflows.sessions.rows import lock_session
-from workflows.steps import Step
-from workflows.steps.wake import publish_epoch_effects
-from workflows.task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+from agent_radar.models.db import run_transaction
+from agent_radar.models.enums import CancelResult, CancelStatus
+from agent_radar.models.tables import CancelOperation
+from agent_radar.workflows import budgets
+from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
+from agent_radar.workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
+from agent_radar.workflows.goals.operations import backoff_s
+from agent_radar.workflows.sessions.rows import lock_session
+from agent_radar.workflows.steps import Step
+from agent_radar.workflows.steps.wake import publish_epoch_effects
+from agent_radar.workflows.task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
 
 log = logging.getLogger(__name__)
 

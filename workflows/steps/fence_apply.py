@@ -15,8 +15,8 @@ from functools import cached_property
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from models.db import rowcount, run_transaction
-from models.enums import (
+from agent_radar.models.db import rowcount, run_transaction
+from agent_radar.models.enums import (
     OPEN_OPERATION_STATUSES,
     FenceStatus,
     OperationStatus,
@@ -24,18 +24,18 @@ from models.enums import (
     SyncStatus,
     TurnPhase,
 )
-from models.tables import AgentSession, GoalFence, GoalOperation, GoalState, Turn
-from workflows import budgets, ids, leases
-from workflows.adapters.runtime import SESSION_NOT_FOUND
-from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fences import cancels
-from workflows.goals import outcomes
-from workflows.goals.claims import Claim
-from workflows.goals.operations import backoff_s, fail_operation
-from workflows.steps import Step
-from workflows.steps.cancel import CancelRunner, mark_offline
-from workflows.steps.fence_install import ensure_fences_installed
-from workflows.steps.goals.dispatch import Dispatcher, apply_goal
+from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState, Turn
+from agent_radar.workflows import budgets, ids, leases
+from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND
+from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.goals import outcomes
+from agent_radar.workflows.goals.claims import Claim
+from agent_radar.workflows.goals.operations import backoff_s, fail_operation
+from agent_radar.workflows.steps import Step
+from agent_radar.workflows.steps.cancel import CancelRunner, mark_offline
+from agent_radar.workflows.steps.fence_install import ensure_fences_installed
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher, apply_goal
 
 log = logging.getLogger(__name__)
 

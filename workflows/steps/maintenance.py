@@ -13,18 +13,18 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
-from models.db import rowcount, run_transaction
-from models.enums import MaintenanceError, MaintenanceStatus
-from models.tables import MaintenanceRun
-from workflows import leases
-from workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
-from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.maintenance import runs
-from workflows.steps import Step
-from workflows.steps.fence_install import ensure_fences_installed
-from workflows.steps.wake import release_session
-from workflows.task_names import EXECUTE_TASK, Publish
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import rowcount, run_transaction
+from agent_radar.models.enums import MaintenanceError, MaintenanceStatus
+from agent_radar.models.tables import MaintenanceRun
+from agent_radar.workflows import leases
+from agent_radar.workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.maintenance import runs
+from agent_radar.workflows.steps import Step
+from agent_radar.workflows.steps.fence_install import ensure_fences_installed
+from agent_radar.workflows.steps.wake import release_session
+from agent_radar.workflows.task_names import EXECUTE_TASK, Publish
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,13 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
-from models.base import utcnow
-from models.db import run_transaction
-from models.tables import Prompt
-from workflows.adapters.runtime import RuntimePort
-from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.prompts import queue as prompts
-from workflows.steps.fence_install import ensure_fences_installed
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import Prompt
+from agent_radar.workflows.adapters.runtime import RuntimePort
+from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.prompts import queue as prompts
+from agent_radar.workflows.steps.fence_install import ensure_fences_installed
 
 
 def dispatch_next(

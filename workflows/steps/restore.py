@@ -19,17 +19,17 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
-from models.db import rowcount, run_transaction
-from models.enums import ProviderPhase, SyncStatus
-from models.tables import AgentSession, GoalFence, GoalOperation, GoalState
-from workflows import records
-from workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
-from workflows.errors import RuntimeDisconnected, RuntimeFault
-from workflows.fences.reinstall import needs_restore
-from workflows.sessions.rows import lock_session
-from workflows.steps.fence_install import ensure_fences_installed
-from workflows.steps.goals.dispatch import apply_goal
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import rowcount, run_transaction
+from agent_radar.models.enums import ProviderPhase, SyncStatus
+from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
+from agent_radar.workflows import records
+from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
+from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+from agent_radar.workflows.fences.reinstall import needs_restore
+from agent_radar.workflows.sessions.rows import lock_session
+from agent_radar.workflows.steps.fence_install import ensure_fences_installed
+from agent_radar.workflows.steps.goals.dispatch import apply_goal
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.db import run_transaction
-from models.tables import GoalOperation
-from workflows.activity.epochs import EpochEffects
-from workflows.fences import cancels
-from workflows.goals.operations import open_client_operations
-from workflows.task_names import DISPATCH_TASK, FENCE_APPLY_TASK, PROMPT_TASK, Publish
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import GoalOperation
+from agent_radar.workflows.activity.epochs import EpochEffects
+from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.goals.operations import open_client_operations
+from agent_radar.workflows.task_names import DISPATCH_TASK, FENCE_APPLY_TASK, PROMPT_TASK, Publish
 
 
 def release_session(

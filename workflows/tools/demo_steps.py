@@ -1,10 +1,10 @@
 """The demo's scripted steps (`agent-radar demo`), each against the running stack: goals and
 their replay, an outage and a crash, fences, host restarts and moves, maintenance and prompts."""
 
-from workflows.client import AgentRadar
-from workflows.errors import GoalGenerationSuperseded
-from workflows.tools.simulator import SimControl
-from workflows.tools.stack import Stack, free_port, wait_for
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.errors import GoalGenerationSuperseded
+from agent_radar.workflows.tools.simulator import SimControl
+from agent_radar.workflows.tools.stack import Stack, free_port, wait_for
 
 WS = "acme"
 
@@ -12,7 +12,7 @@ WS = "acme"
 def goals_and_replay(client: AgentRadar, say) -> bool:
     # 1. set a goal, and submit it again with the same client submit ID
     op = client.set_goal(WS, "session-a", "refactor the billing module", client_submit_id="req-1")
-    say("goal set submitted", operation=op.operation_id[:8], revision=op.goal_revision)
+    say("goal set submitted", operation=op.operation_id, revision=op.goal_revision)
     op = client.wait(op)
     say("goal applied by the agent", status=op.status, phase=op.provider_phase)
     again = client.set_goal(
@@ -226,8 +226,8 @@ def second_host(client: AgentRadar, stack: Stack, say) -> bool:
 
 
 def _turn_outcome(client: AgentRadar, sid: str, turn_id: str) -> str | None:
-    from models.db import run_transaction
-    from models.tables import Turn
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import Turn
 
     turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, sid, turn_id)))
     return turn.outcome if turn is not None else None

@@ -13,11 +13,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from models.base import utcnow
-from models.db import run_read
-from models.enums import FenceStatus
-from workflows.operators.catalog import KINDS
-from workflows.tools.status import OVERDUE_S, fleet_facts
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_read
+from agent_radar.models.enums import FenceStatus
+from agent_radar.workflows.operators.catalog import KINDS
+from agent_radar.workflows.tools.status import OVERDUE_S, fleet_facts
 
 PREFIX = "agent_radar"
 # Every metric the exporter serves (the alert rules and the dashboard may use only these).

@@ -11,10 +11,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.migrate import upgrade
-from workflows.adapters.broker import clean_embedded_broker
-from workflows.adapters.config import Settings
-from workflows.tools.simulator import SimControl
+from agent_radar.models.migrate import upgrade
+from agent_radar.workflows.adapters.broker import clean_embedded_broker
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.tools.simulator import SimControl
 
 STOP_GRACE_S = 10.0
 
@@ -114,7 +114,7 @@ class Stack:
             env["AGENT_RADAR_READY_FILE"] = str(ready_file)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "workflows.tools.cli", *args],
+                [sys.executable, "-m", "agent_radar.workflows.tools.cli", *args],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

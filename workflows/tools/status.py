@@ -6,16 +6,16 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
-from models.db import run_read
-from models.enums import (
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_read
+from agent_radar.models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     OPEN_OPERATION_STATUSES,
     FenceStatus,
     MaintenanceStatus,
     PromptStatus,
 )
-from models.tables import (
+from agent_radar.models.tables import (
     CancelOperation,
     GoalFence,
     GoalOperation,
@@ -23,8 +23,8 @@ from models.tables import (
     MaintenanceRun,
     Prompt,
 )
-from workflows import budgets, leases
-from workflows.steps.fence_apply import WAITING_FOR_TURN
+from agent_radar.workflows import budgets, leases
+from agent_radar.workflows.steps.fence_apply import WAITING_FOR_TURN
 
 # The sweep's heartbeat (beat/sweeper.py records it under the sweeper lease's name).
 SWEEP_HEARTBEAT = "sweeper"
@@ -35,6 +35,9 @@ WORST = 5
 # Due work older than this is "overdue": the sweeper (every 2 s by default) should have
 # picked it up long before.
 OVERDUE_S = 30
+# `status --check` fails while a goal operation or fence failed this recently: a failure is
+# news for this long (the alert AgentRadarOperationsFailing looks back 15 minutes).
+FAILED_RECENTLY_S = 3600
 
 
 def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
@@ -165,6 +168,16 @@ def fleet_facts(s: Session, now: datetime) -> dict:
             ).scalars()
         ],
     }
+    since = now - timedelta(seconds=FAILED_RECENTLY_S)
+    failed_recently = {
+        kind: s.execute(
+            select(func.count()).where(
+                table.status == "failed",  # the status index narrows the scan
+                table.completed_at >= since,
+            )
+        ).scalar_one()
+        for kind, table in (("goal_operations", GoalOperation), ("fences", GoalFence))
+    }
     heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
     waiting_on_a_turn = s.execute(
         select(func.count()).where(
@@ -193,6 +206,7 @@ def fleet_facts(s: Session, now: datetime) -> dict:
         "queued_prompts": queued_prompts,
         "prompts": prompts,
         "budget_exhausted": exhausted,
+        "failed_last_hour": failed_recently,
         "due": due,
         "overdue": overdue,
         "in_flight": in_flight,
@@ -208,10 +222,13 @@ def fleet_facts(s: Session, now: datetime) -> dict:
 
 
 def problems(status: dict, sweep_interval_s: float) -> list[str]:
-    """What `status --check` fails on (DESIGN 7.2): overdue work, runs needing recovery, a
-    host skipped because its calls keep failing, a sweeper that has not finished a sweep for
-    5 intervals (or ever)."""
+    """What `status --check` fails on: overdue work, goal operations or fences that failed in
+    the last hour, runs needing recovery, a host skipped because its calls keep failing, a
+    sweeper that has not finished a sweep for 5 intervals (or ever)."""
     found = []
+    for kind, count in status.get("failed_last_hour", {}).items():
+        if count:
+            found.append(f"{count} {kind.replace('_', ' ')} failed in the last hour")
     if status["overdue"]:
         found.append(f"{status['overdue']} goal operation(s) overdue")
     if status["sessions_in_recovery"]:

@@ -6,7 +6,7 @@ Revision ID: 0001
 import sqlalchemy as sa
 from alembic import op
 
-from models.base import UTCDateTime
+from agent_radar.models.base import UTCDateTime
 
 revision = "0001"
 down_revision = None

@@ -7,7 +7,7 @@ Revision ID: 0005
 import sqlalchemy as sa
 from alembic import op
 
-from models.base import UTCDateTime
+from agent_radar.models.base import UTCDateTime
 
 revision = "0005"
 down_revision = "0004"

@@ -8,7 +8,7 @@ Revision ID: 0007
 import sqlalchemy as sa
 from alembic import op
 
-from models.base import UTCDateTime
+from agent_radar.models.base import UTCDateTime
 
 revision = "0007"
 down_revision = "0006"

@@ -6,7 +6,7 @@ Revision ID: 0008
 import sqlalchemy as sa
 from alembic import op
 
-from models.base import UTCDateTime
+from agent_radar.models.base import UTCDateTime
 
 revision = "0008"
 down_revision = "0007"

@@ -10,7 +10,7 @@ Revision ID: 0010
 import sqlalchemy as sa
 from alembic import op
 
-from models.base import UTCDateTime
+from agent_radar.models.base import UTCDateTime
 
 revision = "0010"
 down_revision = "0009"

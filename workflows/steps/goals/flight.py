@@ -31,11 +31,11 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from models.db import run_transaction
-from workflows.adapters import logs, metrics
-from workflows.goals.claims import Attempt, Claim, Lane, StepResult
-from workflows.goals.statements import MAX_LANES_PER_STEP
-from workflows.steps.goals.host_gate import (
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows.adapters import logs, metrics
+from agent_radar.workflows.goals.claims import Attempt, Claim, Lane, StepResult
+from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
+from agent_radar.workflows.steps.goals.host_gate import (
     FULL,
     FULL_RETRY_S,
     GO,

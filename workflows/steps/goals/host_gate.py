@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from models.base import table_of, utcnow
-from models.db import insert_ignore
-from models.tables import HostCircuit
-from workflows.adapters import metrics
-from workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
+from agent_radar.models.base import table_of, utcnow
+from agent_radar.models.db import insert_ignore
+from agent_radar.models.tables import HostCircuit
+from agent_radar.workflows.adapters import metrics
+from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
 
 log = logging.getLogger(__name__)
 

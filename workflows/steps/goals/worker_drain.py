@@ -8,9 +8,9 @@ import threading
 import time
 from concurrent.futures import Future
 
-from workflows.goals.claims import Claim, Lane, StepResult
-from workflows.steps.goals.flight import Drain, Steps
-from workflows.steps.goals.host_gate import MAX_IN_FLIGHT
+from agent_radar.workflows.goals.claims import Claim, Lane, StepResult
+from agent_radar.workflows.steps.goals.flight import Drain, Steps
+from agent_radar.workflows.steps.goals.host_gate import MAX_IN_FLIGHT
 
 log = logging.getLogger(__name__)
 

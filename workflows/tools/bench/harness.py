@@ -7,19 +7,19 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
-from workflows.adapters.config import Settings
-from workflows.client import AgentRadar
-from workflows.task_names import BASELINE_TASK
-from workflows.tools.bench.cpu import (
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.client import AgentRadar
+from agent_radar.workflows.task_names import BASELINE_TASK
+from agent_radar.workflows.tools.bench.cpu import (
     IDLE_FOR_S,
     Components,
     Phase,
     machine_busy_s,
     machine_ms_per_op,
 )
-from workflows.tools.bench.stats import _exactly_once, _from_producers
-from workflows.tools.simulator import SimControl
-from workflows.tools.stack import wait_for
+from agent_radar.workflows.tools.bench.stats import _exactly_once, _from_producers
+from agent_radar.workflows.tools.simulator import SimControl
+from agent_radar.workflows.tools.stack import wait_for
 
 # Operations of each kind run, and not measured, before the first phase: a fresh worker
 # process pays one-time costs on its first ones (each statement's compilation and first
@@ -55,7 +55,7 @@ class Bench:
         echo: Callable | None,
         components: Components | None = None,
     ) -> None:
-        from tasks.app import create_app
+        from agent_radar.tasks.app import create_app
 
         self.settings = settings
         self.n = operations
@@ -103,7 +103,7 @@ class Bench:
 
     # -- the two kinds of operation: (a) a Celery no-op, (b) a goal operation -------------
     def tally(self):
-        from tasks.bench_tasks import Tally
+        from agent_radar.tasks.bench_tasks import Tally
 
         tally = Tally(self.settings, uuid.uuid4().hex[:12])
         self._tallies.append(tally)

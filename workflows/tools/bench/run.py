@@ -5,14 +5,14 @@ import statistics
 from collections.abc import Callable
 from dataclasses import replace
 
-from workflows.adapters.config import Settings
-from workflows.tools.bench.baseline import (
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.tools.bench.baseline import (
     baseline_at_rate,
     baseline_throughput,
     baseline_unloaded,
 )
-from workflows.tools.bench.cpu import Components, Phase
-from workflows.tools.bench.goals import (
+from agent_radar.workflows.tools.bench.cpu import Components, Phase
+from agent_radar.workflows.tools.bench.goals import (
     STORM_COPIES,
     duplicate_storm,
     fleet,
@@ -20,11 +20,11 @@ from workflows.tools.bench.goals import (
     goals_at_rate,
     goals_unloaded,
 )
-from workflows.tools.bench.harness import WARM_UP, Bench
-from workflows.tools.bench.hosts import slow_hosts as slow_hosts_phase
-from workflows.tools.bench.stats import SUBMIT_THREADS, _percentile, _summary
-from workflows.tools.bench.sweep import settled_sweep
-from workflows.tools.stack import Stack, free_port
+from agent_radar.workflows.tools.bench.harness import WARM_UP, Bench
+from agent_radar.workflows.tools.bench.hosts import slow_hosts as slow_hosts_phase
+from agent_radar.workflows.tools.bench.stats import SUBMIT_THREADS, _percentile, _summary
+from agent_radar.workflows.tools.bench.sweep import settled_sweep
+from agent_radar.workflows.tools.stack import Stack, free_port
 
 # DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.

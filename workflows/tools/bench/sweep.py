@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 from sqlalchemy import func, insert, select
 
-from models.base import utcnow
-from models.db import engine_for, run_transaction
-from models.dialects import dialect_of
-from models.enums import TERMINAL_OPERATION_STATUSES
-from models.tables import GoalOperation as GoalOperationRow
-from workflows.adapters.config import Settings
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import engine_for, run_transaction
+from agent_radar.models.dialects import dialect_of
+from agent_radar.models.enums import TERMINAL_OPERATION_STATUSES
+from agent_radar.models.tables import GoalOperation as GoalOperationRow
+from agent_radar.workflows.adapters.config import Settings
 
 SWEEP_REPEATS = 25
 SETTLED_CHUNK = 10_000
@@ -21,7 +21,7 @@ SETTLED_CHUNK = 10_000
 
 def _sweep_ms(engine) -> float:
     """Median wall time of one sweep over this database, in ms."""
-    from beat.sweeper import sweep_once
+    from agent_radar.beat.sweeper import sweep_once
 
     times = []
     for i in range(SWEEP_REPEATS):

@@ -1,3 +1,3 @@
-from workflows.tools.cli import main
+from agent_radar.workflows.tools.cli import main
 
 main()

@@ -17,13 +17,17 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from workflows.adapters.config import Settings
-from workflows.errors import AgentRadarError, InvalidArgument
-from workflows.escape import escape
-from workflows.validation import MAX_WAIT_S, check_seconds
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.errors import AgentRadarError, InvalidArgument, NotFound
+from agent_radar.workflows.escape import escape
+from agent_radar.workflows.validation import MAX_WAIT_S, check_seconds
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+# What was asked for does not exist (an id, a session, a submit ID): not a usage error.
+EXIT_NOT_FOUND = 3
+# What the `server` extra installs (pyproject.toml), as a missing import names it.
+SERVER_MODULES = frozenset({"celery", "alembic", "flower", "prometheus_client", "tornado"})
 
 
 def _emit(as_json: bool, payload: Any, text: str | Sequence[str] | None = None) -> None:
@@ -67,6 +71,12 @@ def wait_option(default_s: float, until: str):
     )
 
 
+def exit_if_failed(record: Any, waited: bool) -> None:
+    """After `--wait`: a record that settled `failed` exits EXIT_FAILED (its row was printed)."""
+    if waited and getattr(record, "status", None) == "failed":
+        sys.exit(EXIT_FAILED)
+
+
 def json_option(fn):
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
 
@@ -81,7 +91,7 @@ def session_arguments(fn):
 
 
 def _client():
-    from workflows.client import AgentRadar
+    from agent_radar.workflows.client import AgentRadar
 
     return AgentRadar.from_env()
 
@@ -116,10 +126,24 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         _fail(EXIT_BAD_INPUT, "usage", exc.format_message(), as_json)
+    except NotFound as exc:
+        _fail(EXIT_NOT_FOUND, exc.code, exc.message, as_json)
     except AgentRadarError as exc:
         _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)
     except (ValueError, TimeoutError) as exc:
         _fail(EXIT_FAILED, "failed", str(exc), as_json)
+    except ModuleNotFoundError as exc:
+        if exc.name not in SERVER_MODULES:
+            raise
+        # A plain install is a client (docs/packaging.md): workers, beat, Flower, the
+        # exporter and migrations need the server extra.
+        _fail(
+            EXIT_FAILED,
+            "not_installed",
+            f"this command needs {exc.name}, which comes with the server extra: "
+            "pip install 'agent-radar[server]'",
+            as_json,
+        )
     except SQLAlchemyError as exc:
         first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
         _fail(

@@ -2,11 +2,12 @@
 
 import click
 
-from workflows.records import as_dict
-from workflows.tools.cli.common import (
+from agent_radar.workflows.records import as_dict
+from agent_radar.workflows.tools.cli.common import (
     _client,
     _emit,
     cli,
+    exit_if_failed,
     json_option,
     session_arguments,
     wait_option,
@@ -39,6 +40,7 @@ def _goal_command(action: str, takes_objective: bool):
             f"{op.operation_id} {op.action} revision {op.goal_revision}: {op.status}"
             f" ({op.provider_phase})" + (f" - {op.last_error}" if op.last_error else ""),
         )
+        exit_if_failed(op, wait_s is not None)
 
     command.__name__ = f"goal_{action}"
     command.__doc__ = f"{action.capitalize()} the session's goal."
@@ -98,3 +100,4 @@ def fence(workspace_id, session_id, target_operation_id, submit_id, reason, wait
             else ", no clear: a newer goal is current"
         ),
     )
+    exit_if_failed(record, wait_s is not None)

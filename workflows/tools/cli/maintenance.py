@@ -2,11 +2,12 @@
 
 import click
 
-from workflows.records import as_dict
-from workflows.tools.cli.common import (
+from agent_radar.workflows.records import as_dict
+from agent_radar.workflows.tools.cli.common import (
     _client,
     _emit,
     cli,
+    exit_if_failed,
     json_option,
     session_arguments,
     wait_option,
@@ -59,6 +60,7 @@ def maintenance_start(
     if wait_s is not None:
         run = client.wait(run, timeout=wait_s)
     _emit(as_json, as_dict(run), _run_line(run))
+    exit_if_failed(run, wait_s is not None)
 
 
 @maintenance_group.command("cancel")

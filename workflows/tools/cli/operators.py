@@ -4,23 +4,24 @@ import re
 
 import click
 
-from workflows.errors import InvalidArgument
-from workflows.operators.catalog import KINDS, kind_of
-from workflows.records import as_dict
-from workflows.tools.cli.common import _client, _emit, cli, json_option
+from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.operators.catalog import KINDS, STATUSES, kind_of
+from agent_radar.workflows.records import as_dict
+from agent_radar.workflows.tools.cli.common import _client, _emit, cli, json_option
 
 AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_age(text: str | None) -> float | None:
+def parse_age(text: str | None, option: str = "--older-than") -> float | None:
     """`90`, `90s`, `15m`, `2h`, `7d` as seconds."""
     if text is None:
         return None
     match = AGE.match(text.strip())
     if match is None:
         raise InvalidArgument(
-            f"--older-than {text!r}: a number with s, m, h or d (e.g. 15m)", field="older_than"
+            f"{option} {text!r}: a number with s, m, h or d (e.g. 15m)",
+            field=option.strip("-").replace("-", "_"),
         )
     return float(match[1]) * AGE_UNITS[match[2]]
 
@@ -69,22 +70,24 @@ def op_find(workspace_id: str, session_id: str, submit_id: str, as_json: bool):
     """Every operation submitted under SUBMIT_ID in the session (one per family)."""
     found = [_described(r) for r in _client().find_operations(workspace_id, session_id, submit_id)]
     if not found:
-        raise InvalidArgument(
-            f"nothing was submitted as {submit_id!r} in {workspace_id}/{session_id}"
-        )
+        raise NotFound(f"nothing was submitted as {submit_id!r} in {workspace_id}/{session_id}")
     _emit(as_json, found, [_line(f) for f in found])
 
 
 @op.command("list")
 @click.option("--kind", type=click.Choice(sorted(KINDS)), default=None)
-@click.option("--status", default=None, help="e.g. failed, recovery_required, pending.")
+@click.option("--status", type=click.Choice(STATUSES), default=None, help="Any kind's status.")
 @click.option("--workspace", "workspace_id", default=None)
 @click.option("--session", "session_id", default=None, help="Needs --workspace.")
 @click.option("--older-than", "older_than", default=None, help="Age, e.g. 90s, 15m, 2h, 7d.")
+@click.option("--since", "since", default=None, help="Accepted within this age, e.g. 1h.")
+@click.option("--oldest-first", is_flag=True, help="Oldest first (default: newest first).")
 @click.option("--limit", type=int, default=50, show_default=True)
 @json_option
-def op_list(kind, status, workspace_id, session_id, older_than, limit, as_json):
-    """Operations, oldest first."""
+def op_list(
+    kind, status, workspace_id, session_id, older_than, since, oldest_first, limit, as_json
+):
+    """Operations, newest first."""
     found = [
         as_dict(o)
         for o in _client().list_operations(
@@ -93,6 +96,8 @@ def op_list(kind, status, workspace_id, session_id, older_than, limit, as_json):
             workspace_id=workspace_id,
             session_id=session_id,
             older_than_s=parse_age(older_than),
+            newer_than_s=parse_age(since, "--since"),
+            newest_first=not oldest_first,
             limit=limit,
         )
     ]

@@ -8,9 +8,15 @@ from pathlib import Path
 
 import click
 
-from workflows.adapters.broker import WORKER_QUEUES
-from workflows.adapters.config import Settings
-from workflows.tools.cli.common import EXIT_FAILED, _emit, _prepare_home, cli, json_option
+from agent_radar.workflows.adapters.broker import WORKER_QUEUES
+from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.tools.cli.common import (
+    EXIT_FAILED,
+    _emit,
+    _prepare_home,
+    cli,
+    json_option,
+)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -45,14 +51,14 @@ def worker(
 ):
     """Run a Celery worker (applies pending migrations first). Options this command does
     not know are passed to `celery worker` as they are."""
-    from models.migrate import upgrade
+    from agent_radar.models.migrate import upgrade
 
     settings = Settings.from_env()
     _prepare_home(settings)
     upgrade(settings.database_url)
     if metrics_port is not None:
         _serve_worker_metrics(settings, metrics_address, metrics_port)
-    from tasks.app import app
+    from agent_radar.tasks.app import app
 
     node = f"{name or 'radar'}-{os.getpid()}@%h"
     # No mingle or gossip: nothing here uses revokes or worker-to-worker state (the database
@@ -92,7 +98,9 @@ def _serve_worker_metrics(settings: Settings, address: str, port: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
-        os.execv(sys.executable, [sys.executable, "-m", "workflows.tools.cli", *sys.argv[1:]])
+        os.execv(
+            sys.executable, [sys.executable, "-m", "agent_radar.workflows.tools.cli", *sys.argv[1:]]
+        )
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
     registry = CollectorRegistry()
@@ -106,14 +114,14 @@ def _serve_worker_metrics(settings: Settings, address: str, port: int) -> None:
 @json_option
 def beat(schedule_file: str | None, loglevel: str, as_json: bool):
     """Run Celery beat (the sweeper's clock). Run one per deployment."""
-    from models.migrate import upgrade
+    from agent_radar.models.migrate import upgrade
 
     settings = Settings.from_env()
     _prepare_home(settings)
     upgrade(settings.database_url)
     schedule = schedule_file or str(settings.home / "run" / "celerybeat-schedule")
     Path(schedule).parent.mkdir(parents=True, exist_ok=True)
-    from tasks.app import app
+    from agent_radar.tasks.app import app
 
     app.start(["beat", "-s", schedule, "--loglevel", loglevel])
 
@@ -181,7 +189,7 @@ def flower(port: int, address: str, as_json: bool):
     could otherwise read every task's arguments and call Flower's API. An empty or example
     password is refused."""
     auth = _checked_flower_auth(os.environ.get("FLOWER_BASIC_AUTH", ""))
-    from tasks.app import app
+    from agent_radar.tasks.app import app
 
     app.start(["flower", f"--port={port}", f"--address={address}", f"--basic-auth={auth}"])
 
@@ -198,8 +206,8 @@ def flower(port: int, address: str, as_json: bool):
 @json_option
 def runtime_sim(host: str, port: int, host_id: str, as_json: bool):
     """Run the agent runtime simulator (an HTTP server) in the foreground."""
-    from workflows.adapters.publisher import TaskPublisher
-    from workflows.tools.simulator import SimServer
+    from agent_radar.workflows.adapters.publisher import TaskPublisher
+    from agent_radar.workflows.tools.simulator import SimServer
 
     settings = Settings.from_env()
     _prepare_home(settings)
@@ -226,7 +234,7 @@ def db() -> None:
 @json_option
 def db_upgrade(as_json: bool):
     """Apply pending Alembic migrations."""
-    from models.migrate import upgrade
+    from agent_radar.models.migrate import upgrade
 
     settings = Settings.from_env()
     _prepare_home(settings)
@@ -242,7 +250,7 @@ def up(with_flower: bool, workers: int, as_json: bool):
     """Run the embedded stack (runtime-sim, worker, beat) in the foreground until Ctrl-C."""
     import signal
 
-    from workflows.tools.stack import Stack
+    from agent_radar.workflows.tools.stack import Stack
 
     def stop_on_sigterm(_signum, _frame):
         # SIGTERM (a service manager, `kill`) stops the stack as Ctrl-C does: nothing is
@@ -294,7 +302,7 @@ def up(with_flower: bool, workers: int, as_json: bool):
 @json_option
 def demo(home: str | None, as_json: bool):
     """Run the scripted scenario on a fresh embedded stack, print the timeline, stop."""
-    from workflows.tools.demo import run_demo
+    from agent_radar.workflows.tools.demo import run_demo
 
     ok = run_demo(Path(home) if home else None, as_json=as_json)
     sys.exit(0 if ok else EXIT_FAILED)
@@ -342,7 +350,7 @@ def bench(
     as_json: bool,
 ):
     """Benchmark (DESIGN 8) on the configured database and broker."""
-    from workflows.tools.bench.run import run_bench
+    from agent_radar.workflows.tools.bench.run import run_bench
 
     result = run_bench(
         Settings.from_env(),

@@ -3,12 +3,13 @@
 
 import click
 
-from workflows.errors import AgentRadarError
-from workflows.records import as_dict
-from workflows.tools.cli.common import (
+from agent_radar.workflows.errors import AgentRadarError
+from agent_radar.workflows.records import as_dict
+from agent_radar.workflows.tools.cli.common import (
     _client,
     _emit,
     cli,
+    exit_if_failed,
     json_option,
     session_arguments,
     wait_option,
@@ -19,12 +20,17 @@ from workflows.tools.cli.common import (
 @session_arguments
 @click.argument("text")
 @click.option("--submit-id", "submit_id", required=True, help="Client submit ID.")
-def prompt(workspace_id, session_id, as_json, text, submit_id):
+@wait_option(300, "its turn has ended")
+def prompt(workspace_id, session_id, as_json, text, submit_id, wait_s):
     """Queue a prompt for the session (sent when it is idle and not held)."""
-    record = _client().submit_prompt(workspace_id, session_id, text, client_submit_id=submit_id)
+    client = _client()
+    record = client.submit_prompt(workspace_id, session_id, text, client_submit_id=submit_id)
+    if wait_s is not None:
+        record = client.wait(record, timeout=wait_s)
     _emit(
         as_json, as_dict(record), f"{record.prompt_id} position {record.position}: {record.status}"
     )
+    exit_if_failed(record, wait_s is not None)
 
 
 @cli.command()
@@ -128,6 +134,7 @@ def session_stop(workspace_id, session_id, as_json, submit_id, reason, wait_s):
         f"stop {record.stop_id} {record.status} (turn {record.turn_id or '-'}, "
         f"run {record.run_id or '-'})",
     )
+    exit_if_failed(record, wait_s is not None)
 
 
 @cli.group()

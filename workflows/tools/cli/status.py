@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from workflows.tools.cli.common import EXIT_FAILED, _client, _emit, cli, json_option
+from agent_radar.workflows.tools.cli.common import EXIT_FAILED, _client, _emit, cli, json_option
 
 
 @cli.command()
@@ -17,7 +17,7 @@ from workflows.tools.cli.common import EXIT_FAILED, _client, _emit, cli, json_op
 def status(as_json: bool, check: bool):
     """The fleet at a glance: counts per status, due and overdue work, sweeper lag and
     heartbeat, and the worst offenders by name."""
-    from workflows.tools.status import fleet_status, problems, render_status
+    from agent_radar.workflows.tools.status import fleet_status, problems, render_status
 
     client = _client()
     result = fleet_status(client.engine)
@@ -36,7 +36,7 @@ def metrics(address: str, port: int, once: bool):
     """A Prometheus exporter: fleet gauges read from the database on every scrape."""
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-    from workflows.tools.metrics import FleetCollector
+    from agent_radar.workflows.tools.metrics import FleetCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(_client().engine))

@@ -10,9 +10,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
-from workflows.tools.simulator.calls import SESSION_PATH
-from workflows.tools.simulator.sessions import SimError
-from workflows.tools.simulator.state import Reporter, Simulator
+from agent_radar.workflows.tools.simulator.calls import SESSION_PATH
+from agent_radar.workflows.tools.simulator.sessions import SimError
+from agent_radar.workflows.tools.simulator.state import Reporter, Simulator
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
-from workflows.tools.simulator.calls import answer_call
-from workflows.tools.simulator.faults import HostFaults
-from workflows.tools.simulator.sessions import (
+from agent_radar.workflows.tools.simulator.calls import answer_call
+from agent_radar.workflows.tools.simulator.faults import HostFaults
+from agent_radar.workflows.tools.simulator.sessions import (
     SESSION_SETTINGS,
     SimError,
     SimSession,
