@@ -2,13 +2,14 @@
 parses, has the services of the product card, and every command it runs is a real CLI
 command with valid options."""
 
+import os
 import shlex
 from pathlib import Path
 
 import click
 import yaml
 
-from workflows.tools.cli import cli
+from agent_radar.workflows.tools.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +75,7 @@ def test_worker_scales_and_beat_is_single():
 def test_dockerfile_installs_the_console_script():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["agent-radar"]' in dockerfile
-    for package in ("models", "workflows", "tasks", "beat"):
+    for package in ("agent_radar", "models", "workflows", "tasks", "beat"):
         assert f"COPY {package} ./{package}" in dockerfile
     assert (ROOT / "deploy" / "example.env").exists()
 
@@ -110,7 +111,7 @@ def test_compose_reads_a_required_untracked_env_file_and_hides_secrets():
 
 
 def test_the_example_env_is_complete_and_its_flower_password_is_refused():
-    from workflows.tools.cli.services import flower_auth_problem
+    from agent_radar.workflows.tools.cli.services import flower_auth_problem
 
     example = dict(
         line.split("=", 1)
@@ -131,27 +132,35 @@ def test_the_example_env_is_complete_and_its_flower_password_is_refused():
 
 def test_dockerfile_installs_with_the_constraints_and_no_test_extras():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    assert "pip install -c constraints.txt ." in dockerfile
-    assert "[test]" not in dockerfile
+    assert 'pip install -c constraints.txt ".[server]"' in dockerfile
+    assert "[test]" not in dockerfile and "server,test" not in dockerfile
     pins = (ROOT / "constraints.txt").read_text()
     for package in ("celery==", "kombu==", "redis==", "packaging==", "SQLAlchemy=="):
         assert package in pins
 
 
-def test_the_package_declares_ranges_and_celerys_redis_extra():
+def test_the_package_declares_ranges_a_client_and_a_server_extra():
+    """A plain install is a client (docs/packaging.md); Celery (with its own Redis extra),
+    Alembic, Flower and the Prometheus client come with `server`."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    deps = project["dependencies"]
-    assert any(d.startswith("celery[redis]") for d in deps)
-    assert not any("==" in d for d in deps + project["optional-dependencies"]["test"])
+    deps, extras = project["dependencies"], project["optional-dependencies"]
+    names = {d.split("[")[0].split(">")[0].split("<")[0].lower() for d in deps}
+    assert names == {"sqlalchemy", "psycopg", "kombu", "click"}
+    assert any(d.startswith("kombu[redis]") for d in deps)  # its Redis transport's imports
+    assert any(d.startswith("celery[redis]") for d in extras["server"])
+    for needed in ("alembic", "flower", "prometheus-client"):
+        assert any(d.startswith(needed) for d in extras["server"])
+    assert not any("==" in d for d in deps + extras["server"] + extras["test"])
+    assert project["scripts"]["agent-radar"].startswith("agent_radar.")
 
 
 def _exported_metrics() -> set[str]:
     """The exporter's gauges and the workers' own series (histograms as Prometheus names
     their parts)."""
-    from workflows.adapters.metrics import WORKER_CIRCUIT_METRICS, WORKER_METRICS
-    from workflows.tools.metrics import METRICS
+    from agent_radar.workflows.adapters.metrics import WORKER_CIRCUIT_METRICS, WORKER_METRICS
+    from agent_radar.workflows.tools.metrics import METRICS
 
     parts = ("", "_bucket", "_count", "_sum")
     worker = WORKER_METRICS + WORKER_CIRCUIT_METRICS
@@ -176,7 +185,7 @@ def test_the_alert_rules_use_only_metrics_the_exporter_serves():
         assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
         used = _metric_names(rule["expr"])
         assert used and used <= served, (rule["alert"], used - served)
-    if shutil.which("promtool"):
+    if shutil.which("promtool") or os.environ.get("CI"):
         check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
@@ -185,6 +194,25 @@ def test_the_alert_rules_use_only_metrics_the_exporter_serves():
     assert (workers["names"], workers["port"]) == (["worker"], 9809)
     worker_command = _compose()["services"]["worker"]["command"]
     assert worker_command[worker_command.index("--metrics-port") + 1] == "9809"
+
+
+def test_the_alert_rules_fire_as_their_unit_tests_say():
+    """`promtool test rules` over deploy/prometheus/alerts.test.yml: among others, a first
+    failed operation (its series did not exist before) fires AgentRadarOperationsFailing."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if not shutil.which("promtool"):
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing (Debian's prometheus package; .ci/run installs it)")
+        pytest.skip("promtool is not installed")
+    tests = ROOT / "deploy" / "prometheus" / "alerts.test.yml"
+    run = subprocess.run(
+        ["promtool", "test", "rules", str(tests)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_the_dashboard_uses_only_metrics_the_exporter_serves():
