@@ -3,7 +3,7 @@
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.task_names import PRUNE_TASK, SWEEP_TASK
 
-# Retention runs in bounded batches this often (DESIGN 4.10).
+# Retention runs in bounded batches this often (docs/operations.md).
 PRUNE_INTERVAL_S = 600.0
 
 

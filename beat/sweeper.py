@@ -1,4 +1,5 @@
-"""The sweeper (DESIGN 4.8): finishes what a crash, a lost message or an outage left behind.
+"""The sweeper (docs/lifecycles.md: leases): finishes what a crash, a lost message or an outage left
+behind.
 
 `sweep_once(now, limit)` is a plain function: the clock is passed in, every row is handled on
 its own (one bad row is logged and skipped), and the beat task only wraps it.

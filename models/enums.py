@@ -1,4 +1,5 @@
-"""Enumerations of DESIGN section 3, as plain string enums stored as text."""
+"""Enumerations of the statuses and kinds the tables store (docs/lifecycles.md), as plain
+string enums stored as text."""
 
 from enum import StrEnum
 
@@ -74,7 +75,7 @@ class TurnPhase(StrEnum):
     SETTLED = "settled"
 
 
-# Turn phases only move forward (DESIGN 4.4).
+# Turn phases only move forward (docs/lifecycles.md: turns).
 TURN_PHASE_ORDER = {TurnPhase.SUBMITTED: 0, TurnPhase.RUNNING: 1, TurnPhase.SETTLED: 2}
 
 
@@ -144,7 +145,7 @@ class MaintenanceError(StrEnum):
     INVALID_RUNTIME_ANSWER = "invalid_runtime_answer"
     # The run's host reported a newer runtime epoch (it restarted) or no longer has the run.
     RUNTIME_RESTARTED = "runtime_restarted"
-    # An operator resolved a run in recovery to `failed` (DESIGN 4.10); detail is the reason.
+    # An operator resolved a run in recovery to `failed` (docs/operations.md); detail is the reason.
     OPERATOR_RESOLVED = "operator_resolved"
 
 

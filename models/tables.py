@@ -1,4 +1,4 @@
-"""Typed SQLAlchemy models of DESIGN section 3 (the tables goal control needs)."""
+"""Typed SQLAlchemy models of the tables agent-radar keeps (docs/lifecycles.md)."""
 
 from datetime import datetime
 from typing import Any
@@ -41,7 +41,8 @@ class AgentSession(Base):
     provider_session_id: Mapped[str | None] = mapped_column(ID)
     live: Mapped[bool | None] = mapped_column(Boolean)
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
-    # The agent host the session lives on (DESIGN 4.9): every runtime call for it goes there.
+    # The agent host the session lives on (docs/lifecycles.md: sessions): every runtime call for it
+    # goes there.
     host_id: Mapped[str] = mapped_column(ID, default="default", server_default="default")
     # Whether that host was given (ensure_session(host_id=)) or named by a report: a report
     # naming another host is then refused. Until then `default` is only the fallback.
@@ -49,8 +50,8 @@ class AgentSession(Base):
     admission: Mapped[str] = mapped_column(SHORT, default="open")
     active_turn_id: Mapped[str | None] = mapped_column(ID)
     last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # A restore is due (DESIGN 4.9): the session was learnt live where a fence is not known
-    # to be installed, a clear settled locally waits for delivery, or a report claimed a
+    # A restore is due (docs/lifecycles.md: sessions): the session was learnt live where a fence is
+    # not known to be installed, a clear settled locally waits for delivery, or a report claimed a
     # newer epoch. The sweeper publishes it once due; None when there is nothing to do.
     restore_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Bumped under the row lock by every writer that appends a session event, so the
@@ -73,7 +74,8 @@ class GoalState(Base):
 
 
 class LeaseColumns:
-    """The (owner, token, expires_at) triple of DESIGN 4.8, shared by leased rows."""
+    """The (owner, token, expires_at) triple of docs/lifecycles.md: leases, shared by leased
+    rows."""
 
     lease_owner: Mapped[str | None] = mapped_column(ID)
     lease_token: Mapped[str | None] = mapped_column(String(64))
@@ -182,13 +184,13 @@ class GoalFence(LeaseColumns, Base):
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # The (host, epoch) at which this fence was last installed, as the installer knew them
-    # before its call (DESIGN 4.9); another (host, epoch) than the session's: not known to
-    # be there. None: installed nowhere yet.
+    # The (host, epoch) at which this fence was last installed, as the installer knew them before
+    # its call (docs/lifecycles.md: sessions); another (host, epoch) than the session's: not known
+    # to be there. None: installed nowhere yet.
     installed_host: Mapped[str | None] = mapped_column(ID)
     installed_epoch: Mapped[int | None] = mapped_column(Integer)
     # The fence's clear was settled locally without reaching the agent: delivered once the
-    # session is live again (DESIGN 4.3 step 2).
+    # session is live again (docs/lifecycles.md: fences).
     clear_undelivered: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
@@ -206,7 +208,8 @@ class Turn(Base):
     prompt_id: Mapped[str | None] = mapped_column(String(36))
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # The runtime epoch the turn ran in: a newer epoch at the host ends it (DESIGN 4.9).
+    # The runtime epoch the turn ran in: a newer epoch at the host ends it (docs/lifecycles.md:
+    # sessions).
     runtime_epoch: Mapped[int | None] = mapped_column(Integer)
 
 
@@ -286,8 +289,8 @@ class Prompt(Base):
 
 
 class SessionStop(Base):
-    """`stop_session` (DESIGN 4.9): what it asked to end. It has settled once the turn and the
-    maintenance run it named have ended, which their own rows say."""
+    """`stop_session` (docs/lifecycles.md: sessions): what it asked to end. It has settled once the
+    turn and the maintenance run it named have ended, which their own rows say."""
 
     __tablename__ = "session_stops"
     __table_args__ = (
@@ -308,8 +311,9 @@ class SessionStop(Base):
 
 
 class RuntimeHost(Base):
-    """A registered agent host (DESIGN 4.9). The host `default` is AGENT_RADAR_RUNTIME_URL and
-    has no row; the control plane calls no address that is not registered here."""
+    """A registered agent host (docs/lifecycles.md: sessions). The host `default` is
+    AGENT_RADAR_RUNTIME_URL and has no row; the control plane calls no address that is not
+    registered here."""
 
     __tablename__ = "runtime_hosts"
 

@@ -1,4 +1,5 @@
-"""The Celery app (DESIGN 5): JSON only, late acks, one message at a time, two queues."""
+"""The Celery app (docs/architecture.md): JSON only, late acks, one message at a time, two
+queues."""
 
 import os
 from pathlib import Path

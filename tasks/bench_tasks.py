@@ -1,4 +1,4 @@
-"""`agent_radar.bench.noop`: the standard Celery baseline of the benchmark (DESIGN 8a).
+"""`agent_radar.bench.noop`: the standard Celery baseline of the benchmark (docs/benchmarks.md).
 
 Registered only in the benchmark's own workers (tasks.app.BENCH_TASKS_ENV). The task does
 nothing but count its completion at the least cost, with the time it finished (for the

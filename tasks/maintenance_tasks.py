@@ -41,7 +41,7 @@ def start_maintenance(
 
 @strict_task(CANCEL_MAINTENANCE_TASK, public=True)
 def cancel_maintenance(ctx, workspace_id, run_id):
-    """Scoped to the caller's workspace (DESIGN 4.10): a run of another one is NotFound."""
+    """Scoped to the caller's workspace (docs/operations.md): a run of another one is NotFound."""
     run = _client(ctx).cancel_maintenance(
         run_id, workspace_id=check_id("workspace_id", workspace_id)
     )

@@ -1,7 +1,7 @@
 """A worker told to stop (SIGTERM, as every rollout sends) tells its pool processes, so that
 long work hands itself back instead of holding the shutdown: the main process gets Celery's
 `worker_shutting_down`; its prefork children learn of it from a flag file named after the
-main process, which they look at between polls (DESIGN 4.6, 4.8)."""
+main process, which they look at between polls (docs/lifecycles.md: maintenance, leases)."""
 
 import os
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Task registration with strict message checks (DESIGN 7.3).
+"""Task registration with strict message checks (README.md).
 
 Two layers keep an untrusted message from hurting a worker:
 - The gate (tasks/gate.py) runs in the worker's main process, before Celery turns a message

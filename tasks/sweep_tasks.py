@@ -27,7 +27,7 @@ def sweep(ctx):
 
 @strict_task(PRUNE_TASK, events=False)
 def prune(ctx):
-    """Retention (DESIGN 4.10): a few bounded batches per run; the next run goes on."""
+    """Retention (docs/operations.md): a few bounded batches per run; the next run goes on."""
     return _client_prune(ctx)
 
 

@@ -44,7 +44,9 @@ from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.adapters.publisher import TaskPublisher
 from agent_radar.workflows.client import AgentRadar
 from agent_radar.workflows.tools.simulator import SimControl
-from agent_radar.workflows.tools.stack import Stack, free_port  # noqa: F401 - tests import it from here
+
+# Tests import free_port from here.
+from agent_radar.workflows.tools.stack import Stack, free_port  # noqa: F401
 from tests.helpers import QuickStopSimServer
 
 # Worker tests run real `agent-radar worker` subprocesses (the `stack` fixture), not Celery's
@@ -227,9 +229,9 @@ def sim(settings):
 
 @pytest.fixture
 def sim_b(settings):
-    """A second agent host, `host-b` (DESIGN 4.9): another simulator on its own port,
-    reporting through the real broker and naming itself in every report. Registering it is
-    the test's business (`client.add_host("host-b", sim_b.url)`)."""
+    """A second agent host, `host-b` (docs/lifecycles.md: sessions): another simulator on its own
+    port, reporting through the real broker and naming itself in every report. Registering it is the
+    test's business (`client.add_host("host-b", sim_b.url)`)."""
     publisher = TaskPublisher(settings)
     server = QuickStopSimServer(
         "127.0.0.1",

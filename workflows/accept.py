@@ -1,6 +1,6 @@
-"""The idempotent accept of every submit (DESIGN 4.1): a client submit ID names one record for
-good. Submitted again with the same content, the record it made is returned and nothing is
-written; with other content, it is a conflict that names that record."""
+"""The idempotent accept of every submit (docs/lifecycles.md: accept): a client submit ID names one
+record for good. Submitted again with the same content, the record it made is returned and nothing
+is written; with other content, it is a conflict that names that record."""
 
 from collections.abc import Callable
 from typing import Any, TypeVar

@@ -1,5 +1,5 @@
-"""Budgets of background work (DESIGN 4.3: every background kind has one, attempts and age as
-in 4.2): nothing is retried forever. Past its budget a row ends `failed` with the stable
+"""Budgets of background work (docs/lifecycles.md: fences: every background kind has one, attempts
+and age as in 4.2): nothing is retried forever. Past its budget a row ends `failed` with the stable
 error code BUDGET_EXHAUSTED, which `status` counts.
 
 Only failed attempts use budget. A wait — the session offline, a fenced turn still running —

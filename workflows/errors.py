@@ -1,4 +1,4 @@
-"""The product's error classes (DESIGN 7.1): one base, one class per condition.
+"""The product's error classes (docs/packaging.md): one base, one class per condition.
 
 Each error has a stable `code` and structured attributes, and survives a round trip through
 pickle or JSON (`to_dict` / `from_dict`), so it can cross a Celery boundary.

@@ -1,4 +1,4 @@
-"""Deterministic identifiers (DESIGN 4.1): a retry lands on the same row."""
+"""Deterministic identifiers (docs/lifecycles.md: accept): a retry lands on the same row."""
 
 import uuid
 

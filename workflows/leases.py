@@ -1,4 +1,5 @@
-"""Named leases (DESIGN 4.8): claimed by a conditional update, fenced by their token.
+"""Named leases (docs/lifecycles.md: leases): claimed by a conditional update, fenced by their
+token.
 
 A holder renews and releases only while its token is still the row's token, so a worker
 that was paused past its expiry cannot act on a lease somebody else has since claimed.
@@ -280,7 +281,7 @@ def prune_republish(session: Session, now: datetime) -> int:
 
 
 def heartbeat(session: Session, name: str, owner: str, now: datetime) -> None:
-    """Record that the periodic job `name` just finished (the sweep: DESIGN 7.2)."""
+    """Record that the periodic job `name` just finished (the sweep: docs/operations.md)."""
     if not insert_ignore(
         session, table_of(Heartbeat), {"name": name, "owner": owner, "beat_at": now}
     ):

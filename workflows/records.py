@@ -1,4 +1,5 @@
-"""Frozen records returned by the client (DESIGN 7.1); fields are the columns of section 3."""
+"""Frozen records returned by the client (docs/packaging.md); their fields are the columns of
+the tables (models/tables.py)."""
 
 import dataclasses
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class Host:
-    """A registered agent host (DESIGN 4.9) and how many sessions are bound to it."""
+    """A registered agent host (docs/lifecycles.md: sessions) and how many sessions are bound to
+    it."""
 
     host_id: str
     url: str
@@ -215,7 +217,8 @@ class SessionStop:
 
 @dataclass(frozen=True)
 class TurnCancel:
-    """A durable turn cancel (DESIGN 4.5): made by a fence, a stop or the stale-cancel sweep."""
+    """A durable turn cancel (docs/lifecycles.md: cancels): made by a fence, a stop or the
+    stale-cancel sweep."""
 
     operation_id: str
     workspace_id: str
@@ -237,7 +240,7 @@ class TurnCancel:
 
 @dataclass(frozen=True)
 class OperationSummary:
-    """One line of `op list` (DESIGN 4.10): any kind of operation."""
+    """One line of `op list` (docs/operations.md): any kind of operation."""
 
     kind: str  # goal, fence, cancel, maintenance, prompt, stop
     id: str

@@ -1,5 +1,5 @@
 """Every task name of the product and the publish port, in one place: the names producers
-publish (public, DESIGN 7: code outside the repository uses them), the ones the product
+publish (public, README.md: code outside the repository uses them), the ones the product
 publishes to itself, and the port its rules and steps publish through (adapters/publisher.py
 implements it)."""
 

@@ -25,8 +25,8 @@ MAX_INT = 2**31 - 1
 # structures cost recursion in every later reader.
 MAX_JSON_DEPTH = 32
 MAX_JSON_BYTES = 64 * 1024
-# A report may be dated at most this far ahead of the control plane's clock (DESIGN 4.4):
-# a host with a bad clock must not make every later honest report look older.
+# A report may be dated at most this far ahead of the control plane's clock (docs/lifecycles.md:
+# turns): a host with a bad clock must not make every later honest report look older.
 MAX_REPORT_SKEW_S = 60
 # Client submit IDs with this prefix belong to operations the product makes itself.
 RESERVED_SUBMIT_PREFIXES = ("goal-generation-fence:",)

@@ -1,5 +1,5 @@
 """Settings from the environment: every numeric setting is a finite number within its bounds,
-and a bad one is refused with one line naming the variable (DESIGN 7.4)."""
+and a bad one is refused with one line naming the variable (docs/configuration.md)."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""The runtime router over real sockets (DESIGN 4.9): each session's calls go to its host's
-URL through that host's own connection pool, so a host that hangs holds only its own
+"""The runtime router over real sockets (docs/lifecycles.md: sessions): each session's calls go to
+its host's URL through that host's own connection pool, so a host that hangs holds only its own
 connections and its own calls, each of which ends at the per-call timeout."""
 
 from concurrent.futures import ThreadPoolExecutor

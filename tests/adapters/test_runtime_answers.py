@@ -1,6 +1,6 @@
 """Hostile agent-host answers, over real HTTP, on both backends: an answer that is not a JSON
 object of the documented shape, or is over 1 MiB, is a `bad_response` fault for that one call
-(DESIGN 6); the rest of the step records normally; a maintenance outcome that cannot be
+(docs/protocol.md); the rest of the step records normally; a maintenance outcome that cannot be
 stored ends the run `failed` and releases the session."""
 
 import json

@@ -1,5 +1,5 @@
-"""A fenced generation never runs again, whatever order the network, the host and the
-reports take (DESIGN 4.3, 4.9): each case on both backends with a real worker and the
+"""A fenced generation never runs again, whatever order the network, the host and the reports take
+(docs/lifecycles.md: fences, sessions): each case on both backends with a real worker and the
 simulator over HTTP."""
 
 from agent_radar.models.base import utcnow

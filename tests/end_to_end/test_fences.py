@@ -1,4 +1,4 @@
-"""Goal generation fences end to end (DESIGN 4.3-4.5), on both backends, with real worker
+"""Goal generation fences end to end (docs/lifecycles.md), on both backends, with real worker
 and beat processes and the simulator over HTTP."""
 
 from datetime import timedelta
@@ -223,8 +223,8 @@ def test_the_fenced_turn_is_cancelled_and_a_vanished_host_settles_it_as_interrup
 
 
 def test_an_offline_host_is_no_end_for_the_fenced_turn(client, stack, sim_control):
-    """DESIGN 4.5: a disconnected session is not an end, the turn may still run behind the
-    network fault. The fence keeps waiting and nothing settles the turn locally; once the
+    """docs/lifecycles.md: cancels: a disconnected session is not an end, the turn may still run
+    behind the network fault. The fence keeps waiting and nothing settles the turn locally; once the
     host is back and reports the turn's end, the fence completes. Nothing resumes it."""
     stack.start_worker()
     stack.start_beat()

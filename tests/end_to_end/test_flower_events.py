@@ -1,4 +1,4 @@
-"""What Flower sees (DESIGN 4.10): Celery's own event receiver and state — the code Flower
+"""What Flower sees (docs/operations.md): Celery's own event receiver and state — the code Flower
 runs — against real workers, beat and client on every broker. A submit shows from the
 moment the client publishes it (`task-sent`, under the client's name, with the workspace,
 session and client submit ID), through the worker, to a result that says what happened to

@@ -1,7 +1,7 @@
-"""Many agent hosts end to end (DESIGN 4.9), on both backends: real worker processes send
-every kind of call to the host of its session, and a session that turns up at another host
-(its reports say so, through the broker) is a new epoch there: its old turn ends
-`interrupted` and its fences reach the new host before the next goal does."""
+"""Many agent hosts end to end (docs/lifecycles.md: sessions), on both backends: real worker
+processes send every kind of call to the host of its session, and a session that turns up at another
+host (its reports say so, through the broker) is a new epoch there: its old turn ends `interrupted`
+and its fences reach the new host before the next goal does."""
 
 from agent_radar.workflows.tools.simulator import SimControl
 from tests.helpers import eventually

@@ -52,7 +52,7 @@ def test_worker_killed_mid_run_is_recovered_from_the_agents_answer(client, stack
     sim_control.session(WS, SID, maintenance_duration_ms=3000)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     # Killed once the host runs the work (killed before, the host has no such run, and
-    # recovery ends it interrupted: DESIGN 4.6).
+    # recovery ends it interrupted: docs/lifecycles.md: maintenance).
     eventually(lambda: sim_control.calls("maintenance"), what="the run to start at the host")
     victim.kill()
     stack.start_worker(concurrency=1)

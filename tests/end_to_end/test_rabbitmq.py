@@ -1,6 +1,6 @@
-"""RabbitMQ as the production broker (DESIGN 5): PostgreSQL + RabbitMQ, quorum queues, real
-`agent-radar worker` / `beat` subprocesses, each test in a virtual host of its own. The
-restart of a RabbitMQ node is in tests/faults/test_broker_restart.py."""
+"""RabbitMQ as the production broker (docs/architecture.md): PostgreSQL + RabbitMQ, quorum queues,
+real `agent-radar worker` / `beat` subprocesses, each test in a virtual host of its own. The restart
+of a RabbitMQ node is in tests/faults/test_broker_restart.py."""
 
 import pytest
 

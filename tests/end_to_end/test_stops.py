@@ -1,5 +1,5 @@
-"""Session stop end to end (DESIGN 4.9), on both backends: a real worker delivers the durable
-cancel of the running turn to the agent; the record settles when the turn has ended."""
+"""Session stop end to end (docs/lifecycles.md: sessions), on both backends: a real worker delivers
+the durable cancel of the running turn to the agent; the record settles when the turn has ended."""
 
 from tests.helpers import eventually
 

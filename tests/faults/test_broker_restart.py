@@ -1,7 +1,7 @@
-"""The broker restarts under a running fleet (DESIGN 9), for Redis and for RabbitMQ: the
-test's own server is killed with goal work in flight and queued; more goal work, a compaction
-and prompts are submitted while it is down. Once it is back, workers and beat reconnect, the
-sweeper re-publishes from the database whatever the restart lost, and every operation takes
+"""The broker restarts under a running fleet (docs/lifecycles.md: leases), for Redis and for
+RabbitMQ: the test's own server is killed with goal work in flight and queued; more goal work, a
+compaction and prompts are submitted while it is down. Once it is back, workers and beat reconnect,
+the sweeper re-publishes from the database whatever the restart lost, and every operation takes
 effect exactly once.
 
 Redis here keeps nothing on disk, so a restart loses every queued message. RabbitMQ's quorum

@@ -1,5 +1,5 @@
-"""A fenced generation never runs again, whatever order the network, the hosts and the
-messages take (DESIGN 4.3, 4.9): seeded random walks over a fleet of two agent hosts (real
+"""A fenced generation never runs again, whatever order the network, the hosts and the messages take
+(docs/lifecycles.md: fences, sessions): seeded random walks over a fleet of two agent hosts (real
 simulators over HTTP) and the product's own task code, on a real database.
 
 The walk holds the messages the product publishes and the reports the hosts send, and
@@ -66,7 +66,10 @@ class Fleet:
     def __init__(self, settings, rng: random.Random) -> None:
         self.rng = rng
         self.messages: list[tuple[str, dict]] = []
-        report = lambda r: self.messages.append(("agent_radar.report_activity", {"report": r}))  # noqa: E731
+
+        def report(r):
+            self.messages.append(("agent_radar.report_activity", {"report": r}))
+
         port = int(settings.runtime_url.rsplit(":", 1)[1])
         self.servers = {
             "default": QuickStopSimServer("127.0.0.1", port, reporter=report).start(),

@@ -1,5 +1,5 @@
 """Every kind of operation found by id and by client submit ID, and listed by kind, status,
-workspace, session and age (DESIGN 4.10), on both backends."""
+workspace, session and age (docs/operations.md), on both backends."""
 
 from datetime import timedelta
 

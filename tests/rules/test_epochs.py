@@ -1,5 +1,5 @@
-"""Runtime epochs (DESIGN 4.9), on both backends: a newer epoch at the host ends the turns
-and the maintenance run of older ones, and every durable fence goes back to the host once,
+"""Runtime epochs (docs/lifecycles.md: sessions), on both backends: a newer epoch at the host ends
+the turns and the maintenance run of older ones, and every durable fence goes back to the host once,
 before any goal call reaches the session again."""
 
 import time

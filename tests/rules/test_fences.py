@@ -1,4 +1,4 @@
-"""Goal generation fences, submit side (DESIGN 4.3), on both backends."""
+"""Goal generation fences, submit side (docs/lifecycles.md: fences), on both backends."""
 
 import time
 import uuid
@@ -192,8 +192,8 @@ def _runner(client, sim_control, clock, published=None):
 
 
 def test_a_stale_cancel_of_an_offline_session_waits_then_goes_once_it_is_live(client, sim_control):
-    """DESIGN 4.5: a disconnected session is no end (the turn may still run behind a network
-    fault): the cancel waits, using no budget and never resuming the session, and is
+    """docs/lifecycles.md: cancels: a disconnected session is no end (the turn may still run behind
+    a network fault): the cancel waits, using no budget and never resuming the session, and is
     delivered when the session is live again."""
     from agent_radar.models.db import run_transaction
     from agent_radar.models.tables import CancelOperation, Turn
@@ -376,7 +376,8 @@ def test_an_offline_settle_clears_the_pending_operation(client, sim_control):
 
 
 def test_the_sweeper_publishes_fences_before_goal_operations(client):
-    """Fences first (DESIGN 4.8): a revoked target must never replay before its fence."""
+    """Fences first (docs/lifecycles.md: leases): a revoked target must never replay before its
+    fence."""
     ops = [client.set_goal(WS, f"s{i}", "goal", client_submit_id="g") for i in range(3)]
     fence = client.fence_goal_generation(WS, "s0", ops[0].operation_id, client_submit_id="f-1")
     published = []
@@ -417,7 +418,7 @@ def _cancel_row(client, cancel_id):
 def test_an_offline_session_with_the_fenced_turn_running_gets_a_durable_cancel_and_waits(
     client, sim_control
 ):
-    """DESIGN 4.3 step 2: the fence does not complete while the fenced turn may still run;
+    """docs/lifecycles.md: fences: the fence does not complete while the fenced turn may still run;
     its cancel is written (delivered once the session is live, never by resuming it), and
     the fence waits for the turn's authoritative end without using budget."""
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
@@ -458,8 +459,8 @@ def test_an_offline_session_with_the_fenced_turn_running_gets_a_durable_cancel_a
 
 
 def test_a_vanished_session_settles_the_fenced_turn_and_records_its_cancel(client, sim_control):
-    """DESIGN 4.3 step 6: session_not_found means the session is gone: its running turns end
-    interrupted, the fence completes locally and records the cancel of the fenced turn."""
+    """docs/lifecycles.md: fences: session_not_found means the session is gone: its running turns
+    end interrupted, the fence completes locally and records the cancel of the fenced turn."""
     from agent_radar.models.db import run_transaction
     from agent_radar.models.tables import Turn
 

@@ -1,5 +1,5 @@
-"""DESIGN 4.1 and 4.2, rule by rule, on both backends: the workflow functions against the
-real database and the simulator over real HTTP, with a clock the test controls."""
+"""docs/lifecycles.md: accept, goals, rule by rule, on both backends: the workflow functions against
+the real database and the simulator over real HTTP, with a clock the test controls."""
 
 import logging
 import threading

@@ -1,6 +1,6 @@
-"""Many agent hosts (DESIGN 4.9), on both backends: the registry, sessions bound to a host by
-their reports or by ensure_session(host_id=), every call sent to the session's host, and a
-move to another host handled as a new runtime epoch there."""
+"""Many agent hosts (docs/lifecycles.md: sessions), on both backends: the registry, sessions bound
+to a host by their reports or by ensure_session(host_id=), every call sent to the session's host,
+and a move to another host handled as a new runtime epoch there."""
 
 import time
 

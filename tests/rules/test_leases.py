@@ -1,5 +1,5 @@
-"""Named leases (DESIGN 4.8) on both backends: one claim takes every free, expired or
-never-used name under one token, skips held ones, and only the token's holder releases."""
+"""Named leases (docs/lifecycles.md: leases) on both backends: one claim takes every free, expired
+or never-used name under one token, skips held ones, and only the token's holder releases."""
 
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta

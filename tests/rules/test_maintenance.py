@@ -1,4 +1,5 @@
-"""Maintenance runs, the session hold and prompts (DESIGN 4.6, 4.7), on both backends."""
+"""Maintenance runs, the session hold and prompts (docs/lifecycles.md: maintenance, prompts), on
+both backends."""
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -127,8 +128,9 @@ def test_admission_recovery_draining_and_busy_turn(client):
 
 
 def test_a_caller_on_an_older_runtime_epoch_is_refused(client, sim_control):
-    """DESIGN 4.6 step 2 and 4.9: a session whose host moved to a newer epoch than the caller
-    expected is draining for that caller; nothing is written. The replay check comes first."""
+    """docs/lifecycles.md: maintenance, sessions: a session whose host moved to a newer epoch than
+    the caller expected is draining for that caller; nothing is written. The replay check comes
+    first."""
     sim_control.session(WS, SID, restart=True)
     sim_control.session(WS, SID, restart=True)
     assert client.ensure_session(WS, SID).runtime_epoch == 3  # learnt from the host
@@ -621,9 +623,9 @@ def test_a_cancel_between_finalizing_and_the_terminal_record_never_reopens_it(
 def test_recovery_asks_the_host_first_and_a_lost_run_ends_runtime_restarted(
     client, executor, sim_control
 ):
-    """DESIGN 4.6: recovery asks the runtime for the run's outcome; a host that no longer has
-    the run (it restarted) ends it interrupted (runtime_restarted) instead of running it
-    again, and the session is released."""
+    """docs/lifecycles.md: maintenance: recovery asks the runtime for the run's outcome; a host that
+    no longer has the run (it restarted) ends it interrupted (runtime_restarted) instead of running
+    it again, and the session is released."""
     sim_control.session(WS, SID, maintenance_duration_ms=60_000)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     held = client.set_goal(WS, SID, "waits for the run", client_submit_id="g1")

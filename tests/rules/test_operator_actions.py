@@ -1,4 +1,4 @@
-"""Operator actions (DESIGN 4.10), on both backends: retry a failed goal operation or fence
+"""Operator actions (docs/operations.md), on both backends: retry a failed goal operation or fence
 (same id, a fresh budget), resolve a run in recovery, drain and undrain a session — each with
 a required reason, audited in the session's events, and refused with a typed error (writing
 nothing) where it does not apply."""

@@ -1,7 +1,7 @@
-"""Prompts have a budget like every background kind (DESIGN 4.3, 4.7), on both backends: a
-failed send goes back to the queue at its place and uses one attempt; an offline session is
-a wait and uses none; a final answer, or a spent budget, ends the prompt `failed` with a
-stable code that `status` counts, and the queue moves on."""
+"""Prompts have a budget like every background kind (docs/lifecycles.md: fences, prompts), on both
+backends: a failed send goes back to the queue at its place and uses one attempt; an offline session
+is a wait and uses none; a final answer, or a spent budget, ends the prompt `failed` with a stable
+code that `status` counts, and the queue moves on."""
 
 from datetime import timedelta
 

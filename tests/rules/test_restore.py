@@ -1,6 +1,7 @@
-"""A session's restore (DESIGN 4.3, 4.9), on both backends: the row's restore_due_at is the
-outbox — a report asks for it, the sweeper publishes what a lost message left due, a restore
-asked for again while it ran stays due, and an offline session waits for its next return."""
+"""A session's restore (docs/lifecycles.md: fences, sessions), on both backends: the row's
+restore_due_at is the outbox — a report asks for it, the sweeper publishes what a lost message left
+due, a restore asked for again while it ran stays due, and an offline session waits for its next
+return."""
 
 import time
 from datetime import timedelta

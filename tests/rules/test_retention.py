@@ -1,4 +1,4 @@
-"""Retention (DESIGN 4.10), on both backends: settled operations and events older than the
+"""Retention (docs/operations.md), on both backends: settled operations and events older than the
 window go in bounded batches; open, live, still-pointed-at and fence rows stay; never under
 a day; a dry run deletes nothing."""
 

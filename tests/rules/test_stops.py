@@ -1,6 +1,6 @@
-"""Session stop (DESIGN 4.9), on both backends: one idempotent operation that cancels the
-running turn (a durable cancel) and the active maintenance run; queued work stays queued;
-the record settles when both have ended."""
+"""Session stop (docs/lifecycles.md: sessions), on both backends: one idempotent operation that
+cancels the running turn (a durable cancel) and the active maintenance run; queued work stays
+queued; the record settles when both have ended."""
 
 import time
 

@@ -1,5 +1,5 @@
-"""The sweeper as a function (DESIGN 4.8): outbox re-publish, expired leases, budgets, and
-mutual exclusion between two sweeps."""
+"""The sweeper as a function (docs/lifecycles.md: leases): outbox re-publish, expired leases,
+budgets, and mutual exclusion between two sweeps."""
 
 import threading
 from datetime import timedelta

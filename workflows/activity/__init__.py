@@ -1,2 +1,2 @@
-"""What a session's host reports and what follows (DESIGN 4.3, 4.4, 4.9): activity reports,
+"""What a session's host reports and what follows (docs/lifecycles.md): activity reports,
 runtime epochs, session stops, and a user's own session control."""

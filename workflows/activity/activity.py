@@ -1,4 +1,5 @@
-"""Activity reports from agent hosts (DESIGN 4.4): session fields and goal-applied evidence."""
+"""Activity reports from agent hosts (docs/lifecycles.md: turns): session fields and goal-applied
+evidence."""
 
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -66,7 +67,7 @@ def _check_dict(name: str, value: Any) -> dict[str, Any] | None:
 
 
 def parse_report(report: Any, now: datetime) -> Report:
-    """Parse an untrusted report into typed values (DESIGN 4.4); InvalidArgument for
+    """Parse an untrusted report into typed values (docs/lifecycles.md: turns); InvalidArgument for
     anything else, before any write. `now` is the control plane's clock: a report dated
     more than a minute ahead of it is refused."""
     if not isinstance(report, dict):
@@ -161,10 +162,10 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     epoch = EpochEffects()
     host_id = facts.pop("host_id", None)
     if host_id is not None:
-        # A report names a host, it never supplies an address: an unregistered one is
-        # refused, and nothing of the report is written (DESIGN 4.9). Hosts are identities:
-        # a session bound to a host (by ensure_session(host_id=) or its first report naming
-        # one) is not moved by a report naming another; only one with no host yet is bound.
+        # A report names a host, it never supplies an address: an unregistered one is refused, and
+        # nothing of the report is written (docs/lifecycles.md: sessions). Hosts are identities: a
+        # session bound to a host (by ensure_session(host_id=) or its first report naming one) is
+        # not moved by a report naming another; only one with no host yet is bound.
         hosts.require_host(session, host_id)
         if host_id != row.host_id:
             if row.host_bound:
@@ -175,9 +176,9 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
                 )
             epoch = move_host(session, row, host_id, now)
         row.host_bound = True
-    # An epoch in a report is a claim (DESIGN 4.9): one newer than the one known is
-    # confirmed with the session's own host (the restore's liveness look) before anything
-    # acts on it, and only if something would: a forged value changes nothing.
+    # An epoch in a report is a claim (docs/lifecycles.md: sessions): one newer than the one known
+    # is confirmed with the session's own host (the restore's liveness look) before anything acts on
+    # it, and only if something would: a forged value changes nothing.
     claimed = facts.pop("runtime_epoch", None)
     confirm = (
         claimed is not None
@@ -231,8 +232,8 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             and complete_applied(session, op, applied.get("goal"), {"report": "goal_applied"}, now)
         ):
             completed.append(op.operation_id)
-    # The host answered for the session (DESIGN 4.3, 4.9): a fence not known to be installed
-    # at its (host, epoch), or a clear settled locally, gets the session's restore.
+    # The host answered for the session (docs/lifecycles.md: fences, sessions): a fence not known to
+    # be installed at its (host, epoch), or a clear settled locally, gets the session's restore.
     said_offline = (report.session or {}).get("live") is False
     restore = (
         not said_offline and (confirm or needs_restore(session, row)) and request_restore(row, now)
@@ -249,7 +250,7 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
 
 def _epoch_would_act(session: Session, row, claimed: int) -> bool:
     """Whether a newer epoch would change anything for the session: its fences go there,
-    its turns of older epochs end, its maintenance run ends (DESIGN 4.9)."""
+    its turns of older epochs end, its maintenance run ends (docs/lifecycles.md: sessions)."""
     older_turns = select(Turn.turn_id).where(
         Turn.workspace_id == row.workspace_id,
         Turn.session_id == row.session_id,

@@ -1,4 +1,5 @@
-"""User-triggered session control: `ensure_session` (DESIGN 4.3) and the session view."""
+"""User-triggered session control: `ensure_session` (docs/lifecycles.md: fences) and the session
+view."""
 
 from datetime import datetime
 

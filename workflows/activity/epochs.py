@@ -1,5 +1,5 @@
-"""Runtime epochs (DESIGN 4.9): an agent host that restarted lost its in-memory state — the
-turns it ran, the runs it worked on and the fences it held.
+"""Runtime epochs (docs/lifecycles.md: sessions): an agent host that restarted lost its in-memory
+state — the turns it ran, the runs it worked on and the fences it held.
 
 Each session keeps the highest epoch seen at its host (a report, a liveness or resume
 answer); each fence, the (host, epoch) at which it was last installed
@@ -58,11 +58,11 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
 
 
 def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) -> EpochEffects:
-    """The session now lives on another host (DESIGN 4.9), in the caller's transaction (the
-    session row is locked): a new runtime epoch there. Every turn that has not settled ends
-    `interrupted`, a live maintenance run ends as on a restart, the epoch known starts
-    again from the new host's own numbering, and every durable fence goes there before
-    anything else does. Nothing happens when the host is the same."""
+    """The session now lives on another host (docs/lifecycles.md: sessions), in the caller's
+    transaction (the session row is locked): a new runtime epoch there. Every turn that has not
+    settled ends `interrupted`, a live maintenance run ends as on a restart, the epoch known starts
+    again from the new host's own numbering, and every durable fence goes there before anything else
+    does. Nothing happens when the host is the same."""
     if host_id == row.host_id:
         return EpochEffects()
     row.host_id = host_id

@@ -1,5 +1,5 @@
-"""Session stop (DESIGN 4.9): one idempotent operation that cancels a session's running turn
-(a durable cancel, 4.5) and its active maintenance run (a cancel request, 4.6). Queued
+"""Session stop (docs/lifecycles.md: sessions): one idempotent operation that cancels a session's
+running turn (a durable cancel, 4.5) and its active maintenance run (a cancel request, 4.6). Queued
 prompts and goal operations stay queued. Its record settles once both have ended."""
 
 from dataclasses import dataclass

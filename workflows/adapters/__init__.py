@@ -1,2 +1,2 @@
-"""Adapters: the runtime port and its HTTP adapter (DESIGN 6), the broker and the task
-publisher, configuration from the environment (DESIGN 7.4)."""
+"""Adapters: the runtime port and its HTTP adapter (docs/protocol.md), the broker and the task
+publisher, configuration from the environment (docs/configuration.md)."""

@@ -1,4 +1,4 @@
-"""An agent host's answer, untrusted (DESIGN 6): the shapes it must have, checked before any
+"""An agent host's answer, untrusted (docs/protocol.md): the shapes it must have, checked before any
 step reads it. One that is not a JSON object of the documented shape, or is larger than
 MAX_ANSWER_BYTES, is a retryable `bad_response` fault for that one call."""
 
@@ -9,7 +9,7 @@ from typing import Any
 from agent_radar.workflows.errors import InvalidArgument, RuntimeFault
 from agent_radar.workflows.validation import MAX_INT, check_id, check_json_object
 
-# DESIGN 6: a larger answer is a bad_response.
+# docs/protocol.md: a larger answer is a bad_response.
 MAX_ANSWER_BYTES = 1024 * 1024
 # An error code is a short word; an error detail is kept (in last_error) only this long.
 ERROR_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")

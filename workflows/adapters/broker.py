@@ -21,7 +21,7 @@ DEFAULT_QUEUE = "default"
 MAINTENANCE_QUEUE = "maintenance"
 # Where a producer that follows Celery's defaults sends a task it names without a queue
 # (`send_task("agent_radar.goal_control", kwargs=…)`): workers consume it too, so such a
-# message is applied instead of waiting in a queue nobody reads (DESIGN 7.3).
+# message is applied instead of waiting in a queue nobody reads (README.md).
 CELERY_DEFAULT_QUEUE = "celery"
 QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE, CELERY_DEFAULT_QUEUE)
 WORKER_QUEUES = ",".join(QUEUES)
@@ -37,7 +37,7 @@ VISIBILITY_TIMEOUT_S = 3600
 
 
 def queue_for(task_name: str) -> str:
-    """Long maintenance work must not starve short work (DESIGN 5)."""
+    """Long maintenance work must not starve short work (docs/architecture.md)."""
     return MAINTENANCE_QUEUE if task_name.startswith("agent_radar.maintenance.") else DEFAULT_QUEUE
 
 

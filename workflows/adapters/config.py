@@ -1,4 +1,4 @@
-"""Configuration from the environment (DESIGN 7.4)."""
+"""Configuration from the environment (docs/configuration.md)."""
 
 import math
 import os
@@ -46,7 +46,7 @@ MAX_RUNTIME_TIMEOUT_S = 300.0
 # keeps at most 256 calls in flight in all (workflows/steps/goals/flight.py).
 DEFAULT_HOST_CONCURRENCY = 32
 MAX_HOST_CONCURRENCY = 256
-# A replay within a day must always find its operation (DESIGN 4.10).
+# A replay within a day must always find its operation (docs/operations.md).
 MIN_RETENTION_DAYS = 1.0
 # A century: "keep for ever" in practice, the limit `prune --retention-days` has too, and
 # far inside what a date computed from it (now - retention) can hold.
@@ -115,7 +115,7 @@ class Settings:
     host_concurrency: int = DEFAULT_HOST_CONCURRENCY
     # Prefix for every broker key (Redis): lets deployments, or test runs, share one Redis.
     broker_key_prefix: str = ""
-    # Settled operations and events older than this are pruned (DESIGN 4.10); at least 1.
+    # Settled operations and events older than this are pruned (docs/operations.md); at least 1.
     retention_days: float = 30.0
 
     @property

@@ -1,4 +1,4 @@
-"""The runtime port's HTTP adapter (DESIGN 6): `HttpRuntime` speaks the JSON protocol to one
+"""The runtime port's HTTP adapter (docs/protocol.md): `HttpRuntime` speaks the JSON protocol to one
 host; `HostRouter` sends each session's calls to the host it lives on. Every failure becomes
 RuntimeDisconnected (the session is known offline) or RuntimeFault with `code`,
 `http_status` and `retryable`."""
@@ -241,7 +241,7 @@ class HttpRuntime:
                 {"prompt_id": prompt_id, "text": text},
                 call="prompt",
             ),
-            # The turn it started (DESIGN 6): without one nothing would ever settle the
+            # The turn it started (docs/protocol.md): without one nothing would ever settle the
             # prompt, so an answer without it is a bad_response that spends budget.
             {"turn_id": is_id},
         )
@@ -253,10 +253,10 @@ Locate = Callable[[str, str], tuple[str, str | None, str | None]]
 
 
 class HostRouter:
-    """The runtime port for a fleet of agent hosts (DESIGN 4.9): each call goes to the host
-    its session is bound to, found by `locate` at the time of the call. Each host has its own
-    HttpRuntime and so its own connection pool, so a slow host only ever holds connections
-    of its own; every call has the per-call timeouts of HttpRuntime."""
+    """The runtime port for a fleet of agent hosts (docs/lifecycles.md: sessions): each call goes to
+    the host its session is bound to, found by `locate` at the time of the call. Each host has its
+    own HttpRuntime and so its own connection pool, so a slow host only ever holds connections of
+    its own; every call has the per-call timeouts of HttpRuntime."""
 
     def __init__(
         self,
@@ -276,8 +276,9 @@ class HostRouter:
         self._lock = threading.Lock()
 
     def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "HttpRuntime":
-        """The adapter for one host (url None: the host `default`), calling with that host's
-        own token: AGENT_RADAR_RUNTIME_TOKEN goes to the host `default` only (DESIGN 4.9)."""
+        """The adapter for one host (url None: the host `default`), calling with that host's own
+        token: AGENT_RADAR_RUNTIME_TOKEN goes to the host `default` only (docs/lifecycles.md:
+        sessions)."""
         if url is None:
             if host_id != "default":
                 raise RuntimeFault(

@@ -27,7 +27,7 @@ class HostConnections:
     ready) and replaced before use, as urllib3 does. `connect_s` bounds the connection;
     `total_s` the whole call, connection, request and every byte of the answer (a host that
     trickles its answer a byte at a time is cut there, not `total_s` per byte). No call is
-    retried here: a failure is the caller's to classify (DESIGN 6)."""
+    retried here: a failure is the caller's to classify (docs/protocol.md)."""
 
     def __init__(self, base_url: str, connect_s: float, total_s: float, size: int) -> None:
         parts = urlsplit(check_url(base_url))

@@ -1,4 +1,4 @@
-"""Worker-side metrics (DESIGN 4.10): runtime call latency and errors by host, call and code,
+"""Worker-side metrics (docs/operations.md): runtime call latency and errors by host, call and code,
 and dispatch batch sizes. A worker serves them with `agent-radar worker --metrics-port N`
 (prometheus_client's multiprocess mode gathers its pool processes); the fleet gauges come from
 `agent-radar metrics`, which reads the database. Labels are bounded: host, call, code."""

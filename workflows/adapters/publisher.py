@@ -1,5 +1,5 @@
 """The task publisher (the publish port's adapter): Celery protocol v2 task messages sent with
-kombu — the same wire format any producer in any language uses (DESIGN 7.3) — so the client,
+kombu — the same wire format any producer in any language uses (README.md) — so the client,
 the sweeper and the simulator share one small publisher. `workflows/` never imports Celery.
 """
 

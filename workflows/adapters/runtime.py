@@ -1,4 +1,5 @@
-"""The runtime port (DESIGN 6): what steps ask of an agent host, and the protocol's error codes.
+"""The runtime port (docs/protocol.md): what steps ask of an agent host, and the protocol's error
+codes.
 
 Steps talk to agent hosts only through `RuntimePort`; `HttpRuntime` (http_runtime.py) speaks
 the JSON protocol. Every failure becomes RuntimeDisconnected (the session is known offline)
@@ -6,14 +7,14 @@ or RuntimeFault with `code`, `http_status` and `retryable`.
 
 An agent host's answer is untrusted (answers.py): one that is not a JSON object of the
 documented shape, or is too large, is a retryable `bad_response` fault for that one call
-(DESIGN 6), so one misbehaving host never breaks a step that serves other sessions. Values
+(docs/protocol.md), so one misbehaving host never breaks a step that serves other sessions. Values
 that the rules store are checked again where they are stored (validation.check_json …).
 """
 
 from typing import Any, Protocol
 from urllib.parse import quote
 
-# Error codes of the protocol (DESIGN 6) that callers act on by name.
+# Error codes of the protocol (docs/protocol.md) that callers act on by name.
 SESSION_NOT_FOUND = "session_not_found"  # the host no longer has the session: it is gone
 NOT_FOUND = "not_found"  # the host does not know what was asked of it (a turn, a run)
 STALE_REVISION = "stale_revision"  # the host has applied a newer revision
@@ -33,8 +34,8 @@ RETRYABLE_CODES = frozenset(
 
 class RuntimePort(Protocol):
     def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "RuntimePort":
-        """The port for one host (DESIGN 4.9), for a caller that already knows the session's
-        host (url None: the host `default`) and its token."""
+        """The port for one host (docs/lifecycles.md: sessions), for a caller that already knows the
+        session's host (url None: the host `default`) and its token."""
         ...
 
     def liveness(self, workspace_id: str, session_id: str) -> dict[str, Any]: ...

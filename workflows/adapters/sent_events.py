@@ -18,10 +18,10 @@ EVENT_EXCHANGE = "celeryev"
 
 class SentEvents:
     """The `task-sent` event Celery's own producer sends when `task_send_sent_event` is on
-    (DESIGN 5): Flower shows a task from the moment it is published, under the client that
-    published it, instead of first hearing of it from the worker. The wire format is
-    Celery's event message (celery.events.event.Event), built here because `workflows/`
-    never imports Celery."""
+    (docs/architecture.md): Flower shows a task from the moment it is published, under the client
+    that published it, instead of first hearing of it from the worker. The wire format is Celery's
+    event message (celery.events.event.Event), built here because `workflows/` never imports
+    Celery."""
 
     def __init__(self, connection: Connection) -> None:
         kind = "fanout" if connection.transport.driver_type == "redis" else "topic"

@@ -90,7 +90,7 @@ class ClientBase:
         build: Callable[[Any, Any], Any] | None = None,
         **error_attrs,
     ) -> Any:
-        """Load a record by id. With `workspace_id` (DESIGN 4.10), a record of another
+        """Load a record by id. With `workspace_id` (docs/operations.md), a record of another
         workspace is NotFound, exactly as a missing one. `build(session, row)` makes a record
         that needs more than its row."""
         if workspace_id is not None:

@@ -1,4 +1,4 @@
-"""The client's goal control and fences (DESIGN 4.1–4.3, 7.1)."""
+"""The client's goal control and fences (docs/lifecycles.md; docs/packaging.md)."""
 
 from sqlalchemy import select
 

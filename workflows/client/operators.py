@@ -1,5 +1,5 @@
-"""The client's operator calls (DESIGN 4.10): any operation by id, listing, retry, resolving a
-maintenance run, pruning history."""
+"""The client's operator calls (docs/operations.md): any operation by id, listing, retry, resolving
+a maintenance run, pruning history."""
 
 from typing import Any
 
@@ -20,7 +20,7 @@ from agent_radar.workflows.validation import check_id, check_limit
 
 
 class OperatorCalls(SessionCalls):
-    # -- operators (DESIGN 4.10) -------------------------------------------------------------
+    # -- operators (docs/operations.md) ----------------------------------------------------
     def get_operation(self, operation_id: str, *, workspace_id: str | None = None) -> Any:
         """The operation with this id, of any kind (its record has the kind's fields); with
         `workspace_id`, one of another workspace is NotFound."""
@@ -116,7 +116,7 @@ class OperatorCalls(SessionCalls):
         batch: int = retention.BATCH,
         max_batches: int = 1,
     ) -> dict:
-        """Retention (DESIGN 4.10): delete settled operations and events older than the
+        """Retention (docs/operations.md): delete settled operations and events older than the
         window, up to `max_batches` batches of `batch` rows of each kind, each batch its own
         transaction. A dry run counts one batch and deletes nothing."""
         days = retention.check_retention_days(

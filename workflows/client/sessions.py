@@ -1,5 +1,5 @@
 """The client's sessions: prompts, maintenance, admission, resume and stop, history, agent
-hosts and activity reports (DESIGN 4.4–4.9, 7.1)."""
+hosts and activity reports (docs/lifecycles.md; docs/packaging.md)."""
 
 from typing import Any
 
@@ -76,7 +76,7 @@ class SessionCalls(ClientBase):
         self, workspace_id: str, session_id: str, *, reason: str = "drained"
     ) -> SessionInfo:
         """Stop admitting maintenance on this session (RuntimeDraining from now on); an
-        operator action, audited in the session's events with its reason (DESIGN 4.10)."""
+        operator action, audited in the session's events with its reason (docs/operations.md)."""
         return self._set_admission(workspace_id, session_id, "draining", reason)
 
     def undrain_session(self, workspace_id: str, session_id: str, *, reason: str) -> SessionInfo:
@@ -161,11 +161,11 @@ class SessionCalls(ClientBase):
     def ensure_session(
         self, workspace_id: str, session_id: str, *, host_id: str | None = None
     ) -> SessionInfo:
-        """User-triggered: resume an offline session with every durable fence preloaded,
-        then wake its prepared goal operations. A live session whose host moved to a newer
-        runtime epoch gets its fences installed there again; at the same epoch nothing is
-        reinstalled (DESIGN 4.9). With `host_id` (a registered host), the session is bound
-        to that host first; another host than its own is a move, a new epoch there."""
+        """User-triggered: resume an offline session with every durable fence preloaded, then wake
+        its prepared goal operations. A live session whose host moved to a newer runtime epoch gets
+        its fences installed there again; at the same epoch nothing is reinstalled
+        (docs/lifecycles.md: sessions). With `host_id` (a registered host), the session is bound to
+        that host first; another host than its own is a move, a new epoch there."""
         check_id("workspace_id", workspace_id)
         check_id("session_id", session_id)
         if host_id is not None:
@@ -207,7 +207,7 @@ class SessionCalls(ClientBase):
     ) -> SessionStopRecord:
         """Cancel the session's running turn (a durable cancel) and its active maintenance run,
         in one idempotent operation; queued prompts and goal operations stay queued. The
-        record settles when both have ended (DESIGN 4.9)."""
+        record settles when both have ended (docs/lifecycles.md: sessions)."""
         request = stops.StopRequest.parse(
             workspace_id, session_id, client_submit_id=client_submit_id, reason=reason
         )
@@ -236,7 +236,7 @@ class SessionCalls(ClientBase):
             stop_id=stop_id,
         )
 
-    # -- agent hosts (DESIGN 4.9) ------------------------------------------------------------
+    # -- agent hosts (docs/lifecycles.md: sessions) ----------------------------------------
     def add_host(
         self, host_id: str, url: str, *, replace: bool = False, token: str | None = None
     ) -> Host:

@@ -1,1 +1,1 @@
-"""Goal generation fences, turns and durable cancels (DESIGN 4.3, 4.5)."""
+"""Goal generation fences, turns and durable cancels (docs/lifecycles.md: fences, turn cancels)."""

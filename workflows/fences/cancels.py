@@ -1,4 +1,4 @@
-"""Durable turn cancels (DESIGN 4.5).
+"""Durable turn cancels (docs/lifecycles.md: cancels).
 
 The cancel row is written before the runtime is called; the runtime's answer, a turn-settled
 report, or (when the host is gone) local settlement completes it together with the turn.
@@ -72,11 +72,11 @@ def prepare_or_existing(
 def cancel_if_fenced(
     session: Session, workspace_id: str, session_id: str, turn_id: str, now: datetime
 ) -> str | None:
-    """A report told of a turn that has not settled: if its provenance is a fenced
-    (operation, revision), the turn gets its durable cancel now, whether the fence is still
-    on its way or completed before the report landed (DESIGN 4.3). Returns the cancel's id
-    when this made it (the caller publishes it after commit); a turn that already has a
-    cancel, whatever its cause, keeps that one."""
+    """A report told of a turn that has not settled: if its provenance is a fenced (operation,
+    revision), the turn gets its durable cancel now, whether the fence is still on its way or
+    completed before the report landed (docs/lifecycles.md: fences). Returns the cancel's id when
+    this made it (the caller publishes it after commit); a turn that already has a cancel, whatever
+    its cause, keeps that one."""
     turn = session.get(Turn, (workspace_id, session_id, turn_id))
     if turn is None or turn.phase == TurnPhase.SETTLED or turn.source_goal_operation_id is None:
         return None
@@ -179,7 +179,7 @@ def interrupt_running_turns(
     """The session is gone (its host answered session_not_found), or — with `before_epoch` —
     its host restarted: every turn of it (of an older epoch) that has not settled ends
     `interrupted`, with its open cancel; returns the fences that waited on them, now due
-    (DESIGN 4.5, authoritative ends)."""
+    (docs/lifecycles.md: cancels, authoritative ends)."""
     lock_session(session, workspace_id, session_id)
     older = (
         ()

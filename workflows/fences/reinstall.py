@@ -1,4 +1,5 @@
-"""Where each durable fence is installed (DESIGN 4.9), tracked per fence, explicitly.
+"""Where each durable fence is installed (docs/lifecycles.md: sessions), tracked per fence,
+explicitly.
 
 Each fence records the (host, epoch) at which it was last installed, as the installer knew
 them before its call. A fence whose (host, epoch) is not the session's — never installed, an

@@ -1,1 +1,1 @@
-"""Goal control (DESIGN 4.1, 4.2): submit and the batched dispatcher."""
+"""Goal control (docs/lifecycles.md: accept, goals): submit and the batched dispatcher."""

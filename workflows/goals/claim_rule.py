@@ -1,5 +1,5 @@
-"""The claim rule (DESIGN 4.2): whether a goal operation may be attempted now, and if not, why.
-Its one source of truth: the dispatcher reads the rows under the session lock, judges them
+"""The claim rule (docs/lifecycles.md: goals): whether a goal operation may be attempted now, and if
+not, why. Its one source of truth: the dispatcher reads the rows under the session lock, judges them
 here, and its claim statement only guards against a lease taken meanwhile."""
 
 from datetime import datetime

@@ -1,4 +1,4 @@
-"""Goal generation fences (DESIGN 4.3): submit.
+"""Goal generation fences (docs/lifecycles.md: fences): submit.
 
 A fence row is permanent: it forbids one exact (operation, revision) forever; its status only
 tracks delivery to the agent host.

@@ -1,5 +1,5 @@
-"""What a goal operation may do next (DESIGN 4.2): when it is due, its budgets and backoff,
-and its terminal outcomes (failed; applied, with the goal state synced or diverged)."""
+"""What a goal operation may do next (docs/lifecycles.md: goals): when it is due, its budgets and
+backoff, and its terminal outcomes (failed; applied, with the goal state synced or diverged)."""
 
 import logging
 from datetime import datetime, timedelta
@@ -23,7 +23,7 @@ from agent_radar.workflows import budgets, leases, records
 from agent_radar.workflows.goals.tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
 from agent_radar.workflows.sessions.rows import SESSIONS, lock_session, same_session
 
-# Budgets of DESIGN 4.2: past these an operation fails instead of retrying forever.
+# Budgets of docs/lifecycles.md: goals: past these an operation fails instead of retrying forever.
 log = logging.getLogger(__name__)
 
 DISPATCH_BUDGET_S = budgets.MAX_FAILING_S  # since the first dispatch

@@ -1,5 +1,5 @@
-"""What a goal operation's claim, call and answer lead to (DESIGN 4.2): the verdict on an
-operation the claim rule holds back, and the record of each attempt's outcome. Each writes in
+"""What a goal operation's claim, call and answer lead to (docs/lifecycles.md: goals): the verdict
+on an operation the claim rule holds back, and the record of each attempt's outcome. Each writes in
 the caller's transaction and, for an attempt, only under its claim's lease token."""
 
 import logging

@@ -1,5 +1,5 @@
-"""The dispatcher's prebuilt statements (DESIGN 4.2, 4.8): built once, with bound parameters
-(`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
+"""The dispatcher's prebuilt statements (docs/lifecycles.md: goals, leases): built once, with bound
+parameters (`b_ops`, `b_keys` expand to lists), since building a statement costs more than running a
 cached one on the hot path."""
 
 from datetime import datetime, timedelta
@@ -165,14 +165,15 @@ CLAIM_LOOKUP = (
         STATES.c.sync_status.label("state_sync"),  # what a give-back restores
         holds(OPS.c.workspace_id, OPS.c.session_id).label("held"),
         # Whether a fence of the session is not known to be installed at its (host, epoch):
-        # the fences go there before this goal call (DESIGN 4.9).
+        # the fences go there before this goal call (docs/lifecycles.md: sessions).
         exists()
         .where(
             same_session(FENCES.c, SESSIONS.c),
             not_installed_at(FENCES.c, SESSIONS.c.host_id, SESSIONS.c.runtime_epoch),
         )
         .label("reinstall"),
-        # Where the call goes (DESIGN 4.9), read here so the step needs no read per call.
+        # Where the call goes (docs/lifecycles.md: sessions), read here so the step needs no read
+        # per call.
         SESSIONS.c.host_id.label("host_id"),
         HOSTS.c.url.label("host_url"),
         HOSTS.c.token.label("host_token"),

@@ -1,4 +1,4 @@
-"""Goal control submit (DESIGN 4.1, 4.2 submit 1-7): validate, replay or conflict, supersede,
+"""Goal control submit (docs/lifecycles.md: accept, goals): validate, replay or conflict, supersede,
 bump the revision, insert the operation and its audit event, in the caller's transaction."""
 
 import dataclasses
@@ -169,7 +169,8 @@ def load_operation(session: Session, operation_id: str) -> records.GoalOperation
 def submit(
     session: Session, request: GoalRequest, now: datetime
 ) -> tuple[records.GoalOperation, bool]:
-    """Accept a goal control intent in the caller's transaction (DESIGN 4.2, submit 1-7).
+    """Accept a goal control intent in the caller's transaction (docs/lifecycles.md: goals, submit
+    1-7).
 
     Returns (operation, created). A replay returns the existing operation and writes
     nothing. The session row is locked first, as by every writer of a session.

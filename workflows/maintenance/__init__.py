@@ -1,1 +1,2 @@
-"""Maintenance runs (DESIGN 4.6): admission, the state machine and its records, the executor."""
+"""Maintenance runs (docs/lifecycles.md: maintenance): admission, the state machine and its records,
+the executor."""

@@ -1,4 +1,4 @@
-"""Maintenance runs (DESIGN 4.6): admission, the state machine and its records.
+"""Maintenance runs (docs/lifecycles.md: maintenance): admission, the state machine and its records.
 
 Every accepted status change is one guarded UPDATE (expected status and revision, and the
 holder's lease token where a worker writes) that bumps `revision` and appends exactly one
@@ -130,8 +130,8 @@ def live_run(session: Session, workspace_id: str, session_id: str) -> Maintenanc
 
 
 def holds(workspace_id, session_id):
-    """SQL condition: a live run holds the session (DESIGN 4.7). The ids are values or
-    columns of an enclosing query."""
+    """SQL condition: a live run holds the session (docs/lifecycles.md: prompts). The ids are values
+    or columns of an enclosing query."""
     return exists().where(*_live(workspace_id, session_id))
 
 
@@ -280,10 +280,10 @@ def end_for_restart(
     now: datetime,
     moved_to: str | None = None,
 ) -> bool:
-    """The session's host reported a newer runtime epoch (or, with `moved_to`, the session
-    moved to another host): a live run of an older one is gone with the process that ran it
-    and ends `interrupted` (runtime_restarted), releasing the session (DESIGN 4.6, 4.9).
-    True if a run ended."""
+    """The session's host reported a newer runtime epoch (or, with `moved_to`, the session moved to
+    another host): a live run of an older one is gone with the process that ran it and ends
+    `interrupted` (runtime_restarted), releasing the session (docs/lifecycles.md: maintenance,
+    sessions). True if a run ended."""
     run = live_run(session, workspace_id, session_id)
     if run is None or (moved_to is None and (run.runtime_epoch or 0) >= (epoch or 0)):
         return False
@@ -344,9 +344,9 @@ def check_outcome(outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def terminal_for(answer: dict[str, Any]) -> tuple[MaintenanceStatus, dict[str, Any]]:
-    """The terminal status and fields for the runtime's final answer (DESIGN 4.6). An
-    answer that cannot be stored ends the run `failed` (invalid_runtime_answer): asking
-    again would only get the same answer, and the session must not stay held."""
+    """The terminal status and fields for the runtime's final answer (docs/lifecycles.md:
+    maintenance). An answer that cannot be stored ends the run `failed` (invalid_runtime_answer):
+    asking again would only get the same answer, and the session must not stay held."""
     try:
         outcome = check_outcome(answer)
     except InvalidArgument as exc:

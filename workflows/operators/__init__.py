@@ -1,1 +1,1 @@
-"""Operating the fleet (DESIGN 4.10): finding and listing every kind of operation."""
+"""Operating the fleet (docs/operations.md): finding and listing every kind of operation."""

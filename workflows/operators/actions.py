@@ -1,4 +1,4 @@
-"""Operator actions (DESIGN 4.10): operations too, each audited as a session event with the
+"""Operator actions (docs/operations.md): operations too, each audited as a session event with the
 operator's reason — retry a `failed` goal operation or fence (a fresh budget, same identity),
 resolve a maintenance run in `recovery_required` (to `failed` or `completed`; the hold is
 released), drain and undrain a session."""

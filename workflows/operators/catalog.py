@@ -1,5 +1,5 @@
-"""Every kind of operation found by id, by (workspace, session, client submit ID), and listed
-by kind, status, workspace, session and age (DESIGN 4.10), for the client and `agent-radar op`.
+"""Every kind of operation found by id, by (workspace, session, client submit ID), and listed by
+kind, status, workspace, session and age (docs/operations.md), for the client and `agent-radar op`.
 
 The kinds: goal operations (fence-made clears included), fences, turn cancels, maintenance runs,
 prompts and session stops. A session stop's status is derived from the turn and the run it
@@ -147,8 +147,8 @@ def show(session: Session, op_id: str, workspace_id: str | None) -> tuple[str, A
 def find(
     session: Session, workspace_id: str, session_id: str, client_submit_id: str
 ) -> list[tuple[str, Any]]:
-    """Every operation a client submitted under this ID in this session, one per family
-    that has it (client submit IDs are scoped per family, DESIGN 4.1). Turn cancels have no
+    """Every operation a client submitted under this ID in this session, one per family that has it
+    (client submit IDs are scoped per family, docs/lifecycles.md: accept). Turn cancels have no
     client submit ID."""
     found = []
     for kind in KINDS.values():

@@ -1,4 +1,4 @@
-"""Retention (DESIGN 4.10): settled operations and events older than the retention window
+"""Retention (docs/operations.md): settled operations and events older than the retention window
 (default 30 days, never under 24 hours, so a replay within a day always finds its operation)
 are deleted by a beat task in bounded batches. Fence rows are permanent (they forbid their
 generation forever) and are never pruned; nothing open, live or still waited on is pruned.

@@ -1,1 +1,1 @@
-"""Prompts (DESIGN 4.7): a session's queue of prompts, one turn at a time."""
+"""Prompts (docs/lifecycles.md: prompts): a session's queue of prompts, one turn at a time."""

@@ -1,5 +1,6 @@
-"""Queued prompts (DESIGN 4.7): one at a time per session, only when the session has no
-running turn and no maintenance run holds it; the next goes when the previous turn settles."""
+"""Queued prompts (docs/lifecycles.md: prompts): one at a time per session, only when the session
+has no running turn and no maintenance run holds it; the next goes when the previous turn
+settles."""
 
 import logging
 from dataclasses import dataclass
@@ -170,7 +171,7 @@ def on_turn_settled(
     session: Session, workspace_id: str, session_id: str, prompt_id: str | None, outcome: str
 ) -> bool:
     """The prompt's turn settled: the prompt is done. True if the queue may move on. Only
-    a prompt of the report's own workspace and session is touched (DESIGN 4.10)."""
+    a prompt of the report's own workspace and session is touched (docs/operations.md)."""
     if prompt_id is None:
         return False
     status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED

@@ -1,2 +1,2 @@
-"""Sessions (DESIGN 4.4, 4.9): the session row and its event log, the hosts sessions live on,
-and a session's history."""
+"""Sessions (docs/lifecycles.md: turns, sessions): the session row and its event log, the hosts
+sessions live on, and a session's history."""

@@ -1,4 +1,4 @@
-"""Registered agent hosts (DESIGN 4.9): where each session's runtime calls go.
+"""Registered agent hosts (docs/lifecycles.md: sessions): where each session's runtime calls go.
 
 The host `default` is AGENT_RADAR_RUNTIME_URL and has no row. Any other host is registered
 by an operator (`agent-radar host add ID URL`); a session is bound to one host by its latest
@@ -102,8 +102,8 @@ def list_hosts(session: Session, default_url: str) -> list[Host]:
 
 
 def require_host(session: Session, host_id: str) -> str:
-    """A host a message or a caller named: registered, or InvalidArgument (DESIGN 4.9).
-    Its row stays locked (shared) for the transaction, so a `host remove` waits for a
+    """A host a message or a caller named: registered, or InvalidArgument (docs/lifecycles.md:
+    sessions). Its row stays locked (shared) for the transaction, so a `host remove` waits for a
     session being bound to it here, then sees that session and refuses."""
     if host_id != DEFAULT_HOST and (
         session.get(RuntimeHost, host_id, with_for_update={"read": True}) is None

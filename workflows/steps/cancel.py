@@ -1,5 +1,5 @@
-"""Durable turn cancels (DESIGN 4.5): requested, delivered to the session's host and retried;
-a session the host no longer has settles them locally. Background work: never resumes a
+"""Durable turn cancels (docs/lifecycles.md: cancels): requested, delivered to the session's host
+and retried; a session the host no longer has settles them locally. Background work: never resumes a
 session (a liveness look only)."""
 
 import logging
@@ -49,12 +49,12 @@ class CancelRunner(Step):
         return 2 * self.lease_s
 
     def require_live(self, workspace_id: str, session_id: str, *, restore: bool = True) -> bool:
-        """A liveness look (never a resume) whose answer counts as what it is: the session is
-        live, at the epoch its host answered (DESIGN 4.9). A newer one ends the older
-        epoch's turns and run here too, and what waited on them goes on; a fence not known
-        to be installed there, or a clear not yet delivered, gets the session's restore
-        (unless the caller is that restore). True if the epoch was newer. Raises
-        RuntimeDisconnected when the session is offline."""
+        """A liveness look (never a resume) whose answer counts as what it is: the session is live,
+        at the epoch its host answered (docs/lifecycles.md: sessions). A newer one ends the older
+        epoch's turns and run here too, and what waited on them goes on; a fence not known to be
+        installed there, or a clear not yet delivered, gets the session's restore (unless the caller
+        is that restore). True if the epoch was newer. Raises RuntimeDisconnected when the session
+        is offline."""
         epoch = require_live(self.runtime, workspace_id, session_id)
 
         def observe(s: Session) -> tuple[EpochEffects, bool]:
@@ -80,10 +80,10 @@ class CancelRunner(Step):
         return True
 
     def request(self, workspace_id: str, session_id: str, turn_id: str, reason: str) -> str:
-        """Cancel a turn (require_live), or join the cancel it already has for another cause
-        (a session stop: a turn is cancelled once, whoever asked, DESIGN 4.3). Returns
-        "settled" or "waiting"; raises RuntimeDisconnected (no row written) when the session
-        is offline."""
+        """Cancel a turn (require_live), or join the cancel it already has for another cause (a
+        session stop: a turn is cancelled once, whoever asked, docs/lifecycles.md: fences). Returns
+        "settled" or "waiting"; raises RuntimeDisconnected (no row written) when the session is
+        offline."""
         self.require_live(workspace_id, session_id)
 
         def prepare_and_claim(s: Session):
@@ -134,11 +134,11 @@ class CancelRunner(Step):
         return "waiting"
 
     def apply(self, operation_id: str) -> str:
-        """`agent_radar.cancel.apply`, the stale-cancel path (DESIGN 4.5). A live session gets
-        the cancel retried with backoff; an offline one waits, using no budget, and gets it
-        once it is live again (a disconnect is no end: the turn may still run); a session that
-        is gone (`session_not_found`) settles its turns as interrupted locally. Never a
-        resume; past its budget the cancel ends `failed`."""
+        """`agent_radar.cancel.apply`, the stale-cancel path (docs/lifecycles.md: cancels). A live
+        session gets the cancel retried with backoff; an offline one waits, using no budget, and
+        gets it once it is live again (a disconnect is no end: the turn may still run); a session
+        that is gone (`session_not_found`) settles its turns as interrupted locally. Never a resume;
+        past its budget the cancel ends `failed`."""
 
         def claim(s: Session):
             cancel = s.get(CancelOperation, operation_id, populate_existing=True)

@@ -1,5 +1,5 @@
-"""Applying goal generation fences (DESIGN 4.3 apply); the fenced turn's cancel is the cancel
-step's (cancel.py).
+"""Applying goal generation fences (docs/lifecycles.md: fences); the fenced turn's cancel is the
+cancel step's (cancel.py).
 
 Background work: it never resumes a session. A session known to be offline is settled
 locally: the fence is installed nowhere yet and its clear is marked undelivered, so the
@@ -282,7 +282,7 @@ class FenceApplier(Step):
         return ("waiting" if error == WAITING_FOR_TURN else "retry") if ok else "skipped"
 
     def _offline(self, s: Session, claim: FenceClaim) -> str:
-        """The session is offline (DESIGN 4.3 step 2). If the fenced generation's turn is
+        """The session is offline (docs/lifecycles.md: fences). If the fenced generation's turn is
         running, its durable cancel is written (delivered once the session is live again,
         never by resuming it) and the fence waits for that turn's authoritative end, using no
         budget. Otherwise the fence completes locally."""
@@ -296,7 +296,7 @@ class FenceApplier(Step):
     def _gone(self, claim: FenceClaim) -> str:
         """The host answered session_not_found: the session is gone. Its turns end
         interrupted — the fenced one through its durable cancel, so the fence records it — and
-        the fence completes locally (DESIGN 4.3 step 6)."""
+        the fence completes locally (docs/lifecycles.md: fences)."""
 
         def settle(s: Session) -> str:
             turn_id = self._fenced_turn(s, claim)

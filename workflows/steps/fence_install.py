@@ -1,6 +1,6 @@
-"""A session's durable fences at its host (DESIGN 4.3, 4.9): installed before any other call
-there (every step that calls a session's host runs this first), and preloaded when a user's
-own call resumes an offline session (background work never resumes one)."""
+"""A session's durable fences at its host (docs/lifecycles.md: fences, sessions): installed before
+any other call there (every step that calls a session's host runs this first), and preloaded when a
+user's own call resumes an offline session (background work never resumes one)."""
 
 from sqlalchemy.engine import Engine
 

@@ -1,6 +1,6 @@
-"""Executing maintenance runs (DESIGN 4.6): claim with a heartbeat lease, run the work at the
-runtime (idempotent by run_id), poll it with cancel checks between polls, finalize, release
-the session's held work. Also the sweeper's timeouts and the recovery barrier."""
+"""Executing maintenance runs (docs/lifecycles.md: maintenance): claim with a heartbeat lease, run
+the work at the runtime (idempotent by run_id), poll it with cancel checks between polls, finalize,
+release the session's held work. Also the sweeper's timeouts and the recovery barrier."""
 
 import logging
 import time
@@ -82,8 +82,8 @@ class MaintenanceExecutor(Step):
             return "skipped"
         try:
             if claim.status == S.RECOVERY_REQUIRED:
-                # Recovery asks for the run's outcome first (DESIGN 4.6): a host that lost
-                # the run (it restarted) must not be asked to run it again.
+                # Recovery asks for the run's outcome first (docs/lifecycles.md: maintenance): a
+                # host that lost the run (it restarted) must not be asked to run it again.
                 state = self._status_or_gone(claim)
                 if state is None:
                     return self._end_restarted(claim)

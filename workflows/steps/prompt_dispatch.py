@@ -1,4 +1,5 @@
-"""Prompt dispatch (DESIGN 4.7): the session's next prompt sent to its host when it may go."""
+"""Prompt dispatch (docs/lifecycles.md: prompts): the session's next prompt sent to its host when it
+may go."""
 
 from collections.abc import Callable
 from datetime import datetime

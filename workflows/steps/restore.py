@@ -1,8 +1,8 @@
-"""A session's restore (DESIGN 4.3, 4.9): whenever the control plane learns that a session is
-live — a report, a liveness answer, ensure_session — every durable fence not known to be
-installed at its (host, epoch) is installed, and a clear that was settled locally without
-reaching the agent is delivered. A reconnect at the same epoch, a restart, a first epoch
-learnt after a fence, a move: each leaves a fence whose record no longer matches.
+"""A session's restore (docs/lifecycles.md: fences, sessions): whenever the control plane learns
+that a session is live — a report, a liveness answer, ensure_session — every durable fence not known
+to be installed at its (host, epoch) is installed, and a clear that was settled locally without
+reaching the agent is delivered. A reconnect at the same epoch, a restart, a first epoch learnt
+after a fence, a move: each leaves a fence whose record no longer matches.
 
 `agent_radar.session.restore` runs it in the background: it confirms the session is live
 with its own host (a liveness call, never a resume; the epoch it answers is the one that

@@ -1,6 +1,6 @@
-"""A session's held work goes on (DESIGN 4.7): when a maintenance run settles — on its own,
-by recovery, or because its host restarted or the session moved — the goal operations, fence
-clears and prompts it held are woken, in submission order."""
+"""A session's held work goes on (docs/lifecycles.md: prompts): when a maintenance run settles — on
+its own, by recovery, or because its host restarted or the session moved — the goal operations,
+fence clears and prompts it held are woken, in submission order."""
 
 from datetime import datetime
 
@@ -20,7 +20,7 @@ def release_session(
     engine: Engine, publish: Publish, workspace_id: str, session_id: str, now: datetime
 ) -> None:
     """The run settled: held goal operations become due now and drain in revision order;
-    the next queued prompt may go (DESIGN 4.7)."""
+    the next queued prompt may go (docs/lifecycles.md: prompts)."""
 
     def wake(s: Session) -> list[str]:
         ops = open_client_operations(s, workspace_id, session_id)

@@ -1,5 +1,5 @@
 """`agent-radar metrics`: a Prometheus exporter that reads the database on every scrape
-(DESIGN 4.10). It keeps no state, so several can run side by side.
+(docs/operations.md). It keeps no state, so several can run side by side.
 
 Labels are bounded: kind, status, workspace — never a session, so one dashboard serves
 many workspaces. Every gauge is read in one short read-only transaction.

@@ -132,7 +132,7 @@ class Stack:
 
     def start_sim(self, host_id: str = "default", url: str | None = None) -> Proc:
         """A runtime simulator process: the host `default` at AGENT_RADAR_RUNTIME_URL, or
-        another agent host (DESIGN 4.9) at `url`, whose reports name it."""
+        another agent host (docs/lifecycles.md: sessions) at `url`, whose reports name it."""
         url = url or self.settings.runtime_url
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         name = "runtime-sim" if host_id == "default" else f"runtime-sim-{host_id}"

@@ -1,4 +1,4 @@
-"""Runtime epochs (DESIGN 4.9): the epoch at which a session's durable fences were last
+"""Runtime epochs (docs/lifecycles.md: sessions): the epoch at which a session's durable fences were last
 installed, and the epoch each turn ran in.
 
 Revision ID: 0004

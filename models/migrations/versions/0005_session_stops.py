@@ -1,4 +1,4 @@
-"""Session stops (DESIGN 4.9): one idempotent operation that cancels a session's running turn
+"""Session stops (docs/lifecycles.md: sessions): one idempotent operation that cancels a session's running turn
 and its active maintenance run.
 
 Revision ID: 0005

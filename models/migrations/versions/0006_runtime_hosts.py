@@ -1,4 +1,4 @@
-"""Many agent hosts (DESIGN 4.9): the registered hosts, and the host each session lives on.
+"""Many agent hosts (docs/lifecycles.md: sessions): the registered hosts, and the host each session lives on.
 
 Revision ID: 0006
 """

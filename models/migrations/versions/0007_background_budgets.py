@@ -1,4 +1,4 @@
-"""Budgets for every background kind (DESIGN 4.3): when the current run of failures of a
+"""Budgets for every background kind (docs/lifecycles.md: fences): when the current run of failures of a
 fence, a turn cancel or a prompt began (the age budget), and a prompt's attempts and last
 error.
 

@@ -1,4 +1,4 @@
-"""Heartbeats (DESIGN 4.8, 7.2): when the sweep last finished, so a dead beat shows.
+"""Heartbeats (docs/lifecycles.md: leases; docs/operations.md): when the sweep last finished, so a dead beat shows.
 
 Revision ID: 0008
 """

@@ -1,4 +1,4 @@
-"""The open goal operations in due order, as a partial index (DESIGN 4.2).
+"""The open goal operations in due order, as a partial index (docs/lifecycles.md: goals).
 
 A dispatch and the sweeper read due operations (open, unleased, due) ordered by when they
 are due. Through ix_goal_operations_due (status, next_attempt_at) PostgreSQL answered with a

@@ -1,4 +1,4 @@
-"""Where each fence is installed (DESIGN 4.9): the (host, epoch) at which each durable fence
+"""Where each fence is installed (docs/lifecycles.md: sessions): the (host, epoch) at which each durable fence
 was last installed, explicitly, per fence, instead of one epoch per session inferred from the
 first epoch learnt; whether a fence's clear was settled locally without reaching the agent
 (it is delivered once the session is live again); and when a session's restore is due (the

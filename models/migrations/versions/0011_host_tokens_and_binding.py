@@ -1,4 +1,4 @@
-"""Hosts are identities (DESIGN 4.9): each registered agent host has a token of its own, and
+"""Hosts are identities (docs/lifecycles.md: sessions): each registered agent host has a token of its own, and
 a session is bound to its host — by ensure_session(host_id=) or by its first report naming
 one — so that a report naming another host is refused instead of moving it.
 

@@ -1,7 +1,7 @@
-"""The claim side of goal dispatch (DESIGN 4.2, 4.8): a dispatch's lanes taken, their
-operations read under the session locks, judged by the claim rule (goals/claim_rule.py) and
-claimed under a lease; a claim given back unattempted; the lanes released and taken again for
-their next due work. Every method runs in its caller's transaction."""
+"""The claim side of goal dispatch (docs/lifecycles.md: goals, leases): a dispatch's lanes taken,
+their operations read under the session locks, judged by the claim rule (goals/claim_rule.py) and
+claimed under a lease; a claim given back unattempted; the lanes released and taken again for their
+next due work. Every method runs in its caller's transaction."""
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterable

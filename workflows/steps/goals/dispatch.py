@@ -1,4 +1,4 @@
-"""Goal dispatch (DESIGN 4.2 dispatch, 4.8 lanes): the batched step a worker runs.
+"""Goal dispatch (docs/lifecycles.md: goals dispatch, 4.8 lanes): the batched step a worker runs.
 
 A dispatch reads which lanes to open, claims them (goal_claim.py), and hands the claims to a
 drain that calls the hosts, each within its bulkhead (flight.py), and records the outcomes
@@ -53,7 +53,8 @@ def apply_goal(
 
 
 class Dispatcher(GoalClaims):
-    """Runs goal operations against the runtime, one session lane at a time (DESIGN 4.2, 4.8).
+    """Runs goal operations against the runtime, one session lane at a time (docs/lifecycles.md:
+    goals, leases).
 
     A short transaction takes lanes and claims their operations (lane + operation lease,
     `dispatched`), up to MAX_LANES_PER_STEP at a time; the calls then run in a drain

@@ -344,7 +344,7 @@ class Drain:
         for result in recorded:
             if result.outcome == "skipped":
                 # Its lease was taken over while it called (a paused or slow process): the
-                # new holder's outcome stands (DESIGN 4.8).
+                # new holder's outcome stands (docs/lifecycles.md: leases).
                 log.warning(
                     "goal operation %s: its call ended after its lease was taken over; "
                     "its outcome is not recorded",

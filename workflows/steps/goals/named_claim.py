@@ -1,4 +1,4 @@
-"""A named message's claim as one call (PostgreSQL; DESIGN 4.2 dispatch 1-4, 4.8).
+"""A named message's claim as one call (PostgreSQL; docs/lifecycles.md: goals dispatch 1-4, 4.8).
 
 The claim of a message that names its operation's session is three prebuilt statements in
 order: the named lane with the session lock (NAMED_LANE_AND_LOCK), then the claim's read and

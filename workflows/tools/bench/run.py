@@ -26,13 +26,13 @@ from agent_radar.workflows.tools.bench.stats import SUBMIT_THREADS, _percentile,
 from agent_radar.workflows.tools.bench.sweep import settled_sweep
 from agent_radar.workflows.tools.stack import Stack, free_port
 
-# DESIGN 8 targets on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
+# docs/benchmarks.md on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.
 TARGETS = {"throughput": 0.8, "unloaded_p50": 3.0, "paced_p99": 5.0, "cpu": 1.0}
 
 
 def targets(settings: Settings, ratios: dict[str, float | None]) -> dict[str, dict]:
-    """Each DESIGN 8 target with this run's ratio and whether it was met."""
+    """Each docs/benchmarks.md with this run's ratio and whether it was met."""
     embedded = settings.is_embedded_broker or settings.database_url.startswith("sqlite")
     out = {}
     for name, limit in TARGETS.items():

@@ -1,4 +1,4 @@
-"""The bench's phase (d) (`agent-radar bench --settled N`, DESIGN 8): a sweep over a large
+"""The bench's phase (d) (`agent-radar bench --settled N`, docs/benchmarks.md): a sweep over a large
 settled history costs about what a sweep over none does."""
 
 import statistics

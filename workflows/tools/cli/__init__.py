@@ -1,4 +1,4 @@
-"""The `agent-radar` command (DESIGN 7.2), one module per command group. This package is the
+"""The `agent-radar` command (docs/operations.md), one module per command group. This package is the
 composition root of the tools: importing it registers every command on `cli`."""
 
 from agent_radar.workflows.tools.cli import (  # noqa: F401

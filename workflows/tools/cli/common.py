@@ -1,4 +1,4 @@
-"""What every command group shares: the `agent-radar` group, output, errors (DESIGN 7.2).
+"""What every command group shares: the `agent-radar` group, output, errors (docs/operations.md).
 
 Every command takes --json, and exits non-zero with a one-line error on bad input.
 

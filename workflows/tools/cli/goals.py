@@ -1,4 +1,4 @@
-"""`goal set|clear|pause|resume|show` and `fence` (DESIGN 4.2, 4.3)."""
+"""`goal set|clear|pause|resume|show` and `fence` (docs/lifecycles.md: goals, fences)."""
 
 import click
 

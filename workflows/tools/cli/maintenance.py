@@ -1,4 +1,4 @@
-"""`maintenance start|cancel|show` (DESIGN 4.6)."""
+"""`maintenance start|cancel|show` (docs/lifecycles.md: maintenance)."""
 
 import click
 

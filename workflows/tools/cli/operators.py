@@ -1,4 +1,4 @@
-"""`op show|find|list` (DESIGN 4.10): any operation, of any kind, found by an operator."""
+"""`op show|find|list` (docs/operations.md): any operation, of any kind, found by an operator."""
 
 import re
 

@@ -349,7 +349,7 @@ def bench(
     slow_hosts: bool,
     as_json: bool,
 ):
-    """Benchmark (DESIGN 8) on the configured database and broker."""
+    """Benchmark (docs/benchmarks.md) on the configured database and broker."""
     from agent_radar.workflows.tools.bench.run import run_bench
 
     result = run_bench(

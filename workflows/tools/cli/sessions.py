@@ -1,4 +1,4 @@
-"""`prompt`, `history`, `session ensure|drain|show|stop` (DESIGN 4.7, 4.9) and
+"""`prompt`, `history`, `session ensure|drain|show|stop` (docs/lifecycles.md: prompts, sessions) and
 `host add|remove|list` (4.9)."""
 
 import click
@@ -139,7 +139,7 @@ def session_stop(workspace_id, session_id, as_json, submit_id, reason, wait_s):
 
 @cli.group()
 def host() -> None:
-    """Agent hosts (DESIGN 4.9): where each session's runtime calls go."""
+    """Agent hosts (docs/lifecycles.md: sessions): where each session's runtime calls go."""
 
 
 def _host_line(h) -> str:

@@ -1,4 +1,4 @@
-"""`status`: the fleet at a glance (DESIGN 7.2), and `metrics`, its Prometheus exporter."""
+"""`status`: the fleet at a glance (docs/operations.md), and `metrics`, its Prometheus exporter."""
 
 import sys
 

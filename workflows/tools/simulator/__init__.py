@@ -1,4 +1,4 @@
-"""`agent-radar runtime-sim`: an agent host speaking the runtime protocol (DESIGN 6).
+"""`agent-radar runtime-sim`: an agent host speaking the runtime protocol (docs/protocol.md).
 
 It keeps sessions in memory, dedupes goal calls by operation id, rejects stale revisions,
 records every effect it applied (`GET /sim/effects`) and every call it received

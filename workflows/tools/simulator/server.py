@@ -1,5 +1,5 @@
 """The simulator on a real socket: the runtime protocol and the `/sim/` control endpoints,
-both behind the bearer token (DESIGN 6)."""
+both behind the bearer token (docs/protocol.md)."""
 
 import hmac
 import json

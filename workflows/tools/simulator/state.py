@@ -34,7 +34,7 @@ class Simulator:
         # Failures, latency, holds and trickles set through /sim/ (reset with the rest).
         self.faults = HostFaults(self.changed)
         self.reporter = reporter
-        # The host this simulator is (DESIGN 4.9): every report names it.
+        # The host this simulator is (docs/lifecycles.md: sessions): every report names it.
         self.host_id = host_id
         # After close(): no timer fires, no report goes out (see close).
         self.closed = False
@@ -117,7 +117,7 @@ class Simulator:
         if self.reporter is None:
             return
         # Every report names the host that sends it and the epoch of its process
-        # (DESIGN 4.9).
+        # (docs/lifecycles.md: sessions).
         sess = self.sessions.get((report["workspace_id"], report["session_id"]))
         if "session" not in report:
             facts: dict[str, Any] = {"host_id": self.host_id}

@@ -1,0 +1,93 @@
+"""The docs stay true where a test can tell: every `agent-radar …` command they name exists
+with the options they give it, every file they link to exists, no code cites a design
+document the repository does not ship, and the README stays a guide (≤ 300 lines)."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import click
+
+from agent_radar.workflows.tools.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "deploy" / "README.md"] + sorted(
+    (ROOT / "docs").glob("*.md")
+)
+COMMAND = re.compile(r"`agent-radar ([^`]*)`")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def _alternatives(word: str) -> list[str]:
+    """`show|find|list` names three commands; `failed|completed` three values."""
+    return word.split("|")
+
+
+def _check(words: list[str]) -> list[str]:
+    """What is wrong with `agent-radar WORDS` (placeholders and values are not checked)."""
+    command: click.Command = cli
+    words = list(words)
+    while isinstance(command, click.Group) and words and not words[0].startswith("-"):
+        names = _alternatives(words.pop(0))
+        subs = [command.get_command(click.Context(command), n) for n in names]
+        if None in subs:
+            return [f"{names} is not a command of {command.name}"]
+        for sub in subs[1:]:
+            if isinstance(sub, click.Group):
+                return [f"{names}: only the last word may be alternatives"]
+        command = subs[0]
+        if len(subs) > 1:  # alternatives are leaves: their options are not checked
+            return []
+    options = {o for p in command.params for o in getattr(p, "opts", [])}
+    return [
+        f"{command.name} has no option {w.split('=')[0]}"
+        for w in words
+        if w.startswith("-") and w.split("=")[0] not in options
+    ]
+
+
+def test_every_command_the_docs_name_exists_with_its_options():
+    named = {
+        (doc.relative_to(ROOT).as_posix(), m.group(1))
+        for doc in DOCS
+        for m in COMMAND.finditer(doc.read_text())
+    }
+    assert len(named) > 20
+    wrong = {(doc, line): _check(line.split()) for doc, line in named}
+    assert {k: v for k, v in wrong.items() if v} == {}
+
+
+def test_the_check_catches_a_command_that_is_not_there():
+    assert _check(["op", "launch"])
+    assert _check(["op", "list", "--colour", "red"])
+    assert _check(["goal", "set|frobnicate"])
+    assert _check(["op", "list", "--since", "1h"]) == []
+
+
+def test_every_file_the_docs_link_exists():
+    missing = [
+        f"{doc.relative_to(ROOT)} -> {target}"
+        for doc in DOCS
+        for target in LINK.findall(doc.read_text())
+        if "://" not in target and not (doc.parent / target).exists()
+    ]
+    assert missing == []
+
+
+def test_no_code_cites_a_design_document_the_repository_does_not_ship():
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    citing = [
+        f
+        for f in files
+        if re.search(r"\bDESIGN\b|\.\./shared|DESIGN\.md", (ROOT / f).read_text())
+        and f != "tests/tools/test_docs.py"
+    ]
+    assert citing == []
+    docs = [d.relative_to(ROOT).as_posix() for d in DOCS if "DESIGN" in d.read_text()]
+    assert docs == []
+
+
+def test_the_readme_is_a_guide():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
