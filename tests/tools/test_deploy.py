@@ -103,7 +103,12 @@ def test_compose_reads_a_required_untracked_env_file_and_hides_secrets():
             if any(word in key for word in ("URL", "TOKEN", "PASSWORD", "AUTH", "USER", "DB")):
                 assert str(value).startswith("${") and ":?" in str(value), (name, key)
     env = {name: set(svc.get("environment") or {}) for name, svc in services.items()}
-    assert env["flower"] == {"AGENT_RADAR_BROKER_URL", "FLOWER_BASIC_AUTH"}
+    broker = {"AGENT_RADAR_BROKER_URL", "AGENT_RADAR_BROKER_KEY_PREFIX", "AGENT_RADAR_LOG_FORMAT"}
+    assert env["flower"] == broker | {"FLOWER_BASIC_AUTH"}
+    # Each setting reaches the processes that read it (docs/configuration.md).
+    assert {"AGENT_RADAR_RUNTIME_TIMEOUT_S", "AGENT_RADAR_HOST_CONCURRENCY"} <= env["worker"]
+    assert "AGENT_RADAR_RETENTION_DAYS" in env["beat"]
+    assert broker <= env["worker"] & env["beat"] & env["runtime-sim"]
     assert "AGENT_RADAR_DATABASE_URL" not in env["runtime-sim"]
     assert "AGENT_RADAR_RUNTIME_TOKEN" not in env["beat"] | env["flower"]
     assert "POSTGRES_PASSWORD" not in set().union(*(env[s] for s in env if s != "postgres"))
@@ -262,6 +267,78 @@ def _container_commands(doc: dict) -> list[tuple[str, list[str]]]:
     return found
 
 
+SECRET_KEYS = {
+    "agent-radar-migrate": {"AGENT_RADAR_DATABASE_URL"},
+    "agent-radar-worker": {
+        "AGENT_RADAR_DATABASE_URL",
+        "AGENT_RADAR_BROKER_URL",
+        "AGENT_RADAR_RUNTIME_URL",
+        "AGENT_RADAR_RUNTIME_TOKEN",
+        "AGENT_RADAR_REDIS_ADDRESS",
+    },
+    "agent-radar-beat": {"AGENT_RADAR_DATABASE_URL", "AGENT_RADAR_BROKER_URL"},
+    "agent-radar-metrics": {"AGENT_RADAR_DATABASE_URL"},
+}
+
+
+def test_the_kubernetes_pods_run_unprivileged_with_resources():
+    for doc in _kubernetes():
+        if doc["kind"] not in ("Job", "Deployment"):
+            continue
+        name, pod = doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] == 10001, name
+        for container in pod["containers"]:
+            own = container["securityContext"]
+            assert own["allowPrivilegeEscalation"] is False, name
+            assert own["readOnlyRootFilesystem"] is True, name
+            assert own["capabilities"]["drop"] == ["ALL"], name
+            assert container["resources"]["requests"]["memory"], name
+            assert container["resources"]["limits"]["memory"], name
+            # what it writes (beat's schedule, a worker's metrics) goes to its own volumes
+            assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/tmp"}, name
+    # KEDA's Redis address is one the worker's container has.
+    keda = next(d for d in _kubernetes() if d["kind"] == "ScaledObject")
+    address = keda["spec"]["triggers"][0]["metadata"]["addressFromEnv"]
+    assert address in SECRET_KEYS["agent-radar-worker"]
+
+
+def test_the_kubernetes_manifests_match_the_kubernetes_schema(tmp_path):
+    """kubernetes-validate --strict (the API's own schemas, unknown fields refused); a
+    manifest with a wrong field fails it, so the check can fail."""
+    import shutil
+    import subprocess
+    import sys
+
+    validate = Path(sys.executable).parent / "kubernetes-validate"
+    assert validate.exists() or shutil.which("kubernetes-validate"), "kubernetes-validate"
+    manifest = ROOT / "deploy" / "kubernetes" / "agent-radar.yaml"
+    run = subprocess.run(
+        [str(validate), "--strict", str(manifest)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(manifest.read_text().replace("replicas: 2", "replicas: two", 1))
+    run = subprocess.run(
+        [str(validate), "--strict", str(broken)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode != 0
+
+
+def test_the_dockerfile_passes_hadolint_and_runs_unprivileged_with_a_healthcheck():
+    import subprocess
+    import sys
+
+    dockerfile = ROOT / "deploy" / "Dockerfile"
+    hadolint = Path(sys.executable).parent / "hadolint"
+    run = subprocess.run([str(hadolint), str(dockerfile)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = dockerfile.read_text()
+    assert "USER 10001:10001" in text and "HEALTHCHECK" in text
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", ".agent-radar", "deploy/.env"} <= set(ignored)
+
+
 def test_the_kubernetes_manifests_run_real_commands_with_probes():
     docs = _kubernetes()
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
@@ -283,10 +360,13 @@ def test_the_kubernetes_manifests_run_real_commands_with_probes():
         containers = doc["spec"]["template"]["spec"]["containers"]
         for container in containers:
             env_names = {e["name"] for e in container.get("env", [])}
-            secret_refs = [e["secretRef"]["name"] for e in container.get("envFrom", [])]
-            assert env_names or secret_refs, f"{doc['metadata']['name']} gets no settings"
+            assert env_names, f"{doc['metadata']['name']} gets no settings"
             for e in container.get("env", []):
-                assert "value" not in e, "settings come from the Secret, never inline"
+                assert "value" not in e, "secrets come from the Secret, never inline"
+            # Each container gets the Secret's keys it needs, never the whole Secret.
+            assert not [f for f in container.get("envFrom", []) if "secretRef" in f]
+            name = doc["metadata"]["name"]
+            assert env_names <= SECRET_KEYS[name], (name, env_names - SECRET_KEYS[name])
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     assert deployments["agent-radar-beat"]["spec"]["replicas"] == 1
     worker = deployments["agent-radar-worker"]["spec"]["template"]["spec"]
