@@ -285,6 +285,24 @@ def test_a_url_of_something_it_does_not_run_on_is_a_setting_error(
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
+@pytest.mark.parametrize("command", [["runtime-sim", "--host", "127.0.0.1"], ["metrics"]])
+def test_a_port_in_use_is_one_line(settings, backend, command):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = str(taken.getsockname()[1])
+        proc = run_cli(settings, *command, "--port", port, check=False)
+    finally:
+        taken.close()
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert "in use" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
 def test_a_worker_refuses_to_start_on_a_bad_setting(settings, backend):
     ready = settings.home / "run" / "worker.ready"
     env = {

@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
             "pip install 'agent-radar[server]'",
             as_json,
         )
+    except OSError as exc:
+        # What the machine refused (a port in use, a folder it may not write): one line.
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(EXIT_FAILED, "os_error", f"{exc.strerror or exc}{where}", as_json)
     except SQLAlchemyError as exc:
         first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
         _fail(
