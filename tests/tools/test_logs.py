@@ -19,7 +19,7 @@ from tests.hostile import raw_publish, task_headers
 @pytest.mark.parametrize("backend", ["embedded"])  # logging is the same on both backends
 def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack, sim_control):
     worker = stack.start_worker(extra_env={logs.LOG_FORMAT_ENV: "json"})
-    stack.start_beat()  # the sweeper re-publishes the retry when it is due
+    beat = stack.start_beat()  # the sweeper re-publishes the retry when it is due
     sim_control.fault("goal", status=503, count=1)
     op = client.wait(client.set_goal("ws-logs", "s1", "ship it", client_submit_id="g1"), 60)
     assert op.status == "completed" and op.attempt == 2
@@ -57,6 +57,8 @@ def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack
         what="a sweep to finish",
     )
     assert "agent_radar.sweep[" not in worker.log_path.read_text()
+    assert "Sending due task agent-radar-sweep" not in beat.log_path.read_text()
+    assert "beat: Starting" in beat.log_path.read_text()  # beat's other lines still show
     # Every log record is one JSON object: no line in the text format (only Celery's start
     # banner, printed and not logged, is plain text).
     lines = worker.log_path.read_text().splitlines()

@@ -116,11 +116,12 @@ def escaped(formatter: logging.Formatter | None) -> logging.Formatter:
 
 
 class QuietRoutine(logging.Filter):
-    """Drops Celery's INFO lines about the sweep ("received", "succeeded"): it runs every
-    2 s and would drown the lines about real work. Its warnings and errors still show."""
+    """Drops Celery's INFO lines about the sweep (the worker's "received", "succeeded" and
+    beat's "Sending due task"): it runs every 2 s and would drown the lines about real work.
+    Its warnings and errors still show."""
 
-    ROUTINE = ("agent_radar.sweep[",)
-    LOGGERS = ("celery.app.trace", "celery.worker.strategy")
+    ROUTINE = ("agent_radar.sweep[", "due task agent-radar-sweep ")
+    LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.beat")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.INFO or record.name not in self.LOGGERS:
