@@ -25,6 +25,7 @@ from agent_radar.workflows.adapters.broker import (
     transport_options,
 )
 from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.task_names import RESULT_TASKS
 
 # Hard and soft limits per task; below the Redis visibility timeout so a task never runs
 # twice at once because the broker re-delivered it.
@@ -45,6 +46,11 @@ BENCH_TASKS_ENV = "AGENT_RADAR_BENCH_TASKS"
 BENCH_TASK_MODULE = "agent_radar.tasks.bench_tasks"
 
 
+# A result is kept this long: a producer reads it soon after its task ran, and the
+# operation's own record (agent_radar.get_operation) is there for good.
+RESULT_EXPIRES_S = 86400
+
+
 def celery_config(settings: Settings) -> dict:
     return {
         "broker_url": settings.broker_url,
@@ -52,8 +58,18 @@ def celery_config(settings: Settings) -> dict:
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
         "accept_content": ["json"],
-        "result_backend": None,
+        # Results are kept only where a producer reads them: the public tasks, and only with a
+        # result backend configured (AGENT_RADAR_RESULT_BACKEND; README.md, producers).
+        "result_backend": settings.result_backend,
         "task_ignore_result": True,
+        "result_expires": RESULT_EXPIRES_S,
+        # Results in a shared Redis carry the deployment's key prefix too.
+        "result_backend_transport_options": (
+            {"global_keyprefix": settings.broker_key_prefix} if settings.broker_key_prefix else {}
+        ),
+        "task_annotations": {
+            name: {"ignore_result": False} for name in RESULT_TASKS if settings.result_backend
+        },
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,

@@ -5,11 +5,14 @@ from agent_radar.tasks.strict import strict_task
 from agent_radar.tasks.worker_id import worker_name
 from agent_radar.workflows.client import AgentRadar
 from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.operators.catalog import kind_of
+from agent_radar.workflows.records import as_dict
 from agent_radar.workflows.steps.goals import worker_drain
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from agent_radar.workflows.task_names import (
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
+    GET_OPERATION_TASK,
     GOAL_CONTROL_TASK,
     REPORT_ACTIVITY_TASK,
 )
@@ -85,6 +88,15 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
     results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
     return {r.operation_id: r.outcome for r in results}
+
+
+@strict_task(GET_OPERATION_TASK, public=True)
+def get_operation(ctx, operation_id, workspace_id=None):
+    """The record of the operation with this id, of any kind, as `op show --json` prints it
+    (`kind` and the kind's fields, times as ISO 8601): with a result backend, a producer in
+    any language polls this until `status` is terminal. Unknown: FAILURE not_found."""
+    record = _client(ctx).get_operation(operation_id, workspace_id=workspace_id)
+    return {"kind": kind_of(record), **as_dict(record)}
 
 
 @strict_task(REPORT_ACTIVITY_TASK, public=True)

@@ -40,6 +40,19 @@ PUBLIC_RETRY_MAX_S = 30
 TASK_NAMES: set[str] = set()
 
 
+class OperationRefused(Exception):  # noqa: N818 - what a producer reads in the result
+    """A public task's permanent domain answer (not found, a conflict, superseded …): the task
+    ends FAILURE (Flower shows it, and a result backend keeps `code` and `message` for the
+    producer), not SUCCESS with an error inside. Not retried; logged without a traceback."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code, self.message = code, message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
 def _connection_level(exc: DBAPIError) -> bool:
     """A fault of the connection (the database is down, restarting, locked, or dropped
     us), which a retry can cure; a DataError or an IntegrityError never is."""
@@ -71,6 +84,8 @@ def strict_task(name: str, *, public: bool = False, events: bool = True):
             typing=False,
             max_retries=PUBLIC_MAX_RETRIES,
             send_events=events,
+            # an expected failure: Celery logs it in one line, without a traceback
+            throws=(OperationRefused,),
         )
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
@@ -90,8 +105,11 @@ def strict_task(name: str, *, public: bool = False, events: bool = True):
                 log.error("rejected %s message %s: %s", name, self.request.id, exc)
                 raise Reject(str(exc), requeue=False) from None
             except AgentRadarError as exc:
-                # A permanent domain answer (conflict, superseded …): logged, not retried.
+                # A permanent domain answer (conflict, superseded …): logged, not retried; a
+                # producer's task ends FAILURE with it, the product's own returns it.
                 log.warning("%s %s: %s", name, self.request.id, exc.to_dict())
+                if public:
+                    raise OperationRefused(exc.code, exc.message) from None
                 return exc.to_dict()
             except DBAPIError as exc:
                 if not _connection_level(exc):

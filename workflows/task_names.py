@@ -18,6 +18,18 @@ START_MAINTENANCE_TASK = "agent_radar.start_maintenance"
 CANCEL_MAINTENANCE_TASK = "agent_radar.cancel_maintenance"
 SUBMIT_PROMPT_TASK = "agent_radar.submit_prompt"
 REPORT_ACTIVITY_TASK = "agent_radar.report_activity"
+# Reads an operation of any kind by id: with a result backend, a producer in any language
+# learns an outcome through Celery's own results (README.md, producers).
+GET_OPERATION_TASK = "agent_radar.get_operation"
+# The tasks whose results a producer may read (stored when a result backend is configured).
+RESULT_TASKS = (
+    GOAL_CONTROL_TASK,
+    FENCE_TASK,
+    START_MAINTENANCE_TASK,
+    CANCEL_MAINTENANCE_TASK,
+    SUBMIT_PROMPT_TASK,
+    GET_OPERATION_TASK,
+)
 
 # Internal: the product's own steps, published after a commit (the rows are the outbox).
 DISPATCH_TASK = "agent_radar.goal.dispatch"

@@ -10,6 +10,9 @@ from urllib.parse import urlsplit, urlunsplit
 DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
 AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 BROKER_SCHEMES = AMQP_SCHEMES | {"redis", "rediss", "filesystem"}
+# Where the public tasks' results go, if anywhere: Redis, or a database through Celery's
+# SQLAlchemy backend (`db+postgresql+psycopg://…`).
+RESULT_BACKEND_SCHEMES = frozenset({"redis", "rediss", "db"})
 # The databases agent-radar runs on, as SQLAlchemy URLs name them (an optional +driver).
 DATABASE_BACKENDS = frozenset({"sqlite", "postgresql"})
 
@@ -117,6 +120,8 @@ class Settings:
     broker_key_prefix: str = ""
     # Settled operations and events older than this are pruned (docs/operations.md); at least 1.
     retention_days: float = 30.0
+    # Celery's result backend for the public tasks (None: results are not kept).
+    result_backend: str | None = None
 
     @property
     def broker_folder(self) -> Path:
@@ -197,6 +202,15 @@ class Settings:
                 minimum=MIN_RETENTION_DAYS,
                 maximum=MAX_RETENTION_DAYS,
             ),
+            result_backend=_url(
+                env,
+                "AGENT_RADAR_RESULT_BACKEND",
+                "",
+                RESULT_BACKEND_SCHEMES,
+                "a Redis URL or a db+postgresql… URL (Celery's result backend)",
+            )
+            if env.get("AGENT_RADAR_RESULT_BACKEND")
+            else None,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -217,6 +231,8 @@ class Settings:
         if self.broker_key_prefix:
             env["AGENT_RADAR_BROKER_KEY_PREFIX"] = self.broker_key_prefix
         env["AGENT_RADAR_RETENTION_DAYS"] = str(self.retention_days)
+        if self.result_backend:
+            env["AGENT_RADAR_RESULT_BACKEND"] = self.result_backend
         return env
 
 

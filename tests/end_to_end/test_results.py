@@ -1,0 +1,173 @@
+"""Results for any producer (README.md, producers): with a result backend configured
+(AGENT_RADAR_RESULT_BACKEND), a producer that knows nothing of agent-radar but Celery learns
+each submit's operation id from the task's result, follows the operation with
+`agent_radar.get_operation` until it settles, and sees a refusal as a FAILURE carrying its
+code — from plain Celery in Python, and from Node with celery-node.
+
+These producers publish to Celery's default queue with no key prefix, so the module runs on
+a Redis database of its own (AGENT_RADAR_TEST_RESULTS_REDIS), and PostgreSQL."""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+import redis
+from celery import Celery
+
+from tests.conftest import skip_or_fail
+from tests.helpers import eventually
+
+RESULTS_REDIS = os.environ.get("AGENT_RADAR_TEST_RESULTS_REDIS", "redis://127.0.0.1:6379/13")
+WS = "ws-results"
+CELERY_NODE = "celery-node@0.5.9"
+
+
+@pytest.fixture
+def backend():
+    return "production"
+
+
+@pytest.fixture
+def settings(settings):
+    probe = redis.Redis.from_url(RESULTS_REDIS)
+    # Only what this module's producers and workers leave: earlier runs' queues and results.
+    for pattern in ("celery*", "default*", "maintenance*", "_kombu*", "unacked*"):
+        for key in probe.scan_iter(pattern):
+            probe.delete(key)
+    probe.close()
+    return replace(
+        settings, broker_url=RESULTS_REDIS, broker_key_prefix="", result_backend=RESULTS_REDIS
+    )
+
+
+def _follow(send, operation_id: str, settled=("completed", "failed", "superseded")) -> dict:
+    """Poll agent_radar.get_operation through the producer until the operation settles."""
+    deadline = time.monotonic() + 60
+    while True:
+        record = send("agent_radar.get_operation", {"operation_id": operation_id})
+        if record["status"] in settled or time.monotonic() > deadline:
+            return record
+        time.sleep(0.2)
+
+
+def test_a_plain_celery_producer_reads_outcomes_and_refusals(settings, stack, sim_control):
+    stack.start_worker(concurrency=1)
+    producer = Celery("producer", broker=RESULTS_REDIS, backend=RESULTS_REDIS)
+    try:
+
+        def send(task, kwargs):
+            return producer.send_task(task, kwargs=kwargs).get(timeout=60)
+
+        submitted = send(
+            "agent_radar.goal_control",
+            {
+                "workspace_id": WS,
+                "session_id": "s1",
+                "action": "set",
+                "objective": "ship it",
+                "client_submit_id": "py-1",
+            },
+        )
+        assert set(submitted) == {"operation_id", "status"}
+        record = _follow(send, submitted["operation_id"])
+        assert (record["kind"], record["status"], record["provider_phase"]) == (
+            "goal",
+            "completed",
+            "applied",
+        )
+        assert record["client_submit_id"] == "py-1" and isinstance(record["completed_at"], str)
+        # A fence of an operation that does not exist: FAILURE, with the code.
+        refused = producer.send_task(
+            "agent_radar.fence_goal_generation",
+            kwargs={
+                "workspace_id": WS,
+                "session_id": "s1",
+                "target_operation_id": "no-such-operation",
+                "client_submit_id": "f-1",
+            },
+        )
+        with pytest.raises(Exception, match="not_found"):
+            refused.get(timeout=60)
+        assert refused.state == "FAILURE"
+        missing = producer.send_task("agent_radar.get_operation", kwargs={"operation_id": "nope"})
+        with pytest.raises(Exception, match="not_found"):
+            missing.get(timeout=60)
+    finally:
+        producer.close()
+
+
+NODE_PRODUCER = """
+const celery = require("celery-node");
+const url = process.argv[2];
+const client = celery.createClient(url, url);
+async function send(task, kwargs) {
+  return client.createTask(task).applyAsync([], kwargs).get(60000);
+}
+(async () => {
+  const submitted = await send("agent_radar.goal_control", {
+    workspace_id: "ws-results", session_id: "node-1", action: "set",
+    objective: "from node", client_submit_id: "node-1",
+  });
+  let record;
+  for (let i = 0; i < 300; i++) {
+    record = await send("agent_radar.get_operation", {operation_id: submitted.operation_id});
+    if (["completed", "failed", "superseded"].includes(record.status)) break;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  let refusal = null;
+  try {
+    await send("agent_radar.get_operation", {operation_id: "no-such-operation"});
+  } catch (err) {
+    // celery-node's error: the state as its message, the stored exception's fields on it.
+    refusal = {state: err.message, type: err.exc_type, args: err.exc_message};
+  }
+  console.log(JSON.stringify({submitted, record, refusal}));
+  await client.disconnect();
+  process.exit(0);
+})().catch((err) => { console.error(err); process.exit(1); });
+"""
+
+
+def test_a_node_producer_reads_outcomes_with_celery_node(settings, stack, sim_control, tmp_path):
+    if not (shutil.which("node") and shutil.which("npm")):
+        skip_or_fail("Node.js and npm are not installed")
+    install = subprocess.run(
+        ["npm", "install", "--silent", "--no-audit", "--no-fund", CELERY_NODE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if install.returncode != 0:
+        skip_or_fail(f"npm could not install {CELERY_NODE}: {install.stderr[-500:]}")
+    stack.start_worker(concurrency=1)
+    (tmp_path / "producer.js").write_text(NODE_PRODUCER)
+    run = subprocess.run(
+        ["node", "producer.js", RESULTS_REDIS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(out["submitted"]) == {"operation_id", "status"}
+    assert (out["record"]["status"], out["record"]["session_id"]) == ("completed", "node-1")
+    refusal = out["refusal"]
+    assert (refusal["state"], refusal["type"], refusal["args"][0]) == (
+        "FAILURE",
+        "OperationRefused",
+        "not_found",
+    ), refusal
+    eventually(
+        lambda: [
+            e
+            for e in sim_control.effects()
+            if e["operation_id"] == out["submitted"]["operation_id"]
+        ],
+        what="the agent's effect",
+    )
