@@ -140,6 +140,18 @@ def json_logs_wanted(env: dict[str, str] | None = None) -> bool:
     return value == "json"
 
 
+def warnings_as_json() -> None:
+    """Python's warnings (Celery's SecurityWarning at start, say) as JSON lines on stderr,
+    like every other line, instead of raw text: for a process about to start with JSON logs."""
+    logging.captureWarnings(True)
+    warned = logging.getLogger("py.warnings")
+    if not warned.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        warned.addHandler(handler)
+        warned.propagate = False
+
+
 def install(logger: logging.Logger) -> None:
     """Make `logger`'s handlers carry the context's ids, and write JSON if asked; either
     way every record is one line."""

@@ -66,6 +66,7 @@ def worker(
     # a broker reconnect. Events (-E) still feed Flower.
     app.worker_main(
         [
+            *_quiet_banner(),
             "worker",
             "-c",
             str(concurrency),
@@ -84,6 +85,18 @@ def worker(
             *celery_args,
         ]
     )
+
+
+def _quiet_banner() -> list[str]:
+    """Celery's start banner is printed, not logged: with JSON logs it is left out, and
+    Python's warnings are logged too, so every line of a worker's or beat's output is one
+    JSON object."""
+    from agent_radar.workflows.adapters import logs
+
+    if not logs.json_logs_wanted():
+        return []
+    logs.warnings_as_json()
+    return ["--quiet"]
 
 
 def _serve_worker_metrics(settings: Settings, address: str, port: int) -> None:
@@ -123,7 +136,7 @@ def beat(schedule_file: str | None, loglevel: str, as_json: bool):
     Path(schedule).parent.mkdir(parents=True, exist_ok=True)
     from agent_radar.tasks.app import app
 
-    app.start(["beat", "-s", schedule, "--loglevel", loglevel])
+    app.start([*_quiet_banner(), "beat", "-s", schedule, "--loglevel", loglevel])
 
 
 # Passwords that stand in the example env file or are commonly left unchanged.
