@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Insert, bindparam, insert
+from sqlalchemy import Insert, bindparam, event, insert
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import (
     DBAPIError,
@@ -21,6 +21,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
+from agent_radar.models import error_hooks
 from agent_radar.models.dialects import dialect_of
 from agent_radar.models.direct import direct_scope
 
@@ -51,6 +52,7 @@ def engine_for(url: str) -> Engine:
     engine = _engines.get(key)
     if engine is None:
         engine = _engines[key] = make_engine(url)
+        event.listen(engine, "handle_error", error_hooks.raise_translated)
     return engine
 
 

@@ -12,6 +12,8 @@ from sqlalchemy.exc import DBAPIError, MultipleResultsFound, NoResultFound
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from agent_radar.models.error_hooks import translated
+
 
 class Rows:
     """The rows of a statement that a Direct ran, fetched at once, with the part of
@@ -193,8 +195,11 @@ class DirectConnection:
             # caller see the same errors as through the session. A connection the server
             # dropped is invalidated by the rollback that follows (SQLAlchemy's own check).
             lost = bool(self._driver.broken)
-            raise DBAPIError.instance(
-                sql, params, exc, DriverError, connection_invalidated=lost, dialect=self.dialect
+            raise (
+                translated(exc)
+                or DBAPIError.instance(
+                    sql, params, exc, DriverError, connection_invalidated=lost, dialect=self.dialect
+                )
             ) from exc
         finally:
             cursor.close()

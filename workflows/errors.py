@@ -82,6 +82,13 @@ class MaintenanceRecoveryRequired(AgentRadarError):
     code = "maintenance_recovery_required"
 
 
+class DatabaseNotReady(AgentRadarError):
+    """The database has no agent-radar tables (or not all of them): it was never migrated,
+    or the URL names another database. `agent-radar db upgrade` migrates it."""
+
+    code = "database_not_ready"
+
+
 class RuntimeDraining(AgentRadarError):
     code = "runtime_draining"
 

@@ -5,13 +5,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Self
 
+from agent_radar.models import error_hooks
 from agent_radar.models.db import engine_for, run_transaction
 from agent_radar.workflows import records
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.adapters.http_runtime import HostRouter
 from agent_radar.workflows.adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
 from agent_radar.workflows.adapters.runtime import RuntimePort
-from agent_radar.workflows.errors import NotFound
+from agent_radar.workflows.errors import DatabaseNotReady, NotFound
 from agent_radar.workflows.sessions import hosts
 from agent_radar.workflows.validation import check_id, check_seconds
 
@@ -19,6 +20,22 @@ from agent_radar.workflows.validation import check_id, check_seconds
 WAIT_POLL_S = 0.05
 # The longest `flush` may be asked to wait.
 MAX_FLUSH_S = 3600.0
+
+
+def _database_not_ready(exc: BaseException) -> DatabaseNotReady | None:
+    """A driver's missing table (SQLite's "no such table", PostgreSQL's undefined_table,
+    42P01) as DatabaseNotReady, which says what to do: a client on a database nobody
+    migrated, or a URL that names another database."""
+    if "no such table" not in str(exc) and getattr(exc, "sqlstate", None) != "42P01":
+        return None
+    first = str(exc).strip().splitlines()[0][:200]
+    return DatabaseNotReady(
+        f"the database has no agent-radar tables ({first}): run `agent-radar db upgrade`"
+    )
+
+
+if _database_not_ready not in error_hooks.ERROR_HOOKS:
+    error_hooks.ERROR_HOOKS.append(_database_not_ready)
 
 
 def _label(record: Any) -> str:

@@ -18,7 +18,12 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.errors import AgentRadarError, InvalidArgument, NotFound
+from agent_radar.workflows.errors import (
+    AgentRadarError,
+    DatabaseNotReady,
+    InvalidArgument,
+    NotFound,
+)
 from agent_radar.workflows.escape import escape
 from agent_radar.workflows.validation import MAX_WAIT_S, check_seconds
 
@@ -128,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(EXIT_BAD_INPUT, "usage", exc.format_message(), as_json)
     except NotFound as exc:
         _fail(EXIT_NOT_FOUND, exc.code, exc.message, as_json)
+    except DatabaseNotReady as exc:  # not bad input: the database is not set up
+        _fail(EXIT_FAILED, exc.code, exc.message, as_json)
     except AgentRadarError as exc:
         _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)
     except (ValueError, TimeoutError) as exc:
