@@ -31,17 +31,24 @@ def backend():
     return "production"
 
 
+def _clean() -> None:
+    """Only what this module's producers and workers make: queues, results, kombu's keys."""
+    probe = redis.Redis.from_url(RESULTS_REDIS)
+    try:
+        for pattern in ("celery*", "default*", "maintenance*", "_kombu*", "unacked*"):
+            for key in probe.scan_iter(pattern):
+                probe.delete(key)
+    finally:
+        probe.close()
+
+
 @pytest.fixture
 def settings(settings):
-    probe = redis.Redis.from_url(RESULTS_REDIS)
-    # Only what this module's producers and workers leave: earlier runs' queues and results.
-    for pattern in ("celery*", "default*", "maintenance*", "_kombu*", "unacked*"):
-        for key in probe.scan_iter(pattern):
-            probe.delete(key)
-    probe.close()
-    return replace(
+    _clean()
+    yield replace(
         settings, broker_url=RESULTS_REDIS, broker_key_prefix="", result_backend=RESULTS_REDIS
     )
+    _clean()
 
 
 def _follow(send, operation_id: str, settled=("completed", "failed", "superseded")) -> dict:
