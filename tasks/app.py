@@ -67,9 +67,11 @@ def celery_config(settings: Settings) -> dict:
         "result_backend_transport_options": (
             {"global_keyprefix": settings.broker_key_prefix} if settings.broker_key_prefix else {}
         ),
-        "task_annotations": {
-            name: {"ignore_result": False} for name in RESULT_TASKS if settings.result_backend
-        },
+        "task_annotations": (
+            {name: {"ignore_result": False} for name in RESULT_TASKS}
+            if settings.result_backend
+            else {}
+        ),
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,

@@ -63,7 +63,14 @@ class OperatorCalls(SessionCalls):
         status (one some kind has: any other is InvalidArgument), workspace, session and age
         (accepted at least `older_than_s`, at most `newer_than_s` seconds ago)."""
         query = catalog.ListQuery.parse(
-            kind, status, workspace_id, session_id, older_than_s, limit, newer_than_s, newest_first
+            kind=kind,
+            status=status,
+            workspace_id=workspace_id,
+            session_id=session_id,
+            older_than_s=older_than_s,
+            limit=limit,
+            newer_than_s=newer_than_s,
+            newest_first=newest_first,
         )
         return run_transaction(self.engine, lambda s: catalog.list_operations(s, query, utcnow()))
 
