@@ -73,3 +73,26 @@ def test_the_retention_bounds_are_those_of_prune():
     for outside in (config.MAX_RETENTION_DAYS + 1, config.MIN_RETENTION_DAYS / 2):
         with pytest.raises(InvalidArgument):
             check_retention_days(outside)
+
+
+@pytest.mark.parametrize(
+    "name, url",
+    [
+        ("AGENT_RADAR_DATABASE_URL", "mysql://radar:secret@db/radar"),
+        ("AGENT_RADAR_BROKER_URL", "redsi://:secret@127.0.0.1:6379/0"),
+        ("AGENT_RADAR_RESULT_BACKEND", "rpc://"),
+        ("AGENT_RADAR_RESULT_BACKEND", "mongodb://radar:secret@db/results"),
+    ],
+)
+def test_a_url_of_another_scheme_is_refused_without_its_password(name, url):
+    with pytest.raises(ValueError, match=name) as refused:
+        Settings.from_env({name: url})
+    assert "secret" not in str(refused.value)
+
+
+def test_the_result_backend_is_off_unless_set_and_passes_to_children():
+    assert Settings.from_env({}).result_backend is None
+    on = Settings.from_env({"AGENT_RADAR_RESULT_BACKEND": "redis://127.0.0.1:6379/1"})
+    assert on.result_backend == "redis://127.0.0.1:6379/1"
+    assert Settings.from_env(on.to_env()).result_backend == on.result_backend
+    assert "AGENT_RADAR_RESULT_BACKEND" not in Settings.from_env({}).to_env()

@@ -406,6 +406,10 @@ def good_kwargs(task: str, n: int) -> dict:
         "agent_radar.start_maintenance": {**base, "kind": "compact"},
         "agent_radar.cancel_maintenance": {"workspace_id": "w-broker", "run_id": "r"},
         "agent_radar.submit_prompt": {**base, "text": "hi"},
+        "agent_radar.get_operation": {
+            "operation_id": str(uuid.uuid4()),
+            "workspace_id": "w-broker",
+        },
         "agent_radar.report_activity": {
             "report": {
                 "workspace_id": "w-broker",
@@ -464,6 +468,7 @@ def broker_messages(draw, serial=count()):
                     "agent_radar.start_maintenance",
                     "agent_radar.cancel_maintenance",
                     "agent_radar.submit_prompt",
+                    "agent_radar.get_operation",
                     "agent_radar.report_activity",
                     "agent_radar.goal.dispatch",
                     "agent_radar.fence.apply",
