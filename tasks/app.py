@@ -137,7 +137,7 @@ def _watch_for_shutdown(sender=None, **_kwargs) -> None:
 @beat_init.connect
 def _beat_sends_no_sent_events(sender=None, **_kwargs) -> None:
     # Beat publishes only housekeeping (the sweep every few seconds, retention), whose
-    # tasks send no events (strict_task(events=False)); their `task-sent` events would
+    # tasks send no events (strict_task(events=NONE)); their `task-sent` events would
     # leave an ever-pending task in Flower for every sweep.
     if sender is not None:
         sender.app.conf.task_send_sent_event = False

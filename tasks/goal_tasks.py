@@ -1,7 +1,7 @@
 """Goal control tasks: thin wrappers over the goal and activity rules."""
 
 from agent_radar.tasks.runtime_context import TaskContext
-from agent_radar.tasks.strict import strict_task
+from agent_radar.tasks.strict import Routine, strict_task
 from agent_radar.tasks.worker_id import worker_name
 from agent_radar.workflows.client import AgentRadar
 from agent_radar.workflows.errors import InvalidArgument
@@ -17,6 +17,9 @@ from agent_radar.workflows.task_names import (
     REPORT_ACTIVITY_TASK,
 )
 from agent_radar.workflows.validation import check_id, check_ids
+
+# A dispatch's outcome for an operation of its own that another dispatch had taken.
+TAKEN_ELSEWHERE = "taken_by_another_dispatch"
 
 
 def _client(ctx: TaskContext) -> AgentRadar:
@@ -87,7 +90,14 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     worker_drain.wait_for_room(ctx.settings.lease_s / 2)
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
     results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
-    return {r.operation_id: r.outcome for r in results}
+    outcomes = {r.operation_id: r.outcome for r in results}
+    # Its own operations that an earlier dispatch took along (a steal) say so, not nothing.
+    outcomes |= {op: TAKEN_ELSEWHERE for op in wanted if op not in outcomes}
+    # By outcome, so that Flower's result column starts with what happened.
+    by_outcome: dict[str, list[str]] = {}
+    for operation_id, outcome in outcomes.items():
+        by_outcome.setdefault(outcome, []).append(operation_id)
+    return by_outcome
 
 
 @strict_task(GET_OPERATION_TASK, public=True)
@@ -99,6 +109,9 @@ def get_operation(ctx, operation_id, workspace_id=None):
     return {"kind": kind_of(record), **as_dict(record)}
 
 
+# An agent host reports every turn's start and end: Flower shows the reports that completed
+# an operation (or were refused), not the ones that only said a session is busy or idle.
 @strict_task(REPORT_ACTIVITY_TASK, public=True)
 def report_activity(ctx, report):
-    return {"completed": _client(ctx).report_activity(report)}
+    completed = _client(ctx).report_activity(report)
+    return {"completed": completed} if completed else Routine({"completed": completed})

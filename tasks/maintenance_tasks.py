@@ -4,7 +4,7 @@
 from agent_radar.tasks import shutdown
 from agent_radar.tasks.fence_tasks import _collaborators
 from agent_radar.tasks.goal_tasks import _client
-from agent_radar.tasks.strict import strict_task
+from agent_radar.tasks.strict import Routine, strict_task
 from agent_radar.workflows.steps import prompt_dispatch
 from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
 from agent_radar.workflows.task_names import (
@@ -64,11 +64,14 @@ def submit_prompt(ctx, workspace_id, session_id, text, *, client_submit_id):
     return {"prompt_id": prompt.prompt_id, "status": prompt.status}
 
 
+# Most of these messages (one after every report that a session went idle) find nothing to
+# send: Flower shows only those that sent a prompt or failed to.
 @strict_task(PROMPT_TASK)
 def dispatch_prompt(ctx, workspace_id, session_id):
-    return prompt_dispatch.dispatch_next(
+    outcome = prompt_dispatch.dispatch_next(
         ctx.engine,
         ctx.runtime,
         check_id("workspace_id", workspace_id),
         check_id("session_id", session_id),
     )
+    return Routine(outcome) if outcome in prompt_dispatch.NOTHING_SENT else outcome

@@ -13,15 +13,20 @@ Two layers keep an untrusted message from hurting a worker:
 import functools
 import inspect
 import logging
+import time
+from dataclasses import dataclass
+from typing import Any
 
 from celery import shared_task
 from celery.app import trace as celery_trace
-from celery.exceptions import Reject
+from celery.exceptions import Reject, Retry
+from celery.utils.saferepr import saferepr
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from agent_radar.tasks.runtime_context import TaskContext
 from agent_radar.workflows.adapters import logs
 from agent_radar.workflows.errors import AgentRadarError, InvalidArgument
+from agent_radar.workflows.task_names import SHOWN_WHEN_EFFECTIVE
 
 log = logging.getLogger("agent_radar.tasks")
 
@@ -69,10 +74,87 @@ def _ids(kwargs: dict) -> dict:
     return ids
 
 
-def strict_task(name: str, *, public: bool = False, events: bool = True):
+@dataclass(frozen=True)
+class Routine:
+    """What a task returns when it did nothing worth a row in Flower (a report that only
+    said the session is busy, a prompt dispatch that found nothing to send): with
+    `strict_task(events=WHEN_EFFECTIVE)` the task then sends no events at all."""
+
+    value: Any
+
+
+# What Flower sees of a task: Celery's own task events; none (housekeeping that runs every
+# few seconds); or, for the tasks that mostly do nothing (SHOWN_WHEN_EFFECTIVE), the same
+# events sent by the task itself once it knows it did something (or failed).
+ALL, NONE, WHEN_EFFECTIVE = "all", "none", "when_effective"
+
+
+def _send_events(task, started_at: float, last: str, **fields: Any) -> None:
+    """The events Celery sends for a task (received, started, then `last`), sent after the
+    fact by the task itself; Flower shows them as it shows Celery's. Never fails the task."""
+    req = task.request
+    if not task.app.conf.worker_send_task_events or not req.hostname:
+        return
+    kwargsrepr = getattr(req, "kwargsrepr", None) or saferepr(req.kwargs or {}, 1024)
+    try:
+        with task.app.events.default_dispatcher(hostname=req.hostname) as dispatcher:
+            dispatcher.send(
+                "task-received",
+                uuid=req.id,
+                name=task.name,
+                args="()",
+                kwargs=kwargsrepr,
+                root_id=req.root_id,
+                parent_id=req.parent_id,
+                retries=req.retries,
+                eta=req.eta,
+                expires=req.expires,
+                timestamp=started_at,
+            )
+            dispatcher.send("task-started", uuid=req.id, timestamp=started_at)
+            dispatcher.send(last, uuid=req.id, **fields)
+    except Exception as exc:  # noqa: BLE001 - monitoring must never fail the task
+        log.debug("%s events for %s not sent: %s", task.name, req.id, exc)
+
+
+def _shown_when_effective(task, call):
+    """Run `call()` for a WHEN_EFFECTIVE task: its events go out unless it did nothing."""
+    started_at = time.time()
+    try:
+        value = call()
+    except Reject as exc:
+        # As a failure: Celery's state (and so Flower) would keep a task that was started
+        # and then rejected as STARTED for ever.
+        _send_events(task, started_at, "task-failed", exception=f"Rejected({exc.reason!r})")
+        raise
+    except Retry as exc:
+        _send_events(task, started_at, "task-retried", exception=saferepr(exc.exc))
+        raise
+    except Exception as exc:
+        _send_events(task, started_at, "task-failed", exception=saferepr(exc))
+        raise
+    if isinstance(value, Routine):
+        return value.value
+    _send_events(
+        task,
+        started_at,
+        "task-succeeded",
+        result=saferepr(value, task.resultrepr_maxsize),
+        runtime=time.time() - started_at,
+    )
+    return value
+
+
+def strict_task(name: str, *, public: bool = False, events: str = ALL):
     """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext.
-    `events=False` keeps the task out of Flower (no task events): housekeeping that runs
-    every few seconds would otherwise push real work out of Flower's task list."""
+    `events` (ALL or NONE) says what Flower sees of it: housekeeping that runs every few
+    seconds would otherwise push real work out of Flower's task list. The tasks named in
+    SHOWN_WHEN_EFFECTIVE send theirs only when they did something: they return
+    `Routine(value)` when they did nothing (the task's result is `value`)."""
+    if events not in (ALL, NONE):
+        raise ValueError(f"events must be {ALL} or {NONE}")
+    if name in SHOWN_WHEN_EFFECTIVE:
+        events = WHEN_EFFECTIVE
 
     def decorate(fn):
         signature = inspect.signature(fn)
@@ -83,7 +165,7 @@ def strict_task(name: str, *, public: bool = False, events: bool = True):
             bind=True,
             typing=False,
             max_retries=PUBLIC_MAX_RETRIES,
-            send_events=events,
+            send_events=events == ALL,
             # an expected failure: Celery logs it in one line, without a traceback
             throws=(OperationRefused,),
         )
@@ -91,7 +173,10 @@ def strict_task(name: str, *, public: bool = False, events: bool = True):
         def run(self, *args, **kwargs):
             ctx = TaskContext(self.app.agent_radar_settings)
             with logs.task_context(task=name, task_id=self.request.id, **_ids(kwargs)):
-                return _run(self, ctx, args, kwargs)
+                if events == WHEN_EFFECTIVE:
+                    return _shown_when_effective(self, lambda: _run(self, ctx, args, kwargs))
+                value = _run(self, ctx, args, kwargs)
+                return value.value if isinstance(value, Routine) else value
 
         def _run(self, ctx, args, kwargs):
             try:

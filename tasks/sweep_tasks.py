@@ -3,7 +3,7 @@ It lives here, with the other tasks, so that `tasks/` imports `beat/` and never 
 
 from agent_radar.beat.sweeper import sweep_once
 from agent_radar.models.base import utcnow
-from agent_radar.tasks.strict import strict_task
+from agent_radar.tasks.strict import NONE, strict_task
 from agent_radar.tasks.worker_id import worker_name
 from agent_radar.workflows.task_names import PRUNE_TASK, SWEEP_TASK
 
@@ -11,7 +11,7 @@ from agent_radar.workflows.task_names import PRUNE_TASK, SWEEP_TASK
 SWEEPER_LEASE_MIN_S = 30
 
 
-@strict_task(SWEEP_TASK, events=False)
+@strict_task(SWEEP_TASK, events=NONE)
 def sweep(ctx):
     lease_s = max(ctx.settings.sweep_interval_s * 10, SWEEPER_LEASE_MIN_S)
     counts = sweep_once(
@@ -25,7 +25,7 @@ def sweep(ctx):
     return counts.as_dict()
 
 
-@strict_task(PRUNE_TASK, events=False)
+@strict_task(PRUNE_TASK, events=NONE)
 def prune(ctx):
     """Retention (docs/operations.md): a few bounded batches per run; the next run goes on."""
     return _client_prune(ctx)

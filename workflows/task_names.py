@@ -40,5 +40,9 @@ EXECUTE_TASK = "agent_radar.maintenance.execute"
 PROMPT_TASK = "agent_radar.prompt.dispatch"
 SWEEP_TASK = "agent_radar.sweep"
 PRUNE_TASK = "agent_radar.prune"
+# Tasks that mostly do nothing (a report that a session is busy, a prompt dispatch that finds
+# none queued): Flower shows them only once they did something (tasks/strict.py), so their
+# publishers send no `task-sent` event, which would leave a row pending for ever.
+SHOWN_WHEN_EFFECTIVE = frozenset({REPORT_ACTIVITY_TASK, PROMPT_TASK})
 # Registered only in the benchmark's own workers.
 BASELINE_TASK = "agent_radar.bench.noop"

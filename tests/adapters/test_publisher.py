@@ -447,7 +447,7 @@ def test_a_label_shows_beside_the_arguments_of_a_real_message(settings):
                 break
             time.sleep(0.1)
     assert message is not None
-    assert message.headers["kwargsrepr"] == "{'operation_id': 'op-9'} [acme/s1 submit=req-9]"
+    assert message.headers["kwargsrepr"] == "[acme/s1 submit=req-9] {'operation_id': 'op-9'}"
     assert message.decode()[1] == {"operation_id": "op-9"}  # the arguments themselves unchanged
 
 

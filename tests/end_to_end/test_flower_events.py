@@ -89,7 +89,7 @@ def test_flower_sees_each_submit_and_not_the_sweep(settings, client, stack, sim_
         assert f"{WS}/s1" in task.kwargs and "submit=req-flower-1" in task.kwargs
         # Its call went on in the worker's drain (docs/dispatch.md): the result says so, and
         # the database has the outcome.
-        assert f"'{op.operation_id}': 'in_flight'" in task.result
+        assert f"'in_flight': ['{op.operation_id}']" in task.result
         # Two sweeps ran while the watcher listened; not one of their events reached it.
         assert watcher.tasks_named("agent_radar.sweep") == []
         assert all(t.name for t in watcher.state.tasks.values()), "events of a nameless task"

@@ -14,6 +14,8 @@ from agent_radar.workflows.adapters import logs
 from tests.helpers import eventually
 from tests.hostile import raw_publish, task_headers
 
+DISPATCH = "agent_radar.goal.dispatch"
+
 
 @pytest.mark.parametrize("backend", ["embedded"])  # logging is the same on both backends
 def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack, sim_control):
@@ -45,7 +47,24 @@ def test_a_worker_logs_json_lines_with_the_operation_ids(settings, client, stack
         if x.startswith("{") and "agent_radar.goal.dispatch" in x and "succeeded" in x
     ]
     # (its calls go on in the worker's drain: docs/dispatch.md)
-    assert any(f"'{op.operation_id}': 'in_flight'" in m for m in results), results
+    assert any(f"'in_flight': ['{op.operation_id}']" in m for m in results), results
+    # Celery's own lines about a message (received by the worker's main process, succeeded
+    # in a pool process) carry the ids its arguments name: the client's dispatch its session
+    # and submit ID, the sweeper's re-publish of the retry its operation.
+    celery_lines = [
+        json.loads(x)
+        for x in worker.log_path.read_text().splitlines()
+        if x.startswith("{") and '"logger": "celery.' in x and "goal.dispatch[" in x
+    ]
+    for verb in (" received", " succeeded in "):
+        mine = [x for x in celery_lines if verb in x["message"]]
+        assert all(x["task"] == DISPATCH and x["task_id"] in x["message"] for x in mine), mine
+        assert any(
+            (x.get("workspace_id"), x.get("session_id"), x.get("client_submit_id"))
+            == ("ws-logs", "s1", "g1")
+            for x in mine
+        ), mine
+        assert any(x.get("operation_id") == op.operation_id for x in mine), mine
     # The sweep ran (every 0.5 s here) without a line of Celery's about it: routine work
     # does not drown the lines about real work. The sweep that re-published the retry may
     # still be running when the operation completes (its heartbeat is its last write).
@@ -94,6 +113,27 @@ def _log_forged(logger: logging.Logger) -> None:
             raise ValueError("boom")
         except ValueError:
             logger.exception("failed %s", FORGED)
+
+
+def test_ids_are_read_from_a_messages_arguments_never_evaluated():
+    labelled = "[acme/s1 submit=req-1] {'operation_ids': ['op-1'], 'workspace_id': 'acme'}"
+    assert logs.ids_in_arguments(labelled) == {
+        "workspace_id": "acme",
+        "session_id": "s1",
+        "client_submit_id": "req-1",
+    }
+    producer = "{'workspace_id': 'w', 'session_id': 's', 'operation_id': 'o', 'x': 1}"
+    assert logs.ids_in_arguments(producer) == {
+        "workspace_id": "w",
+        "session_id": "s",
+        "operation_id": "o",
+    }
+    # A report names its goal operation under another key: not the message's operation.
+    report = "{'report': {'workspace_id': 'w', 'turn': {'source_goal_operation_id': 'g'}}}"
+    assert logs.ids_in_arguments(report) == {"workspace_id": "w"}
+    # Text that only looks like Python is read as text: nothing runs, nothing too long.
+    assert logs.ids_in_arguments("{'workspace_id': __import__('os').getpid()}") == {}
+    assert logs.ids_in_arguments("{'session_id': '" + "x" * 300 + "'}") == {}
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,7 @@ CONTEXT_FIELDS = (
     "fence_id",
     "run_id",
     "prompt_id",
+    "client_submit_id",
     "attempt",
 )
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
@@ -63,13 +65,46 @@ def current_context() -> dict[str, Any]:
     return dict(_context.get() or {})
 
 
+# The ids in the text of a message's arguments (Celery's `kwargsrepr`): the label the
+# product's publisher puts first (`[ws/sid submit=…]`), and quoted keyword arguments.
+_LABEL = re.compile(r"\[([^/\s\]]{1,255})/([^\s\]]{1,255})(?: submit=([^\s\]]{1,255}))?\]")
+_QUOTED_ID = re.compile(
+    r"'(workspace_id|session_id|operation_id|fence_id|run_id|prompt_id|client_submit_id)'"
+    r": '([^'\\]{1,255})'"
+)
+
+
+def ids_in_arguments(text: str) -> dict[str, str]:
+    """The ids a message's arguments name, read from their text (untrusted: read, never
+    evaluated, and only short quoted values)."""
+    ids: dict[str, str] = {}
+    label = _LABEL.match(text)
+    if label:
+        ids["workspace_id"], ids["session_id"] = label[1], label[2]
+        if label[3]:
+            ids["client_submit_id"] = label[3]
+    for name, value in _QUOTED_ID.findall(text[:4096]):
+        ids.setdefault(name, value)
+    return ids
+
+
 class ContextFilter(logging.Filter):
-    """Copies the context's ids onto each record (a record's own extra= wins)."""
+    """Copies the context's ids onto each record (a record's own extra= wins). Celery's own
+    lines about a task (received, succeeded, failed) carry its name, id and the text of its
+    arguments; their ids are copied too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         for key, value in (_context.get() or {}).items():
             if not hasattr(record, key):
                 setattr(record, key, value)
+        data = getattr(record, "data", None)
+        if isinstance(data, dict) and record.name.startswith("celery."):
+            found: dict[str, Any] = {"task": data.get("name"), "task_id": data.get("id")}
+            if isinstance(data.get("kwargs"), str):
+                found.update(ids_in_arguments(data["kwargs"]))
+            for key, value in found.items():
+                if isinstance(value, str) and not hasattr(record, key):
+                    setattr(record, key, value)
         return True
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from agent_radar.workflows.adapters.broker import broker_connection, kombu_queues, queue_for
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.adapters.sent_events import SentEvents
-from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS
+from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS, SHOWN_WHEN_EFFECTIVE
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,14 @@ class TaskPublisher:
         label: str | None = None,
     ) -> str:
         """Publish one task message. `label` (e.g. the workspace, session and client submit
-        ID an internal message is about) is shown beside the arguments in Flower and the
+        ID an internal message is about) is shown before the arguments in Flower and the
         worker log, so an operator finds the message by what the client knows."""
         kwargs = kwargs or {}
         queue_name = queue or queue_for(task_name)
         target = self._exchanges[queue_name]
         task_id = str(uuid.uuid4())
-        kwargsrepr = (repr(kwargs) + (f" [{label}]" if label else ""))[:1024]
+        # The label first: Flower's task list shows the start of a long argument list.
+        kwargsrepr = ((f"[{label}] " if label else "") + repr(kwargs))[:1024]
         headers = {
             "lang": "py",
             "task": task_name,
@@ -126,7 +127,8 @@ class TaskPublisher:
                 },
             )
             assert self._events is not None
-            self._events.task_sent(producer, task_id, task_name, kwargsrepr, target, sent_at)
+            if task_name not in SHOWN_WHEN_EFFECTIVE:
+                self._events.task_sent(producer, task_id, task_name, kwargsrepr, target, sent_at)
         return task_id
 
     def publish_after_commit(

@@ -15,6 +15,10 @@ from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.prompts import queue as prompts
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
 
+# What `dispatch_next` answers when it sent nothing: the session is held, busy, or has no
+# prompt queued (prompts.take_next).
+NOTHING_SENT = frozenset({"held", "busy", "idle"})
+
 
 def dispatch_next(
     engine: Engine,

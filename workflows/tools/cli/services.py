@@ -192,6 +192,11 @@ def _stack_flower_login(password: str | None) -> tuple[dict, str]:
     return login, f" Flower on {STACK_FLOWER_URL} (user {STACK_FLOWER_USER}, password {password})."
 
 
+# Flower's task list shows each message's arguments (the workspace, session and client submit
+# ID lead them, docs/operations.md) and result, not only its name and id.
+FLOWER_TASK_COLUMNS = "name,kwargs,state,result,received,runtime,worker,uuid"
+
+
 @cli.command()
 @click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
 @click.option("--address", default="127.0.0.1", show_default=True)
@@ -202,9 +207,19 @@ def flower(port: int, address: str, as_json: bool):
     could otherwise read every task's arguments and call Flower's API. An empty or example
     password is refused."""
     auth = _checked_flower_auth(os.environ.get("FLOWER_BASIC_AUTH", ""))
+    from agent_radar.tasks import flower_view
     from agent_radar.tasks.app import app
 
-    app.start(["flower", f"--port={port}", f"--address={address}", f"--basic-auth={auth}"])
+    flower_view.install()
+    app.start(
+        [
+            "flower",
+            f"--port={port}",
+            f"--address={address}",
+            f"--basic-auth={auth}",
+            f"--tasks_columns={FLOWER_TASK_COLUMNS}",
+        ]
+    )
 
 
 @cli.command("runtime-sim")
