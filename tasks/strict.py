@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from agent_radar.tasks.runtime_context import TaskContext
 from agent_radar.workflows.adapters import logs
+from agent_radar.workflows.adapters.broker import DEFAULT_QUEUE
 from agent_radar.workflows.errors import AgentRadarError, InvalidArgument
 from agent_radar.workflows.task_names import SHOWN_WHEN_EFFECTIVE
 
@@ -214,8 +215,13 @@ def strict_task(name: str, *, public: bool = False, events: str = ALL):
                         exc.__class__.__name__,
                     )
                     return None
+                # Into `default` whichever queue the message came by: on RabbitMQ the retry
+                # waits in the broker's delay queues, which Celery's default queue (a direct
+                # exchange, as default producers declare it) cannot route through.
                 raise self.retry(
-                    exc=exc, countdown=min(2**self.request.retries, PUBLIC_RETRY_MAX_S)
+                    exc=exc,
+                    countdown=min(2**self.request.retries, PUBLIC_RETRY_MAX_S),
+                    queue=DEFAULT_QUEUE,
                 ) from exc
             except Reject:
                 raise

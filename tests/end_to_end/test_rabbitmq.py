@@ -2,6 +2,8 @@
 real `agent-radar worker` / `beat` subprocesses, each test in a virtual host of its own. The restart
 of a RabbitMQ node is in tests/faults/test_broker_restart.py."""
 
+from dataclasses import replace
+
 import pytest
 
 from agent_radar.workflows.adapters.broker import (
@@ -42,8 +44,13 @@ def test_goal_work_runs_on_quorum_queues(settings, rabbitmq_vhost, client, stack
     assert len(sim_control.effects("maintenance")) == 1
     types = queue_types(rabbitmq_vhost)
     # The work queues are quorum queues; so are the delay queues Celery's native delayed
-    # delivery declares for countdown retries (celery_delayed_0 … 27).
-    assert {name: types[name] for name in QUEUES} == {name: "quorum" for name in QUEUES}
+    # delivery declares for countdown retries (celery_delayed_0 … 27). Celery's default
+    # queue is classic, as producers with Celery's defaults declare it.
+    assert {name: types[name] for name in QUEUES} == {
+        "default": "quorum",
+        "maintenance": "quorum",
+        "celery": "classic",
+    }
     assert types["celery_delayed_0"] == "quorum" and types["celery_delayed_27"] == "quorum"
 
 
@@ -106,7 +113,16 @@ def test_rabbitmq_settings():
     settings = Settings.from_env(env)
     assert settings.is_amqp_broker and not settings.is_embedded_broker
     assert transport_options(settings) == {"confirm_publish": True}
-    assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in kombu_queues(settings))
+    queues = {q.name: q for q in kombu_queues(settings)}
+    for name in ("default", "maintenance"):
+        assert queues[name].queue_arguments == {"x-queue-type": "quorum"}
+        assert (queues[name].exchange.name, queues[name].exchange.type) == (
+            f"agent_radar.{name}",
+            "topic",
+        )
+    # Celery's default queue as Celery's and celery-node's defaults declare it.
+    assert queues["celery"].queue_arguments is None and queues["celery"].durable
+    assert (queues["celery"].exchange.name, queues["celery"].exchange.type) == ("celery", "direct")
     assert "secret" not in repr(settings)
     with pytest.raises(ValueError, match="virtual host"):
         Settings.from_env({**env, "AGENT_RADAR_BROKER_KEY_PREFIX": "team-a:"})
@@ -115,21 +131,22 @@ def test_rabbitmq_settings():
     assert all(q.queue_arguments is None for q in kombu_queues(redis))
 
 
-def test_plain_celery_producers_as_the_readme_shows(settings, client, stack, sim_control):
-    """The README's producer for RabbitMQ works as written; one with Celery's defaults is
-    refused by RabbitMQ (the queue it would declare is not ours) and sends nothing."""
+def test_plain_celery_producers_as_the_docs_show(settings, client, stack, sim_control):
+    """A producer with Celery's defaults works on RabbitMQ as it does on Redis (its queue,
+    `celery`, is declared as it declares it); so does docs/producers.md's producer for the
+    replicated `default` queue."""
     from celery import Celery
     from kombu import Exchange, Queue
 
     stack.start_worker(concurrency=1)  # declares the queues, as a running fleet has
-    kwargs = {"workspace_id": WS, "session_id": "plain", "action": "set", "objective": "hi"}
+    kwargs = {"workspace_id": WS, "action": "set", "objective": "hi"}
 
     defaults = Celery("producer", broker=settings.broker_url)
     try:
-        with pytest.raises(Exception, match="PRECONDITION_FAILED"):
-            defaults.send_task(
-                "agent_radar.goal_control", kwargs={**kwargs, "client_submit_id": "d"}
-            )
+        defaults.send_task(
+            "agent_radar.goal_control",
+            kwargs={**kwargs, "session_id": "defaults", "client_submit_id": "d"},
+        )
     finally:
         defaults.close()
 
@@ -138,19 +155,43 @@ def test_plain_celery_producers_as_the_readme_shows(settings, client, stack, sim
     app.conf.task_queues = [
         Queue(
             "default",
-            Exchange("default", type="topic"),
+            Exchange("agent_radar.default", type="topic"),
             routing_key="default",
             queue_arguments={"x-queue-type": "quorum"},
         ),
     ]
     app.conf.broker_transport_options = {"confirm_publish": True}
     try:
-        app.send_task("agent_radar.goal_control", kwargs={**kwargs, "client_submit_id": "r"})
+        app.send_task(
+            "agent_radar.goal_control",
+            kwargs={**kwargs, "session_id": "docs", "client_submit_id": "r"},
+        )
     finally:
         app.close()
-    ops = eventually(
-        lambda: client.list_goal_operations(WS, "plain"), timeout_s=60, what="the submit"
-    )
-    assert [op.client_submit_id for op in ops] == ["r"]
-    assert client.wait(ops[0], timeout=60).status == "completed"
-    assert effects_by_operation(sim_control) == {ops[0].operation_id: 1}
+    ops = [
+        eventually(lambda sid=sid: client.list_goal_operations(WS, sid), 60, what=sid)[0]
+        for sid in ("defaults", "docs")
+    ]
+    assert [op.client_submit_id for op in ops] == ["d", "r"]
+    assert [client.wait(op, timeout=60).status for op in ops] == ["completed", "completed"]
+    assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in ops}
+
+
+class TestCeleryNodeDefaults:
+    """celery-node with its defaults (the queue `celery`, declared as it declares it; an
+    exchange `default` of its own) works on RabbitMQ as on Redis, results through Redis."""
+
+    @pytest.fixture
+    def settings(self, settings):
+        from tests.end_to_end.test_results import RESULTS_REDIS, clean_results
+
+        clean_results()
+        yield replace(settings, result_backend=RESULTS_REDIS)
+        clean_results()
+
+    def test_a_node_producer_on_rabbitmq(self, settings, stack, sim_control, tmp_path):
+        from tests.end_to_end.test_results import check_node_outcomes, run_node_producer
+
+        stack.start_worker(concurrency=1)
+        out = run_node_producer(tmp_path, settings.broker_url, settings.result_backend)
+        check_node_outcomes(out, sim_control)

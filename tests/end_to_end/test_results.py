@@ -31,7 +31,7 @@ def backend():
     return "production"
 
 
-def _clean() -> None:
+def clean_results() -> None:
     """Only what this module's producers and workers make: queues, results, kombu's keys."""
     probe = redis.Redis.from_url(RESULTS_REDIS)
     try:
@@ -44,11 +44,11 @@ def _clean() -> None:
 
 @pytest.fixture
 def settings(settings):
-    _clean()
+    clean_results()
     yield replace(
         settings, broker_url=RESULTS_REDIS, broker_key_prefix="", result_backend=RESULTS_REDIS
     )
-    _clean()
+    clean_results()
 
 
 def _follow(send, operation_id: str, settled=("completed", "failed", "superseded")) -> dict:
@@ -109,8 +109,7 @@ def test_a_plain_celery_producer_reads_outcomes_and_refusals(settings, stack, si
 
 NODE_PRODUCER = """
 const celery = require("celery-node");
-const url = process.argv[2];
-const client = celery.createClient(url, url);
+const client = celery.createClient(process.argv[2], process.argv[3]);
 async function send(task, kwargs) {
   return client.createTask(task).applyAsync([], kwargs).get(60000);
 }
@@ -139,7 +138,9 @@ async function send(task, kwargs) {
 """
 
 
-def test_a_node_producer_reads_outcomes_with_celery_node(settings, stack, sim_control, tmp_path):
+def run_node_producer(tmp_path, broker_url: str, backend_url: str) -> dict:
+    """NODE_PRODUCER with celery-node's defaults, against this broker and result backend:
+    what it printed."""
     if not (shutil.which("node") and shutil.which("npm")):
         skip_or_fail("Node.js and npm are not installed")
     install = subprocess.run(
@@ -151,17 +152,20 @@ def test_a_node_producer_reads_outcomes_with_celery_node(settings, stack, sim_co
     )
     if install.returncode != 0:
         skip_or_fail(f"npm could not install {CELERY_NODE}: {install.stderr[-500:]}")
-    stack.start_worker(concurrency=1)
     (tmp_path / "producer.js").write_text(NODE_PRODUCER)
     run = subprocess.run(
-        ["node", "producer.js", RESULTS_REDIS],
+        ["node", "producer.js", broker_url, backend_url],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def check_node_outcomes(out: dict, sim_control) -> None:
+    """What NODE_PRODUCER learnt: its goal's record, completed; a refusal, as a FAILURE."""
     assert set(out["submitted"]) == {"operation_id", "status"}
     assert (out["record"]["status"], out["record"]["session_id"]) == ("completed", "node-1")
     refusal = out["refusal"]
@@ -178,3 +182,8 @@ def test_a_node_producer_reads_outcomes_with_celery_node(settings, stack, sim_co
         ],
         what="the agent's effect",
     )
+
+
+def test_a_node_producer_reads_outcomes_with_celery_node(settings, stack, sim_control, tmp_path):
+    stack.start_worker(concurrency=1)
+    check_node_outcomes(run_node_producer(tmp_path, RESULTS_REDIS, RESULTS_REDIS), sim_control)

@@ -24,6 +24,8 @@ MAINTENANCE_QUEUE = "maintenance"
 # message is applied instead of waiting in a queue nobody reads (README.md).
 CELERY_DEFAULT_QUEUE = "celery"
 QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE, CELERY_DEFAULT_QUEUE)
+# On RabbitMQ, the exchange of the product's queue `q` is `agent_radar.q` (see kombu_queues).
+AMQP_EXCHANGE_PREFIX = "agent_radar."
 WORKER_QUEUES = ",".join(QUEUES)
 # The filesystem transport polls its folder, and also sleeps this long whenever the worker
 # is at its prefetch limit, so the interval caps throughput: 10 ms gave 337 no-ops/s (50 ms:
@@ -44,21 +46,37 @@ def queue_for(task_name: str) -> str:
 def kombu_queues(settings: Settings) -> list[Queue]:
     """The queues, as every producer and worker declares them.
 
-    On RabbitMQ they are quorum queues (replicated, durable, fsynced before the publisher's
-    confirm) behind topic exchanges: Celery's native delayed delivery, which a countdown
-    retry needs on quorum queues, cannot route through direct exchanges. A topic binding
-    without wildcards routes exactly like a direct one. Elsewhere: direct exchanges."""
+    On RabbitMQ the product's own queues are quorum queues (replicated, durable, fsynced
+    before the publisher's confirm) behind topic exchanges named `agent_radar.<queue>`:
+    Celery's native delayed delivery, which a countdown retry needs on quorum queues, cannot
+    route through direct exchanges, and a topic binding without wildcards routes exactly like
+    a direct one. The exchanges are not named like the queues because celery-node declares
+    an exchange `default` of its own (direct). Celery's default queue `celery` is declared
+    as a producer with Celery's or celery-node's defaults declares it — a classic durable
+    queue behind the direct exchange `celery` — so that RabbitMQ accepts their messages
+    (docs/producers.md); retries never wait in it (tasks/strict.py). Elsewhere: direct
+    exchanges named like their queues."""
     if settings.is_amqp_broker:
         return [
             Queue(
                 name,
-                Exchange(name, type="topic"),
+                Exchange(AMQP_EXCHANGE_PREFIX + name, type="topic"),
                 routing_key=name,
                 queue_arguments={"x-queue-type": "quorum"},
             )
-            for name in QUEUES
-        ]
+            for name in (DEFAULT_QUEUE, MAINTENANCE_QUEUE)
+        ] + [_celery_default_queue()]
     return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
+
+
+def _celery_default_queue() -> Queue:
+    """Celery's default queue as Celery declares it by default (task_default_queue and
+    task_default_exchange_type: a durable queue, a direct exchange of the same name)."""
+    return Queue(
+        CELERY_DEFAULT_QUEUE,
+        Exchange(CELERY_DEFAULT_QUEUE, type="direct"),
+        routing_key=CELERY_DEFAULT_QUEUE,
+    )
 
 
 def queue_named(settings: Settings, name: str) -> Queue:
