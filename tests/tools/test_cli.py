@@ -962,3 +962,27 @@ def test_untrusted_text_is_printed_escaped_and_json_stays_exact(settings, client
         text = run_cli(settings, *args).stdout
         assert text.isascii() and "\x1b" not in text and "\u2028" not in text, (args, text)
         assert not [x for x in text.splitlines() if x.startswith("2026-12-01")], (args, text)
+
+
+@pytest.mark.parametrize("backend", ["embedded"])  # CLI wiring; the rules run on both
+def test_history_shows_a_failed_attempt_of_an_operation_that_went_through(
+    settings, client, stack, sim_control
+):
+    stack.start_worker()
+    stack.start_beat()  # the sweeper re-publishes the retry when it is due
+    sim_control.fault("goal", status=503, count=1)
+    op = client.wait(client.set_goal("ws", "h1", "twice", client_submit_id="g1"), 60)
+    assert (op.status, op.attempt) == ("completed", 2)
+    # The error of the failed attempt stays on the completed record.
+    assert "503" in op.last_error
+    history = run_cli(settings, "history", "ws", "h1").stdout
+    line = next(x for x in history.splitlines() if op.operation_id in x)
+    assert " completed " in line and "attempts: 2" in line
+    assert "last error: after a failed attempt:" in line and "503" in line
+    rows = json.loads(run_cli(settings, "history", "ws", "h1", "--json").stdout)
+    outcome = next(r["outcome"] for r in rows if op.operation_id in r["record_id"])
+    assert (outcome["status"], outcome["attempt"]) == ("completed", 2) and "503" in outcome[
+        "last_error"
+    ]
+    shown = run_cli(settings, "op", "list", "--workspace", "ws").stdout
+    assert "after a failed attempt:" in shown

@@ -376,3 +376,63 @@ def test_the_kubernetes_manifests_run_real_commands_with_probes():
     # Compose and Kubernetes give a stopping worker the same time.
     grace = worker["terminationGracePeriodSeconds"]
     assert f"{grace}s" == _compose()["services"]["worker"]["stop_grace_period"]
+
+
+def _without_required(node):
+    """The compose file without `depends_on.<service>.required` (Compose 2.20), which
+    Compose v1 — the `docker-compose` Debian ships — does not know; each must be a bool."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "depends_on" and isinstance(value, dict):
+                for dependency in value.values():
+                    assert isinstance(dependency.pop("required", False), bool)
+            else:
+                _without_required(value)
+    elif isinstance(node, list):
+        for item in node:
+            _without_required(item)
+    return node
+
+
+def test_compose_config_validates_and_names_a_missing_setting(tmp_path):
+    """`docker-compose config`: the file passes Compose's own schema and interpolation with
+    deploy/example.env (every service, every profile), and without a required setting it
+    stops naming it."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import skip_or_fail
+
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        skip_or_fail("no docker-compose (Debian: apt-get install docker-compose)")
+    checked = tmp_path / "docker-compose.yml"
+    checked.write_text(yaml.safe_dump(_without_required(_compose())))
+
+    def config(env_file: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [exe, "-f", str(checked), "--project-directory", str(ROOT)]
+            + ["--env-file", str(env_file), *args, "config"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    example = ROOT / "deploy" / "example.env"
+    for profile in ([], ["--profile", "monitoring"], ["--profile", "rabbitmq"]):
+        done = config(example, *profile)
+        assert done.returncode == 0, done.stderr
+        resolved = yaml.safe_load(done.stdout)
+        assert {"postgres", "worker", "beat", "flower"} <= set(resolved["services"])
+        worker_env = resolved["services"]["worker"]["environment"]
+        assert worker_env["AGENT_RADAR_BROKER_URL"], worker_env
+    lacking = tmp_path / "lacking.env"
+    lacking.write_text(
+        "".join(
+            line + "\n"
+            for line in example.read_text().splitlines()
+            if not line.startswith("AGENT_RADAR_BROKER_URL=")
+        )
+    )
+    done = config(lacking)
+    assert done.returncode != 0 and "AGENT_RADAR_BROKER_URL" in done.stderr, done.stderr

@@ -160,12 +160,12 @@ _LOCK_STATES = (
     .order_by(SESSIONS.c.workspace_id, SESSIONS.c.session_id)
     .with_for_update(of=SESSIONS)
 )
-# What a completed operation's row becomes (besides its evidence).
+# What a completed operation's row becomes (besides its evidence). Its `last_error` stays:
+# the error of its latest failed attempt, if any (`history` and `op show` show it).
 _COMPLETED: dict[str, Any] = {
     "status": OperationStatus.COMPLETED,
     "provider_phase": ProviderPhase.APPLIED,
     "completed_at": bindparam("b_now"),
-    "last_error": None,
     "lease_owner": None,
     "lease_token": None,
     "lease_expires_at": None,

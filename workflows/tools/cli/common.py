@@ -163,3 +163,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{first_line} (is it reachable and upgraded? `agent-radar db upgrade`)",
             as_json,
         )
+
+
+def error_note(status: str, last_error: str | None, sep: str) -> str:
+    """An operation's error after its status line: why it failed or waits, or (completed)
+    the error of an attempt that failed before it went through."""
+    if not last_error:
+        return ""
+    if status == "completed":
+        return f"{sep}after a failed attempt: {last_error}"
+    return f"{sep}{last_error}"

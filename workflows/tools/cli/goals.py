@@ -7,6 +7,7 @@ from agent_radar.workflows.tools.cli.common import (
     _client,
     _emit,
     cli,
+    error_note,
     exit_if_failed,
     json_option,
     session_arguments,
@@ -38,7 +39,7 @@ def _goal_command(action: str, takes_objective: bool):
             as_json,
             as_dict(op),
             f"{op.operation_id} {op.action} revision {op.goal_revision}: {op.status}"
-            f" ({op.provider_phase})" + (f" - {op.last_error}" if op.last_error else ""),
+            f" ({op.provider_phase})" + error_note(op.status, op.last_error, " - "),
         )
         exit_if_failed(op, wait_s is not None)
 

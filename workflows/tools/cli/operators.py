@@ -7,7 +7,7 @@ import click
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.operators.catalog import KINDS, STATUSES, kind_of
 from agent_radar.workflows.records import as_dict
-from agent_radar.workflows.tools.cli.common import _client, _emit, cli, json_option
+from agent_radar.workflows.tools.cli.common import _client, _emit, cli, error_note, json_option
 
 AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -38,7 +38,7 @@ def _line(item: dict) -> str:
     )
     created = item.get("created_at") or item.get("started_at") or "-"
     submit = item.get("client_submit_id") or "-"
-    error = f"  {item['last_error']}" if item.get("last_error") else ""
+    error = error_note(item["status"], item.get("last_error"), "  ")
     return (
         f"{created}  {item['kind']:<11} {item['status']:<18} {ident}  "
         f"{item['workspace_id']}/{item['session_id']}  submit={submit}{error}"

@@ -9,6 +9,7 @@ from agent_radar.workflows.tools.cli.common import (
     _client,
     _emit,
     cli,
+    error_note,
     exit_if_failed,
     json_option,
     session_arguments,
@@ -37,32 +38,48 @@ def prompt(workspace_id, session_id, as_json, text, submit_id, wait_s):
 @session_arguments
 @click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True)
 def history(workspace_id, session_id, as_json, limit):
-    """The session's records: one row per record, at its first position."""
+    """The session's records: one row per record, at its first position, with what became
+    of it — its status now and, for an operation that was tried more than once or failed,
+    its attempts and the error of its latest failed attempt."""
     client = _client()
     rows = client.history(workspace_id, session_id, limit)
+    outcomes = [_outcome(client, workspace_id, r) for r in rows]
     lines = [
         f"{r.created_at:%Y-%m-%d %H:%M:%S}  {r.sequence:5d} {r.kind:15s} "
-        f"{_status(client, workspace_id, r):18s} {r.record_id}"
+        f"{outcome['status']:18s} {r.record_id}"
         + (f" revision {r.revision}" if r.revision is not None else "")
         + (" (pending)" if r.pending else "")
         + (f"  reason: {r.payload['reason']}" if (r.payload or {}).get("reason") else "")
-        for r in rows
+        + (f"  attempts: {outcome['attempt']}" if (outcome.get("attempt") or 0) > 1 else "")
+        + error_note(outcome["status"], outcome.get("last_error"), "  last error: ")
+        for r, outcome in zip(rows, outcomes, strict=True)
     ]
-    _emit(as_json, [as_dict(r) for r in rows], lines or "no records")
+    _emit(
+        as_json,
+        [as_dict(r) | {"outcome": o} for r, o in zip(rows, outcomes, strict=True)],
+        lines or "no records",
+    )
 
 
-def _status(client, workspace_id: str, row) -> str:
+def _outcome(client, workspace_id: str, row) -> dict:
     """What became of a history row's record: a maintenance record carries its status, an
-    operator action is its action, any other record is looked up (its status now)."""
+    operator action is its action, an operation is looked up (its status now, its attempts
+    and the error of its latest failed attempt)."""
     payload = row.payload or {}
     if isinstance(payload.get("record"), dict):
-        return str(payload["record"].get("status"))
+        return {"status": str(payload["record"].get("status"))}
     if "action" in payload and row.kind == "operator-action":
-        return str(payload["action"])
+        return {"status": str(payload["action"])}
     try:
-        return client.get_operation(row.record_id, workspace_id=workspace_id).status
+        # A record id is `<kind>:<id>`.
+        record = client.get_operation(row.record_id.split(":", 1)[-1], workspace_id=workspace_id)
     except AgentRadarError:
-        return "-"
+        return {"status": "-"}
+    return {
+        "status": record.status,
+        "attempt": getattr(record, "attempt", None),
+        "last_error": getattr(record, "last_error", None),
+    }
 
 
 # -- sessions --------------------------------------------------------------------------------
