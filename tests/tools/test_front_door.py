@@ -114,9 +114,13 @@ def test_bench_checks_exactly_once(settings):
     assert result["exactly_once"] is True, result["audit"]
     assert proc.returncode == 0
     assert result["raw_noop_per_s"] > 0 and result["goal_ops_per_s"] > 0
-    sweep = result["settled_sweep"]
-    assert sweep["after"]["settled"] == sweep["before"]["settled"] + 2000
-    assert sweep["before"]["sweep_ms"] > 0 and sweep["after"]["sweep_ms"] > 0
+    costs = result["settled_costs"]
+    # the history added, and the goals timed before it
+    assert costs["after"]["settled"] == costs["before"]["settled"] + 2000 + 20
+    for key in ("exporter_ms", "status_ms", "sweep_ms", "goal_ms"):
+        assert costs["before"][key] > 0 and costs["after"][key] > 0
+        assert costs["ratios"][key] == round(costs["after"][key] / costs["before"][key], 2)
+    assert all(a["exactly_once"] for a in costs["audits"])
     for phase in ("full_rate", "paced"):
         assert result["audit"][phase]["statuses"] == {"completed": 40}
         assert result["audit"][phase]["applied_twice"] == 0

@@ -30,8 +30,8 @@ def goals_at_full_rate(bench: Bench) -> tuple[Phase, dict]:
     return phase, bench.audit(ws, submitted)
 
 
-def goals_unloaded(bench: Bench, samples: int) -> tuple[list[float], dict]:
-    ws = f"bench-{bench.run_id}-unloaded"
+def goals_unloaded(bench: Bench, samples: int, label: str = "unloaded") -> tuple[list[float], dict]:
+    ws = f"bench-{bench.run_id}-{label}"
     submitted: dict[str, float] = {}
     for i in range(samples):
         bench.set_goal(ws, i, submitted)

@@ -23,7 +23,7 @@ from agent_radar.workflows.tools.bench.goals import (
 from agent_radar.workflows.tools.bench.harness import WARM_UP, Bench
 from agent_radar.workflows.tools.bench.hosts import slow_hosts as slow_hosts_phase
 from agent_radar.workflows.tools.bench.stats import SUBMIT_THREADS, _percentile, _summary
-from agent_radar.workflows.tools.bench.sweep import settled_sweep
+from agent_radar.workflows.tools.bench.sweep import COSTS, settled_costs
 from agent_radar.workflows.tools.stack import Stack, free_port
 
 # docs/benchmarks.md on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
@@ -142,6 +142,19 @@ def run_bench(
         slow = None
         if slow_hosts:
             slow = slow_hosts_phase(bench, stack, say)
+        sweep = None
+        if settled:
+            say(f"(d) costs with {settled:,} more settled operations in history:")
+            sweep = settled_costs(settings, bench, settled, say)
+            say(
+                f"    settled before {sweep['before']['settled']:,}, "
+                f"after {sweep['after']['settled']:,}"
+            )
+            for key, name in COSTS.items():
+                say(
+                    f"    {name:<24} {sweep['before'][key]:9.2f} ms → "
+                    f"{sweep['after'][key]:9.2f} ms: ratio {sweep['ratios'][key]:.2f}"
+                )
         audits = [warm_up_audit, full_audit, unloaded_audit, paced_audit, storm_audit]
         if slow is not None:
             audits += slow["audits"]
@@ -149,6 +162,8 @@ def run_bench(
             audits.append(common_audit)
         if fleet_audit is not None:
             audits.append(fleet_audit)
+        if sweep is not None:
+            audits += sweep["audits"]
         exactly_once = all(a["exactly_once"] for a in audits)
         say(f"exactly once: {'yes' if exactly_once else 'NO'}")
         ratios = {
@@ -169,15 +184,6 @@ def run_bench(
             verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
             limit = f"{relation} {t['limit']:g}"
             say(f"    (b)/(a) {name:<13} {t['ratio']!s:>6}  target {limit}: {verdict}")
-        sweep = None
-        if settled:
-            say(f"(d) sweep cost with {settled:,} more settled operations in history:")
-            sweep = settled_sweep(settings, settled, bench.run_id, say)
-            say(
-                f"    {sweep['before']['sweep_ms']:.2f} ms over {sweep['before']['settled']:,} "
-                f"settled, {sweep['after']['sweep_ms']:.2f} ms over "
-                f"{sweep['after']['settled']:,} settled: ratio {sweep['ratio']:.2f}"
-            )
         return {
             "backend": {
                 "database": settings.database_url.split(":", 1)[0],
@@ -223,7 +229,7 @@ def run_bench(
             "fleet_ops_per_s": None if fleet_rate is None else round(fleet_rate, 1),
             "slow_hosts": slow,
             "exactly_once": exactly_once,
-            "settled_sweep": sweep,
+            "settled_costs": sweep,
         }
     finally:
         if bench is not None:

@@ -1,5 +1,6 @@
-"""The bench's phase (d) (`agent-radar bench --settled N`, docs/benchmarks.md): a sweep over a large
-settled history costs about what a sweep over none does."""
+"""The bench's phase (d) (`agent-radar bench --settled N`, docs/benchmarks.md): what runs every few
+seconds or per operation — an exporter scrape, `status`, a sweep, and a goal from submit to
+applied (submit and dispatch) — timed before and after adding N settled operations."""
 
 import statistics
 import time
@@ -16,19 +17,47 @@ from agent_radar.models.tables import GoalOperation as GoalOperationRow
 from agent_radar.workflows.adapters.config import Settings
 
 SWEEP_REPEATS = 25
+# Scrapes and `status` reads are slower over a long history: fewer of them.
+READ_REPEATS = 5
+# Goals timed from submit to applied, one at a time, before and after.
+GOAL_SAMPLES = 20
 SETTLED_CHUNK = 10_000
 
 
-def _sweep_ms(engine) -> float:
-    """Median wall time of one sweep over this database, in ms."""
-    from agent_radar.beat.sweeper import sweep_once
-
+def _median_ms(repeats: int, once: Callable[[int], object]) -> float:
     times = []
-    for i in range(SWEEP_REPEATS):
+    for i in range(repeats):
         started = time.perf_counter()
-        sweep_once(engine, lambda _task, _kwargs: True, utcnow(), owner=f"bench-sweep-{i}")
+        once(i)
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
+
+
+def _costs(engine, bench, label: str) -> tuple[dict, dict]:
+    """Median wall times, in ms, over the database as it is now; the goals' audit."""
+    from agent_radar.beat.sweeper import sweep_once
+    from agent_radar.workflows.tools.bench.goals import goals_unloaded
+    from agent_radar.workflows.tools.metrics import FleetCollector
+    from agent_radar.workflows.tools.status import fleet_status
+
+    scrape = FleetCollector(engine)
+    settled = _settled_count(engine)  # before this call's own goals
+    goal_ms, audit = goals_unloaded(bench, GOAL_SAMPLES, label=f"settled-{label}")
+    return {
+        "settled": settled,
+        "exporter_ms": round(_median_ms(READ_REPEATS, lambda _i: list(scrape.collect())), 2),
+        "status_ms": round(_median_ms(READ_REPEATS, lambda _i: fleet_status(engine)), 2),
+        "sweep_ms": round(
+            _median_ms(
+                SWEEP_REPEATS,
+                lambda i: sweep_once(
+                    engine, lambda _task, _kwargs: True, utcnow(), owner=f"bench-sweep-{i}"
+                ),
+            ),
+            2,
+        ),
+        "goal_ms": round(statistics.median(goal_ms), 2),
+    }, audit
 
 
 def _settled_count(engine) -> int:
@@ -75,14 +104,26 @@ def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
     dialect_of(engine).analyze(engine, "goal_operations")
 
 
-def settled_sweep(settings: Settings, count: int, run_id: str, say: Callable) -> dict:
-    """Sweep time over the database as it is, then with `count` more settled operations."""
+# What (d) times, and how it names each in its report.
+COSTS = {
+    "exporter_ms": "exporter scrape",
+    "status_ms": "status",
+    "sweep_ms": "sweep",
+    "goal_ms": "goal, submit to applied",
+}
+
+
+def settled_costs(settings: Settings, bench, count: int, say: Callable) -> dict:
+    """The costs over the database as it is, then with `count` more settled operations;
+    each one's ratio after/before; the audits of the goals timed."""
     engine = engine_for(settings.database_url)
-    before = {"settled": _settled_count(engine), "sweep_ms": _sweep_ms(engine)}
-    _add_settled(engine, f"bench-{run_id}-history", count, say)
-    after = {"settled": _settled_count(engine), "sweep_ms": _sweep_ms(engine)}
+    before, audit_before = _costs(engine, bench, "before")
+    _add_settled(engine, f"bench-{bench.run_id}-history", count, say)
+    after, audit_after = _costs(engine, bench, "after")
     return {
-        "before": {"settled": before["settled"], "sweep_ms": round(before["sweep_ms"], 2)},
-        "after": {"settled": after["settled"], "sweep_ms": round(after["sweep_ms"], 2)},
-        "ratio": round(after["sweep_ms"] / before["sweep_ms"], 2),
+        "added": count,
+        "before": before,
+        "after": after,
+        "ratios": {key: round(after[key] / before[key], 2) for key in COSTS},
+        "audits": [audit_before, audit_after],
     }
