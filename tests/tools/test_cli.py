@@ -863,6 +863,31 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     assert 0 <= got[("agent_radar_sweeper_heartbeat_age_seconds", ())] < 60
     # No label names a session: one dashboard serves any number of them.
     assert all("session" not in dict(labels) for _, labels in got)
+    # Past the workspaces with the most operations, the rest are summed as "other": ws-a
+    # (a goal and a run) keeps its series, ws-b's goal joins "other".
+    top = samples(run_cli(settings, "metrics", "--once", "--top-workspaces", "1").stdout)
+    workspaces = {
+        dict(labels)["workspace"] for name, labels in top if name == "agent_radar_operations"
+    }
+    assert workspaces == {"ws-a", "other"}
+    other = (("kind", "goal"), ("status", "prepared"), ("workspace", "other"))
+    assert top[("agent_radar_operations", other)] == 1
+
+
+def test_the_exporter_folds_workspaces_past_the_top_into_other():
+    from agent_radar.workflows.tools.metrics import fold_workspaces
+
+    counts = {("goal", "completed", f"ws-{i:04d}"): i for i in range(5000)}
+    counts[("fence", "failed", "ws-0001")] = 7
+    folded = fold_workspaces(counts, 20)
+    # 5,000 workspaces make 20 series of their own and "other" (and ws-0001's fence, in it)
+    assert {w for _k, _s, w in folded} == {f"ws-{i:04d}" for i in range(4980, 5000)} | {"other"}
+    assert sum(folded.values()) == sum(counts.values())
+    assert folded[("fence", "failed", "other")] == 7
+    assert fold_workspaces(counts, 0) == {
+        ("goal", "completed", "other"): sum(range(5000)),
+        ("fence", "failed", "other"): 7,
+    }
 
 
 # Every broker: the broker probe connects, and the worker probe pings over its control queues.

@@ -1,8 +1,10 @@
 """`agent-radar metrics`: a Prometheus exporter that reads the database on every scrape
 (docs/operations.md). It keeps no state, so several can run side by side.
 
-Labels are bounded: kind, status, workspace — never a session, so one dashboard serves
-many workspaces. Every gauge is read in one short read-only transaction.
+Labels are bounded: kind, status, workspace — never a session, and only the workspaces with
+the most operations have series of their own (`--top-workspaces`, 20 by default); the rest
+are summed under `workspace="other"`, so 5,000 workspaces make no more series than 20. Every
+gauge is read in one short read-only transaction.
 """
 
 import math
@@ -36,9 +38,31 @@ METRICS = (
 )
 
 
+# The workspaces with series of their own, by default; the rest are summed as OTHER.
+TOP_WORKSPACES = 20
+OTHER = "other"
+
+
+def fold_workspaces(
+    counts: dict[tuple[str, str, str], int], top: int
+) -> dict[tuple[str, str, str], int]:
+    """Counts by (kind, status, workspace), the workspaces past the `top` with the most
+    operations (ties by name) summed under OTHER."""
+    totals: dict[str, int] = {}
+    for (_kind, _status, workspace), count in counts.items():
+        totals[workspace] = totals.get(workspace, 0) + count
+    kept = set(sorted(totals, key=lambda w: (-totals[w], w))[:top])
+    folded: dict[tuple[str, str, str], int] = {}
+    for (kind, status, workspace), count in counts.items():
+        key = (kind, status, workspace if workspace in kept else OTHER)
+        folded[key] = folded.get(key, 0) + count
+    return folded
+
+
 class FleetCollector(Collector):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, top_workspaces: int = TOP_WORKSPACES) -> None:
         self.engine = engine
+        self.top_workspaces = top_workspaces
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
@@ -84,7 +108,7 @@ class FleetCollector(Collector):
                 operations[(kind.name, status, workspace)] = count
         heartbeat = fleet["sweeper_heartbeat_age_s"]
         return {
-            "operations": operations,
+            "operations": fold_workspaces(operations, self.top_workspaces),
             "due_operations": fleet["due"],
             "overdue_operations": fleet["overdue"],
             "oldest_due_age_seconds": fleet["sweeper_lag_s"],

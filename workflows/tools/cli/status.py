@@ -32,14 +32,21 @@ def status(as_json: bool, check: bool):
 @click.option("--address", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
 @click.option("--once", is_flag=True, help="Print the metrics once (exposition format) and exit.")
-def metrics(address: str, port: int, once: bool):
+@click.option(
+    "--top-workspaces",
+    type=click.IntRange(0, 1000),
+    default=20,
+    show_default=True,
+    help="Workspaces with series of their own (the most operations); the rest are 'other'.",
+)
+def metrics(address: str, port: int, once: bool, top_workspaces: int):
     """A Prometheus exporter: fleet gauges read from the database on every scrape."""
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from agent_radar.workflows.tools.metrics import FleetCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(_client().engine))
+    registry.register(FleetCollector(_client().engine, top_workspaces))
     if once:
         click.echo(generate_latest(registry).decode(), nl=False)
         return
