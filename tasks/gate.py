@@ -14,7 +14,12 @@ Three more guards live here because they act before Celery's code does:
   producers of this service have no reason to compress.
 - A message with an ETA is held in the worker's memory, past the prefetch limit, until it is
   due. An ETA further ahead than `MAX_ETA_S` is refused; past `ETA_HELD_MAX` held messages,
-  a new one runs at once instead of being held.
+  a new one runs at once instead of being held. On RabbitMQ with quorum queues the prefetch
+  is static (Celery cannot raise it for a held message), so a held message would take a
+  slot from every message behind it: there an ETA is not held at all (the product's own
+  countdowns wait in the broker's delay queues and arrive due).
+- The text of a message's arguments (`argsrepr`, `kwargsrepr`), which Flower and the logs
+  show, is rewritten from its body (`describe_arguments`).
 - Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run,
   and remote control commands that change a worker (`shutdown`, `add_consumer`, …) are not
   obeyed: any producer could send them.
@@ -26,6 +31,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from celery.exceptions import InvalidTaskError
+from celery.utils.saferepr import saferepr
 from celery.utils.time import maybe_iso8601
 from celery.worker import state as worker_state
 from celery.worker.consumer.consumer import Consumer
@@ -34,6 +40,7 @@ from kombu import compression
 
 from agent_radar.tasks.envelope import guard_transport, reason
 from agent_radar.tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
+from agent_radar.workflows.adapters import logs
 
 log = logging.getLogger("agent_radar.gate")
 
@@ -47,6 +54,8 @@ MAX_ETA_S = 2.0 * PUBLIC_RETRY_MAX_S
 # At most this many messages wait for their ETA in one worker; beyond it a message runs at
 # once. An ETA only spaces out a retry, so running one early costs a try, never a write.
 ETA_HELD_MAX = 100
+# The longest text of a message's args or kwargs kept for Flower and the logs.
+REPR_MAX = 1024
 # Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
 # this many characters (uuids are 36).
 MAX_ID_CHARS = 255
@@ -165,8 +174,9 @@ def check_headers(headers: object, allowed: frozenset[str], now: datetime) -> No
         raise InvalidTaskError("header 'timelimit' is not [soft, hard]")
 
 
-def check_body(message) -> None:
-    """Raise InvalidTaskError unless the body is a small `[args, kwargs, embed]` in JSON."""
+def check_body(message) -> tuple[list, dict]:
+    """Raise InvalidTaskError unless the body is a small `[args, kwargs, embed]` in JSON;
+    its args and kwargs."""
     body = message.body
     if not isinstance(body, (bytes, str)):
         raise InvalidTaskError("body is not bytes")
@@ -187,6 +197,23 @@ def check_body(message) -> None:
         and all(v in (None, [], ()) for v in embed.values())
     ):
         raise InvalidTaskError("body embed carries unknown keys or workflow callbacks")
+    return list(args), kwargs
+
+
+def describe_arguments(headers: dict, args: list, kwargs: dict) -> None:
+    """Make the text of a message's arguments (`argsrepr`, `kwargsrepr`: what Flower, the
+    worker's log lines and Celery's events show) say what its body holds, led by the label of
+    the ids it names (workflows/adapters/logs.py). The publisher's own label is kept where the
+    body does not contradict it (the client submit ID a dispatch message was sent for, which
+    its body does not carry) and has no positional arguments: a message cannot be shown as
+    about another session than the one its arguments name."""
+    named = logs.ids_of_arguments(kwargs)
+    claimed = logs.parse_label(headers.get("kwargsrepr") or "")
+    if args or any(named.get(key, value) != value for key, value in claimed.items()):
+        claimed = {}  # contradicted, or beside arguments it cannot be checked against
+    text = logs.label({**claimed, **named})
+    headers["argsrepr"] = saferepr(args, REPR_MAX)
+    headers["kwargsrepr"] = (f"[{text}] " if text else "") + saferepr(kwargs, REPR_MAX)
 
 
 def _short(value: object) -> str:
@@ -203,6 +230,8 @@ class GuardedConsumer(Consumer):
         refuse_compression()
         limit_remote_control()
         super().__init__(*args, **kwargs)
+        # RabbitMQ with quorum queues: Celery's prefetch cannot grow for a held message.
+        self.static_prefetch = self.app.agent_radar_settings.is_amqp_broker
         if self.controller is not None:
             self.guard_process_task(self.controller)
 
@@ -248,9 +277,10 @@ class GuardedConsumer(Consumer):
         def on_task_received(message):
             try:
                 check_headers(message.headers, allowed, datetime.now(UTC))
-                check_body(message)
-                if message.headers.get("eta") and len(worker_state.scheduled_requests) >= (
-                    ETA_HELD_MAX
+                args, kwargs = check_body(message)
+                describe_arguments(message.headers, args, kwargs)
+                if message.headers.get("eta") and (
+                    self.static_prefetch or len(worker_state.scheduled_requests) >= ETA_HELD_MAX
                 ):
                     message.headers["eta"] = None  # run it now rather than hold one more
                 return handle(message)

@@ -18,8 +18,9 @@ from agent_radar.workflows.task_names import (
 )
 from agent_radar.workflows.validation import check_id, check_ids
 
-# A dispatch's outcome for an operation of its own that another dispatch had taken.
-TAKEN_ELSEWHERE = "taken_by_another_dispatch"
+# A dispatch's outcome for an operation of its own it did not take: another dispatch had
+# taken it, it had settled, or there is no such operation.
+NOT_TAKEN = "not_taken"
 
 
 def _client(ctx: TaskContext) -> AgentRadar:
@@ -91,8 +92,9 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
     results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
     outcomes = {r.operation_id: r.outcome for r in results}
-    # Its own operations that an earlier dispatch took along (a steal) say so, not nothing.
-    outcomes |= {op: TAKEN_ELSEWHERE for op in wanted if op not in outcomes}
+    # Its own operations it did not take (most often another dispatch took them along) say
+    # so, rather than nothing.
+    outcomes |= {op: NOT_TAKEN for op in wanted if op not in outcomes}
     # By outcome, so that Flower's result column starts with what happened.
     by_outcome: dict[str, list[str]] = {}
     for operation_id, outcome in outcomes.items():

@@ -67,12 +67,7 @@ def _connection_level(exc: DBAPIError) -> bool:
 
 def _ids(kwargs: dict) -> dict:
     """The ids a message names, for its log lines (logs.task_context drops bad values)."""
-    ids = {k: kwargs.get(k) for k in logs.CONTEXT_FIELDS if k in kwargs}
-    report = kwargs.get("report")
-    if isinstance(report, dict):
-        ids.setdefault("workspace_id", report.get("workspace_id"))
-        ids.setdefault("session_id", report.get("session_id"))
-    return ids
+    return logs.ids_of_arguments(kwargs)
 
 
 @dataclass(frozen=True)
@@ -96,14 +91,16 @@ def _send_events(task, started_at: float, last: str, **fields: Any) -> None:
     req = task.request
     if not task.app.conf.worker_send_task_events or not req.hostname:
         return
+    # The gate wrote the arguments' text from the body (tasks/gate.py).
     kwargsrepr = getattr(req, "kwargsrepr", None) or saferepr(req.kwargs or {}, 1024)
+    argsrepr = getattr(req, "argsrepr", None) or saferepr(req.args or (), 1024)
     try:
         with task.app.events.default_dispatcher(hostname=req.hostname) as dispatcher:
             dispatcher.send(
                 "task-received",
                 uuid=req.id,
                 name=task.name,
-                args="()",
+                args=argsrepr,
                 kwargs=kwargsrepr,
                 root_id=req.root_id,
                 parent_id=req.parent_id,
@@ -134,8 +131,10 @@ def _shown_when_effective(task, call):
     except Exception as exc:
         _send_events(task, started_at, "task-failed", exception=saferepr(exc))
         raise
-    if isinstance(value, Routine):
+    # A retried message already has a row (its retry's events): it must not stay RETRY.
+    if isinstance(value, Routine) and not task.request.retries:
         return value.value
+    value = value.value if isinstance(value, Routine) else value
     _send_events(
         task,
         started_at,

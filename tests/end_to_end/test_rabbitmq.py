@@ -195,3 +195,37 @@ class TestCeleryNodeDefaults:
         stack.start_worker(concurrency=1)
         out = run_node_producer(tmp_path, settings.broker_url, settings.result_backend)
         check_node_outcomes(out, sim_control)
+
+
+def test_an_eta_does_not_hold_the_queue_behind_it(settings, client, stack, sim_control):
+    """On quorum queues Celery's prefetch is static: a message held for its ETA would keep a
+    slot from every message behind it, so a producer's burst of ETAs (each within the gate's
+    limit) stalled the queue for as long as it liked. The gate runs them at once instead."""
+    from datetime import UTC, datetime, timedelta
+
+    from celery import Celery
+
+    stack.start_worker(concurrency=1)
+    producer = Celery("producer", broker=settings.broker_url)
+    later = datetime.now(UTC) + timedelta(seconds=55)
+    try:
+        for i in range(6):
+            producer.send_task(
+                "agent_radar.get_operation", kwargs={"operation_id": f"nope-{i}"}, eta=later
+            )
+        producer.send_task(
+            "agent_radar.goal_control",
+            kwargs={
+                "workspace_id": WS,
+                "session_id": "behind",
+                "action": "set",
+                "objective": "not held",
+                "client_submit_id": "b1",
+            },
+        )
+    finally:
+        producer.close()
+    # Well before the ETAs: the goal behind them was taken and applied.
+    ops = eventually(lambda: client.list_goal_operations(WS, "behind"), 20, what="the submit")
+    assert client.wait(ops[0], timeout=20).status == "completed"
+    assert datetime.now(UTC) < later

@@ -115,25 +115,80 @@ def _log_forged(logger: logging.Logger) -> None:
             logger.exception("failed %s", FORGED)
 
 
-def test_ids_are_read_from_a_messages_arguments_never_evaluated():
-    labelled = "[acme/s1 submit=req-1] {'operation_ids': ['op-1'], 'workspace_id': 'acme'}"
-    assert logs.ids_in_arguments(labelled) == {
-        "workspace_id": "acme",
-        "session_id": "s1",
-        "client_submit_id": "req-1",
+def test_a_label_says_exactly_the_ids_it_was_written_from():
+    ids = {"workspace_id": "acme", "session_id": "s1", "client_submit_id": "req-1"}
+    assert logs.label(ids) == "acme/s1 submit=req-1"
+    assert logs.parse_label(f"[{logs.label(ids)}] {{'operation_ids': ['x']}}") == ids
+    # Ids may hold any printable text (check_id): none of it reads as the label's syntax.
+    tricky = {
+        "workspace_id": "team/a",
+        "session_id": "victim/vs1 submit=forged] x",
+        "client_submit_id": "mine', 'workspace_id': 'victim",
+        "operation_id": "a=b; c",
     }
-    producer = "{'workspace_id': 'w', 'session_id': 's', 'operation_id': 'o', 'x': 1}"
-    assert logs.ids_in_arguments(producer) == {
-        "workspace_id": "w",
-        "session_id": "s",
-        "operation_id": "o",
-    }
-    # A report names its goal operation under another key: not the message's operation.
-    report = "{'report': {'workspace_id': 'w', 'turn': {'source_goal_operation_id': 'g'}}}"
-    assert logs.ids_in_arguments(report) == {"workspace_id": "w"}
-    # Text that only looks like Python is read as text: nothing runs, nothing too long.
-    assert logs.ids_in_arguments("{'workspace_id': __import__('os').getpid()}") == {}
-    assert logs.ids_in_arguments("{'session_id': '" + "x" * 300 + "'}") == {}
+    assert logs.parse_label(f"[{logs.label(tricky)}] {{}}") == tricky
+    # Not labels: none, a batch's, an unknown key, text that is not printable once decoded.
+    for text in (
+        "{'workspace_id': 'w', 'session_id': 's'}",
+        "[a/s1 submit=x; a/s2 submit=y] {}",
+        "[a/s1 owner=x] {}",
+        "[a/s1 op=%1b%5B2J] {}",
+        "[a/s1 op=%0A] {}",
+        "[" + "x" * 5000 + "]",
+    ):
+        assert logs.parse_label(text) == {}, text
+
+
+def test_a_retried_routine_task_still_ends_its_row(monkeypatch):
+    """A report or prompt dispatch that did nothing sends no events, unless a retry already
+    gave it a row in Flower: then its end is sent, or the row would stay RETRY for ever."""
+    from types import SimpleNamespace
+
+    from agent_radar.tasks import strict
+
+    sent = []
+    monkeypatch.setattr(strict, "_send_events", lambda task, at, last, **f: sent.append(last))
+    first = SimpleNamespace(request=SimpleNamespace(retries=0), resultrepr_maxsize=1024)
+    assert strict._shown_when_effective(first, lambda: strict.Routine("idle")) == "idle"
+    assert sent == []
+    retried = SimpleNamespace(request=SimpleNamespace(retries=1), resultrepr_maxsize=1024)
+    assert strict._shown_when_effective(retried, lambda: strict.Routine("idle")) == "idle"
+    assert sent == ["task-succeeded"]
+    assert strict._shown_when_effective(first, lambda: "dispatched") == "dispatched"
+    assert sent == ["task-succeeded", "task-succeeded"]
+
+
+def test_the_gate_describes_a_message_by_its_body_not_its_headers():
+    from agent_radar.tasks.gate import describe_arguments
+
+    def described(kwargsrepr, kwargs, args=()):
+        headers = {"kwargsrepr": kwargsrepr, "argsrepr": "()"}
+        describe_arguments(headers, list(args), kwargs)
+        return headers
+
+    # The product's own dispatch: the submit ID it was sent for is kept (the body has none).
+    own = described(
+        "[acme/s1 submit=req-1] {...}",
+        {"operation_ids": ["o1"], "workspace_id": "acme", "session_id": "s1"},
+    )
+    assert own["kwargsrepr"].startswith("[acme/s1 submit=req-1] {'operation_ids': ['o1']")
+    # A label its body contradicts is dropped; the body's own ids lead.
+    forged = described(
+        "[victim/vs1 submit=forged-c1] {...}",
+        {"report": {"workspace_id": "atk", "session_id": "as1", "occurred_at_ms": "x"}},
+    )
+    assert forged["kwargsrepr"].startswith("[atk/as1] {'report'")
+    # Text that names another session than the body: the body wins.
+    text_only = described(
+        "{'workspace_id': 'victim', 'session_id': 'vs1', 'client_submit_id': 'victim-c9'}",
+        {"workspace_id": "atk", "session_id": "as1", "client_submit_id": "c1"},
+    )
+    assert text_only["kwargsrepr"].startswith("[atk/as1 submit=c1] {'workspace_id': 'atk'")
+    assert "victim" not in text_only["kwargsrepr"]
+    # Positional arguments are shown as they are, never as "()".
+    positional = described("[victim/vs2] {}", {}, args=[{"workspace_id": "atk"}])
+    assert positional["kwargsrepr"] == "{}" and "atk" in positional["argsrepr"]
+    assert logs.parse_label(positional["kwargsrepr"]) == {}
 
 
 @pytest.mark.parametrize(

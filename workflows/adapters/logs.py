@@ -16,10 +16,10 @@ import contextvars
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, unquote
 
 from agent_radar.workflows.escape import escape
 
@@ -65,33 +65,69 @@ def current_context() -> dict[str, Any]:
     return dict(_context.get() or {})
 
 
-# The ids in the text of a message's arguments (Celery's `kwargsrepr`): the label the
-# product's publisher puts first (`[ws/sid submit=…]`), and quoted keyword arguments.
-_LABEL = re.compile(r"\[([^/\s\]]{1,255})/([^\s\]]{1,255})(?: submit=([^\s\]]{1,255}))?\]")
-_QUOTED_ID = re.compile(
-    r"'(workspace_id|session_id|operation_id|fence_id|run_id|prompt_id|client_submit_id)'"
-    r": '([^'\\]{1,255})'"
-)
+# The label a message's arguments are shown under, first in Celery's text of them (Flower,
+# the worker's "received" line): `ws/sid` and `key=value` pairs, each id percent-encoded, so no
+# id can be read as the label's own syntax; a batch's labels joined by "; ". A worker's gate
+# (tasks/gate.py) rewrites that text from the message's actual arguments, keeping only what
+# of the publisher's label they do not contradict.
+LABEL_KEYS = {
+    "submit": "client_submit_id",
+    "op": "operation_id",
+    "fence": "fence_id",
+    "run": "run_id",
+    "prompt": "prompt_id",
+}
+_ID_FIELDS = ("workspace_id", "session_id", *LABEL_KEYS.values())
 
 
-def ids_in_arguments(text: str) -> dict[str, str]:
-    """The ids a message's arguments name, read from their text (untrusted: read, never
-    evaluated, and only short quoted values)."""
-    ids: dict[str, str] = {}
-    label = _LABEL.match(text)
-    if label:
-        ids["workspace_id"], ids["session_id"] = label[1], label[2]
-        if label[3]:
-            ids["client_submit_id"] = label[3]
-    for name, value in _QUOTED_ID.findall(text[:4096]):
-        ids.setdefault(name, value)
+def _plain_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 255 and value.isprintable()
+
+
+def label(ids: dict[str, Any]) -> str:
+    """The label of these ids (`acme/s1 submit=req-1`; empty for none)."""
+    parts = []
+    if _plain_id(ids.get("workspace_id")) and _plain_id(ids.get("session_id")):
+        parts.append(f"{quote(ids['workspace_id'], safe='')}/{quote(ids['session_id'], safe='')}")
+    for short, field in LABEL_KEYS.items():
+        if _plain_id(ids.get(field)):
+            parts.append(f"{short}={quote(ids[field], safe='')}")
+    return " ".join(parts)
+
+
+def parse_label(text: str) -> dict[str, str]:
+    """The ids of the label that leads `text` (`[…] …`): none for no label, a batch's, or
+    anything that is not a label as `label` writes one."""
+    if not text.startswith("[") or "]" not in text[:4096]:
+        return {}
+    found: dict[str, str] = {}
+    for part in text[1 : text.index("]")].split(" "):
+        short, equals, value = part.partition("=")
+        if equals and short in LABEL_KEYS and LABEL_KEYS[short] not in found:
+            found[LABEL_KEYS[short]] = unquote(value)
+        elif not equals and part.count("/") == 1 and "workspace_id" not in found:
+            workspace, session = part.split("/")
+            found["workspace_id"], found["session_id"] = unquote(workspace), unquote(session)
+        else:
+            return {}
+    return found if all(_plain_id(v) for v in found.values()) else {}
+
+
+def ids_of_arguments(kwargs: dict[str, Any]) -> dict[str, str]:
+    """The ids a message's keyword arguments name (a report's session included)."""
+    ids = {k: kwargs[k] for k in _ID_FIELDS if _plain_id(kwargs.get(k))}
+    report = kwargs.get("report")
+    if isinstance(report, dict):
+        for key in ("workspace_id", "session_id"):
+            if key not in ids and _plain_id(report.get(key)):
+                ids[key] = report[key]
     return ids
 
 
 class ContextFilter(logging.Filter):
     """Copies the context's ids onto each record (a record's own extra= wins). Celery's own
     lines about a task (received, succeeded, failed) carry its name, id and the text of its
-    arguments; their ids are copied too."""
+    arguments, led by the label the worker's gate wrote from them: its ids are copied too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         for key, value in (_context.get() or {}).items():
@@ -101,7 +137,7 @@ class ContextFilter(logging.Filter):
         if isinstance(data, dict) and record.name.startswith("celery."):
             found: dict[str, Any] = {"task": data.get("name"), "task_id": data.get("id")}
             if isinstance(data.get("kwargs"), str):
-                found.update(ids_in_arguments(data["kwargs"]))
+                found.update(parse_label(data["kwargs"]))
             for key, value in found.items():
                 if isinstance(value, str) and not hasattr(record, key):
                     setattr(record, key, value)

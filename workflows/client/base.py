@@ -8,6 +8,7 @@ from typing import Any, Self
 from agent_radar.models import error_hooks
 from agent_radar.models.db import engine_for, run_transaction
 from agent_radar.workflows import records
+from agent_radar.workflows.adapters import logs
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.adapters.http_runtime import HostRouter
 from agent_radar.workflows.adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
@@ -40,8 +41,13 @@ if _database_not_ready not in error_hooks.ERROR_HOOKS:
 
 def _label(record: Any) -> str:
     """What an operator knows a message by: workspace/session and the client submit ID."""
-    submit = getattr(record, "client_submit_id", None)
-    return f"{record.workspace_id}/{record.session_id}" + (f" submit={submit}" if submit else "")
+    return logs.label(
+        {
+            "workspace_id": record.workspace_id,
+            "session_id": record.session_id,
+            "client_submit_id": getattr(record, "client_submit_id", None),
+        }
+    )
 
 
 class ClientBase:
