@@ -54,6 +54,8 @@ MAX_ETA_S = 2.0 * PUBLIC_RETRY_MAX_S
 # At most this many messages wait for their ETA in one worker; beyond it a message runs at
 # once. An ETA only spaces out a retry, so running one early costs a try, never a write.
 ETA_HELD_MAX = 100
+# Headers carry ids and short texts: all of a message's text headers together, at most this.
+MAX_HEADER_CHARS = 16 * 1024
 # The longest text of a message's args or kwargs kept for Flower and the logs.
 REPR_MAX = 1024
 # Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
@@ -134,6 +136,9 @@ def check_headers(headers: object, allowed: frozenset[str], now: datetime) -> No
     """Raise InvalidTaskError unless `headers` are a protocol 2 call of an allowed task."""
     if not isinstance(headers, dict):
         raise InvalidTaskError("headers are not a mapping")
+    if sum(len(v) for v in headers.values() if isinstance(v, str)) > MAX_HEADER_CHARS:
+        # Celery keeps its headers (Flower shows them to every browser that opens a page).
+        raise InvalidTaskError(f"headers of over {MAX_HEADER_CHARS} characters")
     if "compression" in headers:
         raise InvalidTaskError("compressed messages are refused")
     task = headers.get("task")

@@ -223,3 +223,14 @@ def test_raw_headers(client, stack, settings, sim_control, backend):
     assert not unprintable, f"applied with an id no log can show: {unprintable[:5]}"
     assert worker.alive() and worker.children() == pool
     assert "Restoring" not in log and "Unrecoverable" not in log
+
+
+def test_the_gate_refuses_oversized_headers():
+    from celery.exceptions import InvalidTaskError
+
+    allowed = frozenset({"agent_radar.goal_control"})
+    headers = {"task": "agent_radar.goal_control", "id": "x1", "kwargsrepr": "k" * 20_000}
+    with pytest.raises(InvalidTaskError, match="headers of over"):
+        check_headers(headers, allowed, datetime.now(UTC))
+    headers["kwargsrepr"] = "k" * 1000
+    check_headers(headers, allowed, datetime.now(UTC))
