@@ -344,8 +344,9 @@ def demo(home: str | None, as_json: bool):
     type=click.IntRange(0, 10_000_000),
     default=0,
     show_default=True,
-    help="Also time a sweep before and after adding this many settled operations "
-    "to the database (they stay there: use a database for benchmarks).",
+    help="(d) Also time an exporter scrape, status, a sweep and a goal before and after "
+    "adding this many settled operations to the database (they stay there: use a "
+    "database for benchmarks).",
 )
 @click.option(
     "--nodes",
