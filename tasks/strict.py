@@ -65,11 +65,6 @@ def _connection_level(exc: DBAPIError) -> bool:
     return isinstance(exc, OperationalError) or bool(exc.connection_invalidated)
 
 
-def _ids(kwargs: dict) -> dict:
-    """The ids a message names, for its log lines (logs.task_context drops bad values)."""
-    return logs.ids_of_arguments(kwargs)
-
-
 @dataclass(frozen=True)
 class Routine:
     """What a task returns when it did nothing worth a row in Flower (a report that only
@@ -131,10 +126,11 @@ def _shown_when_effective(task, call):
     except Exception as exc:
         _send_events(task, started_at, "task-failed", exception=saferepr(exc))
         raise
+    routine = isinstance(value, Routine)
+    value = value.value if routine else value
     # A retried message already has a row (its retry's events): it must not stay RETRY.
-    if isinstance(value, Routine) and not task.request.retries:
-        return value.value
-    value = value.value if isinstance(value, Routine) else value
+    if routine and not task.request.retries:
+        return value
     _send_events(
         task,
         started_at,
@@ -172,7 +168,8 @@ def strict_task(name: str, *, public: bool = False, events: str = ALL):
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
             ctx = TaskContext(self.app.agent_radar_settings)
-            with logs.task_context(task=name, task_id=self.request.id, **_ids(kwargs)):
+            ids = logs.ids_of_arguments(kwargs)
+            with logs.task_context(task=name, task_id=self.request.id, **ids):
                 if events == WHEN_EFFECTIVE:
                     return _shown_when_effective(self, lambda: _run(self, ctx, args, kwargs))
                 value = _run(self, ctx, args, kwargs)

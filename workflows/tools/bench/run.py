@@ -142,18 +142,18 @@ def run_bench(
         slow = None
         if slow_hosts:
             slow = slow_hosts_phase(bench, stack, say)
-        sweep = None
+        costs = None
         if settled:
             say(f"(d) costs with {settled:,} more settled operations in history:")
-            sweep = settled_costs(settings, bench, settled, say)
+            costs = settled_costs(settings, bench, settled, say)
             say(
-                f"    settled before {sweep['before']['settled']:,}, "
-                f"after {sweep['after']['settled']:,}"
+                f"    settled before {costs['before']['settled']:,}, "
+                f"after {costs['after']['settled']:,}"
             )
             for key, name in COSTS.items():
                 say(
-                    f"    {name:<24} {sweep['before'][key]:9.2f} ms → "
-                    f"{sweep['after'][key]:9.2f} ms: ratio {sweep['ratios'][key]:.2f}"
+                    f"    {name:<24} {costs['before'][key]:9.2f} ms → "
+                    f"{costs['after'][key]:9.2f} ms: ratio {costs['ratios'][key]:.2f}"
                 )
         audits = [warm_up_audit, full_audit, unloaded_audit, paced_audit, storm_audit]
         if slow is not None:
@@ -162,8 +162,8 @@ def run_bench(
             audits.append(common_audit)
         if fleet_audit is not None:
             audits.append(fleet_audit)
-        if sweep is not None:
-            audits += sweep["audits"]
+        if costs is not None:
+            audits += costs["audits"]
         exactly_once = all(a["exactly_once"] for a in audits)
         say(f"exactly once: {'yes' if exactly_once else 'NO'}")
         ratios = {
@@ -229,7 +229,7 @@ def run_bench(
             "fleet_ops_per_s": None if fleet_rate is None else round(fleet_rate, 1),
             "slow_hosts": slow,
             "exactly_once": exactly_once,
-            "settled_costs": sweep,
+            "settled_costs": costs,
         }
     finally:
         if bench is not None:
