@@ -875,6 +875,10 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     assert workspaces == {"ws-a", "other"}
     other = (("kind", "goal"), ("status", "prepared"), ("workspace", "other"))
     assert top[("agent_radar_operations", other)] == 1
+    # Out of range: a usage error, nothing served.
+    for bad in ("-1", "1001", "many"):
+        refused = run_cli(settings, "metrics", "--once", "--top-workspaces", bad, check=False)
+        assert refused.returncode == 2 and "--top-workspaces" in refused.stderr, refused.stderr
 
 
 def test_the_exporter_folds_workspaces_past_the_top_into_other():
