@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench fuzz install clean
+.PHONY: run test lint bench fuzz chaos install clean
 
 # Exact versions from constraints.txt; the package itself declares compatible ranges.
 $(STAMP): pyproject.toml constraints.txt
@@ -34,6 +34,11 @@ fuzz: $(STAMP)
 	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} \
 	AGENT_RADAR_WALK_SCHEDULES=$${AGENT_RADAR_WALK_SCHEDULES:-2000} \
 	$(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py tests/faults/test_fuzz_headers.py tests/faults/test_fence_walk.py $(PYTEST_ARGS)
+
+# Server nodes lost under load at scale: a PostgreSQL primary killed and its replica promoted,
+# a RabbitMQ cluster node killed and restarted (tests/chaos/); the suite runs short forms.
+chaos: $(STAMP)
+	AGENT_RADAR_CHAOS=full $(BIN)/python -m pytest -q --timeout=0 tests/chaos $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/agent-radar bench
