@@ -50,7 +50,7 @@ class Dialect:
 
     def analyze(self, engine: Engine, table: str) -> None:
         """Refresh the planner's statistics of a table after a bulk load (PostgreSQL's
-        autovacuum would, soon after)."""
+        autovacuum would, soon after; SQLite has none to refresh)."""
 
 
 class Sqlite(Dialect):
@@ -125,8 +125,10 @@ class Postgres(Dialect):
         connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
 
     def analyze(self, engine: Engine, table: str) -> None:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"ANALYZE {table}")
+        # VACUUM too: it brings the partial indexes' sizes up to date (the planner reads
+        # them to choose an index of a few open rows over the table) and the visibility map.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"VACUUM ANALYZE {table}")
 
 
 SQLITE = Sqlite()

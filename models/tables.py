@@ -5,6 +5,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Index,
     Integer,
@@ -21,6 +22,32 @@ from agent_radar.models.enums import OPEN_OPERATION_SQL
 
 ID = String(255)
 SHORT = String(32)
+
+# Not counted under its status in settled_counts (docs/operations.md: counts), as SQLAlchemy
+# renders `counted_as.is_distinct_from(status)`: a query stating it uses the partial index.
+UNCOUNTED_PG = "counted_as IS DISTINCT FROM status"
+UNCOUNTED_SQLITE = "counted_as IS NOT status"
+
+
+def history_indexes(table: str, created: str = "created_at") -> tuple[Index, ...]:
+    """A table that grows with every operation: listed newest first, by workspace or not, and
+    pruned by age (migration 0013), and its uncounted rows found without reading the rest."""
+    return (
+        Index(f"ix_{table}_created", created),
+        Index(f"ix_{table}_workspace_created", "workspace_id", created),
+        Index(
+            f"ix_{table}_uncounted",
+            "status",
+            "workspace_id",
+            "counted_as",
+            postgresql_where=text(UNCOUNTED_PG),
+            sqlite_where=text(UNCOUNTED_SQLITE),
+        ),
+    )
+
+
+class Counted:
+    counted_as: Mapped[str | None] = mapped_column(SHORT)  # in settled_counts (None: not)
 
 
 class AgentSession(Base):
@@ -82,7 +109,7 @@ class LeaseColumns:
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class GoalOperation(LeaseColumns, Base):
+class GoalOperation(LeaseColumns, Counted, Base):
     __tablename__ = "goal_operations"
     __table_args__ = (
         UniqueConstraint(
@@ -101,6 +128,7 @@ class GoalOperation(LeaseColumns, Base):
             sqlite_where=text(OPEN_OPERATION_SQL),
         ),
         Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
+        *history_indexes("goal_operations"),
     )
 
     operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -130,6 +158,7 @@ class SessionEvent(Base):
             "workspace_id", "session_id", "sequence", name="uq_session_events_sequence"
         ),
         UniqueConstraint("idempotency_key", name="uq_session_events_idempotency_key"),
+        Index("ix_session_events_created", "created_at"),  # retention
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -154,7 +183,7 @@ class Lease(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class GoalFence(LeaseColumns, Base):
+class GoalFence(LeaseColumns, Counted, Base):
     """A permanent ban on one exact (operation, revision); `status` tracks only delivery."""
 
     __tablename__ = "goal_fences"
@@ -165,6 +194,7 @@ class GoalFence(LeaseColumns, Base):
         UniqueConstraint("target_operation_id", name="uq_goal_fences_target"),
         Index("ix_goal_fences_due", "status", "next_attempt_at"),
         Index("ix_goal_fences_session", "workspace_id", "session_id"),
+        *history_indexes("goal_fences"),
     )
 
     fence_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -196,6 +226,7 @@ class GoalFence(LeaseColumns, Base):
 
 class Turn(Base):
     __tablename__ = "turns"
+    __table_args__ = (Index("ix_turns_settled", "settled_at"),)  # retention
 
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
     session_id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -213,9 +244,12 @@ class Turn(Base):
     runtime_epoch: Mapped[int | None] = mapped_column(Integer)
 
 
-class CancelOperation(LeaseColumns, Base):
+class CancelOperation(LeaseColumns, Counted, Base):
     __tablename__ = "cancel_operations"
-    __table_args__ = (Index("ix_cancel_operations_due", "status", "next_attempt_at"),)
+    __table_args__ = (
+        Index("ix_cancel_operations_due", "status", "next_attempt_at"),
+        *history_indexes("cancel_operations"),
+    )
 
     operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     workspace_id: Mapped[str] = mapped_column(ID)
@@ -232,7 +266,7 @@ class CancelOperation(LeaseColumns, Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-class MaintenanceRun(LeaseColumns, Base):
+class MaintenanceRun(LeaseColumns, Counted, Base):
     """Exclusive per-session work; the lease is the executing worker's heartbeat."""
 
     __tablename__ = "maintenance_runs"
@@ -242,6 +276,7 @@ class MaintenanceRun(LeaseColumns, Base):
         ),
         Index("ix_maintenance_runs_live", "status", "lease_expires_at"),
         Index("ix_maintenance_runs_session", "workspace_id", "session_id", "status"),
+        *history_indexes("maintenance_runs", created="started_at"),
     )
 
     run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -264,13 +299,14 @@ class MaintenanceRun(LeaseColumns, Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class Prompt(Base):
+class Prompt(Counted, Base):
     __tablename__ = "prompts"
     __table_args__ = (
         UniqueConstraint(
             "workspace_id", "session_id", "client_submit_id", name="uq_prompts_submit"
         ),
         Index("ix_prompts_due", "status", "workspace_id", "session_id", "position"),
+        *history_indexes("prompts"),
     )
 
     prompt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -297,6 +333,7 @@ class SessionStop(Base):
         UniqueConstraint(
             "workspace_id", "session_id", "client_submit_id", name="uq_session_stops_submit"
         ),
+        Index("ix_session_stops_created", "created_at"),  # retention
     )
 
     stop_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -349,3 +386,15 @@ class Heartbeat(Base):
     name: Mapped[str] = mapped_column(ID, primary_key=True)
     owner: Mapped[str] = mapped_column(ID)
     beat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SettledCount(Base):
+    """Settled rows per kind, workspace and status, kept by the sweeper: `status` and the
+    metrics read these and the open rows, never the history (docs/operations.md: counts)."""
+
+    __tablename__ = "settled_counts"
+
+    kind: Mapped[str] = mapped_column(SHORT, primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    status: Mapped[str] = mapped_column(SHORT, primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,9 +1,12 @@
 """Retention (docs/operations.md): settled operations and events older than the retention window
 (default 30 days, never under 24 hours, so a replay within a day always finds its operation)
-are deleted by a beat task in bounded batches. Fence rows are permanent (they forbid their
+are deleted by a beat task in bounded batches, each found through an index on its age (so a
+batch costs the same however long the history) and taken out of the kept counts
+(counts.py) in the deleting transaction. Fence rows are permanent (they forbid their
 generation forever) and are never pruned; nothing open, live or still waited on is pruned.
 """
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -12,6 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, literal, not_, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from agent_radar.models.dialects import dialect_of
 from agent_radar.models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TERMINAL_MAINTENANCE_STATUSES,
@@ -31,6 +35,7 @@ from agent_radar.models.tables import (
     Turn,
 )
 from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.operators.counts import add_counts
 
 DEFAULT_RETENTION_DAYS = 30.0
 MIN_RETENTION_DAYS = 1.0
@@ -53,12 +58,14 @@ def check_retention_days(value: Any) -> float:
 
 @dataclass(frozen=True)
 class Rule:
-    """One kind of row: which of them are settled and older than `cutoff`."""
+    """One kind of row: which of them are settled and older than `cutoff`; `counted`: the kind
+    whose kept counts (counts.py) its rows are in, if they are."""
 
     name: str
     table: Any
     key: tuple[Any, ...]
     prunable: Callable[[datetime], ColumnElement[bool]]
+    counted: str | None = None
 
 
 def _live_run_records() -> Any:
@@ -73,6 +80,7 @@ RULES = (
         GoalOperation,
         (GoalOperation.operation_id,),
         lambda cutoff: and_(
+            GoalOperation.created_at < cutoff,  # what the index on age finds
             GoalOperation.status.in_(TERMINAL_OPERATION_STATUSES),
             or_(
                 GoalOperation.completed_at < cutoff,
@@ -83,6 +91,7 @@ RULES = (
             .where(GoalState.pending_operation_id == GoalOperation.operation_id)
             .exists(),
         ),
+        counted="goal",
     ),
     Rule(
         "cancel_operations",
@@ -92,6 +101,7 @@ RULES = (
             CancelOperation.status.in_((CancelStatus.COMPLETED, CancelStatus.FAILED)),
             CancelOperation.created_at < cutoff,
         ),
+        counted="cancel",
     ),
     Rule(
         "turns",
@@ -104,9 +114,11 @@ RULES = (
         MaintenanceRun,
         (MaintenanceRun.run_id,),
         lambda cutoff: and_(
+            MaintenanceRun.started_at < cutoff,  # what the index on age finds
             MaintenanceRun.status.in_(TERMINAL_MAINTENANCE_STATUSES),
             MaintenanceRun.finished_at < cutoff,
         ),
+        counted="maintenance",
     ),
     Rule(
         "prompts",
@@ -116,6 +128,7 @@ RULES = (
             Prompt.status.in_((PromptStatus.COMPLETED, PromptStatus.FAILED)),
             Prompt.created_at < cutoff,
         ),
+        counted="prompt",
     ),
     Rule(
         "session_stops",
@@ -160,14 +173,37 @@ def prune_batch(
     cutoff = now - timedelta(days=check_retention_days(retention_days))
     result = PruneResult(cutoff=cutoff, dry_run=dry_run)
     for rule in RULES:
-        keys = session.execute(select(*rule.key).where(rule.prunable(cutoff)).limit(batch)).all()
+        query = select(*rule.key).where(rule.prunable(cutoff)).limit(batch)
+        if not dry_run and dialect_of(session).locks_rows:
+            # Locked, so a row a retry reopens meanwhile is passed over, not deleted.
+            query = query.with_for_update(of=rule.table, skip_locked=True)
+        keys = session.execute(query).all()
         result.rows[rule.name] = len(keys)
         if dry_run or not keys:
             continue
-        if len(rule.key) == 1:
+        if rule.counted is not None:
+            _delete_counted(session, rule, [k[0] for k in keys])
+        elif len(rule.key) == 1:
             session.execute(delete(rule.table).where(rule.key[0].in_([k[0] for k in keys])))
         else:
             session.execute(
                 delete(rule.table).where(tuple_(*rule.key).in_([tuple(k) for k in keys]))
             )
     return result
+
+
+def _delete_counted(session: Session, rule: Rule, ids: list[Any]) -> None:
+    """Delete these rows and take those counted out of the kept counts."""
+    assert rule.counted is not None
+    table = rule.table
+    deleted = session.execute(
+        delete(table)
+        .where(rule.key[0].in_(ids))
+        .returning(table.workspace_id, table.counted_as)
+        .execution_options(synchronize_session=False)
+    ).all()
+    gone: Counter[tuple[str, str, str]] = Counter()
+    for workspace_id, counted_as in deleted:
+        if counted_as is not None:  # not yet counted: it is gone from what a reader adds
+            gone[(rule.counted, counted_as, workspace_id)] -= 1
+    add_counts(session, gone)

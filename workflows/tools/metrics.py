@@ -12,13 +12,12 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_read
 from agent_radar.models.enums import FenceStatus
-from agent_radar.workflows.operators.catalog import KINDS
+from agent_radar.workflows.operators.counts import operation_counts
 from agent_radar.workflows.tools.status import OVERDUE_S, fleet_facts
 
 PREFIX = "agent_radar"
@@ -94,21 +93,11 @@ class FleetCollector(Collector):
 
     def _read(self, s) -> dict:
         """The gauges `status` shows (status.fleet_facts), and operations per workspace."""
-        fleet = fleet_facts(s, utcnow())
-        operations: dict[tuple[str, str, str], int] = {}
-        for kind in KINDS.values():
-            if not hasattr(kind.table, "status"):
-                continue  # a stop's status is derived: counted by op list, not here
-            rows = s.execute(
-                select(kind.table.status, kind.table.workspace_id, func.count()).group_by(
-                    kind.table.status, kind.table.workspace_id
-                )
-            ).all()
-            for status, workspace, count in rows:
-                operations[(kind.name, status, workspace)] = count
+        counts = operation_counts(s)
+        fleet = fleet_facts(s, utcnow(), counts)
         heartbeat = fleet["sweeper_heartbeat_age_s"]
         return {
-            "operations": fold_workspaces(operations, self.top_workspaces),
+            "operations": fold_workspaces(counts, self.top_workspaces),
             "due_operations": fleet["due"],
             "overdue_operations": fleet["overdue"],
             "oldest_due_age_seconds": fleet["sweeper_lag_s"],

@@ -24,6 +24,7 @@ from agent_radar.models.tables import (
     Prompt,
 )
 from agent_radar.workflows import budgets, leases
+from agent_radar.workflows.operators.counts import Counts, by_status, operation_counts
 from agent_radar.workflows.steps.fence_apply import WAITING_FOR_TURN
 
 # The sweep's heartbeat (beat/sweeper.py records it under the sweeper lease's name).
@@ -45,11 +46,12 @@ def fleet_status(engine: Engine, now: datetime | None = None) -> dict:
     return run_read(engine, lambda s: fleet_facts(s, now or utcnow()))
 
 
-def fleet_facts(s: Session, now: datetime) -> dict:
-    """What `status` shows and `metrics` exports, read in the caller's transaction."""
-    per_status = dict(
-        s.execute(select(GoalOperation.status, func.count()).group_by(GoalOperation.status)).all()
-    )
+def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict:
+    """What `status` shows and `metrics` exports, read in the caller's transaction; `counts`:
+    operation_counts, if the caller read them already. Every read is of open work, of
+    failures, or of kept counts (docs/operations.md: counts), never of the whole history."""
+    counts = operation_counts(s) if counts is None else counts
+    per_status = by_status(counts, "goal")
     due_filter = (
         GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
         GoalOperation.next_attempt_at <= now,
@@ -70,23 +72,15 @@ def fleet_facts(s: Session, now: datetime) -> dict:
             GoalOperation.lease_expires_at > now,
         )
     ).scalar_one()
-    runs = dict(
-        s.execute(select(MaintenanceRun.status, func.count()).group_by(MaintenanceRun.status)).all()
-    )
+    runs = by_status(counts, "maintenance")
     held = s.execute(
         select(
             func.count(func.distinct(MaintenanceRun.workspace_id + "/" + MaintenanceRun.session_id))
         ).where(MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES))
     ).scalar_one()
-    fences = dict(
-        s.execute(select(GoalFence.status, func.count()).group_by(GoalFence.status)).all()
-    )
-    cancels = dict(
-        s.execute(
-            select(CancelOperation.status, func.count()).group_by(CancelOperation.status)
-        ).all()
-    )
-    prompts = dict(s.execute(select(Prompt.status, func.count()).group_by(Prompt.status)).all())
+    fences = by_status(counts, "fence")
+    cancels = by_status(counts, "cancel")
+    prompts = by_status(counts, "prompt")
     queued_prompts = prompts.get(PromptStatus.QUEUED, 0)
     # Background rows that ran out of budget (budgets.py), by kind.
     exhausted = {

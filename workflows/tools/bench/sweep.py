@@ -1,13 +1,15 @@
 """The bench's phase (d) (`agent-radar bench --settled N`, docs/benchmarks.md): what runs every few
-seconds or per operation — an exporter scrape, `status`, a sweep, and a goal from submit to
-applied (submit and dispatch) — timed before and after adding N settled operations."""
+seconds or per operation — an exporter scrape, `status`, a sweep, a goal from submit to applied
+(submit and dispatch) — and what retention pays per operation it deletes, timed before and
+after adding N settled operations."""
 
 import statistics
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import insert, text
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import engine_for, run_transaction
@@ -15,13 +17,21 @@ from agent_radar.models.dialects import dialect_of
 from agent_radar.models.enums import TERMINAL_OPERATION_STATUSES
 from agent_radar.models.tables import GoalOperation as GoalOperationRow
 from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.operators import counts as operation_counts
+from agent_radar.workflows.operators.retention import BATCH, DEFAULT_RETENTION_DAYS, prune_batch
 
 SWEEP_REPEATS = 25
 # Scrapes and `status` reads are slower over a long history: fewer of them.
 READ_REPEATS = 5
 # Goals timed from submit to applied, one at a time, before and after.
 GOAL_SAMPLES = 20
+# Operations past the retention window that retention deletes while timed, before and after,
+# PRUNE_REPEATS times.
+PRUNED = 2_000
+PRUNE_REPEATS = 3
 SETTLED_CHUNK = 10_000
+# On PostgreSQL the history is made by the server, a million rows a transaction.
+SERVER_CHUNK = 1_000_000
 
 
 def _median_ms(repeats: int, once: Callable[[int], object]) -> float:
@@ -57,23 +67,51 @@ def _costs(engine, bench, label: str) -> tuple[dict, dict]:
             2,
         ),
         "goal_ms": round(statistics.median(goal_ms), 2),
+        "prune_ms": _prune_ms(engine, f"bench-{bench.run_id}-pruned-{label}"),
     }, audit
 
 
 def _settled_count(engine) -> int:
-    return run_transaction(
+    counts = run_transaction(engine, operation_counts.operation_counts)
+    goal = operation_counts.by_status(counts, "goal")
+    return sum(goal.get(status, 0) for status in TERMINAL_OPERATION_STATUSES)
+
+
+def _prune_ms(engine, workspace_id: str) -> float:
+    """Retention's time per 1,000 operations it deletes (the median of PRUNE_REPEATS): each
+    time PRUNED settled operations past the retention window are added, then pruned in
+    retention's own batches until none is left."""
+    old = utcnow() - timedelta(days=DEFAULT_RETENTION_DAYS + 1)
+
+    def prune_all() -> None:
+        while run_transaction(
+            engine,
+            lambda s: prune_batch(s, utcnow(), DEFAULT_RETENTION_DAYS, BATCH, dry_run=False),
+        ).rows["goal_operations"]:
+            pass
+
+    times = []
+    for i in range(PRUNE_REPEATS):
+        _add_settled(engine, f"{workspace_id}-{i}", PRUNED, old, lambda _line: None)
+        times.append(_median_ms(1, lambda _i: prune_all()) / (PRUNED / 1000))
+    return round(statistics.median(times), 2)
+
+
+def _add_settled(engine, workspace_id: str, count: int, at, say: Callable) -> None:
+    """Add `count` completed goal operations accepted and settled at `at`, counted as the
+    sweeper would count them, as a long history leaves behind."""
+    if dialect_of(engine).name == "postgresql":
+        _add_on_server(engine, workspace_id, count, at, say)
+    else:
+        _add_from_here(engine, workspace_id, count, at, say)
+    run_transaction(
         engine,
-        lambda s: s.execute(
-            select(func.count())
-            .select_from(GoalOperationRow)
-            .where(GoalOperationRow.status.in_(TERMINAL_OPERATION_STATUSES))
-        ).scalar_one(),
+        lambda s: operation_counts.add_counts(s, {("goal", "completed", workspace_id): count}),
     )
+    dialect_of(engine).analyze(engine, "goal_operations")
 
 
-def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
-    """Add `count` completed goal operations, as a long history leaves behind."""
-    now = utcnow()
+def _add_from_here(engine, workspace_id: str, count: int, at, say: Callable) -> None:
     for start in range(0, count, SETTLED_CHUNK):
         rows = [
             {
@@ -86,12 +124,13 @@ def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
                 "objective": "settled",
                 "goal_revision": 1,
                 "status": "completed",
+                "counted_as": "completed",
                 "provider_phase": "applied",
                 "attempt": 1,
-                "next_attempt_at": now,
-                "first_dispatched_at": now,
-                "completed_at": now,
-                "created_at": now,
+                "next_attempt_at": at,
+                "first_dispatched_at": at,
+                "completed_at": at,
+                "created_at": at,
             }
             for i in range(start, min(start + SETTLED_CHUNK, count))
         ]
@@ -101,7 +140,29 @@ def _add_settled(engine, workspace_id: str, count: int, say: Callable) -> None:
         )
         if (start // SETTLED_CHUNK) % 10 == 9:
             say(f"    … {start + SETTLED_CHUNK:,} settled operations added")
-    dialect_of(engine).analyze(engine, "goal_operations")
+
+
+_ADD_ON_SERVER = text(
+    "INSERT INTO goal_operations (operation_id, workspace_id, session_id, client_submit_id,"
+    " origin, action, objective, goal_revision, status, counted_as, provider_phase, attempt,"
+    " next_attempt_at, first_dispatched_at, completed_at, created_at)"
+    " SELECT gen_random_uuid()::text, :workspace, 'h' || i, '1', 'client', 'set', 'settled', 1,"
+    " 'completed', 'completed', 'applied', 1, :at, :at, :at, :at"
+    " FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS i"
+)
+
+
+def _add_on_server(engine, workspace_id: str, count: int, at, say: Callable) -> None:
+    for start in range(0, count, SERVER_CHUNK):
+        last = min(start + SERVER_CHUNK, count) - 1
+        run_transaction(
+            engine,
+            lambda s, start=start, last=last: s.execute(
+                _ADD_ON_SERVER, {"workspace": workspace_id, "at": at, "first": start, "last": last}
+            ),
+        )
+        if count > SERVER_CHUNK:
+            say(f"    … {last + 1:,} settled operations added")
 
 
 # What (d) times, and how it names each in its report.
@@ -110,6 +171,7 @@ COSTS = {
     "status_ms": "status",
     "sweep_ms": "sweep",
     "goal_ms": "goal, submit to applied",
+    "prune_ms": "retention, per 1,000 deleted",
 }
 
 
@@ -118,7 +180,7 @@ def settled_costs(settings: Settings, bench, count: int, say: Callable) -> dict:
     each one's ratio after/before; the audits of the goals timed."""
     engine = engine_for(settings.database_url)
     before, audit_before = _costs(engine, bench, "before")
-    _add_settled(engine, f"bench-{bench.run_id}-history", count, say)
+    _add_settled(engine, f"bench-{bench.run_id}-history", count, utcnow(), say)
     after, audit_after = _costs(engine, bench, "after")
     return {
         "added": count,

@@ -341,12 +341,12 @@ def demo(home: str | None, as_json: bool):
 @click.option("--concurrency", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option(
     "--settled",
-    type=click.IntRange(0, 10_000_000),
+    type=click.IntRange(0, 1_000_000_000),
     default=0,
     show_default=True,
-    help="(d) Also time an exporter scrape, status, a sweep and a goal before and after "
-    "adding this many settled operations to the database (they stay there: use a "
-    "database for benchmarks).",
+    help="(d) Also time an exporter scrape, status, a sweep, a goal and retention's deletes "
+    "before and after adding this many settled operations to the database (they stay "
+    "there: use a database for benchmarks).",
 )
 @click.option(
     "--nodes",
