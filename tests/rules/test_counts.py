@@ -155,8 +155,21 @@ def test_the_readers_use_the_index_of_uncounted_rows(client):
 
     shown = run_transaction(engine, plan)
     assert "ix_goal_operations_uncounted" in shown, shown
-    # and the retention's search goes by age
+    # retention's search goes by age, and `op list` of a workspace newest first by both
     old = utcnow() - timedelta(days=31)
-    aged = select(GoalOperation.operation_id).where(GoalOperation.created_at < old).limit(5)
-    sql = str(aged.compile(engine, compile_kwargs={"literal_binds": True}))
-    assert "ix_goal_operations_created" in run_transaction(engine, plan), sql
+    for query, index in (
+        (
+            select(GoalOperation.operation_id).where(GoalOperation.created_at < old).limit(5),
+            "ix_goal_operations_created",
+        ),
+        (
+            select(GoalOperation)
+            .where(GoalOperation.workspace_id == WS)
+            .order_by(GoalOperation.created_at.desc())
+            .limit(50),
+            "ix_goal_operations_workspace_created",
+        ),
+    ):
+        sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
+        shown = run_transaction(engine, plan)
+        assert index in shown, shown
