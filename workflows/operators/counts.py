@@ -24,27 +24,20 @@ from agent_radar.models.enums import (
     FenceStatus,
     PromptStatus,
 )
-from agent_radar.models.tables import (
-    CancelOperation,
-    GoalFence,
-    GoalOperation,
-    MaintenanceRun,
-    Prompt,
-    SettledCount,
-)
+from agent_radar.models.tables import SettledCount
+from agent_radar.workflows.operators.catalog import KINDS
 
-# Each counted kind (as the operation catalog names it): its table, id column and the statuses
-# it settles in.
+# The statuses each counted kind (as the operation catalog names it) settles in.
+SETTLED: dict[str, tuple[str, ...]] = {
+    "goal": tuple(TERMINAL_OPERATION_STATUSES),
+    "fence": (FenceStatus.COMPLETED, FenceStatus.FAILED),
+    "cancel": (CancelStatus.COMPLETED, CancelStatus.FAILED),
+    "maintenance": tuple(TERMINAL_MAINTENANCE_STATUSES),
+    "prompt": (PromptStatus.COMPLETED, PromptStatus.FAILED),
+}
+# Each counted kind's table, id column and settled statuses.
 COUNTED: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
-    "goal": (GoalOperation, GoalOperation.operation_id, tuple(TERMINAL_OPERATION_STATUSES)),
-    "fence": (GoalFence, GoalFence.fence_id, (FenceStatus.COMPLETED, FenceStatus.FAILED)),
-    "cancel": (
-        CancelOperation,
-        CancelOperation.operation_id,
-        (CancelStatus.COMPLETED, CancelStatus.FAILED),
-    ),
-    "maintenance": (MaintenanceRun, MaintenanceRun.run_id, tuple(TERMINAL_MAINTENANCE_STATUSES)),
-    "prompt": (Prompt, Prompt.prompt_id, (PromptStatus.COMPLETED, PromptStatus.FAILED)),
+    kind: (KINDS[kind].table, KINDS[kind].key, settled) for kind, settled in SETTLED.items()
 }
 # Rows per kind per transaction of `count_settled`.
 COUNT_BATCH = 2000
