@@ -111,7 +111,19 @@ class Postgres(Dialect):
         # threads) goes on with its most recent connection, whose statements psycopg has
         # prepared (a text on its sixth use on a connection), instead of taking each pooled
         # one in turn.
-        return create_engine(url, pool_size=5, max_overflow=5, pool_use_lifo=True)
+        engine = create_engine(url, pool_size=5, max_overflow=5, pool_use_lifo=True)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            # No JIT: it compiles a statement whose estimated cost passes jit_above_cost, and
+            # the planner cannot tell how few rows are not yet counted (docs/operations.md:
+            # counts), so it estimates the counts' read over a long history at millions of
+            # rows and spends ~50 ms compiling a read that takes under one.
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET jit = off")
+            dbapi_conn.commit()
+
+        return engine
 
     def reader(self, engine: Engine) -> Engine:
         # Autocommit, without the round trips of BEGIN and COMMIT: under READ COMMITTED each

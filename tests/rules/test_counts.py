@@ -173,3 +173,11 @@ def test_the_readers_use_the_index_of_uncounted_rows(client):
         sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
         shown = run_transaction(engine, plan)
         assert index in shown, shown
+
+
+def test_postgresql_compiles_no_statement(client):
+    """JIT would compile the counts' read over a long history (its estimate is millions of
+    rows, the truth a few): every connection turns it off."""
+    if dialect_of(client.engine).name != "postgresql":
+        return  # SQLite has no JIT
+    assert run_read(client.engine, lambda s: s.execute(text("SHOW jit")).scalar_one()) == "off"
