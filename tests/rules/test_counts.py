@@ -6,6 +6,7 @@ rows through the partial index of uncounted rows, not the history."""
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import func, select, text, update
 
 from agent_radar.beat.sweeper import count_settled
@@ -179,5 +180,5 @@ def test_postgresql_compiles_no_statement(client):
     """JIT would compile the counts' read over a long history (its estimate is millions of
     rows, the truth a few): every connection turns it off."""
     if dialect_of(client.engine).name != "postgresql":
-        return  # SQLite has no JIT
+        pytest.skip("SQLite has no JIT")
     assert run_read(client.engine, lambda s: s.execute(text("SHOW jit")).scalar_one()) == "off"
