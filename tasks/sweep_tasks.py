@@ -27,14 +27,19 @@ def sweep(ctx):
 
 @strict_task(PRUNE_TASK, events=NONE)
 def prune(ctx):
-    """Retention (docs/operations.md): a few bounded batches per run; the next run goes on."""
+    """Retention (docs/operations.md): bounded batches until nothing old is left or the run's
+    time is spent; the next run goes on."""
     return _client_prune(ctx)
 
 
 def _client_prune(ctx) -> dict:
     from agent_radar.tasks.goal_tasks import _client
 
-    return _client(ctx).prune(max_batches=PRUNE_MAX_BATCHES)
+    return _client(ctx).prune(max_batches=PRUNE_MAX_BATCHES, budget_s=PRUNE_BUDGET_S)
 
 
-PRUNE_MAX_BATCHES = 10
+# A run goes on while there is something to delete, for up to a fifth of the interval between
+# runs (beat/schedule.py): what a fleet writes in ten minutes is deleted in two
+# (docs/scaling.md has the rate this keeps up with).
+PRUNE_BUDGET_S = 120.0
+PRUNE_MAX_BATCHES = 100_000

@@ -1,6 +1,7 @@
 """The client's operator calls (docs/operations.md): any operation by id, listing, retry, resolving
 a maintenance run, pruning history."""
 
+import time
 from typing import Any
 
 from agent_radar.models.base import utcnow
@@ -122,16 +123,19 @@ class OperatorCalls(SessionCalls):
         retention_days: float | None = None,
         batch: int = retention.BATCH,
         max_batches: int = 1,
+        budget_s: float | None = None,
     ) -> dict:
         """Retention (docs/operations.md): delete settled operations and events older than the
         window, up to `max_batches` batches of `batch` rows of each kind, each batch its own
-        transaction. A dry run counts one batch and deletes nothing."""
+        transaction, and none begun once `budget_s` seconds have passed. A dry run counts one batch
+        and deletes nothing."""
         days = retention.check_retention_days(
             self.settings.retention_days if retention_days is None else retention_days
         )
         check_limit(batch)
         totals: dict[str, int] = {}
         cutoff = None
+        started = time.monotonic()
         for _ in range(1 if dry_run else max_batches):
             result = run_transaction(
                 self.engine,
@@ -142,6 +146,8 @@ class OperatorCalls(SessionCalls):
                 totals[name] = totals.get(name, 0) + count
             if max(result.rows.values(), default=0) < batch:
                 break  # nothing more of any kind
+            if budget_s is not None and time.monotonic() - started >= budget_s:
+                break  # the next run goes on
         return {
             "cutoff": cutoff.isoformat() if cutoff else None,
             "dry_run": dry_run,
