@@ -95,11 +95,6 @@ AT_SCALE = Chaos(
 
 
 @pytest.fixture
-def backend():
-    return "production"  # PostgreSQL and Redis, both of this test's own
-
-
-@pytest.fixture
 def own_redis(tmp_path):
     if shutil.which("redis-server") is None:
         skip_or_fail("redis-server is not installed")
@@ -124,6 +119,8 @@ def pg_pair(request):
 
 @pytest.fixture
 def settings(tmp_path, pg_pair, own_redis):
+    """The production backend, both servers of this test's own (conftest's `settings` would
+    make a database on the shared server)."""
     home = tmp_path / "home"
     home.mkdir()
     return Settings(
