@@ -96,3 +96,14 @@ def test_the_result_backend_is_off_unless_set_and_passes_to_children():
     assert on.result_backend == "redis://127.0.0.1:6379/1"
     assert Settings.from_env(on.to_env()).result_backend == on.result_backend
     assert "AGENT_RADAR_RESULT_BACKEND" not in Settings.from_env({}).to_env()
+
+
+def test_a_multi_host_database_url_passes_to_children_with_its_password_hidden():
+    """libpq's multi-host form, for a primary and its standbys (docs/database-failover.md)."""
+    url = (
+        "postgresql+psycopg://radar:secret@/radar?host=db-a:5432&host=db-b:5432"
+        "&target_session_attrs=read-write"
+    )
+    settings = Settings.from_env({"AGENT_RADAR_DATABASE_URL": url})
+    assert Settings.from_env(settings.to_env()).database_url == url
+    assert "secret" not in repr(settings)
