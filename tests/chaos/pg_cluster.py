@@ -3,8 +3,8 @@ clusters of their own made with initdb and pg_basebackup, on ports of their own,
 `postgres` user. The shared server is never touched.
 
 Each server is a `postgres` process of the test's own in a process group of its own: killing
-the group is the node lost at once (postmaster, backends and WAL sender together, no chance
-to flush or say goodbye), and the test ends only the pids it started."""
+the group is the node lost at once (no chance to flush or say goodbye; its backends, each in
+a session of its own, exit as they see it gone), and the test ends only the pids it started."""
 
 import os
 import pwd
@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -56,6 +56,8 @@ class Node:
     folder: Path
     port: int
     proc: subprocess.Popen | None = None
+    # Its children the test paused (SIGSTOP), each the leader of a process group of its own.
+    held: list[int] = field(default_factory=list)
 
     @property
     def data(self) -> Path:
@@ -75,10 +77,12 @@ class Node:
         """SIGKILL to the whole server (its process group): a crash of the node."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in (self.proc.pid, *self.held):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.held.clear()
         self.proc.wait(15)
 
 
@@ -213,7 +217,11 @@ class PgPair:
         with psycopg.connect(self.primary.conninfo(), autocommit=True) as conn:
             row = conn.execute("SELECT pid FROM pg_stat_replication").fetchone()
         assert row is not None, "the primary has no WAL sender"
-        os.kill(row[0], signal.SIGSTOP)  # a child of the primary: it dies with the primary
+        os.kill(row[0], signal.SIGSTOP)
+        # PostgreSQL's children each lead a session of their own, so killing the primary's
+        # group misses them; a running one exits once it sees the postmaster gone, a paused
+        # one never would: it is killed with the primary.
+        self.primary.held.append(row[0])
 
     def promote(self) -> None:
         """What an operator (or Patroni) does once the primary is lost."""
