@@ -131,6 +131,23 @@ def test_rabbitmq_settings():
     assert all(q.queue_arguments is None for q in kombu_queues(redis))
 
 
+def test_a_cluster_broker_url():
+    """Every node of a cluster in one broker URL (docs/broker-cluster.md): RabbitMQ's settings,
+    kombu's failover list in the order given, and no node's password in the settings' repr."""
+    from agent_radar.workflows.adapters.broker import broker_connection
+
+    nodes = [f"amqp://agent:secret{i}@mq-{i}.internal:5672/radar" for i in range(3)]
+    settings = Settings.from_env({"AGENT_RADAR_BROKER_URL": ";".join(nodes)})
+    assert settings.is_amqp_broker
+    assert transport_options(settings) == {"confirm_publish": True}
+    assert all(q.queue_arguments for q in kombu_queues(settings) if q.name != "celery")
+    assert "secret" not in repr(settings) and repr(settings).count("agent:********@") == 3
+    connection = broker_connection(settings)
+    assert connection.alt == nodes and connection.hostname == "mq-0.internal"
+    # A password holding a `;` in a single URL is still masked whole.
+    assert "pa;ss" not in repr(replace(settings, database_url="postgresql://u:pa;ss@db/radar"))
+
+
 def test_plain_celery_producers_as_the_docs_show(settings, client, stack, sim_control):
     """A producer with Celery's defaults works on RabbitMQ as it does on Redis (its queue,
     `celery`, is declared as it declares it); so does docs/producers.md's producer for the
