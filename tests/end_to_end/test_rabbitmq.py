@@ -12,7 +12,7 @@ from agent_radar.workflows.adapters.broker import (
     transport_options,
 )
 from agent_radar.workflows.adapters.config import Settings
-from tests.conftest import rabbitmqctl
+from tests.conftest import free_port, rabbitmqctl
 from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
 
 WS = "ws-rabbit"
@@ -74,13 +74,24 @@ def test_a_killed_workers_message_is_redelivered(settings, client, stack, sim_co
     eventually(lambda: queue_depth(settings) == 0, what="the redelivered message acknowledged")
 
 
-def test_a_countdown_travels_through_native_delayed_delivery(settings, client, stack, sim_control):
+def test_a_countdown_travels_through_native_delayed_delivery(
+    settings, rabbitmq_vhost, client, stack, sim_control
+):
     """A producer that uses Celery with a countdown (as `Task.retry` does): on quorum queues
     the message waits in RabbitMQ's delay queues, not in a worker's memory, and then arrives
-    in the `default` queue like any other."""
+    in the `default` queue like any other.
+
+    The worker's broker URL lists a node that is down first (docs/broker-cluster.md): it
+    connects to the next one and sets up the delay queues through it, once
+    (tasks/delayed_delivery.py). Celery's own step tried each listed node in turn and held
+    the consumer ~9 s on one that refused, at every start and reconnect of every worker."""
     from agent_radar.tasks.app import create_app
 
-    stack.start_worker(concurrency=1)
+    down = f"amqp://guest:guest@127.0.0.1:{free_port()}/{rabbitmq_vhost}"
+    worker = stack.start_worker(
+        concurrency=1, extra_env={"AGENT_RADAR_BROKER_URL": f"{down};{settings.broker_url}"}
+    )
+    assert "delayed delivery" not in worker.log_path.read_text()
     producer = create_app(settings)
     try:
         producer.send_task(
