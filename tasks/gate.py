@@ -38,6 +38,7 @@ from celery.worker.consumer.consumer import Consumer
 from celery.worker.control import Panel
 from kombu import compression
 
+from agent_radar.tasks import delayed_delivery
 from agent_radar.tasks.envelope import guard_transport, reason
 from agent_radar.tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
 from agent_radar.workflows.adapters import logs
@@ -230,6 +231,13 @@ def _short(value: object) -> str:
 
 class GuardedConsumer(Consumer):
     """Celery's consumer behind the gate (`worker_consumer` in tasks/app.py)."""
+
+    class Blueprint(Consumer.Blueprint):
+        # The delay queues are set up through the connected node (tasks/delayed_delivery.py).
+        default_steps = [
+            delayed_delivery.STEP if step == delayed_delivery.CELERY_STEP else step
+            for step in Consumer.Blueprint.default_steps
+        ]
 
     def __init__(self, *args, **kwargs) -> None:
         refuse_compression()

@@ -12,7 +12,7 @@ from agent_radar.workflows.adapters.broker import (
     transport_options,
 )
 from agent_radar.workflows.adapters.config import Settings
-from tests.conftest import rabbitmqctl
+from tests.conftest import free_port, rabbitmqctl
 from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
 
 WS = "ws-rabbit"
@@ -74,13 +74,24 @@ def test_a_killed_workers_message_is_redelivered(settings, client, stack, sim_co
     eventually(lambda: queue_depth(settings) == 0, what="the redelivered message acknowledged")
 
 
-def test_a_countdown_travels_through_native_delayed_delivery(settings, client, stack, sim_control):
+def test_a_countdown_travels_through_native_delayed_delivery(
+    settings, rabbitmq_vhost, client, stack, sim_control
+):
     """A producer that uses Celery with a countdown (as `Task.retry` does): on quorum queues
     the message waits in RabbitMQ's delay queues, not in a worker's memory, and then arrives
-    in the `default` queue like any other."""
+    in the `default` queue like any other.
+
+    The worker's broker URL lists a node that is down first (docs/broker-cluster.md): it
+    connects to the next one and sets up the delay queues through it, once
+    (tasks/delayed_delivery.py). Celery's own step tried each listed node in turn and held
+    the consumer ~9 s on one that refused, at every start and reconnect of every worker."""
     from agent_radar.tasks.app import create_app
 
-    stack.start_worker(concurrency=1)
+    down = f"amqp://guest:guest@127.0.0.1:{free_port()}/{rabbitmq_vhost}"
+    worker = stack.start_worker(
+        concurrency=1, extra_env={"AGENT_RADAR_BROKER_URL": f"{down};{settings.broker_url}"}
+    )
+    assert "delayed delivery" not in worker.log_path.read_text()
     producer = create_app(settings)
     try:
         producer.send_task(
@@ -129,6 +140,23 @@ def test_rabbitmq_settings():
     redis = Settings.from_env({"AGENT_RADAR_BROKER_URL": "redis://cache:6379/0"})
     assert not redis.is_amqp_broker
     assert all(q.queue_arguments is None for q in kombu_queues(redis))
+
+
+def test_a_cluster_broker_url():
+    """Every node of a cluster in one broker URL (docs/broker-cluster.md): RabbitMQ's settings,
+    kombu's failover list in the order given, and no node's password in the settings' repr."""
+    from agent_radar.workflows.adapters.broker import broker_connection
+
+    nodes = [f"amqp://agent:secret{i}@mq-{i}.internal:5672/radar" for i in range(3)]
+    settings = Settings.from_env({"AGENT_RADAR_BROKER_URL": ";".join(nodes)})
+    assert settings.is_amqp_broker
+    assert transport_options(settings) == {"confirm_publish": True}
+    assert all(q.queue_arguments for q in kombu_queues(settings) if q.name != "celery")
+    assert "secret" not in repr(settings) and repr(settings).count("agent:********@") == 3
+    connection = broker_connection(settings)
+    assert connection.alt == nodes and connection.hostname == "mq-0.internal"
+    # A password holding a `;` in a single URL is still masked whole.
+    assert "pa;ss" not in repr(replace(settings, database_url="postgresql://u:pa;ss@db/radar"))
 
 
 def test_plain_celery_producers_as_the_docs_show(settings, client, stack, sim_control):

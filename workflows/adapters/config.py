@@ -94,7 +94,11 @@ def _whole(env: Mapping[str, str], name: str, default: int, *, maximum: int) -> 
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by asterisks."""
+    """The URL with any password replaced by asterisks; each URL of a broker URL that lists
+    a cluster's nodes, `;`-separated (docs/broker-cluster.md), too."""
+    urls = url.split(";")
+    if len(urls) > 1 and all("://" in one for one in urls):
+        return ";".join(mask_url(one) for one in urls)
     parts = urlsplit(url)
     if parts.password is None:
         return url
