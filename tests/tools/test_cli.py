@@ -6,10 +6,12 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from agent_radar.models.migrate import head_revision
+from tests.conftest import free_port
 from tests.helpers import row_counts
 
 
@@ -917,6 +919,17 @@ def test_health_probes(settings, client, stack):
     from tests.helpers import eventually
 
     eventually(lambda: probe("beat").returncode == 0, what="a sweep to finish")
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_the_broker_probe_tries_every_node_of_a_cluster(settings):
+    """A `;`-separated broker URL (docs/broker-cluster.md): the probe passes while any node
+    answers, the last listed too, and fails when none does."""
+    dead = [f"redis://127.0.0.1:{free_port()}/0" for _ in range(2)]
+    for nodes, ok in ((dead + [settings.broker_url], True), (dead, False)):
+        listed = replace(settings, broker_url=";".join(nodes))
+        proc = run_cli(listed, "health", "broker", "--json", check=False)
+        assert (proc.returncode, json.loads(proc.stdout)["ok"]) == (0 if ok else 1, ok), proc
 
 
 @pytest.mark.parametrize("backend", ["production"])  # Celery's own options, one broker

@@ -141,7 +141,11 @@ class TaskPublisher:
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault leaves it to the sweeper
             log.warning(
-                "publish of %s %s failed (%s); the sweeper will publish it", task_name, kwargs, exc
+                "publish of %s %s failed (%s: %s); the sweeper will publish it",
+                task_name,
+                kwargs,
+                exc.__class__.__name__,  # a connection lost mid-publish may say nothing more
+                exc,
             )
             self._release()
             return False

@@ -45,7 +45,9 @@ def health_broker(as_json: bool):
     settings = Settings.from_env()
     try:
         with broker_connection(settings, connect_timeout=5) as conn:
-            conn.ensure_connection(max_retries=1, timeout=5)
+            # Each node of a cluster's `;`-separated URL is tried once (docs/broker-cluster.md).
+            nodes = max(1, len(conn.alt))
+            conn.ensure_connection(max_retries=nodes, timeout=5 * nodes)
     except Exception as exc:  # noqa: BLE001
         _report(as_json, False, "broker", f"unreachable: {exc.__class__.__name__}")
         return
