@@ -21,8 +21,7 @@ from agent_radar.workflows.operators import counts as operation_counts
 from agent_radar.workflows.operators.retention import BATCH, DEFAULT_RETENTION_DAYS, prune_batch
 
 SWEEP_REPEATS = 25
-# Scrapes and `status` reads are slower over a long history: fewer of them.
-READ_REPEATS = 5
+READ_REPEATS = 25
 # Goals timed from submit to applied, one at a time, before and after.
 GOAL_SAMPLES = 20
 # Operations past the retention window that retention deletes while timed, before and after,
