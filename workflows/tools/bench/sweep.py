@@ -49,6 +49,9 @@ def _costs(engine, bench, label: str) -> tuple[dict, dict]:
     from agent_radar.workflows.tools.metrics import FleetCollector
     from agent_radar.workflows.tools.status import fleet_status
 
+    # Both times from a vacuumed table: the history is vacuumed once it is added, and the
+    # phases before (d) leave dead rows that autovacuum would be clearing while (d) times.
+    dialect_of(engine).analyze(engine, "goal_operations")
     scrape = FleetCollector(engine)
     settled = _settled_count(engine)  # before this call's own goals
     goal_ms, audit = goals_unloaded(bench, GOAL_SAMPLES, label=f"settled-{label}")
