@@ -5,6 +5,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
+from celery import Celery
+from kombu import Exchange, Queue
 from sqlalchemy import event, func, select, text
 
 from agent_radar.models.base import Base, utcnow
@@ -144,3 +146,20 @@ def restorer(client, runtime=None, published: list | None = None):
         ),
     )
     return Restorer(client.engine, runner.runtime, cancels=runner)
+
+
+def documented_producer(broker_url: str) -> Celery:
+    """A producer as docs/producers.md shows it for RabbitMQ: plain Celery, the replicated
+    `default` queue, publisher confirms."""
+    app = Celery("producer", broker=broker_url)
+    app.conf.task_default_queue = "default"
+    app.conf.task_queues = [
+        Queue(
+            "default",
+            Exchange("agent_radar.default", type="topic"),
+            routing_key="default",
+            queue_arguments={"x-queue-type": "quorum"},
+        ),
+    ]
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    return app

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 import amqp.exceptions
 import kombu.exceptions
 from celery import Celery
-from kombu import Exchange, Queue
 
 from agent_radar.workflows import ids
 from tests.conftest import rabbitmqctl
 from tests.faults.test_broker_restart import OwnRabbitMQ
-from tests.helpers import eventually
+from tests.helpers import documented_producer, eventually
 
 # The cluster's virtual host. Created with quorum as its default queue type, as
 # docs/broker-cluster.md asks: Celery's queue `celery`, which the workers and plain Celery
@@ -122,23 +121,6 @@ class OwnCluster:
     def remove(self) -> None:
         for node in self.nodes:
             node.remove()
-
-
-def documented_producer(broker_url: str) -> Celery:
-    """A producer as docs/producers.md shows it for RabbitMQ: plain Celery, the replicated
-    `default` queue, publisher confirms."""
-    app = Celery("producer", broker=broker_url)
-    app.conf.task_default_queue = "default"
-    app.conf.task_queues = [
-        Queue(
-            "default",
-            Exchange("agent_radar.default", type="topic"),
-            routing_key="default",
-            queue_arguments={"x-queue-type": "quorum"},
-        ),
-    ]
-    app.conf.broker_transport_options = {"confirm_publish": True}
-    return app
 
 
 @dataclass

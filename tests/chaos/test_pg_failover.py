@@ -19,7 +19,6 @@ runs both at scale, with a longer switch, worker SIGKILLs, a worker paused past 
 so the suite leaves it to `make chaos`."""
 
 import os
-import shutil
 import signal
 import threading
 import time
@@ -92,16 +91,6 @@ AT_SCALE = Chaos(
     pause_a_worker=True,
     restart_the_broker=True,
 )
-
-
-@pytest.fixture
-def own_redis(tmp_path):
-    if shutil.which("redis-server") is None:
-        skip_or_fail("redis-server is not installed")
-    server = OwnRedis(tmp_path / "redis.log")
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

@@ -13,7 +13,13 @@ from agent_radar.workflows.adapters.broker import (
 )
 from agent_radar.workflows.adapters.config import Settings
 from tests.conftest import free_port, rabbitmqctl
-from tests.helpers import dispatching, effects_by_operation, eventually, queue_depth
+from tests.helpers import (
+    dispatching,
+    documented_producer,
+    effects_by_operation,
+    eventually,
+    queue_depth,
+)
 
 WS = "ws-rabbit"
 
@@ -164,7 +170,6 @@ def test_plain_celery_producers_as_the_docs_show(settings, client, stack, sim_co
     `celery`, is declared as it declares it); so does docs/producers.md's producer for the
     replicated `default` queue."""
     from celery import Celery
-    from kombu import Exchange, Queue
 
     stack.start_worker(concurrency=1)  # declares the queues, as a running fleet has
     kwargs = {"workspace_id": WS, "action": "set", "objective": "hi"}
@@ -178,17 +183,7 @@ def test_plain_celery_producers_as_the_docs_show(settings, client, stack, sim_co
     finally:
         defaults.close()
 
-    app = Celery("producer", broker=settings.broker_url)
-    app.conf.task_default_queue = "default"
-    app.conf.task_queues = [
-        Queue(
-            "default",
-            Exchange("agent_radar.default", type="topic"),
-            routing_key="default",
-            queue_arguments={"x-queue-type": "quorum"},
-        ),
-    ]
-    app.conf.broker_transport_options = {"confirm_publish": True}
+    app = documented_producer(settings.broker_url)
     try:
         app.send_task(
             "agent_radar.goal_control",
