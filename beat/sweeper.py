@@ -41,10 +41,9 @@ OUTBOX_GRACE_S = 2.0
 REPUBLISH_INTERVAL_S = 10.0
 # Rows handled per kind per sweep; bounded so one sweep stays short under a backlog.
 BATCH_LIMIT = 500
-# Settled rows counted per kind per transaction, and transactions per sweep: up to 10,000
-# rows of each kind a sweep, 5,000 a second at the default 2 s interval (the history an
-# upgrade finds uncounted takes some sweeps more; the counts are exact meanwhile).
-COUNT_BATCH = 1000
+# Transactions of counting (operation_counts.COUNT_BATCH rows of each kind) per sweep: up to
+# 10,000 rows of each kind a sweep, 5,000 a second at the default 2 s interval (the history
+# an upgrade finds uncounted takes some sweeps more; the counts are exact meanwhile).
 COUNT_ROUNDS = 10
 
 
@@ -117,9 +116,9 @@ def count_settled(engine: Engine) -> int:
     a bounded batch per transaction, at most COUNT_ROUNDS of them; the rows counted."""
     moved = 0
     for _ in range(COUNT_ROUNDS):
-        batch = run_transaction(engine, lambda s: operation_counts.count_settled(s, COUNT_BATCH))
+        batch = run_transaction(engine, operation_counts.count_settled)
         moved += batch
-        if batch < COUNT_BATCH:
+        if batch < operation_counts.COUNT_BATCH:
             break
     return moved
 

@@ -40,7 +40,7 @@ COUNTED: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
     kind: (KINDS[kind].table, KINDS[kind].key, settled) for kind, settled in SETTLED.items()
 }
 # Rows per kind per transaction of `count_settled`.
-COUNT_BATCH = 2000
+COUNT_BATCH = 1000
 
 Counts = dict[tuple[str, str, str], int]  # (kind, status, workspace) -> rows
 
