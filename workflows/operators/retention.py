@@ -18,10 +18,6 @@ from sqlalchemy.orm import Session
 from agent_radar.models.dialects import dialect_of
 from agent_radar.models.enums import (
     LIVE_MAINTENANCE_STATUSES,
-    TERMINAL_MAINTENANCE_STATUSES,
-    TERMINAL_OPERATION_STATUSES,
-    CancelStatus,
-    PromptStatus,
     TurnPhase,
 )
 from agent_radar.models.tables import (
@@ -35,7 +31,7 @@ from agent_radar.models.tables import (
     Turn,
 )
 from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.operators.counts import add_counts
+from agent_radar.workflows.operators.counts import SETTLED, add_counts
 
 DEFAULT_RETENTION_DAYS = 30.0
 MIN_RETENTION_DAYS = 1.0
@@ -81,7 +77,7 @@ RULES = (
         (GoalOperation.operation_id,),
         lambda cutoff: and_(
             GoalOperation.created_at < cutoff,  # what the index on age finds
-            GoalOperation.status.in_(TERMINAL_OPERATION_STATUSES),
+            GoalOperation.status.in_(SETTLED["goal"]),
             or_(
                 GoalOperation.completed_at < cutoff,
                 and_(GoalOperation.completed_at.is_(None), GoalOperation.created_at < cutoff),
@@ -98,7 +94,7 @@ RULES = (
         CancelOperation,
         (CancelOperation.operation_id,),
         lambda cutoff: and_(
-            CancelOperation.status.in_((CancelStatus.COMPLETED, CancelStatus.FAILED)),
+            CancelOperation.status.in_(SETTLED["cancel"]),
             CancelOperation.created_at < cutoff,
         ),
         counted="cancel",
@@ -115,7 +111,7 @@ RULES = (
         (MaintenanceRun.run_id,),
         lambda cutoff: and_(
             MaintenanceRun.started_at < cutoff,  # what the index on age finds
-            MaintenanceRun.status.in_(TERMINAL_MAINTENANCE_STATUSES),
+            MaintenanceRun.status.in_(SETTLED["maintenance"]),
             MaintenanceRun.finished_at < cutoff,
         ),
         counted="maintenance",
@@ -125,7 +121,7 @@ RULES = (
         Prompt,
         (Prompt.prompt_id,),
         lambda cutoff: and_(
-            Prompt.status.in_((PromptStatus.COMPLETED, PromptStatus.FAILED)),
+            Prompt.status.in_(SETTLED["prompt"]),
             Prompt.created_at < cutoff,
         ),
         counted="prompt",
