@@ -5,6 +5,7 @@ from agent_radar.beat.sweeper import sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.tasks.strict import NONE, strict_task
 from agent_radar.tasks.worker_id import worker_name
+from agent_radar.workflows.client.operators import MAX_PRUNE_BATCHES
 from agent_radar.workflows.task_names import PRUNE_TASK, SWEEP_TASK
 
 # The sweeper lease outlives a slow sweep; a sweeper that died frees it after this long.
@@ -35,11 +36,10 @@ def prune(ctx):
 def _client_prune(ctx) -> dict:
     from agent_radar.tasks.goal_tasks import _client
 
-    return _client(ctx).prune(max_batches=PRUNE_MAX_BATCHES, budget_s=PRUNE_BUDGET_S)
+    return _client(ctx).prune(max_batches=MAX_PRUNE_BATCHES, budget_s=PRUNE_BUDGET_S)
 
 
 # A run goes on while there is something to delete, for up to a fifth of the interval between
 # runs (beat/schedule.py): what a fleet writes in ten minutes is deleted in two
 # (docs/scaling.md has the rate this keeps up with).
 PRUNE_BUDGET_S = 120.0
-PRUNE_MAX_BATCHES = 100_000

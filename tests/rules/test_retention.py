@@ -115,6 +115,30 @@ def test_a_window_under_a_day_is_refused(client, days):
         client.prune(retention_days=days)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_batches": 0},
+        {"max_batches": 100_001},
+        {"max_batches": "5"},
+        {"max_batches": True},
+        {"budget_s": -1},
+        {"budget_s": float("nan")},
+        {"budget_s": float("inf")},
+        {"budget_s": "60"},
+        {"budget_s": True},
+    ],
+)
+def test_a_bad_batch_count_or_time_budget_is_refused_and_deletes_nothing(client, bad):
+    client.set_goal(WS, "s1", "x", client_submit_id="g1")
+    client.set_goal(WS, "s1", "y", client_submit_id="g2")
+    age_everything(client, days=40)
+    with pytest.raises(InvalidArgument) as refused:
+        client.prune(**bad)
+    assert refused.value.field == next(iter(bad))
+    assert count(client, GoalOperation) == 2
+
+
 def test_the_retention_setting_and_the_beat_entry():
     with pytest.raises(ValueError, match="at least 1"):
         Settings.from_env({"AGENT_RADAR_RETENTION_DAYS": "0.5"})

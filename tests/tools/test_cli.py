@@ -129,6 +129,8 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args
         (["bench", "--nodes", "0"], "not in the range"),
         (["bench", "--hosts", "9"], "not in the range"),
         (["bench", "--nodes", "two"], "is not a valid integer"),
+        (["bench", "--settled", "-1"], "not in the range"),
+        (["bench", "--settled", "1000000001"], "not in the range"),
         # a wait that would never end (or never begin) is refused before the submit
         (["goal", "set", "ws", "s1", "x", "--submit-id", "a", "--wait", "nan"], "--wait must be"),
         (["goal", "clear", "ws", "s1", "--submit-id", "a", "--wait", "86401"], "--wait must be"),

@@ -17,7 +17,16 @@ from agent_radar.workflows.task_names import (
     DISPATCH_TASK,
     FENCE_APPLY_TASK,
 )
-from agent_radar.workflows.validation import check_id, check_limit
+from agent_radar.workflows.validation import (
+    MAX_WAIT_S,
+    check_id,
+    check_int,
+    check_limit,
+    check_seconds,
+)
+
+# Batches one prune may run (beat's runs stop at their time budget long before).
+MAX_PRUNE_BATCHES = 100_000
 
 
 class OperatorCalls(SessionCalls):
@@ -133,6 +142,9 @@ class OperatorCalls(SessionCalls):
             self.settings.retention_days if retention_days is None else retention_days
         )
         check_limit(batch)
+        check_int("max_batches", max_batches, minimum=1, maximum=MAX_PRUNE_BATCHES)
+        if budget_s is not None:
+            budget_s = check_seconds("budget_s", budget_s, maximum=MAX_WAIT_S)
         totals: dict[str, int] = {}
         cutoff = None
         started = time.monotonic()
