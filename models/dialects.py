@@ -4,7 +4,18 @@ construct instead of testing a dialect's name."""
 
 from typing import Any, ClassVar
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import (
+    ColumnElement,
+    Delete,
+    any_,
+    create_engine,
+    delete,
+    event,
+    func,
+    literal_column,
+    select,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
@@ -47,6 +58,12 @@ class Dialect:
 
     def migration_lock(self, connection: Connection) -> None:
         """Make concurrent schema upgrades take turns (inside the migration's transaction)."""
+
+    def delete_some(self, table: Any, where: ColumnElement[bool], limit: int) -> Delete:
+        """A DELETE of at most `limit` rows of `table` that match `where`, each found once and
+        deleted by its address in the table (no lookup in the primary key's index, whose
+        pages a long history no longer keeps in memory)."""
+        raise NotImplementedError
 
     def analyze(self, engine: Engine, table: str) -> None:
         """Refresh the planner's statistics of a table after a bulk load (PostgreSQL's
@@ -94,6 +111,12 @@ class Sqlite(Dialect):
     def insert(self, table: Any) -> Any:
         return sqlite.insert(table)
 
+    def delete_some(self, table: Any, where: ColumnElement[bool], limit: int) -> Delete:
+        rowid: ColumnElement[Any] = literal_column("rowid")
+        return delete(table).where(
+            rowid.in_(select(rowid).select_from(table).where(where).limit(limit))
+        )
+
 
 class Postgres(Dialect):
     name = "postgresql"
@@ -132,6 +155,19 @@ class Postgres(Dialect):
 
     def insert(self, table: Any) -> Any:
         return postgresql.insert(table)
+
+    def delete_some(self, table: Any, where: ColumnElement[bool], limit: int) -> Delete:
+        # Locked as they are found, so a row another transaction is changing (a retry
+        # reopening an operation) is passed over, not deleted; a TID scan deletes them.
+        ctid: ColumnElement[Any] = literal_column("ctid")
+        found = (
+            select(ctid)
+            .select_from(table)
+            .where(where)
+            .limit(limit)
+            .with_for_update(of=table, skip_locked=True)
+        )
+        return delete(table).where(ctid == any_(func.array(found.scalar_subquery())))
 
     def migration_lock(self, connection: Connection) -> None:
         connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))

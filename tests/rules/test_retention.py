@@ -5,11 +5,12 @@ a day; a dry run deletes nothing."""
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from agent_radar.beat.schedule import beat_schedule
 from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_transaction
+from agent_radar.models.db import engine_for, run_transaction
+from agent_radar.models.dialects import dialect_of
 from agent_radar.models.tables import (
     GoalFence,
     GoalOperation,
@@ -21,6 +22,7 @@ from agent_radar.models.tables import (
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.goals.operations import fail_operation
+from agent_radar.workflows.operators.retention import RULES, prune_batch
 from agent_radar.workflows.task_names import PRUNE_TASK
 from tests.helpers import row_counts
 
@@ -107,6 +109,66 @@ def test_batches_are_bounded(client):
     # a run whose time is spent stops after the batch in hand; the next one goes on
     assert client.prune(batch=2, max_batches=10, budget_s=0)["rows"]["goal_operations"] == 2
     assert client.prune(batch=1, max_batches=10, budget_s=60)["rows"]["goal_operations"] == 2
+
+
+def test_a_batch_is_deleted_by_address_and_each_goal_state_read_by_key(client):
+    """Retention's delete takes each row it found by its address in the table (PostgreSQL's
+    ctid, SQLite's rowid), not through the primary key's index, whose pages a long history
+    does not keep in memory, and looks up each row's goal state by its key (docs/operations.md;
+    which index finds the rows is the planner's choice on a table this small: test_counts
+    shows the one on age is there for it)."""
+    client.set_goal(WS, "s1", "x", client_submit_id="g1")
+    engine = client.engine
+    rule = next(r for r in RULES if r.name == "goal_operations")
+    statement = dialect_of(engine).delete_some(
+        rule.table, rule.prunable(utcnow() - timedelta(days=30)), 500
+    )
+    sql = str(statement.compile(engine, compile_kwargs={"literal_binds": True}))
+    postgres = dialect_of(engine).name == "postgresql"
+
+    def plan(s):
+        if postgres:
+            s.execute(text("SET LOCAL enable_seqscan = off"))  # a tiny table: ask for the index
+            return "\n".join(s.execute(text(f"EXPLAIN {sql}")).scalars())
+        return "\n".join(str(row[-1]) for row in s.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
+
+    shown = run_transaction(engine, plan)
+    by_address = "Tid Scan" if postgres else "USING INTEGER PRIMARY KEY (rowid=?)"
+    assert by_address in shown, shown
+    # each row's goal state by its key, not a scan of every session's
+    state_by_key = "pk_goal_states" if postgres else "goal_states USING INDEX"
+    assert state_by_key in shown and "SCAN goal_states" not in shown, shown
+
+
+def test_a_row_another_transaction_is_changing_is_passed_over(client):
+    """On PostgreSQL retention locks what it deletes as it finds it and passes over rows
+    another transaction holds (a retry reopening an operation): it neither waits for them
+    nor deletes them; the next run takes them once they are free and still settled."""
+    if dialect_of(client.engine).name != "postgresql":
+        pytest.skip("SQLite has one write lock: nothing else writes while retention does")
+    held = client.set_goal(WS, "s1", "x", client_submit_id="g1")
+    client.set_goal(WS, "s1", "y", client_submit_id="g2")
+    client.set_goal(WS, "s2", "x", client_submit_id="g1")
+    client.set_goal(WS, "s2", "y", client_submit_id="g2")
+    age_everything(client, days=40)
+    other = engine_for(client.settings.database_url).connect()
+    try:
+        other.execute(
+            select(GoalOperation)
+            .where(GoalOperation.operation_id == held.operation_id)
+            .with_for_update()
+        )
+
+        def prune(s):
+            s.execute(text("SET LOCAL lock_timeout = '2s'"))  # waiting would fail the test
+            return prune_batch(s, utcnow(), 30, 500, dry_run=False).rows["goal_operations"]
+
+        assert run_transaction(client.engine, prune) == 1
+    finally:
+        other.rollback()
+        other.close()
+    assert client.get_goal_operation(held.operation_id).operation_id == held.operation_id
+    assert run_transaction(client.engine, prune) == 1
 
 
 @pytest.mark.parametrize("days", [0, 0.5, -1, "30", True])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, literal, not_, or_, select, tuple_
+from sqlalchemy import ColumnElement, and_, literal, not_, or_, select
 from sqlalchemy.orm import Session
 
 from agent_radar.models.dialects import dialect_of
@@ -59,7 +59,6 @@ class Rule:
 
     name: str
     table: Any
-    key: tuple[Any, ...]
     prunable: Callable[[datetime], ColumnElement[bool]]
     counted: str | None = None
 
@@ -74,7 +73,6 @@ RULES = (
     Rule(
         "goal_operations",
         GoalOperation,
-        (GoalOperation.operation_id,),
         lambda cutoff: and_(
             GoalOperation.created_at < cutoff,  # what the index on age finds
             GoalOperation.status.in_(SETTLED["goal"]),
@@ -82,9 +80,14 @@ RULES = (
                 GoalOperation.completed_at < cutoff,
                 and_(GoalOperation.completed_at.is_(None), GoalOperation.created_at < cutoff),
             ),
-            # the operation a goal state still points at stays
+            # the operation a goal state still points at stays (its session's state, found
+            # by its key: one lookup per row, however many sessions there are)
             ~select(GoalState.pending_operation_id)
-            .where(GoalState.pending_operation_id == GoalOperation.operation_id)
+            .where(
+                GoalState.workspace_id == GoalOperation.workspace_id,
+                GoalState.session_id == GoalOperation.session_id,
+                GoalState.pending_operation_id == GoalOperation.operation_id,
+            )
             .exists(),
         ),
         counted="goal",
@@ -92,7 +95,6 @@ RULES = (
     Rule(
         "cancel_operations",
         CancelOperation,
-        (CancelOperation.operation_id,),
         lambda cutoff: and_(
             CancelOperation.status.in_(SETTLED["cancel"]),
             CancelOperation.created_at < cutoff,
@@ -102,13 +104,11 @@ RULES = (
     Rule(
         "turns",
         Turn,
-        (Turn.workspace_id, Turn.session_id, Turn.turn_id),
         lambda cutoff: and_(Turn.phase == TurnPhase.SETTLED, Turn.settled_at < cutoff),
     ),
     Rule(
         "maintenance_runs",
         MaintenanceRun,
-        (MaintenanceRun.run_id,),
         lambda cutoff: and_(
             MaintenanceRun.started_at < cutoff,  # what the index on age finds
             MaintenanceRun.status.in_(SETTLED["maintenance"]),
@@ -119,7 +119,6 @@ RULES = (
     Rule(
         "prompts",
         Prompt,
-        (Prompt.prompt_id,),
         lambda cutoff: and_(
             Prompt.status.in_(SETTLED["prompt"]),
             Prompt.created_at < cutoff,
@@ -129,7 +128,6 @@ RULES = (
     Rule(
         "session_stops",
         SessionStop,
-        (SessionStop.stop_id,),
         lambda cutoff: and_(
             SessionStop.created_at < cutoff,
             not_(
@@ -145,7 +143,6 @@ RULES = (
     Rule(
         "session_events",
         SessionEvent,
-        (SessionEvent.id,),
         lambda cutoff: and_(
             SessionEvent.created_at < cutoff,
             SessionEvent.record_id.not_in(_live_run_records()),
@@ -169,37 +166,29 @@ def prune_batch(
     cutoff = now - timedelta(days=check_retention_days(retention_days))
     result = PruneResult(cutoff=cutoff, dry_run=dry_run)
     for rule in RULES:
-        query = select(*rule.key).where(rule.prunable(cutoff)).limit(batch)
-        if not dry_run and dialect_of(session).locks_rows:
-            # Locked, so a row a retry reopens meanwhile is passed over, not deleted.
-            query = query.with_for_update(of=rule.table, skip_locked=True)
-        keys = session.execute(query).all()
-        result.rows[rule.name] = len(keys)
-        if dry_run or not keys:
-            continue
-        if rule.counted is not None:
-            _delete_counted(session, rule, [k[0] for k in keys])
-        elif len(rule.key) == 1:
-            session.execute(delete(rule.table).where(rule.key[0].in_([k[0] for k in keys])))
+        where = rule.prunable(cutoff)
+        if dry_run:
+            found = select(literal(1)).select_from(rule.table).where(where).limit(batch)
+            result.rows[rule.name] = len(session.execute(found).all())
         else:
-            session.execute(
-                delete(rule.table).where(tuple_(*rule.key).in_([tuple(k) for k in keys]))
-            )
+            result.rows[rule.name] = _delete(session, rule, where, batch)
     return result
 
 
-def _delete_counted(session: Session, rule: Rule, ids: list[Any]) -> None:
-    """Delete these rows and take those counted out of the kept counts."""
-    assert rule.counted is not None
+def _delete(session: Session, rule: Rule, where: ColumnElement[bool], batch: int) -> int:
+    """Delete up to `batch` of these rows; take those counted out of the kept counts."""
     table = rule.table
+    kind = rule.counted
     deleted = session.execute(
-        delete(table)
-        .where(rule.key[0].in_(ids))
-        .returning(table.workspace_id, table.counted_as)
+        dialect_of(session)
+        .delete_some(table, where, batch)
+        .returning(*((table.workspace_id, table.counted_as) if kind else (literal(1),)))
         .execution_options(synchronize_session=False)
     ).all()
-    gone: Counter[tuple[str, str, str]] = Counter()
-    for workspace_id, counted_as in deleted:
-        if counted_as is not None:  # not yet counted: it is gone from what a reader adds
-            gone[(rule.counted, counted_as, workspace_id)] -= 1
-    add_counts(session, gone)
+    if kind is not None:
+        gone: Counter[tuple[str, str, str]] = Counter()
+        for workspace_id, counted_as in deleted:
+            if counted_as is not None:  # not yet counted: it is gone from what a reader adds
+                gone[(kind, counted_as, workspace_id)] -= 1
+        add_counts(session, gone)
+    return len(deleted)
