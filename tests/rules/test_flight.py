@@ -152,3 +152,31 @@ def test_a_drain_whose_record_fails_keeps_its_outcomes(client, dispatcher, clock
     assert drain.run() == [StepResult(op.operation_id, "applied")]
     assert client.get_goal_operation(op.operation_id).status == "completed"
     assert drain.gate.in_flight() == 0
+
+
+def test_a_handed_claim_is_called_at_once_by_the_thread_that_hands_it(
+    client, dispatcher, clock, sim_control
+):
+    """A dispatch task starts the calls whose hosts have a slot itself (`start_now`), not
+    waiting for the drain's thread, which may be recording other outcomes; the drain learns
+    of each call before its end, and takes the rest (a full host's, or all while stopping)."""
+    op1, lane1, claim1 = _claimed(client, dispatcher, clock, "s1")
+    op2, lane2, claim2 = _claimed(client, dispatcher, clock, "s2")
+    drain = Drain(dispatcher)
+    drain.gate.limit = 1  # the host has one slot: the second claim waits for the drain
+    rest = drain.start_now({lane1: claim1, lane2: claim2})
+    assert rest == {lane2: claim2}
+    event = drain.events.get(timeout=5)
+    assert event[:3] == ("started", lane1, claim1)
+    assert event[3].result(timeout=5).answer is not None  # called with no drain running
+    assert [e["operation_id"] for e in sim_control.effects()] == [op1.operation_id]
+    drain._take(event)
+    drain.add(rest)
+    assert sorted(drain.run(), key=lambda r: r.operation_id) == sorted(
+        [StepResult(op1.operation_id, "applied"), StepResult(op2.operation_id, "applied")],
+        key=lambda r: r.operation_id,
+    )
+    assert drain.gate.in_flight() == 0
+    drain.stopping = True  # a stopping drain starts nothing more
+    assert drain.start_now({lane1: claim1}) == {lane1: claim1}
+    assert drain.gate.in_flight() == 0

@@ -7,9 +7,11 @@ slots, so calls to other hosts never wait behind it. A call's outcome is recorde
 finishes, together with whatever else finished meanwhile, and its lane takes its next due
 operation in the same transaction; nothing waits for the slowest call of a batch.
 
-In a worker (`hand_off`) the drain runs in a thread of the pool process, so the Celery task
-that claimed the work returns at once and a slow host holds no pool process: the task waits
-only when the process already has MAX_IN_FLIGHT calls (back-pressure). A claim that is not
+In a worker (`hand_off`) the drain runs in a thread of the pool process, and the Celery task
+that claimed the work starts the calls whose hosts have a slot itself (`start_now`: the
+drain's thread may be busy recording) and returns at once, so a slow host holds no pool
+process: the task waits only when the process already has MAX_IN_FLIGHT calls
+(back-pressure). A claim that is not
 called (its host is full past its queue, or its circuit is open, or the process is stopping)
 is given back unattempted and due again later: a lease protects it meanwhile, and a crash
 leaves it to the sweeper as before. A worker's drain looks at the sessions it gave back
@@ -187,6 +189,25 @@ class Drain:
         self.in_flight[future] = (lane, claim)
         future.add_done_callback(lambda f: self.events.put(("done", f)))
 
+    def start_now(self, work: dict[Lane, Claim | StepResult]) -> dict[Lane, Claim | StepResult]:
+        """From another thread (the dispatch task's): start at once the calls whose hosts
+        have a free slot and nothing waiting, without waiting for this drain's thread, which
+        may be recording other outcomes; the drain learns of each before it can end. The
+        rest, to be `add`ed by the drain's thread."""
+        rest: dict[Lane, Claim | StepResult] = {}
+        for lane, current in work.items():
+            if isinstance(current, Claim) and not self.stopping:
+                host_id = current.host[0]
+                if not self.waiting.get(host_id):
+                    verdict, _retry_s, trial = self.gate.admit(host_id)
+                    if verdict == GO:
+                        future = _call_pool().submit(self._attempt, current, trial)
+                        self.events.put(("started", lane, current, future))
+                        future.add_done_callback(lambda f: self.events.put(("done", f)))
+                        continue
+            rest[lane] = current
+        return rest
+
     def _attempt(self, claim: Claim, trial: bool) -> Attempt | None:
         """In a pool thread: the call (None: not made, the lease would not outlast it). The
         host slot is given back here, whatever happens to the drain."""
@@ -264,6 +285,11 @@ class Drain:
     def _take(self, event: tuple[Any, ...]) -> None:
         if event[0] == "done":
             self._finished(event[1])
+        elif event[0] == "started":  # before its "done" (start_now)
+            _, lane, claim, future = event
+            key = (lane.workspace_id, lane.session_id)
+            self.steps[key] = self.steps.get(key, 0) + 1
+            self.in_flight[future] = (lane, claim)
         elif event[0] == "work":
             self.eager = self.eager or event[2]
             self.add(event[1])

@@ -60,13 +60,14 @@ _drains: dict[int, WorkerDrain] = {}
 
 
 def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
-    """Give claimed lanes to this process's drain (started if none runs)."""
+    """Give claimed lanes to this process's drain (started if none runs), starting at once
+    the calls whose hosts have a slot (Drain.start_now)."""
     with _lock:
         drain = _drains.get(os.getpid())
         if drain is None or not drain.alive:
             drain = _drains[os.getpid()] = WorkerDrain(dispatcher)
             drain.thread.start()
-        drain.events.put(("work", work, eager))
+        drain.events.put(("work", drain.start_now(work), eager))
 
 
 def wait_for_room(timeout_s: float) -> None:
