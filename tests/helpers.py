@@ -163,3 +163,18 @@ def documented_producer(broker_url: str) -> Celery:
     ]
     app.conf.broker_transport_options = {"confirm_publish": True}
     return app
+
+
+def query_plan(engine, statement) -> str:
+    """The database's plan of a statement (not run), as text: PostgreSQL's EXPLAIN with
+    sequential scans discouraged (test tables are tiny: ask for the indexes), SQLite's
+    EXPLAIN QUERY PLAN."""
+    sql = str(statement.compile(engine, compile_kwargs={"literal_binds": True}))
+
+    def plan(s):
+        if engine.dialect.name == "postgresql":
+            s.execute(text("SET LOCAL enable_seqscan = off"))
+            return "\n".join(s.execute(text(f"EXPLAIN {sql}")).scalars())
+        return "\n".join(str(row[-1]) for row in s.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
+
+    return run_transaction(engine, plan)

@@ -17,6 +17,7 @@ from agent_radar.models.tables import GoalOperation, SettledCount
 from agent_radar.workflows.goals.operations import fail_operation
 from agent_radar.workflows.operators import counts
 from agent_radar.workflows.tools.status import fleet_status
+from tests.helpers import query_plan
 from tests.rules.test_retention import age_everything
 
 WS = "ws-counts"
@@ -145,16 +146,7 @@ def test_the_readers_use_the_index_of_uncounted_rows(client):
         .group_by(GoalOperation.status, GoalOperation.workspace_id)
     )
     engine = client.engine
-    sql = str(reader.compile(engine, compile_kwargs={"literal_binds": True}))
-    postgres = dialect_of(engine).name == "postgresql"
-
-    def plan(s):
-        if postgres:
-            s.execute(text("SET LOCAL enable_seqscan = off"))  # a tiny table: ask for the index
-            return "\n".join(s.execute(text(f"EXPLAIN {sql}")).scalars())
-        return "\n".join(str(row[-1]) for row in s.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
-
-    shown = run_transaction(engine, plan)
+    shown = query_plan(engine, reader)
     assert "ix_goal_operations_uncounted" in shown, shown
     # retention's search goes by age, and `op list` of a workspace newest first by both
     old = utcnow() - timedelta(days=31)
@@ -171,8 +163,7 @@ def test_the_readers_use_the_index_of_uncounted_rows(client):
             "ix_goal_operations_workspace_created",
         ),
     ):
-        sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
-        shown = run_transaction(engine, plan)
+        shown = query_plan(engine, query)
         assert index in shown, shown
 
 

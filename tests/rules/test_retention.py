@@ -24,7 +24,7 @@ from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.goals.operations import fail_operation
 from agent_radar.workflows.operators.retention import RULES, prune_batch
 from agent_radar.workflows.task_names import PRUNE_TASK
-from tests.helpers import row_counts
+from tests.helpers import query_plan, row_counts
 
 WS = "ws-retention"
 
@@ -123,16 +123,8 @@ def test_a_batch_is_deleted_by_address_and_each_goal_state_read_by_key(client):
     statement = dialect_of(engine).delete_some(
         rule.table, rule.prunable(utcnow() - timedelta(days=30)), 500
     )
-    sql = str(statement.compile(engine, compile_kwargs={"literal_binds": True}))
     postgres = dialect_of(engine).name == "postgresql"
-
-    def plan(s):
-        if postgres:
-            s.execute(text("SET LOCAL enable_seqscan = off"))  # a tiny table: ask for the index
-            return "\n".join(s.execute(text(f"EXPLAIN {sql}")).scalars())
-        return "\n".join(str(row[-1]) for row in s.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
-
-    shown = run_transaction(engine, plan)
+    shown = query_plan(engine, statement)
     by_address = "Tid Scan" if postgres else "USING INTEGER PRIMARY KEY (rowid=?)"
     assert by_address in shown, shown
     # each row's goal state by its key, not a scan of every session's
