@@ -11,12 +11,12 @@ In a worker (`hand_off`) the drain runs in a thread of the pool process, and the
 that claimed the work starts the calls whose hosts have a slot itself (`start_now`: the
 drain's thread may be busy recording) and returns at once, so a slow host holds no pool
 process: the task waits only when the process already has MAX_IN_FLIGHT calls
-(back-pressure). A claim that is not
-called (its host is full past its queue, or its circuit is open, or the process is stopping)
-is given back unattempted and due again later: a lease protects it meanwhile, and a crash
-leaves it to the sweeper as before. A worker's drain looks at the sessions it gave back
-once their work is due again (`recheck`) and takes it if its lane is free, so a burst past
-a host's limit settles at the host's pace without waiting for a sweep.
+(back-pressure). A claim that is not called (its host is full past its queue, or its circuit
+is open, or the process is stopping) is given back unattempted and due again later: a lease
+protects it meanwhile, and a crash leaves it to the sweeper as before. A worker's drain
+looks at the sessions it gave back once their work is due again (`recheck`) and takes it if
+its lane is free, so a burst past a host's limit settles at the host's pace without waiting
+for a sweep.
 """
 
 import logging
@@ -130,14 +130,17 @@ class Drain:
     # -- what comes in ---------------------------------------------------------------------
     def add(self, work: dict[Lane, Claim | StepResult]) -> None:
         for lane, current in work.items():
-            key = (lane.workspace_id, lane.session_id)
-            self.steps[key] = self.steps.get(key, 0) + 1
+            self._count_step(lane)
             if isinstance(current, StepResult):
                 self.ready.append((lane, current))
             elif self.stopping:
                 self._give(lane, current, None)
             else:
                 self._start(lane, current)
+
+    def _count_step(self, lane: Lane) -> None:
+        key = (lane.workspace_id, lane.session_id)
+        self.steps[key] = self.steps.get(key, 0) + 1
 
     def _give(self, lane: Lane, claim: Claim, retry_s: float | None) -> None:
         """Give this claim back unattempted (due again after retry_s, or as it was)."""
@@ -287,8 +290,7 @@ class Drain:
             self._finished(event[1])
         elif event[0] == "started":  # before its "done" (start_now)
             _, lane, claim, future = event
-            key = (lane.workspace_id, lane.session_id)
-            self.steps[key] = self.steps.get(key, 0) + 1
+            self._count_step(lane)
             self.in_flight[future] = (lane, claim)
         elif event[0] == "work":
             self.eager = self.eager or event[2]
