@@ -5,7 +5,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.client import AgentRadar
@@ -126,22 +127,30 @@ class Bench:
         return self.feed.goals(workspace_id)
 
     # -- timing ------------------------------------------------------------------------------
+    @contextmanager
+    def counted(self) -> Iterator[Phase]:
+        """The CPU of the block's `n` operations: the whole machine's and each component's
+        per operation, filled into the Phase yielded (its rate is the caller's). It counts
+        from an idle worker until the worker is idle again, not only until the last
+        operation is done: what the worker does after it (acks and events, the last record,
+        messages whose work a dispatch already took along) is spent on these operations."""
+        self.components.wait_until_worker_idle(IDLE_FOR_S, PHASE_TIMEOUT_S)
+        parts0, cpu0 = self.components.snapshot(), machine_busy_s()
+        phase = Phase(0.0, None)
+        yield phase
+        self.components.wait_until_worker_idle(IDLE_FOR_S, PHASE_TIMEOUT_S)
+        cpu1, parts1 = machine_busy_s(), self.components.snapshot()
+        phase.cpu_ms_per_op = machine_ms_per_op(cpu0, cpu1, self.n)
+        phase.components_ms_per_op = Components.per_op_ms(parts0, parts1, self.n)
+
     def throughput(self, submit: Callable[[int], object], wait: Callable[[], float]) -> Phase:
         """submit(0 … n-1) from the producer threads, then `wait()` until all are done (it
         returns when the last one finished): the rate, and the CPU spent meanwhile."""
-        parts0, cpu0, started = self.components.snapshot(), machine_busy_s(), time.time()
-        _from_producers(submit, range(self.n))
-        finished = wait()
-        # The CPU counts until the worker is idle again, not only until the last operation
-        # is done: what the worker does after it (acks and events, the last record, messages
-        # whose work a dispatch already took along) is spent on this phase's operations.
-        self.components.wait_until_worker_idle(IDLE_FOR_S, PHASE_TIMEOUT_S)
-        cpu1, parts1 = machine_busy_s(), self.components.snapshot()
-        return Phase(
-            self.n / (finished - started),
-            machine_ms_per_op(cpu0, cpu1, self.n),
-            Components.per_op_ms(parts0, parts1, self.n),
-        )
+        with self.counted() as phase:
+            started = time.time()
+            _from_producers(submit, range(self.n))
+            phase.per_s = self.n / (wait() - started)
+        return phase
 
     def paced(self, send: Callable[[int], object], rate_per_s: float) -> dict[int, float]:
         """Call send(0 … n-1) at `rate_per_s` from the producer threads; when each was sent.
