@@ -119,7 +119,8 @@ class Components:
 
 @dataclass
 class Phase:
-    """One throughput phase: its rate and the machine's CPU per operation."""
+    """One phase's figures: its rate (0 where only its CPU was counted, a paced phase) and
+    the machine's CPU per operation, whole and by component (Bench.counted)."""
 
     per_s: float
     cpu_ms_per_op: float | None
