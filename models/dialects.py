@@ -44,6 +44,9 @@ class Dialect:
     naive_timestamps: ClassVar[bool]
     # Schema changes rebuild a table rather than alter it in place (Alembic's batch mode).
     batch_migrations: ClassVar[bool]
+    # A transaction can notify a listening connection when it commits (LISTEN/NOTIFY): goal
+    # submits then wake a pulling worker process instead of publishing (docs/dispatch.md).
+    notifies: ClassVar[bool]
 
     def make_engine(self, url: str) -> Engine:
         raise NotImplementedError
@@ -65,6 +68,11 @@ class Dialect:
         pages a long history no longer keeps in memory)."""
         raise NotImplementedError
 
+    def listening_connection(self, engine: Engine) -> Any:
+        """A connection of the driver's own, outside the engine's pool, in autocommit, for
+        a thread that LISTENs (`notifies` only)."""
+        raise NotImplementedError
+
     def analyze(self, engine: Engine, table: str) -> None:
         """Refresh the planner's statistics of a table after a bulk load (PostgreSQL's
         autovacuum would, soon after; SQLite has none to refresh)."""
@@ -78,6 +86,7 @@ class Sqlite(Dialect):
     server_functions = False
     naive_timestamps = True
     batch_migrations = True
+    notifies = False
 
     def make_engine(self, url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
@@ -126,6 +135,7 @@ class Postgres(Dialect):
     server_functions = True
     naive_timestamps = False
     batch_migrations = False
+    notifies = True
 
     def make_engine(self, url: str) -> Engine:
         # No pre-ping: it costs a round trip per transaction, and a connection the server
@@ -171,6 +181,10 @@ class Postgres(Dialect):
 
     def migration_lock(self, connection: Connection) -> None:
         connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
+
+    def listening_connection(self, engine: Engine) -> Any:
+        args, kwargs = engine.dialect.create_connect_args(engine.url)
+        return engine.dialect.loaded_dbapi.connect(*args, **{**kwargs, "autocommit": True})
 
     def analyze(self, engine: Engine, table: str) -> None:
         # VACUUM too: it brings the partial indexes' sizes up to date (the planner reads

@@ -362,32 +362,6 @@ class RuntimeHost(Base):
     token: Mapped[str | None] = mapped_column(String(255))
 
 
-class HostCircuit(Base):
-    """A host whose calls a worker process stopped making for a while (its circuit breaker
-    opened after calls kept failing): `status` and the metrics show it,
-    and its sessions' work stays due until `open_until`. One row per host, the latest
-    opening of any worker; gone when a call there succeeds again."""
-
-    __tablename__ = "host_circuits"
-
-    host_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    open_until: Mapped[datetime] = mapped_column(UTCDateTime)
-    failures: Mapped[int] = mapped_column(Integer)
-    last_error: Mapped[str | None] = mapped_column(String(512))
-    opened_by: Mapped[str] = mapped_column(ID)
-
-
-class Heartbeat(Base):
-    """When a periodic job last finished (the sweep: `status` and the metrics read its age,
-    so a dead beat shows instead of reading as no lag)."""
-
-    __tablename__ = "heartbeats"
-
-    name: Mapped[str] = mapped_column(ID, primary_key=True)
-    owner: Mapped[str] = mapped_column(ID)
-    beat_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
 class SettledCount(Base):
     """Settled rows per kind, workspace and status, kept by the sweeper: `status` and the
     metrics read these and the open rows, never the history (docs/operations.md: counts)."""
@@ -398,3 +372,7 @@ class SettledCount(Base):
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
     status: Mapped[str] = mapped_column(SHORT, primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+# The workers' own coordination tables (models/coordination.py) are in the metadata too.
+from agent_radar.models import coordination  # noqa: E402, F401

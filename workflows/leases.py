@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Executable
 
 from agent_radar.models.base import table_of
+from agent_radar.models.coordination import Heartbeat
 from agent_radar.models.db import insert_ignore, rowcount
 from agent_radar.models.dialects import dialect_of
-from agent_radar.models.tables import Heartbeat, Lease
+from agent_radar.models.tables import Lease
 from agent_radar.workflows import ids
 
 LEASES = table_of(Lease)

@@ -9,8 +9,8 @@ import threading
 import pytest
 from sqlalchemy import select
 
+from agent_radar.models.coordination import Heartbeat
 from agent_radar.models.db import run_read
-from agent_radar.models.tables import Heartbeat
 from agent_radar.workflows.tools.status import SWEEP_HEARTBEAT
 from tests.helpers import eventually
 

@@ -45,7 +45,7 @@ class GoalCalls(ClientBase):
             expected_revision=expected_revision,
         )
         return self._accept(
-            lambda s: submit(s, request, utcnow()),
+            lambda s: submit(s, request, utcnow(), notify=True),
             DISPATCH_TASK,
             lambda op: op.operation_id,
             coalesce_into="operation_ids",

@@ -7,6 +7,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from agent_radar.models.base import utcnow
+from agent_radar.models.coordination import HostCircuit
 from agent_radar.models.db import run_read
 from agent_radar.models.enums import (
     LIVE_MAINTENANCE_STATUSES,
@@ -19,7 +20,6 @@ from agent_radar.models.tables import (
     CancelOperation,
     GoalFence,
     GoalOperation,
-    HostCircuit,
     MaintenanceRun,
     Prompt,
 )

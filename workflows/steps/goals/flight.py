@@ -121,6 +121,9 @@ class Drain:
         self.results: list[StepResult] = []
         self.deadline: float | None = None
         self.stopping = False
+        # A notification said work is due (a pulling worker's drain, pull.py): the next
+        # flush steals, however young the work (no message is on its way for it).
+        self.pulled = False
         # A call may take this long (its total deadline), so a claim whose lease ends sooner
         # is not called. The settings make a lease at least a second longer than a call; a
         # dispatcher made by hand with a shorter lease needs a second of it left.
@@ -250,7 +253,8 @@ class Drain:
         retry_s = FLUSH_RETRY_S
         while True:
             self._admit_waiting()
-            if self.ready or self.give_back or (idle_exit_s is not None and self._rechecks_due()):
+            rechecks = idle_exit_s is not None and self._rechecks_due()
+            if self.ready or self.give_back or self.pulled or rechecks:
                 if self._flush():
                     retry_s = FLUSH_RETRY_S
                     continue
@@ -295,6 +299,8 @@ class Drain:
         elif event[0] == "work":
             self.eager = self.eager or event[2]
             self.add(event[1])
+        elif event[0] == "due":  # notified (pull.py)
+            self.pulled = self.eager = True
         elif event[0] == "stop":
             self.stopping = True
             self.recheck.clear()  # other workers, or the sweeper, take what is due
@@ -328,7 +334,8 @@ class Drain:
         keys = [key for key, n in counts.items() if not over and n < LANE_MAX_STEPS]
         rechecked = self._rechecks_due()
         keys += [key for key in rechecked if key not in counts and not over]
-        steal = self.steal and not over and self.load() < MAX_IN_FLIGHT - MAX_LANES_PER_STEP
+        room = self.load() < MAX_IN_FLIGHT - MAX_LANES_PER_STEP
+        steal = (self.steal or self.pulled) and not over and room
         eager = self.eager
         transitions = self.gate.take_transitions()
 
@@ -366,7 +373,9 @@ class Drain:
         for lane, _claim, retry_s in give_back:
             if retry_s and not self.stopping:  # due from `now` on: look once it is
                 self.recheck[(lane.workspace_id, lane.session_id)] = time.monotonic() + retry_s
-        self.eager = self.always_eager
+        self.pulled = False
+        if steal:  # what was due is taken (or taken by others); a full process waits
+            self.eager = self.always_eager
         if attempts:
             metrics.DISPATCH_BATCH_SIZE.observe(len(attempts))
         for result in recorded:

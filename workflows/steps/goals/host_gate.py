@@ -14,8 +14,8 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
 from agent_radar.models.base import table_of, utcnow
+from agent_radar.models.coordination import HostCircuit
 from agent_radar.models.db import insert_ignore
-from agent_radar.models.tables import HostCircuit
 from agent_radar.workflows.adapters import metrics
 from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
 

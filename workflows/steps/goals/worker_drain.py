@@ -7,10 +7,12 @@ import os
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any
 
 from agent_radar.workflows.goals.claims import Claim, Lane, StepResult
 from agent_radar.workflows.steps.goals.flight import Drain, Steps
 from agent_radar.workflows.steps.goals.host_gate import MAX_IN_FLIGHT
+from agent_radar.workflows.steps.goals.pull import Puller, pulls
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +29,49 @@ class WorkerDrain(Drain):
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
         self.room = threading.Condition(_lock)
+        # Where the database notifies, the drain pulls while it runs (pull.py): submits
+        # notify it instead of publishing a message. A notification not yet taken is
+        # `_woken`: more of them add nothing to the queue.
+        self.puller = Puller(dispatcher.engine, self._wake) if pulls(dispatcher.engine) else None
+        self._woken = False
+
+    def _wake(self) -> None:
+        if not self._woken:
+            self._woken = True
+            self.events.put(("due",))
 
     def _main(self) -> None:
         try:
+            if self.puller is not None:
+                self.puller.start()
             self.run(idle_exit_s=IDLE_EXIT_S)
         except Exception:  # noqa: BLE001 - the leases and the sweeper finish what is left
             log.exception("goal drain failed; its claims are left to their leases")
         finally:
+            if self.puller is not None:
+                self.puller.stop()
             with _lock:
                 self.alive = False
                 if _drains.get(os.getpid()) is self:
                     del _drains[os.getpid()]
                 self.room.notify_all()
 
+    def _take(self, event: tuple[Any, ...]) -> None:
+        if self.puller is not None:
+            if event[0] == "stop":
+                self.puller.stop()
+            elif event[0] in ("work", "due"):
+                if event[0] == "due":
+                    self._woken = False
+                self.puller.hold()
+        super()._take(event)
+
     def _may_exit(self) -> bool:
+        # Idle with a promise: let it go, and listen for one more idle period (a submit that
+        # read the promise just before may commit after) before the drain ends.
+        if self.puller is not None and self.puller.holding:
+            self.puller.let_go()
+            return False
         with _lock:
             if not self.events.empty():
                 return False

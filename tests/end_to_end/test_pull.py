@@ -1,0 +1,82 @@
+"""Pulling under load end to end (docs/dispatch.md), on PostgreSQL with Redis: real worker
+and beat subprocesses. A worker's drain that runs holds a promise; submits then notify it
+instead of publishing dispatch messages; a notification that reaches nobody (its puller
+killed) costs the sweeper's outbox grace, never the operation."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from agent_radar.models.base import utcnow
+from agent_radar.models.coordination import GoalPuller
+from agent_radar.models.db import run_transaction
+from agent_radar.workflows.task_names import DISPATCH_TASK
+from tests.helpers import effects_by_operation, eventually
+
+pytestmark = pytest.mark.parametrize("backend", ["production"])
+
+WS = "ws-pull"
+
+
+def _live_promises(client) -> list[str]:
+    now = utcnow()
+    return run_transaction(
+        client.engine,
+        lambda s: list(
+            s.execute(select(GoalPuller.channel).where(GoalPuller.expires_at > now)).scalars()
+        ),
+    )
+
+
+def _count_dispatch_messages(client) -> list[dict]:
+    """Every dispatch message the client publishes, from now on."""
+    sent: list[dict] = []
+    publish = client.publisher.publish
+
+    def counting(task_name, kwargs=None, *args, **kw):
+        if task_name == DISPATCH_TASK:
+            sent.append(kwargs)
+        return publish(task_name, kwargs, *args, **kw)
+
+    client.publisher.publish = counting
+    return sent
+
+
+def test_a_running_drain_pulls_and_submits_send_no_dispatch_messages(client, stack, sim_control):
+    stack.start_worker(concurrency=2)
+    sent = _count_dispatch_messages(client)
+    first = client.set_goal(WS, "s0", "goal 0", client_submit_id="1")
+    assert client.wait(first, timeout=30).status == "completed"
+    assert len(sent) == 1  # no drain ran yet: the first goes by message
+    eventually(lambda: _live_promises(client), what="the drain's promise")
+    ops = [first]
+    for i in range(30):  # new sessions and sessions seen before
+        ops.append(client.set_goal(WS, f"s{i % 12}", f"goal {i}", client_submit_id=f"p{i}"))
+    for op in ops:
+        assert client.wait(op, timeout=30).status in ("completed", "superseded")
+    assert len(sent) == 1, sent
+    completed = {op.operation_id for op in ops if client.wait(op).status == "completed"}
+    assert {k: n for k, n in effects_by_operation(sim_control).items() if k in completed} == {
+        op_id: 1 for op_id in completed
+    }
+
+
+def test_a_notification_nobody_takes_is_dispatched_by_the_sweeper(client, stack, sim_control):
+    # A puller killed a moment ago: its promise still reads live, and nobody listens.
+    run_transaction(
+        client.engine,
+        lambda s: s.add(
+            GoalPuller(channel="agent_radar_pull_killed", expires_at=utcnow() + timedelta(hours=1))
+        ),
+    )
+    sent = _count_dispatch_messages(client)
+    op = client.set_goal(WS, "lost", "still applied", client_submit_id="1")
+    assert sent == []  # notified, not published
+    stack.start_worker(concurrency=2)
+    stack.start_beat()
+    started = time.monotonic()
+    assert client.wait(op, timeout=60).status == "completed"
+    assert time.monotonic() - started < 30
+    assert effects_by_operation(sim_control) == {op.operation_id: 1}

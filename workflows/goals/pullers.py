@@ -1,0 +1,44 @@
+"""Pulling under load (docs/dispatch.md): a worker pool process promises to take due goal work
+when its channel is notified, and a goal submit that sees a live promise notifies a channel
+instead of publishing a dispatch message. PostgreSQL only (LISTEN/NOTIFY); on SQLite nothing
+here runs and every submit publishes its message."""
+
+from sqlalchemy import bindparam, func, literal, select
+
+from agent_radar.models.base import table_of
+from agent_radar.models.coordination import GoalPuller
+
+PULLERS = table_of(GoalPuller)
+
+# A promise lasts PROMISE_S past its last renewal (the database's clock); its holder renews
+# it every RENEW_S. A holder that lets go deletes it and keeps listening a while (a submit
+# that read the promise before and commits after still finds it there).
+PROMISE_S = 1.0
+RENEW_S = 0.5
+# Promises dead this long (a killed process's) are deleted by the next holder that renews.
+FORGET_AFTER_S = 60
+
+# The end of a goal submit's write (workflows/goals/submit.py): notify one live puller, the
+# one whose channel hashes least with the session (so a session's operations go to the same
+# puller while the pullers stay the same, and the sessions spread over them), and return a
+# row if there was one. PostgreSQL delivers the notification when the transaction commits:
+# it never arrives ahead of the operation's row.
+_CHOSEN = (
+    select(PULLERS.c.channel)
+    .where(PULLERS.c.expires_at > func.now())
+    .order_by(func.hashtext(PULLERS.c.channel + bindparam("b_ws") + "/" + bindparam("b_sid")))
+    .limit(1)
+    .subquery()
+)
+NOTIFY_PULLER = select(func.pg_notify(_CHOSEN.c.channel, literal(""))).select_from(_CHOSEN)
+
+# The holder's own statements, on its listening connection (psycopg, autocommit).
+RENEW_SQL = (
+    "INSERT INTO goal_pullers (channel, expires_at) "
+    "VALUES (%(channel)s, now() + make_interval(secs => %(promise_s)s)) "
+    "ON CONFLICT (channel) DO UPDATE SET expires_at = excluded.expires_at"
+)
+LET_GO_SQL = "DELETE FROM goal_pullers WHERE channel = %(channel)s"
+FORGET_SQL = (
+    "DELETE FROM goal_pullers WHERE expires_at < now() - make_interval(secs => %(after_s)s)"
+)
