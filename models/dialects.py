@@ -68,9 +68,9 @@ class Dialect:
         pages a long history no longer keeps in memory)."""
         raise NotImplementedError
 
-    def listening_connection(self, engine: Engine) -> Any:
+    def listening_connection(self, engine: Engine, **options: Any) -> Any:
         """A connection of the driver's own, outside the engine's pool, in autocommit, for
-        a thread that LISTENs (`notifies` only)."""
+        a thread that LISTENs (`notifies` only); `options` are the driver's own."""
         raise NotImplementedError
 
     def analyze(self, engine: Engine, table: str) -> None:
@@ -182,9 +182,11 @@ class Postgres(Dialect):
     def migration_lock(self, connection: Connection) -> None:
         connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"))
 
-    def listening_connection(self, engine: Engine) -> Any:
+    def listening_connection(self, engine: Engine, **options: Any) -> Any:
         args, kwargs = engine.dialect.create_connect_args(engine.url)
-        return engine.dialect.loaded_dbapi.connect(*args, **{**kwargs, "autocommit": True})
+        return engine.dialect.loaded_dbapi.connect(
+            *args, **{**kwargs, **options, "autocommit": True}
+        )
 
     def analyze(self, engine: Engine, table: str) -> None:
         # VACUUM too: it brings the partial indexes' sizes up to date (the planner reads

@@ -85,6 +85,7 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
         lease_s=ctx.settings.lease_s,
         resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
         hand_off=True,
+        pull=ctx.settings.pull,
     )
     # The calls go on in this process's drain (workflows/steps/goals/flight.py); this task only
     # claims, and waits first while the process has as many calls in flight as it takes.

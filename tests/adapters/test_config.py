@@ -56,6 +56,15 @@ def test_a_count_is_a_whole_number():
     assert Settings.from_env({"AGENT_RADAR_HOST_CONCURRENCY": "4"}).host_concurrency == 4
 
 
+def test_pulling_is_a_flag():
+    assert Settings.from_env({}).pull is True
+    for raw, value in (("false", False), ("0", False), ("Off", False), ("TRUE", True), ("1", True)):
+        settings = Settings.from_env({"AGENT_RADAR_PULL": raw})
+        assert settings.pull is value and Settings.from_env(settings.to_env()) == settings
+    with pytest.raises(ValueError, match="AGENT_RADAR_PULL must be true or false"):
+        Settings.from_env({"AGENT_RADAR_PULL": "sometimes"})
+
+
 def test_the_defaults_are_within_the_bounds():
     defaults = Settings.from_env({})
     assert defaults == Settings.from_env(defaults.to_env())

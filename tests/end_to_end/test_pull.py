@@ -4,6 +4,7 @@ instead of publishing dispatch messages; a notification that reaches nobody (its
 killed) costs the sweeper's outbox grace, never the operation."""
 
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,7 @@ from agent_radar.models.base import utcnow
 from agent_radar.models.coordination import GoalPuller
 from agent_radar.models.db import run_transaction
 from agent_radar.workflows.task_names import DISPATCH_TASK
+from agent_radar.workflows.tools.stack import Stack
 from tests.helpers import effects_by_operation, eventually
 
 pytestmark = pytest.mark.parametrize("backend", ["production"])
@@ -80,3 +82,39 @@ def test_a_notification_nobody_takes_is_dispatched_by_the_sweeper(client, stack,
     assert client.wait(op, timeout=60).status == "completed"
     assert time.monotonic() - started < 30
     assert effects_by_operation(sim_control) == {op.operation_id: 1}
+
+
+def test_a_notified_operation_is_claimed_by_name_whatever_the_clocks_say(
+    client, stack, sim_control, monkeypatch
+):
+    """A client whose clock runs a minute ahead makes operations that are not yet due by the
+    worker's clock: the notification names them, and the drain claims them by name as their
+    message's dispatch would. No beat runs: nothing else could dispatch them."""
+    stack.start_worker(concurrency=2)
+    first = client.set_goal(WS, "s0", "goal 0", client_submit_id="1")
+    assert client.wait(first, timeout=30).status == "completed"
+    eventually(lambda: _live_promises(client), what="the drain's promise")
+    sent = _count_dispatch_messages(client)
+    ahead = utcnow() + timedelta(minutes=1)
+    monkeypatch.setattr("agent_radar.workflows.client.goals.utcnow", lambda: ahead)
+    ops = [client.set_goal(WS, f"s{i}", "ahead", client_submit_id="2") for i in range(4)]
+    for op in ops:
+        assert client.wait(op, timeout=30).status == "completed"
+    assert sent == []
+    assert all(effects_by_operation(sim_control)[op.operation_id] == 1 for op in ops)
+
+
+def test_workers_told_not_to_pull_keep_the_messages(client, settings, sim, sim_control):
+    stack = Stack(replace(settings, pull=False))
+    stack.prepare()
+    try:
+        stack.start_worker(concurrency=2)
+        sent = _count_dispatch_messages(client)
+        ops = []
+        for i in range(3):
+            ops.append(client.set_goal(WS, f"s{i}", "by message", client_submit_id="1"))
+            assert client.wait(ops[-1], timeout=30).status == "completed"
+        assert len(sent) == 3 and _live_promises(client) == []
+        assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in ops}
+    finally:
+        stack.kill()

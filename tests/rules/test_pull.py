@@ -1,7 +1,6 @@
 """Pulling under load (docs/dispatch.md), on PostgreSQL: a puller's promise and channel, and
 the goal submit that notifies one instead of asking for a dispatch message."""
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -12,21 +11,20 @@ from agent_radar.models.coordination import GoalPuller
 from agent_radar.models.db import run_transaction
 from agent_radar.models.dialects import dialect_of
 from agent_radar.workflows.goals.submit import GoalRequest, submit
-from agent_radar.workflows.steps.goals.pull import Puller
+from agent_radar.workflows.steps.goals.pull import Puller, notified
 from tests.helpers import eventually
 
-pytestmark = pytest.mark.parametrize("backend", ["production"])
+ON_POSTGRESQL = pytest.mark.parametrize("backend", ["production"])
 
 
 class Wakes:
-    def __init__(self) -> None:
-        self.count = 0
-        self.changed = threading.Condition()
+    """What the puller woke its drain with, in order."""
 
-    def __call__(self) -> None:
-        with self.changed:
-            self.count += 1
-            self.changed.notify_all()
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def __call__(self, what) -> None:
+        self.seen.append(what)
 
 
 def _promises(engine) -> dict[str, object]:
@@ -41,34 +39,45 @@ def _submit(engine, sid: str, submit_id: str = "1"):
     return run_transaction(engine, lambda s: submit(s, request, utcnow(), notify=True))
 
 
+@ON_POSTGRESQL
 def test_a_puller_holds_its_promise_wakes_on_notification_and_lets_go(client):
     wakes = Wakes()
     puller = Puller(client.engine, wakes)
     puller.start()
     try:
         # Connected: one wake for whatever was notified while nobody listened.
-        eventually(lambda: wakes.count >= 1 and puller.channel in _promises(client.engine))
+        eventually(lambda: wakes.seen and puller.channel in _promises(client.engine))
+        assert wakes.seen == [None]
         assert _promises(client.engine)[puller.channel] > utcnow()
-        before = wakes.count
-        _op, created, notified = _submit(client.engine, "s1")
+        op, created, notified = _submit(client.engine, "s1")
         assert created and notified
-        eventually(lambda: wakes.count > before, what="the notification's wake")
+        # The notification names the operation and its session.
+        eventually(lambda: len(wakes.seen) == 2, what="the notification's wake")
+        assert wakes.seen[1] == (op.operation_id, "ws-pull", "s1")
         # A replay notifies nobody: it asks for nothing.
         assert _submit(client.engine, "s1")[1:] == (False, False)
 
-        puller.let_go()
+        puller.holding = False
         eventually(lambda: puller.channel not in _promises(client.engine), what="let go")
         _op, created, notified = _submit(client.engine, "s2")
         assert created and not notified  # no promise: the submit publishes its message
-        puller.hold()
+        puller.holding = True
         eventually(lambda: puller.channel in _promises(client.engine), what="held again")
     finally:
         puller.stop()
+        # Let go at once, from the caller's thread.
+        assert puller.channel not in _promises(client.engine)
         puller.thread.join(5)
     assert not puller.thread.is_alive()
-    assert puller.channel not in _promises(client.engine)
 
 
+def test_a_payload_that_is_not_a_notification_names_nothing():
+    assert notified('["op", "ws", "s1"]') == ("op", "ws", "s1")
+    for payload in ("", "op", "[1, 2, 3]", '["op", "ws"]', "{}", '["a", "b", "c", "d"]', '["x'):
+        assert notified(payload) is None, payload
+
+
+@ON_POSTGRESQL
 def test_an_expired_promise_is_not_notified_and_sessions_spread_over_live_ones(client):
     engine = client.engine
     now = utcnow()

@@ -56,6 +56,17 @@ MIN_RETENTION_DAYS = 1.0
 MAX_RETENTION_DAYS = 36500.0
 
 
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """true/false (also 1/0, yes/no, on/off, any case)."""
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    value = {"true": True, "1": True, "yes": True, "on": True}.get(raw.strip().lower())
+    if value is None and raw.strip().lower() not in ("false", "0", "no", "off"):
+        raise ValueError(f"{name} must be true or false, got {raw!r}")
+    return bool(value)
+
+
 def _float(
     env: Mapping[str, str],
     name: str,
@@ -120,6 +131,8 @@ class Settings:
     lease_s: float = 30.0
     runtime_timeout_s: float = 10.0
     host_concurrency: int = DEFAULT_HOST_CONCURRENCY
+    # Whether a worker's running drain pulls goal work on PostgreSQL (docs/dispatch.md).
+    pull: bool = True
     # Prefix for every broker key (Redis): lets deployments, or test runs, share one Redis.
     broker_key_prefix: str = ""
     # Settled operations and events older than this are pruned (docs/operations.md); at least 1.
@@ -198,6 +211,7 @@ class Settings:
                 DEFAULT_HOST_CONCURRENCY,
                 maximum=MAX_HOST_CONCURRENCY,
             ),
+            pull=_flag(env, "AGENT_RADAR_PULL", True),
             broker_key_prefix=_broker_key_prefix(env),
             retention_days=_float(
                 env,
@@ -229,6 +243,7 @@ class Settings:
             "AGENT_RADAR_LEASE_S": str(self.lease_s),
             "AGENT_RADAR_RUNTIME_TIMEOUT_S": str(self.runtime_timeout_s),
             "AGENT_RADAR_HOST_CONCURRENCY": str(self.host_concurrency),
+            "AGENT_RADAR_PULL": "true" if self.pull else "false",
         }
         if self.runtime_token:
             env["AGENT_RADAR_RUNTIME_TOKEN"] = self.runtime_token

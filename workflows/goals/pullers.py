@@ -3,7 +3,7 @@ when its channel is notified, and a goal submit that sees a live promise notifie
 instead of publishing a dispatch message. PostgreSQL only (LISTEN/NOTIFY); on SQLite nothing
 here runs and every submit publishes its message."""
 
-from sqlalchemy import bindparam, func, literal, select
+from sqlalchemy import Text, bindparam, cast, func, select
 
 from agent_radar.models.base import table_of
 from agent_radar.models.coordination import GoalPuller
@@ -15,22 +15,28 @@ PULLERS = table_of(GoalPuller)
 # that read the promise before and commits after still finds it there).
 PROMISE_S = 1.0
 RENEW_S = 0.5
-# Promises dead this long (a killed process's) are deleted by the next holder that renews.
+# Promises dead this long (a killed process's) are deleted by the next puller that connects.
 FORGET_AFTER_S = 60
 
 # The end of a goal submit's write (workflows/goals/submit.py): notify one live puller, the
 # one whose channel hashes least with the session (so a session's operations go to the same
 # puller while the pullers stay the same, and the sessions spread over them), and return a
-# row if there was one. PostgreSQL delivers the notification when the transaction commits:
-# it never arrives ahead of the operation's row.
+# row if there was one. Live by the statement's time, not the transaction's (a submit that
+# waited for its session's lock). The payload names the operation and its session, as a
+# dispatch message does: the puller claims it by name, whatever the clocks say of its due
+# time. PostgreSQL delivers the notification when the transaction commits: it never
+# arrives ahead of the operation's row.
 _CHOSEN = (
     select(PULLERS.c.channel)
-    .where(PULLERS.c.expires_at > func.now())
+    .where(PULLERS.c.expires_at > func.statement_timestamp())
     .order_by(func.hashtext(PULLERS.c.channel + bindparam("b_ws") + "/" + bindparam("b_sid")))
     .limit(1)
     .subquery()
 )
-NOTIFY_PULLER = select(func.pg_notify(_CHOSEN.c.channel, literal(""))).select_from(_CHOSEN)
+_PAYLOAD = func.json_build_array(
+    bindparam("op_operation_id"), bindparam("b_ws"), bindparam("b_sid")
+)
+NOTIFY_PULLER = select(func.pg_notify(_CHOSEN.c.channel, cast(_PAYLOAD, Text))).select_from(_CHOSEN)
 
 # The holder's own statements, on its listening connection (psycopg, autocommit).
 RENEW_SQL = (

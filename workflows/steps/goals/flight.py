@@ -58,6 +58,11 @@ class Steps(Protocol):
     worker_id: str
     lease_s: float
     clock: Callable[[], datetime]
+    pulls: bool
+
+    def dispatch_many(
+        self, operation_ids: list[str], steal: bool = False, session_of: Any = None
+    ) -> list[StepResult]: ...
 
     def attempt(self, claim: Claim) -> Attempt: ...
 
@@ -121,8 +126,7 @@ class Drain:
         self.results: list[StepResult] = []
         self.deadline: float | None = None
         self.stopping = False
-        # A notification said work is due (a pulling worker's drain, pull.py): the next
-        # flush steals, however young the work (no message is on its way for it).
+        # Due work no message is on its way for (worker_drain.py): the next flush steals it.
         self.pulled = False
         # A call may take this long (its total deadline), so a claim whose lease ends sooner
         # is not called. The settings make a lease at least a second longer than a call; a
@@ -299,8 +303,6 @@ class Drain:
         elif event[0] == "work":
             self.eager = self.eager or event[2]
             self.add(event[1])
-        elif event[0] == "due":  # notified (pull.py)
-            self.pulled = self.eager = True
         elif event[0] == "stop":
             self.stopping = True
             self.recheck.clear()  # other workers, or the sweeper, take what is due

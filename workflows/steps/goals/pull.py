@@ -1,12 +1,14 @@
-"""A worker pool process's promise to pull (docs/dispatch.md: pulling under load): while its
-drain runs, the process holds a row in `goal_pullers` and LISTENs on a channel of its own;
-a goal submit that sees a live promise notifies one such channel instead of publishing a
-dispatch message, and the notified drain claims due work as a steal does. PostgreSQL only.
+"""A worker pool process's promise to pull (docs/dispatch.md: pulling): while its drain runs
+and has room, the process holds a row in `goal_pullers` and LISTENs on a channel of its own;
+a goal submit that sees a live promise notifies one such channel, naming its operation and
+session, instead of publishing a dispatch message, and the notified drain claims that
+operation by name, as a message's dispatch does. PostgreSQL only.
 
 Nothing is lost to a puller that dies or lets go at the wrong moment: the operation row is
 the outbox, and any drain's next steal, or the sweeper after its outbox grace, takes what a
 notification reached nobody for."""
 
+import json
 import logging
 import threading
 import time
@@ -14,14 +16,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 
+from agent_radar.models.db import run_transaction
 from agent_radar.models.dialects import dialect_of
 from agent_radar.workflows.goals.pullers import (
     FORGET_AFTER_S,
     FORGET_SQL,
     LET_GO_SQL,
     PROMISE_S,
+    PULLERS,
     RENEW_S,
     RENEW_SQL,
 )
@@ -32,19 +37,33 @@ log = logging.getLogger(__name__)
 # RETRY_MAX_S; meanwhile its promise runs out and submits publish their messages.
 RETRY_S = 0.5
 RETRY_MAX_S = 10.0
+# The listening connection finds a silently dead peer (a half-open TCP connection) within
+# about this long, rather than waiting on it for the kernel's default of many minutes.
+KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2}
+KEEPALIVE |= {"keepalives_count": 3, "tcp_user_timeout": 15_000}
+
+# What a notification names: (operation id, workspace id, session id); None: anything may
+# be due (the puller connected again, and what was notified meanwhile reached nobody).
+Notified = tuple[str, str, str] | None
 
 
-def pulls(engine: Engine) -> bool:
-    """Whether a worker's drain on this database pulls (the database notifies)."""
-    return dialect_of(engine).notifies
+def notified(payload: str) -> Notified:
+    """A notification's payload (workflows/goals/pullers.py), or None if it is not one."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return None
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value):
+        return value[0], value[1], value[2]
+    return None
 
 
 class Puller:
     """The promise and its listening connection, in a thread of their own. `wake` is called
-    (from that thread) on each notification, and once on each (re)connection, when what was
-    notified meanwhile reached nobody."""
+    (from that thread) with what each notification names, and with None once on each
+    (re)connection."""
 
-    def __init__(self, engine: Engine, wake: Callable[[], None]) -> None:
+    def __init__(self, engine: Engine, wake: Callable[[Notified], None]) -> None:
         self.engine = engine
         self.wake = wake
         self.channel = f"agent_radar_pull_{uuid.uuid4().hex}"
@@ -56,16 +75,18 @@ class Puller:
     def start(self) -> None:
         self.thread.start()
 
-    def hold(self) -> None:
-        self.holding = True
-
-    def let_go(self) -> None:
-        self.holding = False
-
     def stop(self) -> None:
-        """Let go and stop listening (within RENEW_S)."""
+        """Let go at once (the row deleted from the caller's thread: submits stop notifying
+        this process now, not at the listening thread's next turn) and stop listening."""
         self.holding = False
         self._stopped.set()
+        try:
+            run_transaction(
+                self.engine,
+                lambda s: s.execute(delete(PULLERS).where(PULLERS.c.channel == self.channel)),
+            )
+        except Exception:  # noqa: BLE001 - the database is away: the promise runs out
+            pass
 
     def _main(self) -> None:
         retry_s = RETRY_S
@@ -79,16 +100,22 @@ class Puller:
                     exc.__class__.__name__,
                     str(exc).splitlines()[0] if str(exc) else "",
                 )
+                if self._connected:
+                    retry_s = RETRY_S
                 self._stopped.wait(retry_s)
                 retry_s = min(retry_s * 2, RETRY_MAX_S)
 
+    _connected = False
+
     def _listen(self) -> None:
-        conn: Any = dialect_of(self.engine).listening_connection(self.engine)
+        self._connected = False
+        conn: Any = dialect_of(self.engine).listening_connection(self.engine, **KEEPALIVE)
         held = False
         try:
             conn.execute(f'LISTEN "{self.channel}"')
             conn.execute(FORGET_SQL, {"after_s": FORGET_AFTER_S})
-            self.wake()
+            self._connected = True
+            self.wake(None)
             renew_at = 0.0
             while not self._stopped.is_set():
                 if self.holding:
@@ -99,8 +126,8 @@ class Puller:
                     conn.execute(LET_GO_SQL, {"channel": self.channel})
                     held = False
                 wait_s = max(0.0, renew_at - time.monotonic()) if self.holding else RENEW_S
-                for _ in conn.notifies(timeout=wait_s):
-                    self.wake()
+                for notification in conn.notifies(timeout=wait_s):
+                    self.wake(notified(notification.payload))
         finally:
             try:
                 if held and not conn.broken:

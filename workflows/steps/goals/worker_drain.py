@@ -6,18 +6,23 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
 from agent_radar.workflows.goals.claims import Claim, Lane, StepResult
+from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
 from agent_radar.workflows.steps.goals.flight import Drain, Steps
 from agent_radar.workflows.steps.goals.host_gate import MAX_IN_FLIGHT
-from agent_radar.workflows.steps.goals.pull import Puller, pulls
+from agent_radar.workflows.steps.goals.pull import Notified, Puller
 
 log = logging.getLogger(__name__)
 
 # A worker's background drain stops (its thread ends) after this long with nothing to do.
 IDLE_EXIT_S = 5.0
+# A process pulls (and claims what notifications name) while it has fewer calls than this:
+# room for one more step.
+ROOM_AT = MAX_IN_FLIGHT - MAX_LANES_PER_STEP
 _lock = threading.RLock()
 
 
@@ -29,13 +34,16 @@ class WorkerDrain(Drain):
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
         self.room = threading.Condition(_lock)
-        # Where the database notifies, the drain pulls while it runs (pull.py): submits
-        # notify it instead of publishing a message. A notification not yet taken is
-        # `_woken`: more of them add nothing to the queue.
-        self.puller = Puller(dispatcher.engine, self._wake) if pulls(dispatcher.engine) else None
+        # Where the database notifies, the drain pulls while it runs and has room (pull.py):
+        # submits notify it instead of publishing a message. What notifications name waits
+        # in `_notified` for the drain's thread; `_woken`: a "due" event is on its way.
+        self.puller = Puller(dispatcher.engine, self._wake) if dispatcher.pulls else None
+        self._notified: deque[Notified] = deque()
         self._woken = False
 
-    def _wake(self) -> None:
+    def _wake(self, what: Notified) -> None:
+        """From the puller's thread: a notification (None: anything may be due)."""
+        self._notified.append(what)
         if not self._woken:
             self._woken = True
             self.events.put(("due",))
@@ -57,20 +65,51 @@ class WorkerDrain(Drain):
                 self.room.notify_all()
 
     def _take(self, event: tuple[Any, ...]) -> None:
+        if event[0] == "due":
+            self._claim_notified()
+        else:
+            super()._take(event)
         if self.puller is not None:
             if event[0] == "stop":
                 self.puller.stop()
-            elif event[0] in ("work", "due"):
-                if event[0] == "due":
-                    self._woken = False
-                self.puller.hold()
-        super()._take(event)
+            elif event[0] in ("work", "due", "done"):
+                # A full process lets its promise go: submits go to other processes' drains
+                # (or publish) until it has room again.
+                self.puller.holding = self.load() < ROOM_AT
+
+    def _claim_notified(self) -> None:
+        """Claim the operations notifications named, by name as their messages' dispatch
+        would (their due time is the submitting client's clock); anything else notified, or
+        whatever this process has no room for now, goes to the next flush's steal (or to a
+        drain that has room, or to the sweeper)."""
+        self._woken = False
+        named: dict[str, tuple[str, str]] = {}
+        while self._notified:
+            what = self._notified.popleft()
+            if what is None:
+                self.pulled = self.eager = True
+            else:
+                named[what[0]] = (what[1], what[2])
+        if not named:
+            return
+        if self.load() >= ROOM_AT:
+            self.pulled = self.eager = True
+            return
+        try:
+            if len(named) == 1:
+                ((op_id, key),) = named.items()
+                self.d.dispatch_many([op_id], steal=True, session_of=key)
+            else:
+                self.d.dispatch_many(list(named), steal=True)
+        except Exception as exc:  # noqa: BLE001 - the database is away: the flush steals later
+            log.warning("goal drain: claiming %d notified operations failed: %s", len(named), exc)
+            self.pulled = self.eager = True
 
     def _may_exit(self) -> bool:
         # Idle with a promise: let it go, and listen for one more idle period (a submit that
         # read the promise just before may commit after) before the drain ends.
         if self.puller is not None and self.puller.holding:
-            self.puller.let_go()
+            self.puller.holding = False
             return False
         with _lock:
             if not self.events.empty():
