@@ -1,6 +1,7 @@
 """The Celery app (docs/architecture.md): JSON only, late acks, one message at a time, two
 queues."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from agent_radar.workflows.adapters.broker import (
 )
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.task_names import RESULT_TASKS
+
+log = logging.getLogger(__name__)
 
 # Hard and soft limits per task; below the Redis visibility timeout so a task never runs
 # twice at once because the broker re-delivered it.
@@ -115,6 +118,12 @@ def create_app(settings: Settings | None = None) -> Celery:
 def _after_fork(**_kwargs) -> None:
     # A forked pool process must not reuse its parent's database connections.
     forget_engines()
+    from agent_radar.tasks.goal_tasks import start_pulling
+
+    try:
+        start_pulling(Settings.from_env())
+    except Exception:  # noqa: BLE001 - then the first dispatch message starts its drain
+        log.exception("goal drain: not started with the process")
 
 
 @worker_process_shutdown.connect

@@ -3,6 +3,7 @@
 from agent_radar.tasks.runtime_context import TaskContext
 from agent_radar.tasks.strict import Routine, strict_task
 from agent_radar.tasks.worker_id import worker_name
+from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.client import AgentRadar
 from agent_radar.workflows.errors import InvalidArgument
 from agent_radar.workflows.operators.catalog import kind_of
@@ -25,6 +26,28 @@ NOT_TAKEN = "not_taken"
 
 def _client(ctx: TaskContext) -> AgentRadar:
     return AgentRadar(settings=ctx.settings, runtime=ctx.runtime, publisher=ctx.publisher)
+
+
+def _dispatcher(ctx: TaskContext) -> Dispatcher:
+    # The client is only needed for the rare resume of an offline session.
+    return Dispatcher(
+        ctx.engine,
+        ctx.runtime,
+        worker_id=worker_name(),
+        lease_s=ctx.settings.lease_s,
+        resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
+        hand_off=True,
+        pull=ctx.settings.pull,
+    )
+
+
+def start_pulling(settings: Settings) -> None:
+    """A pool process's start: where its drain pulls (PostgreSQL, AGENT_RADAR_PULL), the
+    drain and its promise start now, so that submits spread over every process from the
+    first (docs/dispatch.md: pulling); elsewhere the first dispatch message starts it."""
+    dispatcher = _dispatcher(TaskContext(settings))
+    if dispatcher.pulls:
+        worker_drain.running(dispatcher)
 
 
 @strict_task(GOAL_CONTROL_TASK, public=True)
@@ -77,16 +100,7 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
                 field="workspace_id",
             )
         session_of = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
-    # The client is only needed for the rare resume of an offline session.
-    dispatcher = Dispatcher(
-        ctx.engine,
-        ctx.runtime,
-        worker_id=worker_name(),
-        lease_s=ctx.settings.lease_s,
-        resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
-        hand_off=True,
-        pull=ctx.settings.pull,
-    )
+    dispatcher = _dispatcher(ctx)
     # The calls go on in this process's drain (workflows/steps/goals/flight.py); this task only
     # claims, and waits first while the process has as many calls in flight as it takes.
     worker_drain.wait_for_room(ctx.settings.lease_s / 2)

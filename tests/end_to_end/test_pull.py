@@ -1,6 +1,6 @@
-"""Pulling under load end to end (docs/dispatch.md), on PostgreSQL with Redis: real worker
-and beat subprocesses. A worker's drain that runs holds a promise; submits then notify it
-instead of publishing dispatch messages; a notification that reaches nobody (its puller
+"""Pulling end to end (docs/dispatch.md), on PostgreSQL with Redis: real worker and beat
+subprocesses. Each pool process of a worker holds a promise from its start; submits notify
+one instead of publishing dispatch messages; a notification that reaches nobody (its puller
 killed) costs the sweeper's outbox grace, never the operation."""
 
 import time
@@ -46,19 +46,19 @@ def _count_dispatch_messages(client) -> list[dict]:
     return sent
 
 
-def test_a_running_drain_pulls_and_submits_send_no_dispatch_messages(client, stack, sim_control):
+def test_every_pool_process_pulls_from_its_start_and_submits_send_no_messages(
+    client, stack, sim_control
+):
     stack.start_worker(concurrency=2)
+    # Each pool process holds a promise from its start, before any message.
+    eventually(lambda: len(_live_promises(client)) == 2, what="a promise per pool process")
     sent = _count_dispatch_messages(client)
-    first = client.set_goal(WS, "s0", "goal 0", client_submit_id="1")
-    assert client.wait(first, timeout=30).status == "completed"
-    assert len(sent) == 1  # no drain ran yet: the first goes by message
-    eventually(lambda: _live_promises(client), what="the drain's promise")
-    ops = [first]
+    ops = []
     for i in range(30):  # new sessions and sessions seen before
         ops.append(client.set_goal(WS, f"s{i % 12}", f"goal {i}", client_submit_id=f"p{i}"))
     for op in ops:
         assert client.wait(op, timeout=30).status in ("completed", "superseded")
-    assert len(sent) == 1, sent
+    assert sent == []
     completed = {op.operation_id for op in ops if client.wait(op).status == "completed"}
     assert {k: n for k, n in effects_by_operation(sim_control).items() if k in completed} == {
         op_id: 1 for op_id in completed
@@ -91,9 +91,7 @@ def test_a_notified_operation_is_claimed_by_name_whatever_the_clocks_say(
     worker's clock: the notification names them, and the drain claims them by name as their
     message's dispatch would. No beat runs: nothing else could dispatch them."""
     stack.start_worker(concurrency=2)
-    first = client.set_goal(WS, "s0", "goal 0", client_submit_id="1")
-    assert client.wait(first, timeout=30).status == "completed"
-    eventually(lambda: _live_promises(client), what="the drain's promise")
+    eventually(lambda: len(_live_promises(client)) == 2, what="a promise per pool process")
     sent = _count_dispatch_messages(client)
     ahead = utcnow() + timedelta(minutes=1)
     monkeypatch.setattr("agent_radar.workflows.client.goals.utcnow", lambda: ahead)

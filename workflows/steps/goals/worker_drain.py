@@ -18,7 +18,8 @@ from agent_radar.workflows.steps.goals.pull import Notified, Puller
 
 log = logging.getLogger(__name__)
 
-# A worker's background drain stops (its thread ends) after this long with nothing to do.
+# A worker's background drain stops (its thread ends) after this long with nothing to do,
+# unless it pulls (it then runs as long as its process).
 IDLE_EXIT_S = 5.0
 # A process pulls (and claims what notifications name) while it has fewer calls than this:
 # room for one more step.
@@ -78,10 +79,10 @@ class WorkerDrain(Drain):
                 self.puller.holding = self.load() < ROOM_AT
 
     def _claim_notified(self) -> None:
-        """Claim the operations notifications named, by name as their messages' dispatch
-        would (their due time is the submitting client's clock); anything else notified, or
-        whatever this process has no room for now, goes to the next flush's steal (or to a
-        drain that has room, or to the sweeper)."""
+        """The operations notifications named, claimed by name as their messages' dispatch
+        would (their due time is the submitting client's clock): one alone at once, several
+        with the next flush's records. Anything else notified, or what this process has no
+        room for now, goes to the next flush's steal (or another drain's, or the sweeper)."""
         self._woken = False
         named: dict[str, tuple[str, str]] = {}
         while self._notified:
@@ -94,22 +95,21 @@ class WorkerDrain(Drain):
             return
         if self.load() >= ROOM_AT:
             self.pulled = self.eager = True
-            return
-        try:
-            if len(named) == 1:
-                ((op_id, key),) = named.items()
-                self.d.dispatch_many([op_id], steal=True, session_of=key)
-            else:
-                self.d.dispatch_many(list(named), steal=True)
-        except Exception as exc:  # noqa: BLE001 - the database is away: the flush steals later
-            log.warning("goal drain: claiming %d notified operations failed: %s", len(named), exc)
-            self.pulled = self.eager = True
+        elif len(named) == 1 and not self.ready:
+            # Alone, with nothing to record: one call (dispatch.py, the named claim).
+            ((op_id, key),) = named.items()
+            try:
+                self.d.dispatch_many([op_id], session_of=key)
+            except Exception as exc:  # noqa: BLE001 - the database is away: the flush tries
+                log.warning("goal drain: claiming a notified operation failed: %s", exc)
+                self.named.append(op_id)
+        else:
+            # With the records of the next flush, in its transaction (flight.py).
+            self.named += list(named)
 
     def _may_exit(self) -> bool:
-        # Idle with a promise: let it go, and listen for one more idle period (a submit that
-        # read the promise just before may commit after) before the drain ends.
-        if self.puller is not None and self.puller.holding:
-            self.puller.holding = False
+        # A pulling drain runs as long as its process: submits may notify it at any time.
+        if self.puller is not None:
             return False
         with _lock:
             if not self.events.empty():
@@ -129,15 +129,22 @@ class WorkerDrain(Drain):
 _drains: dict[int, WorkerDrain] = {}
 
 
-def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
-    """Give claimed lanes to this process's drain (started if none runs), starting at once
-    the calls whose hosts have a slot (Drain.start_now)."""
+def running(dispatcher: Steps) -> WorkerDrain:
+    """This process's drain, started if none runs. A pulling one (pull.py) starts with the
+    process, and holds its promise from then on."""
     with _lock:
         drain = _drains.get(os.getpid())
         if drain is None or not drain.alive:
             drain = _drains[os.getpid()] = WorkerDrain(dispatcher)
             drain.thread.start()
-        drain.events.put(("work", drain.start_now(work), eager))
+        return drain
+
+
+def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
+    """Give claimed lanes to this process's drain (started if none runs), starting at once
+    the calls whose hosts have a slot (Drain.start_now)."""
+    drain = running(dispatcher)
+    drain.events.put(("work", drain.start_now(work), eager))
 
 
 def wait_for_room(timeout_s: float) -> None:
