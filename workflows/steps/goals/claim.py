@@ -29,7 +29,6 @@ from agent_radar.workflows.goals.statements import (
     MAX_LANES_PER_STEP,
     NEXT_DUE,
     NEXT_DUE_AND_ANYWHERE,
-    OPS_LANES,
     RESCHEDULE_HELD,
     STATE_SYNC,
     STATES_APPLYING,
@@ -180,14 +179,6 @@ class GoalClaims:
     def release(s: Session, lanes: list[Lane]) -> None:
         for token in {lane.token for lane in lanes}:
             leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
-
-    def take_named(self, s: Session, operation_ids: list[str]) -> dict[Lane, Claim | StepResult]:
-        """Claim these operations (notified by name, pull.py) in the caller's transaction:
-        each session's first open one, by name, whatever its due time; a lane someone holds
-        is left to its holder."""
-        params = {"b_ops": operation_ids, "b_now": self.clock()}
-        first = first_per_session(s.connection().execute(OPS_LANES, params))
-        return self._open(s, first, along=list(first))
 
     def next_work(
         self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False

@@ -1,17 +1,22 @@
 """Goal calls in flight: per-host bulkheads, a circuit breaker per host, and the drain that
 records each call's outcome as it finishes (docs/dispatch.md).
 
-A dispatch claims lanes and operations in short transactions (dispatch.py); the calls run
-here, each host within its own limit (`HostGate`), so calls to one host never wait behind
-another's. An outcome is recorded when its call finishes, with whatever else finished
-meanwhile, and its lane takes its next due operation in the same transaction.
+A dispatch claims lanes and their operations in short transactions (dispatch.py); the calls
+then run here, each host within its own limit (`HostGate`): a slow host fills only its own
+slots, so calls to other hosts never wait behind it. A call's outcome is recorded when it
+finishes, together with whatever else finished meanwhile, and its lane takes its next due
+operation in the same transaction; nothing waits for the slowest call of a batch.
 
-In a worker (`hand_off`) the drain is a thread of the pool process; the task that claimed
-the work starts the calls whose hosts have a slot itself (`start_now`) and returns, so a slow
-host holds no pool process (the task waits only at MAX_IN_FLIGHT calls). A claim not called
-(its host full past its queue, its circuit open, the process stopping) is given back
-unattempted, due again later; a worker's drain looks at those sessions again once their work
-is due (`recheck`), so a burst past a host's limit settles at the host's pace.
+In a worker (`hand_off`) the drain runs in a thread of the pool process, and the Celery task
+that claimed the work starts the calls whose hosts have a slot itself (`start_now`: the
+drain's thread may be busy recording) and returns at once, so a slow host holds no pool
+process: the task waits only when the process already has MAX_IN_FLIGHT calls
+(back-pressure). A claim that is not called (its host is full past its queue, or its circuit
+is open, or the process is stopping) is given back unattempted and due again later: a lease
+protects it meanwhile, and a crash leaves it to the sweeper as before. A worker's drain
+looks at the sessions it gave back once their work is due again (`recheck`) and takes it if
+its lane is free, so a burst past a host's limit settles at the host's pace without waiting
+for a sweep.
 """
 
 import logging
@@ -71,15 +76,12 @@ class Steps(Protocol):
         self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False
     ) -> dict[Lane, Claim | StepResult]: ...
 
-    def take_named(
-        self, s: Session, operation_ids: list[str]
-    ) -> dict[Lane, Claim | StepResult]: ...
-
     def unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
 
 
-# A lane takes at most this many operations in a row before it lets go (others take the
-# rest); a synchronous drain also stops claiming after DRAIN_BUDGET_S.
+# A lane takes at most this many operations in a row before it lets go (another worker, or
+# the next message, takes the rest); a synchronous drain also stops claiming after
+# DRAIN_BUDGET_S.
 LANE_MAX_STEPS = 64
 DRAIN_BUDGET_S = 60.0
 WAIT_POLL_S = 0.05
@@ -124,9 +126,8 @@ class Drain:
         self.results: list[StepResult] = []
         self.deadline: float | None = None
         self.stopping = False
-        # Due work no message is on its way for (worker_drain.py): the next flush steals it,
-        # and takes the operations notifications `named`.
-        self.pulled, self.named = False, list[str]()
+        # Due work no message is on its way for (worker_drain.py): the next flush steals it.
+        self.pulled = False
         # A call may take this long (its total deadline), so a claim whose lease ends sooner
         # is not called. The settings make a lease at least a second longer than a call; a
         # dispatcher made by hand with a shorter lease needs a second of it left.
@@ -257,7 +258,7 @@ class Drain:
         while True:
             self._admit_waiting()
             rechecks = idle_exit_s is not None and self._rechecks_due()
-            if self.ready or self.give_back or self.pulled or self.named or rechecks:
+            if self.ready or self.give_back or self.pulled or rechecks:
                 if self._flush():
                     retry_s = FLUSH_RETRY_S
                     continue
@@ -339,7 +340,6 @@ class Drain:
         steal = (self.steal or self.pulled) and not over and room
         eager = self.eager
         transitions = self.gate.take_transitions()
-        named = self.named
 
         def finish(s: Session):
             now = self.d.clock()
@@ -357,7 +357,7 @@ class Drain:
             # Dispatcher._next: a worker that found one of these lanes held had committed its
             # operation before, so this statement sees it).
             more = self.d.next_work(s, keys, steal, eager) if keys or steal else {}
-            return recorded, {**more, **self.d.take_named(s, named)} if named else more
+            return recorded, more
 
         try:
             recorded, more = run_transaction(self.d.engine, finish, direct=True)
@@ -375,7 +375,7 @@ class Drain:
         for lane, _claim, retry_s in give_back:
             if retry_s and not self.stopping:  # due from `now` on: look once it is
                 self.recheck[(lane.workspace_id, lane.session_id)] = time.monotonic() + retry_s
-        self.pulled, self.named = False, []
+        self.pulled = False
         if steal:  # what was due is taken (or taken by others); a full process waits
             self.eager = self.always_eager
         if attempts:

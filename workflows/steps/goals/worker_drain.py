@@ -80,9 +80,9 @@ class WorkerDrain(Drain):
 
     def _claim_notified(self) -> None:
         """The operations notifications named, claimed by name as their messages' dispatch
-        would (their due time is the submitting client's clock): one alone at once, several
-        with the next flush's records. Anything else notified, or what this process has no
-        room for now, goes to the next flush's steal (or another drain's, or the sweeper)."""
+        would (their due time is the submitting client's clock): one alone in one call (the
+        named claim), several in one dispatch. Anything else notified, or what this process
+        has no room for now, goes to the next flush's steal (or another's, or the sweeper)."""
         self._woken = False
         named: dict[str, tuple[str, str]] = {}
         while self._notified:
@@ -95,17 +95,18 @@ class WorkerDrain(Drain):
             return
         if self.load() >= ROOM_AT:
             self.pulled = self.eager = True
-        elif len(named) == 1 and not self.ready:
-            # Alone, with nothing to record: one call (dispatch.py, the named claim).
-            ((op_id, key),) = named.items()
-            try:
+            return
+        # Only what they name: every submit notifies some puller, and the flushes' steals
+        # take the rest.
+        try:
+            if len(named) == 1:
+                ((op_id, key),) = named.items()
                 self.d.dispatch_many([op_id], session_of=key)
-            except Exception as exc:  # noqa: BLE001 - the database is away: the flush tries
-                log.warning("goal drain: claiming a notified operation failed: %s", exc)
-                self.named.append(op_id)
-        else:
-            # With the records of the next flush, in its transaction (flight.py).
-            self.named += list(named)
+            else:
+                self.d.dispatch_many(list(named))
+        except Exception as exc:  # noqa: BLE001 - the database is away: the flush steals later
+            log.warning("goal drain: claiming %d notified operations failed: %s", len(named), exc)
+            self.pulled = self.eager = True
 
     def _may_exit(self) -> bool:
         # A pulling drain runs as long as its process: submits may notify it at any time.
