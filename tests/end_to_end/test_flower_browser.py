@@ -162,7 +162,8 @@ def rows(dom: str, task_name: str) -> int:
 
 def test_flower_task_list_in_a_browser(settings, client, stack, tmp_path):
     flower = Flower(stack)
-    stack.start_worker(concurrency=1)
+    # Each goal by its dispatch message (a worker that pulls sends none: docs/dispatch.md).
+    stack.start_worker(concurrency=1, extra_env={"AGENT_RADAR_PULL": "false"})
     eventually(flower.sees_a_worker, 60, what="Flower to see the worker")
     publisher = TaskPublisher(settings)
     try:

@@ -69,7 +69,8 @@ def _last_sweep(client):
 def test_flower_sees_each_submit_and_not_the_sweep(settings, client, stack, sim_control):
     watcher = Watcher(settings).start()
     try:
-        stack.start_worker(concurrency=1)
+        # Each goal by its dispatch message (a worker that pulls sends none: docs/dispatch.md).
+        stack.start_worker(concurrency=1, extra_env={"AGENT_RADAR_PULL": "false"})
         # The worker's own announcement proves the watcher is listening.
         eventually(lambda: "worker-online" in watcher.types, timeout_s=60, what="worker-online")
         stack.start_beat()

@@ -17,6 +17,8 @@ from agent_radar.workflows.client import AgentRadar
 from tests.helpers import dispatching, effects_by_operation, eventually, row_counts
 
 WS = "ws-e2e"
+# A worker that does not pull (docs/dispatch.md): goals go by dispatch message only.
+NO_PULL = {"AGENT_RADAR_PULL": "false"}
 
 
 def settled(client, op, timeout_s=60):
@@ -88,7 +90,8 @@ def test_a_publish_lost_after_commit_is_republished_by_the_sweeper(
     lossy = AgentRadar(settings=settings, publisher=LosingPublisher(settings))
     op = lossy.set_goal(WS, "outbox", "survive", client_submit_id="1")
     assert op.status == "prepared"  # accepted and durable even though publishing failed
-    stack.start_worker()
+    # Not pulling: a worker that pulls looks for due work as it connects and takes it first.
+    stack.start_worker(extra_env=NO_PULL)
     time.sleep(0)  # nothing will dispatch it but the sweeper
     assert lossy.get_goal_operation(op.operation_id).status == "prepared"
     stack.start_beat()
@@ -156,7 +159,7 @@ def test_a_paused_lease_holder_cannot_write(client, stack, sim_control, settings
 
 
 def test_two_beats_sweep_one_at_a_time(client, stack, sim_control, settings):
-    stack.start_worker()
+    stack.start_worker(extra_env=NO_PULL)  # the lost messages left to the sweeps
     stack.start_beat("beat-a")
     stack.start_beat("beat-b")
     lossy = AgentRadar(settings=settings, publisher=LosingPublisher(settings))
