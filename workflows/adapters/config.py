@@ -61,10 +61,12 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
     if raw in (None, ""):
         return default
-    value = {"true": True, "1": True, "yes": True, "on": True}.get(raw.strip().lower())
-    if value is None and raw.strip().lower() not in ("false", "0", "no", "off"):
-        raise ValueError(f"{name} must be true or false, got {raw!r}")
-    return bool(value)
+    word = raw.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {raw!r}")
 
 
 def _float(

@@ -11,8 +11,8 @@ from agent_radar.models.coordination import GoalPuller
 PULLERS = table_of(GoalPuller)
 
 # A promise lasts PROMISE_S past its last renewal (the database's clock); its holder renews
-# it every RENEW_S. A holder that lets go deletes it and keeps listening a while (a submit
-# that read the promise before and commits after still finds it there).
+# it every RENEW_S. A holder that lets go (its process full, or stopping) deletes it; one that
+# is full keeps listening (a submit that read the promise before may commit after).
 PROMISE_S = 1.0
 RENEW_S = 0.5
 # Promises dead this long (a killed process's) are deleted by the next puller that connects.

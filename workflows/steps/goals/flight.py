@@ -79,11 +79,12 @@ class Steps(Protocol):
     def unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
 
 
-# A lane takes at most this many operations in a row before it lets go (another worker, or
-# the next message, takes the rest); a synchronous drain also stops claiming after
-# DRAIN_BUDGET_S.
+# A lane takes at most this many operations in a row before it lets go (others take the
+# rest); a synchronous drain also stops claiming after DRAIN_BUDGET_S.
 LANE_MAX_STEPS = 64
 DRAIN_BUDGET_S = 60.0
+# A drain takes more work (a steal, what notifications name) while it has fewer calls.
+ROOM_AT = MAX_IN_FLIGHT - MAX_LANES_PER_STEP
 WAIT_POLL_S = 0.05
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -128,9 +129,8 @@ class Drain:
         self.stopping = False
         # Due work no message is on its way for (worker_drain.py): the next flush steals it.
         self.pulled = False
-        # A call may take this long (its total deadline), so a claim whose lease ends sooner
-        # is not called. The settings make a lease at least a second longer than a call; a
-        # dispatcher made by hand with a shorter lease needs a second of it left.
+        # A call may take this long (its total deadline): a claim whose lease ends sooner is
+        # not called (the settings make a lease a second longer; one made by hand needs it).
         timeout_s = float(getattr(dispatcher.runtime, "timeout_s", 10.0))
         self.call_s = max(0.0, min(timeout_s, dispatcher.lease_s - 1))
 
@@ -336,7 +336,7 @@ class Drain:
         keys = [key for key, n in counts.items() if not over and n < LANE_MAX_STEPS]
         rechecked = self._rechecks_due()
         keys += [key for key in rechecked if key not in counts and not over]
-        room = self.load() < MAX_IN_FLIGHT - MAX_LANES_PER_STEP
+        room = self.load() < ROOM_AT
         steal = (self.steal or self.pulled) and not over and room
         eager = self.eager
         transitions = self.gate.take_transitions()

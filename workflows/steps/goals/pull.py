@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 
 from agent_radar.models.db import run_transaction
@@ -26,7 +25,6 @@ from agent_radar.workflows.goals.pullers import (
     FORGET_SQL,
     LET_GO_SQL,
     PROMISE_S,
-    PULLERS,
     RENEW_S,
     RENEW_SQL,
 )
@@ -77,13 +75,16 @@ class Puller:
 
     def stop(self) -> None:
         """Let go at once (the row deleted from the caller's thread: submits stop notifying
-        this process now, not at the listening thread's next turn) and stop listening."""
+        this process now, not at the listening thread's next turn) and stop listening. Once:
+        the drain's end stops it again."""
+        if self._stopped.is_set():
+            return
         self.holding = False
         self._stopped.set()
         try:
             run_transaction(
                 self.engine,
-                lambda s: s.execute(delete(PULLERS).where(PULLERS.c.channel == self.channel)),
+                lambda s: s.connection().exec_driver_sql(LET_GO_SQL, {"channel": self.channel}),
             )
         except Exception:  # noqa: BLE001 - the database is away: the promise runs out
             pass
@@ -130,7 +131,8 @@ class Puller:
                     self.wake(notified(notification.payload))
         finally:
             try:
-                if held and not conn.broken:
+                # (Stopped: stop() deleted it already.)
+                if held and not conn.broken and not self._stopped.is_set():
                     conn.execute(LET_GO_SQL, {"channel": self.channel})
             finally:
                 conn.close()

@@ -11,8 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from agent_radar.workflows.goals.claims import Claim, Lane, StepResult
-from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
-from agent_radar.workflows.steps.goals.flight import Drain, Steps
+from agent_radar.workflows.steps.goals.flight import ROOM_AT, Drain, Steps
 from agent_radar.workflows.steps.goals.host_gate import MAX_IN_FLIGHT
 from agent_radar.workflows.steps.goals.pull import Notified, Puller
 
@@ -21,9 +20,6 @@ log = logging.getLogger(__name__)
 # A worker's background drain stops (its thread ends) after this long with nothing to do,
 # unless it pulls (it then runs as long as its process).
 IDLE_EXIT_S = 5.0
-# A process pulls (and claims what notifications name) while it has fewer calls than this:
-# room for one more step.
-ROOM_AT = MAX_IN_FLIGHT - MAX_LANES_PER_STEP
 _lock = threading.RLock()
 
 
