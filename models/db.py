@@ -164,23 +164,21 @@ def bound(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
 _together: dict[tuple[Any, ...], Any] = {}
 
 
-def execute_writes(session: Session, statements: Sequence[Any], params: dict[str, Any]) -> Any:
-    """Run these prebuilt writes on one dict of bound parameters; the last one's result
-    (the others' results nobody reads). On PostgreSQL they go as one statement, all but the
-    last in a WITH clause (data-modifying CTEs, which run whether read or not): one round
-    trip instead of one each. Elsewhere they run one after another. PostgreSQL runs the
-    parts on one snapshot in no set order, so no two of them may touch the same row, and
-    none may depend on another's effect."""
+def execute_writes(session: Session, statements: Sequence[Any], params: dict[str, Any]) -> None:
+    """Run these prebuilt writes, whose results nobody reads, on one dict of bound
+    parameters. On PostgreSQL they go as one statement, all but the last in a WITH clause
+    (data-modifying CTEs): one round trip instead of one each. Elsewhere they run one after
+    another. PostgreSQL runs the parts on one snapshot in no set order, so no two of them
+    may touch the same row, and none may depend on another's effect."""
     conn = session.connection()
     if not dialect_of(conn).writes_together or len(statements) == 1:
-        result = None
         for statement in statements:
-            result = conn.execute(statement, params)
-        return result
+            conn.execute(statement, params)
+        return
     key = tuple(statements)
     combined = _together.get(key)
     if combined is None:
         *firsts, combined = statements
         combined = combined.add_cte(*(part.cte(f"write_{i}") for i, part in enumerate(firsts)))
         _together[key] = combined
-    return conn.execute(combined, params)
+    conn.execute(combined, params)

@@ -75,6 +75,7 @@ def test_a_notification_nobody_takes_is_dispatched_by_the_sweeper(client, stack,
     )
     sent = _count_dispatch_messages(client)
     op = client.set_goal(WS, "lost", "still applied", client_submit_id="1")
+    assert client.flush()
     assert sent == []  # notified, not published
     stack.start_worker(concurrency=2)
     stack.start_beat()

@@ -144,8 +144,10 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
         second = client.set_goal(WS, SID, "two", client_submit_id="s-2")  # supersedes
         existing_session = list(statements)
     if backend == "production":
-        assert new_session == ["SELECT", "WITH"]
-        assert existing_session == ["SELECT", "SELECT", "WITH"]
+        # Each then, after its commit, notifies the workers that pull (the last SELECT; none
+        # pull here, and its message is published).
+        assert new_session == ["SELECT", "WITH", "SELECT"]
+        assert existing_session == ["SELECT", "SELECT", "WITH", "SELECT"]
     assert client.get_goal_operation(first.operation_id).status == "superseded"
     assert client.get_goal_operation(second.operation_id).status == "prepared"
     state = client.goal_state(WS, SID)
@@ -499,6 +501,7 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         client.clear_goal(WS, "b2", client_submit_id="c-1"),
         client.pause_goal(WS, "b3", client_submit_id="p-1"),
     ]
+    assert client.flush()  # their messages (or notifications) sent, by the client's engine
     # Each call's outcome is recorded as it finishes, together with whatever else finished
     # meanwhile (workflows/steps/goals/flight.py): here all four are held until every one has its
     # answer, so they come in at once and are recorded together.

@@ -1,5 +1,5 @@
 """Pulling under load (docs/dispatch.md), on PostgreSQL: a puller's promise and channel, and
-the goal submit that notifies one instead of asking for a dispatch message."""
+the client's notification of committed goal operations instead of a dispatch message."""
 
 from datetime import timedelta
 
@@ -10,8 +10,9 @@ from agent_radar.models.base import utcnow
 from agent_radar.models.coordination import GoalPuller
 from agent_radar.models.db import run_transaction
 from agent_radar.models.dialects import dialect_of
-from agent_radar.workflows.goals.submit import GoalRequest, submit
+from agent_radar.workflows.goals import pullers
 from agent_radar.workflows.steps.goals.pull import Puller, notified
+from agent_radar.workflows.validation import MAX_ID_CHARS
 from tests.helpers import eventually
 
 ON_POSTGRESQL = pytest.mark.parametrize("backend", ["production"])
@@ -34,9 +35,8 @@ def _promises(engine) -> dict[str, object]:
     )
 
 
-def _submit(engine, sid: str, submit_id: str = "1"):
-    request = GoalRequest.parse("ws-pull", sid, "set", f"goal {sid}", client_submit_id=submit_id)
-    return run_transaction(engine, lambda s: submit(s, request, utcnow(), notify=True))
+def _notify(engine, named) -> set[str]:
+    return run_transaction(engine, lambda s: pullers.notify(s, named))
 
 
 @ON_POSTGRESQL
@@ -49,18 +49,22 @@ def test_a_puller_holds_its_promise_wakes_on_notification_and_lets_go(client):
         eventually(lambda: wakes.seen and puller.channel in _promises(client.engine))
         assert wakes.seen == [None]
         assert _promises(client.engine)[puller.channel] > utcnow()
-        op, created, notified = _submit(client.engine, "s1")
-        assert created and notified
+        op = client.set_goal("ws-pull", "s1", "goal s1", client_submit_id="1")
+        assert client.flush()
         # The notification names the operation and its session.
         eventually(lambda: len(wakes.seen) == 2, what="the notification's wake")
-        assert wakes.seen[1] == (op.operation_id, "ws-pull", "s1")
-        # A replay notifies nobody: it asks for nothing.
-        assert _submit(client.engine, "s1")[1:] == (False, False)
+        assert wakes.seen[1] == [(op.operation_id, "ws-pull", "s1")]
+        # A replay notifies nobody: it asks for nothing. The next wake is the next submit's.
+        client.set_goal("ws-pull", "s1", "goal s1", client_submit_id="1")
+        op2 = client.set_goal("ws-pull", "s1", "goal s1 again", client_submit_id="2")
+        assert client.flush()
+        eventually(lambda: len(wakes.seen) == 3, what="the second notification's wake")
+        assert wakes.seen[2] == [(op2.operation_id, "ws-pull", "s1")]
 
         puller.holding = False
         eventually(lambda: puller.channel not in _promises(client.engine), what="let go")
-        _op, created, notified = _submit(client.engine, "s2")
-        assert created and not notified  # no promise: the submit publishes its message
+        # No promise: nobody is told, the client publishes its message.
+        assert _notify(client.engine, [("op-x", "ws-pull", "s2")]) == set()
         puller.holding = True
         eventually(lambda: puller.channel in _promises(client.engine), what="held again")
     finally:
@@ -72,8 +76,20 @@ def test_a_puller_holds_its_promise_wakes_on_notification_and_lets_go(client):
 
 
 def test_a_payload_that_is_not_a_notification_names_nothing():
-    assert notified('["op", "ws", "s1"]') == ("op", "ws", "s1")
-    for payload in ("", "op", "[1, 2, 3]", '["op", "ws"]', "{}", '["a", "b", "c", "d"]', '["x'):
+    assert notified('[["op", "ws", "s1"]]') == [("op", "ws", "s1")]
+    assert notified('[["a", "w", "s"], ["b", "w", "t"]]') == [("a", "w", "s"), ("b", "w", "t")]
+    for payload in (
+        "",
+        "op",
+        "[]",
+        '["op", "ws", "s1"]',
+        "[[1, 2, 3]]",
+        '[["op", "ws"]]',
+        "{}",
+        '[["a", "b", "c", "d"]]',
+        '[["a", "b", "c"], "d"]',
+        '["x',
+    ):
         assert notified(payload) is None, payload
 
 
@@ -89,22 +105,53 @@ def test_an_expired_promise_is_not_notified_and_sessions_spread_over_live_ones(c
             + [GoalPuller(channel="agent_radar_pull_dead", expires_at=now - timedelta(1))]
         ),
     )
-    # Which channel each submit notified, as a listener on every channel sees it.
+    # Which channel each operation was told on, as a listener on every channel sees it.
     conn = dialect_of(engine).listening_connection(engine)
     try:
         for channel in [*live, "agent_radar_pull_dead"]:
             conn.execute(f'LISTEN "{channel}"')
-        for i in range(40):
-            assert _submit(engine, f"s{i}")[2]
-        for i in range(40):  # a session's next operation goes where its first went
-            assert _submit(engine, f"s{i}", "2")[2]
-        seen = [n.channel for n in conn.notifies(timeout=2, stop_after=80)]
+        first = [(f"op{i}", "ws-pull", f"s{i}") for i in range(40)]
+        # A session's next operation goes where its first went.
+        second = [(f"op{i}-2", "ws-pull", f"s{i}") for i in range(40)]
+        assert _notify(engine, first) == {op for op, _, _ in first}
+        assert _notify(engine, second) == {op for op, _, _ in second}
+        seen = list(conn.notifies(timeout=2, stop_after=4))
     finally:
         conn.close()
-    assert len(seen) == 80 and set(seen) == live
-    assert seen[:40] == seen[40:]
+    # One notification per puller and statement, the operations spread over the live ones.
+    assert len(seen) == 4 and {n.channel for n in seen} == live
+    told = {}
+    for n in seen:
+        for op, _ws, sid in notified(n.payload):
+            told[op] = (n.channel, sid)
+    assert set(told) == {op for op, _, _ in first + second}
+    for i in range(40):
+        assert told[f"op{i}"] == told[f"op{i}-2"]
 
-    # Every promise expired: nothing is notified, the submit asks for a message.
+    # Every promise expired: nobody is told, the client publishes the messages.
     run_transaction(engine, lambda s: s.execute(update(GoalPuller).values(expires_at=now)))
-    assert _submit(engine, "s-late")[1:] == (True, False)
+    assert _notify(engine, [("op-late", "ws-pull", "s-late")]) == set()
     run_transaction(engine, lambda s: s.execute(delete(GoalPuller)))
+
+
+@ON_POSTGRESQL
+def test_long_names_are_told_in_payloads_postgresql_accepts(client):
+    engine = client.engine
+    channel = "agent_radar_pull_long"
+    run_transaction(
+        engine,
+        lambda s: s.add(GoalPuller(channel=channel, expires_at=utcnow() + timedelta(hours=1))),
+    )
+    # The longest ids there are, in characters of four UTF-8 bytes (and JSON escapes).
+    wide = "\U0001f600" * (MAX_ID_CHARS - 2) + '"\\'
+    named = [(f"{i:03d}" + wide[3:], wide, wide) for i in range(16)]
+    conn = dialect_of(engine).listening_connection(engine)
+    try:
+        conn.execute(f'LISTEN "{channel}"')
+        assert _notify(engine, named) == {op for op, _, _ in named}
+        seen = list(conn.notifies(timeout=2, stop_after=len(named)))
+    finally:
+        conn.close()
+        run_transaction(engine, lambda s: s.execute(delete(GoalPuller)))
+    assert all(len(n.payload.encode()) < 8000 for n in seen)
+    assert sorted(one for n in seen for one in notified(n.payload)) == sorted(named)

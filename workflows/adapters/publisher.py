@@ -159,7 +159,7 @@ class TaskPublisher:
         the last submit began."""
         self._lock = threading.Lock()
         self._changed = threading.Condition()
-        self._waiting: dict[tuple[str, str], list[_Waiting]] = {}
+        self._waiting: dict[_Key, list[_Waiting]] = {}
         self._submitting = 0
         self._pending = 0
         self._sending = False
@@ -173,7 +173,9 @@ class TaskPublisher:
         self._fresh_state()
 
     @contextmanager
-    def coalescing(self, task_name: str, list_kwarg: str) -> Iterator[Callable[..., None]]:
+    def coalescing(
+        self, task_name: str, list_kwarg: str, divert: "Divert | None" = None
+    ) -> Iterator[Callable[..., None]]:
         """Wrap a submit that may publish one item in the list argument `list_kwarg` of a
         `task_name` message: the block commits, then calls the yielded function with its
         item (and its label, see `publish`). Leaving the block hands the item to this
@@ -186,6 +188,9 @@ class TaskPublisher:
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
         for the sender.
 
+        `divert(pairs of (item, alone))`, before a message is sent, returns the items it
+        delivered otherwise (docs/dispatch.md: pulling); the message carries the rest, if any.
+
         A lone submit (none other of this process began within COALESCE_LINGER_S before it or
         is in its transaction, no message on its way or waiting) has nothing to share its
         message with: it publishes the message itself before it returns, rather than wait
@@ -194,7 +199,7 @@ class TaskPublisher:
         submit publishes itself only while the last message went out: once one failed (the
         broker is down, most likely), submits hand over and return at once until one goes
         out again."""
-        key = (task_name, list_kwarg)
+        key = (task_name, list_kwarg, divert)
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
@@ -239,7 +244,7 @@ class TaskPublisher:
         published, False if that failed (logged; the committed row is the outbox)."""
         mine = _Waiting(item)
         with self._changed:
-            self._hand_over((task_name, list_kwarg), mine)
+            self._hand_over((task_name, list_kwarg, None), mine)
             self._changed.notify_all()
             while mine.published is None:
                 self._changed.wait()
@@ -254,7 +259,7 @@ class TaskPublisher:
                 self._changed.wait(left)
             return not self._pending
 
-    def _hand_over(self, key: tuple[str, str], waiting: "_Waiting") -> None:
+    def _hand_over(self, key: "_Key", waiting: "_Waiting") -> None:
         # The caller holds `_changed` and notifies.
         self._waiting.setdefault(key, []).append(waiting)
         self._pending += 1
@@ -274,7 +279,7 @@ class TaskPublisher:
                 self._sending = False
             raise
 
-    def _next_batch(self) -> tuple[tuple[str, str], list["_Waiting"]] | None:
+    def _next_batch(self) -> tuple["_Key", list["_Waiting"]] | None:
         with self._changed:
             idle_until = time.monotonic() + self.sender_idle_s
             while not self._waiting:
@@ -294,15 +299,19 @@ class TaskPublisher:
                 self._changed.wait(left)
             return key, self._waiting.pop(key)
 
-    def _publish_batch(self, key: tuple[str, str], batch: list["_Waiting"]) -> None:
-        """A message per COALESCE_MAX_ITEMS items. Once one failed (after its retries), the
-        rest are left to the sweeper too, rather than each waiting out the retries; so is
-        the rest of a batch that an unexpected error cut short."""
-        task_name, list_kwarg = key
+    def _publish_batch(self, key: "_Key", batch: list["_Waiting"]) -> None:
+        """A message per COALESCE_MAX_ITEMS items, of those the key's divert did not take.
+        Once one failed (after its retries), the rest are left to the sweeper too, rather
+        than each waiting out the retries; so is the rest of a batch that an unexpected error
+        cut short."""
+        task_name, list_kwarg, divert = key
         settled = 0
+        rest = batch
         try:
-            for start in range(0, len(batch), COALESCE_MAX_ITEMS):
-                chunk = batch[start : start + COALESCE_MAX_ITEMS]
+            if divert is not None:
+                rest = self._divert(divert, batch)
+            for start in range(0, len(rest), COALESCE_MAX_ITEMS):
+                chunk = rest[start : start + COALESCE_MAX_ITEMS]
                 labels = "; ".join(w.label for w in chunk if w.label)
                 kwargs = {list_kwarg: [w.item for w in chunk]}
                 if len(chunk) == 1 and chunk[0].alone:
@@ -313,7 +322,17 @@ class TaskPublisher:
                 if not ok:
                     break
         finally:
-            self._settle(batch[settled:], False)
+            self._settle(rest[settled:], False)
+
+    def _divert(self, divert: "Divert", batch: list["_Waiting"]) -> list["_Waiting"]:
+        """Settle what `divert` delivers of `batch`; the rest, for messages."""
+        try:
+            taken = divert([(w.item, w.alone) for w in batch])
+        except Exception as exc:  # noqa: BLE001 - the messages carry them all
+            log.warning("%d items go by message: %s: %s", len(batch), type(exc).__name__, exc)
+            return batch
+        self._settle([w for w in batch if w.item in taken], True)
+        return [w for w in batch if w.item not in taken]
 
     def _settle(self, items: list["_Waiting"], published: bool) -> None:
         with self._changed:
@@ -357,6 +376,11 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+# A coalescing's divert (see `coalescing`); its key: (task, list argument, divert).
+Divert = Callable[[list[tuple[Any, dict[str, Any] | None]]], set[Any]]
+_Key = tuple[str, str, Divert | None]
 
 
 class _Waiting:

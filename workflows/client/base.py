@@ -83,21 +83,20 @@ class ClientBase:
         return cls()
 
     def _accept(
-        self, work, task: str, message, coalesce_into: str | None = None, alone=None
+        self, work, task: str, message, coalesce_into: str | None = None, alone=None, divert=None
     ) -> Any:
-        """Commit an intent (`work(session) -> (record, created[, notified])`), then
-        publish its task. A replay publishes nothing, nor does an intent whose transaction
-        notified a worker that takes it (a goal submit while a worker pulls, docs/dispatch.md);
-        a failed publish is left to the sweeper (the row is the outbox). With
-        `coalesce_into`, `message(record)` is one item of that list argument, handed to the
-        publisher's sender thread, which shares a message among the submits of this process;
-        the call returns after the commit (`flush` waits for the message, and `close` or the
-        end of the process publishes what is left). `alone(record)` gives the more arguments
-        of a message that carries this item alone."""
+        """Commit an intent (`work(session) -> (record, created)`), then publish its task.
+        A replay publishes nothing; a failed publish is left to the sweeper (the row is
+        the outbox). With `coalesce_into`, `message(record)` is one item of that list
+        argument, handed to the publisher's sender thread, which shares a message among the
+        submits of this process; the call returns after the commit (`flush` waits for the
+        message, and `close` or the end of the process publishes what is left). `alone(record)`
+        gives the more arguments of a message that carries this item alone; `divert` may
+        take items out of a message before it is sent (see `TaskPublisher.coalescing`)."""
         if coalesce_into:
-            with self.publisher.coalescing(task, coalesce_into) as publish:
-                record, created, *notified = run_transaction(self.engine, work, direct=True)
-                if created and not any(notified):
+            with self.publisher.coalescing(task, coalesce_into, divert) as publish:
+                record, created = run_transaction(self.engine, work, direct=True)
+                if created:
                     publish(message(record), _label(record), alone and alone(record))
             return record
         record, created = run_transaction(self.engine, work)

@@ -1,15 +1,19 @@
 """The client's goal control and fences (docs/lifecycles.md; docs/packaging.md)."""
 
+from functools import cached_property
+
 from sqlalchemy import select
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
+from agent_radar.models.dialects import dialect_of
 from agent_radar.models.tables import GoalFence as GoalFenceRow
 from agent_radar.models.tables import GoalOperation as GoalOperationRow
 from agent_radar.models.tables import GoalState as GoalStateRow
 from agent_radar.workflows import ids, records
 from agent_radar.workflows.client.base import ClientBase
 from agent_radar.workflows.errors import NotFound
+from agent_radar.workflows.goals import pullers
 from agent_radar.workflows.goals.fencing import FenceRequest, submit_fence
 from agent_radar.workflows.goals.submit import GoalRequest, load_operation, submit
 from agent_radar.workflows.records import (
@@ -45,14 +49,26 @@ class GoalCalls(ClientBase):
             expected_revision=expected_revision,
         )
         return self._accept(
-            lambda s: submit(s, request, utcnow(), notify=True),
+            lambda s: submit(s, request, utcnow()),
             DISPATCH_TASK,
             lambda op: op.operation_id,
             coalesce_into="operation_ids",
             # A message of this operation alone names its session too: the worker then
             # takes the session's lane without reading it first (checked by the claim).
             alone=lambda op: {"workspace_id": op.workspace_id, "session_id": op.session_id},
+            divert=self._notify_pullers if self._pulls else None,
         )
+
+    @cached_property
+    def _pulls(self) -> bool:
+        return self.settings.pull and dialect_of(self.engine).notifies
+
+    def _notify_pullers(self, items: list[tuple[str, dict[str, str]]]) -> set[str]:
+        """The publisher's divert of dispatch items (docs/dispatch.md: pulling): committed
+        operations are notified to the workers that pull, their messages not sent; the ids
+        of those notified."""
+        named = [(op_id, alone["workspace_id"], alone["session_id"]) for op_id, alone in items]
+        return run_transaction(self.engine, lambda s: pullers.notify(s, named), direct=True)
 
     def set_goal(
         self, workspace_id, session_id, objective, *, client_submit_id, expected_revision=None

@@ -95,7 +95,7 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tupl
     if state is not None and state.revision == target.goal_revision:
         # The fenced generation is still the current goal: clear it. If the owner has set a
         # newer goal since, nothing is cleared — a fence never touches a newer goal.
-        clear, _created, _notified = submit(
+        clear, _created = submit(
             session,
             GoalRequest(
                 workspace_id=request.workspace_id,

@@ -1,42 +1,72 @@
 """Pulling under load (docs/dispatch.md): a worker pool process promises to take due goal work
-when its channel is notified, and a goal submit that sees a live promise notifies a channel
-instead of publishing a dispatch message. PostgreSQL only (LISTEN/NOTIFY); on SQLite nothing
-here runs and every submit publishes its message."""
+when its channel is notified, and a client that committed goal operations notifies the
+channels of live promises instead of publishing a dispatch message. PostgreSQL only
+(LISTEN/NOTIFY); on SQLite nothing here runs and every submit publishes its message."""
 
-from sqlalchemy import Text, bindparam, cast, func, select
+import json
 
-from agent_radar.models.base import table_of
-from agent_radar.models.coordination import GoalPuller
-
-PULLERS = table_of(GoalPuller)
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 # A promise lasts PROMISE_S past its last renewal (the database's clock); its holder renews
 # it every RENEW_S. A holder that lets go (its process full, or stopping) deletes it; one that
-# is full keeps listening (a submit that read the promise before may commit after).
+# is full keeps listening (a client that found the promise may still be notifying it).
 PROMISE_S = 1.0
 RENEW_S = 0.5
 # Promises dead this long (a killed process's) are deleted by the next puller that connects.
 FORGET_AFTER_S = 60
 
-# The end of a goal submit's write (workflows/goals/submit.py): notify one live puller, the
-# one whose channel hashes least with the session (so a session's operations go to the same
-# puller while the pullers stay the same, and the sessions spread over them), and return a
-# row if there was one. Live by the statement's time, not the transaction's (a submit that
-# waited for its session's lock). The payload names the operation and its session, as a
-# dispatch message does: the puller claims it by name, whatever the clocks say of its due
-# time. PostgreSQL delivers the notification when the transaction commits: it never
-# arrives ahead of the operation's row.
-_CHOSEN = (
-    select(PULLERS.c.channel)
-    .where(PULLERS.c.expires_at > func.statement_timestamp())
-    .order_by(func.hashtext(PULLERS.c.channel + bindparam("b_ws") + "/" + bindparam("b_sid")))
-    .limit(1)
-    .subquery()
+# A client's notification of goal operations it committed (workflows/client/goals.py, after
+# the commit, the operations of several submits together as its publisher would send them in
+# one message): each operation goes to one live puller, the one whose channel hashes least
+# with the session (so a session's operations go to the same puller while the pullers stay
+# the same, and the sessions spread over them); one notification per puller, its payload the
+# JSON list of [operation id, workspace id, session id] it names. Live by the statement's
+# time, by the database's clock. A row per puller notified, with the operations it was told
+# of; an operation in none (nobody pulls) is for a dispatch message. PostgreSQL delivers the
+# notifications when the statement's transaction commits: after the operations' own.
+NOTIFY_SQL = text(
+    "SELECT array_agg(t.op), "
+    "pg_notify(chosen.channel, json_agg(json_build_array(t.op, t.ws, t.sid))::text) "
+    "FROM unnest(CAST(:ops AS text[]), CAST(:wss AS text[]), CAST(:sids AS text[])) "
+    "AS t(op, ws, sid) "
+    "CROSS JOIN LATERAL (SELECT channel FROM goal_pullers "
+    "WHERE expires_at > statement_timestamp() "
+    "ORDER BY hashtext(channel || t.ws || '/' || t.sid) LIMIT 1) AS chosen "
+    "GROUP BY chosen.channel"
 )
-_PAYLOAD = func.json_build_array(
-    bindparam("op_operation_id"), bindparam("b_ws"), bindparam("b_sid")
-)
-NOTIFY_PULLER = select(func.pg_notify(_CHOSEN.c.channel, cast(_PAYLOAD, Text))).select_from(_CHOSEN)
+# PostgreSQL refuses a payload of 8,000 bytes or more: a statement notifies the operations of
+# at most this many bytes of payload (the puller's share is never more).
+PAYLOAD_BYTES = 7_000
+
+Named = tuple[str, str, str]  # (operation id, workspace id, session id)
+
+
+def notify(session: Session, named: list[Named]) -> set[str]:
+    """Notify live pullers of these committed operations, in the caller's transaction (see
+    NOTIFY_SQL): the ids of those a puller was told of."""
+    told: set[str] = set()
+    for part in _parts(named):
+        ops, wss, sids = (list(column) for column in zip(*part, strict=True))
+        rows = session.connection().execute(NOTIFY_SQL, {"ops": ops, "wss": wss, "sids": sids})
+        for ids, _ in rows:
+            told.update(ids)
+    return told
+
+
+def _parts(named: list[Named]) -> list[list[Named]]:
+    parts: list[list[Named]] = [[]]
+    size = 2
+    for one in named:
+        # As PostgreSQL writes it: UTF-8, ", " between items; quotes and backslashes escaped.
+        one_size = len(json.dumps(one, ensure_ascii=False).encode()) + 2
+        if parts[-1] and size + one_size > PAYLOAD_BYTES:
+            parts.append([])
+            size = 2
+        parts[-1].append(one)
+        size += one_size
+    return parts if parts[-1] else []
+
 
 # The holder's own statements, on its listening connection (psycopg, autocommit).
 RENEW_SQL = (

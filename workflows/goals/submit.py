@@ -26,7 +26,6 @@ from agent_radar.workflows.errors import (
     GoalOperationConflict,
     GoalStateAbsent,
 )
-from agent_radar.workflows.goals.pullers import NOTIFY_PULLER
 from agent_radar.workflows.goals.tables import OPS, STATES, key_params
 from agent_radar.workflows.leases import LEASES
 from agent_radar.workflows.sessions.rows import (
@@ -168,15 +167,13 @@ def load_operation(session: Session, operation_id: str) -> records.GoalOperation
 
 
 def submit(
-    session: Session, request: GoalRequest, now: datetime, notify: bool = False
-) -> tuple[records.GoalOperation, bool, bool]:
+    session: Session, request: GoalRequest, now: datetime
+) -> tuple[records.GoalOperation, bool]:
     """Accept a goal control intent in the caller's transaction (docs/lifecycles.md: goals, submit
     1-7).
 
-    Returns (operation, created, notified). A replay returns the existing operation and writes
-    nothing. The session row is locked first, as by every writer of a session. With `notify`
-    (where the database notifies), a new operation's write also notifies a live puller
-    (workflows/goals/pullers.py): `notified` then says that no dispatch message is needed.
+    Returns (operation, created). A replay returns the existing operation and writes
+    nothing. The session row is locked first, as by every writer of a session.
     """
     conn = session.connection()
     key = {"b_ws": request.workspace_id, "b_sid": request.session_id}
@@ -200,7 +197,7 @@ def submit(
         )
         if existing is None:  # the lookup just found it, under the session lock
             raise LookupError(f"goal operation {request.operation_id} disappeared")
-        return existing, False, False
+        return existing, False
     has_state = found is not None and found.revision is not None
     revision, desired, pending = (
         (found.revision, found.desired, found.pending_operation_id)
@@ -278,9 +275,6 @@ def submit(
         created_at=now,
     )
     writes += [_INSERT_OPERATION, INSERT_EVENT]
-    pulls = notify and dialect_of(conn).notifies
-    if pulls:
-        writes.append(NOTIFY_PULLER)
     params |= bound("op_", vars(op))  # its fields, not copied (asdict copies deeply)
     params |= event_params(
         op.workspace_id,
@@ -298,8 +292,8 @@ def submit(
         },
         now=now,
     )
-    result = execute_writes(session, writes, params)
-    return op, True, bool(pulls and result.first() is not None)
+    execute_writes(session, writes, params)
+    return op, True
 
 
 def supersede(session: Session, operation_id: str, now: datetime) -> bool:

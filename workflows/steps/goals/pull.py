@@ -1,8 +1,8 @@
 """A worker pool process's promise to pull (docs/dispatch.md: pulling): while its drain runs
 and has room, the process holds a row in `goal_pullers` and LISTENs on a channel of its own;
-a goal submit that sees a live promise notifies one such channel, naming its operation and
-session, instead of publishing a dispatch message, and the notified drain claims that
-operation by name, as a message's dispatch does. PostgreSQL only.
+a client that committed goal operations notifies such channels, naming the operations and
+their sessions, instead of publishing a dispatch message, and the notified drain claims them
+by name, as a message's dispatch does. PostgreSQL only.
 
 Nothing is lost to a puller that dies or lets go at the wrong moment: the operation row is
 the outbox, and any drain's next steal, or the sweeper after its outbox grace, takes what a
@@ -27,6 +27,7 @@ from agent_radar.workflows.goals.pullers import (
     PROMISE_S,
     RENEW_S,
     RENEW_SQL,
+    Named,
 )
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,10 @@ RETRY_MAX_S = 10.0
 KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2}
 KEEPALIVE |= {"keepalives_count": 3, "tcp_user_timeout": 15_000}
 
-# What a notification names: (operation id, workspace id, session id); None: anything may
-# be due (the puller connected again, and what was notified meanwhile reached nobody).
-Notified = tuple[str, str, str] | None
+# What a notification names: [(operation id, workspace id, session id)]; None: anything may
+# be due (the puller connected again, and what was notified meanwhile reached nobody; or a
+# notification that is not one of ours).
+Notified = list[Named] | None
 
 
 def notified(payload: str) -> Notified:
@@ -51,9 +53,14 @@ def notified(payload: str) -> Notified:
         value = json.loads(payload)
     except ValueError:
         return None
-    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value):
-        return value[0], value[1], value[2]
-    return None
+    if not isinstance(value, list) or not value:
+        return None
+    named: list[Named] = []
+    for one in value:
+        if not (isinstance(one, list) and len(one) == 3 and all(isinstance(v, str) for v in one)):
+            return None
+        named.append((one[0], one[1], one[2]))
+    return named
 
 
 class Puller:

@@ -86,13 +86,13 @@ class WorkerDrain(Drain):
             if what is None:
                 self.pulled = self.eager = True
             else:
-                named[what[0]] = (what[1], what[2])
+                named.update((op_id, (ws, sid)) for op_id, ws, sid in what)
         if not named:
             return
         if self.load() >= ROOM_AT:
             self.pulled = self.eager = True
             return
-        # Only what they name: every submit notifies some puller, and the flushes' steals
+        # Only what they name: every client notifies some puller, and the flushes' steals
         # take the rest.
         try:
             if len(named) == 1:
