@@ -7,6 +7,7 @@ import pytest
 
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.errors import RuntimeFault
+from agent_radar.workflows.tools.simulator.faults import HostFaults
 from tests.helpers import eventually, goal_call
 
 WS = "ws-sim"
@@ -92,3 +93,20 @@ def test_a_stopped_simulator_reports_nothing_more():
     sim.later(0, sim.report, report)
     assert [r.get("slow") for r in reported] == [True]  # the late one never fired
     assert not sim._timers
+
+
+def test_a_latency_drawn_per_session_is_the_same_for_that_session_every_time():
+    """The benchmark's tail phases compare two runs over the same session ids: drawn per
+    session, their latencies are the same draws, lognormal with the median asked for."""
+    faults = HostFaults(threading.Condition())
+    faults.control("/sim/latency", {"call": "goal", "ms": 200, "p99_ms": 2000, "per_session": True})
+    drawn = [faults.delay_ms("goal", f"s{i}") for i in range(600)]
+    assert drawn == [faults.delay_ms("goal", f"s{i}") for i in range(600)]
+    assert len(set(drawn)) == 600
+    assert 160 < sorted(drawn)[300] < 250 and max(drawn) > 1000
+    assert faults.delay_ms("liveness", "s0") == 0  # other calls keep theirs
+
+    faults.control("/sim/latency", {"call": "goal", "ms": 200, "p99_ms": 2000})
+    assert len({faults.delay_ms("goal", "s0") for _ in range(5)}) == 5  # per call again
+    faults.control("/sim/latency", {"call": "goal", "ms": 200})
+    assert faults.delay_ms("goal", "s0") == 200

@@ -48,10 +48,14 @@ class SimControl:
         """Settings for sessions the simulator has not seen yet."""
         return self.http.request("POST", "/sim/defaults", settings)
 
-    def latency(self, call: str, ms: int, p99_ms: int | None = None) -> dict:
+    def latency(
+        self, call: str, ms: int, p99_ms: int | None = None, per_session: bool = False
+    ) -> dict:
         """Every `call` (a protocol call's name) answers after `ms`; given `p99_ms`, after a
-        time drawn per call with that median and 99th percentile."""
-        return self.http.request("POST", "/sim/latency", {"call": call, "ms": ms, "p99_ms": p99_ms})
+        time drawn per call with that median and 99th percentile (with `per_session`, drawn
+        from the session id: the same for it every time)."""
+        body = {"call": call, "ms": ms, "p99_ms": p99_ms, "per_session": per_session}
+        return self.http.request("POST", "/sim/latency", body)
 
     def hold(self, call: str = "*", hold: bool = True) -> int:
         """Hold every `call` (`*`: all) until let go (`hold=False`): a host that hangs. How

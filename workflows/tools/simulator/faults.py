@@ -22,12 +22,13 @@ class Fault:
     session_id: str | None = None
 
 
-def _latency(median_ms: int, p99_ms: int | None) -> float:
-    """A call's latency: the median, or drawn from a lognormal with this median and p99."""
+def _latency(median_ms: int, p99_ms: int | None, draw: random.Random | None = None) -> float:
+    """A call's latency: the median, or drawn (by `draw`, else at random) from a lognormal
+    with this median and p99."""
     if not p99_ms or p99_ms <= median_ms or median_ms <= 0:
         return median_ms
     sigma = math.log(p99_ms / median_ms) / 2.326  # the 99th percentile's z
-    return random.lognormvariate(math.log(median_ms), sigma)
+    return (draw or random).lognormvariate(math.log(median_ms), sigma)
 
 
 class HostFaults:
@@ -43,6 +44,10 @@ class HostFaults:
         self.latency_ms: dict[str, int] = {}
         # A call's latency drawn per call (lognormal) for a median and a p99, if given.
         self.latency_p99_ms: dict[str, int] = {}
+        # Calls whose latency is drawn per session id rather than per call: the same for a
+        # session id whenever asked, so that two runs over the same session ids draw the same
+        # latencies (the benchmark compares two such runs' tails).
+        self.latency_per_session: set[str] = set()
         # Calls held until released (a host that hangs), and how slowly answers are
         # written (a byte every trickle_ms: a host that trickles).
         self.held: set[str] = set()
@@ -61,8 +66,9 @@ class HostFaults:
                 fault.remaining -= 1
                 raise SimError(fault.status, fault.code)
 
-    def delay_ms(self, call: str) -> float:
-        return _latency(self.latency_ms.get(call, 0), self.latency_p99_ms.get(call))
+    def delay_ms(self, call: str, sid: str) -> float:
+        draw = random.Random(f"{call}/{sid}") if call in self.latency_per_session else None
+        return _latency(self.latency_ms.get(call, 0), self.latency_p99_ms.get(call), draw)
 
     def wait_while_held(self, call: str) -> None:
         while call in self.held or "*" in self.held:
@@ -96,6 +102,10 @@ class HostFaults:
                 self.latency_p99_ms[body["call"]] = int(body["p99_ms"])
             else:
                 self.latency_p99_ms.pop(body["call"], None)
+            if body.get("per_session"):
+                self.latency_per_session.add(body["call"])
+            else:
+                self.latency_per_session.discard(body["call"])
             return {}
         if path == "/sim/hold":
             # {"call": name or "*", "hold": true|false}: calls wait until let go.

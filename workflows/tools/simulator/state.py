@@ -84,7 +84,7 @@ class Simulator:
                 }
             )
             self.faults.inject(call, ws, sid)
-            delay_ms = self.faults.delay_ms(call)
+            delay_ms = self.faults.delay_ms(call, sid)
             self.faults.wait_while_held(call)
         if delay_ms:
             time.sleep(delay_ms / 1000)
