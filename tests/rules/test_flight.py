@@ -13,7 +13,15 @@ from agent_radar.workflows.goals.claims import StepResult
 from agent_radar.workflows.steps.goals import flight, host_gate
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from agent_radar.workflows.steps.goals.flight import Drain
-from agent_radar.workflows.steps.goals.host_gate import BREAKER_FAILURES, FULL, GO, OPEN, HostGate
+from agent_radar.workflows.steps.goals.host_gate import (
+    BREAKER_FAILURES,
+    FULL,
+    FULL_RETRY_MIN_S,
+    FULL_RETRY_S,
+    GO,
+    OPEN,
+    HostGate,
+)
 from tests.helpers import Clock
 
 WS = "ws-flight"
@@ -27,6 +35,29 @@ def test_a_host_has_its_own_limit():
     assert gate.admit("fast")[0] == GO  # another host's slots are its own
     gate.done("slow", None, trial=False, called=True)
     assert gate.admit("slow")[0] == GO
+
+
+def test_a_full_hosts_claims_are_due_again_after_about_one_of_its_calls():
+    """A claim past a host's slots and queue goes back due again when a slot should be free:
+    after about one of the host's recent calls, within bounds (a host with no call yet: the
+    longest)."""
+    gate = HostGate(limit=1)
+    assert gate.admit("h")[0] == GO
+    assert gate.admit("h")[:2] == (FULL, FULL_RETRY_S)
+
+    def calls_of(took_s: float) -> None:
+        for _ in range(40):
+            gate.done("h", None, trial=False, called=True, took_s=took_s)
+            assert gate.admit("h")[0] == GO
+
+    calls_of(0.2)
+    assert gate.admit("h")[:2] == (FULL, pytest.approx(0.2, abs=0.001))
+    assert gate.full_retry_s("h") == pytest.approx(0.2, abs=0.001)
+    calls_of(0.001)
+    assert gate.admit("h")[:2] == (FULL, FULL_RETRY_MIN_S)
+    calls_of(10.0)  # a timeout is the host's time too
+    assert gate.admit("h")[:2] == (FULL, FULL_RETRY_S)
+    assert gate.full_retry_s("another") == FULL_RETRY_S
 
 
 def test_the_circuit_opens_after_failures_in_a_row_and_one_trial_closes_it(monkeypatch):

@@ -39,7 +39,6 @@ from agent_radar.workflows.goals.claims import Attempt, Claim, Lane, StepResult
 from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
 from agent_radar.workflows.steps.goals.host_gate import (
     FULL,
-    FULL_RETRY_S,
     GO,
     MAX_IN_FLIGHT,
     gate,
@@ -163,7 +162,7 @@ class Drain:
         host_id = claim.host[0]
         queued = self.waiting.setdefault(host_id, deque())
         if queued:  # behind those already waiting for this host
-            verdict, retry_s, trial = FULL, FULL_RETRY_S, False
+            verdict, retry_s, trial = FULL, self.gate.full_retry_s(host_id), False
         else:
             verdict, retry_s, trial = self.gate.admit(host_id)
         if verdict == GO:
@@ -221,7 +220,7 @@ class Drain:
     def _attempt(self, claim: Claim, trial: bool) -> Attempt | None:
         """In a pool thread: the call (None: not made, the lease would not outlast it). The
         host slot is given back here, whatever happens to the drain."""
-        attempt = None
+        attempt, began = None, time.monotonic()
         try:
             if self._lease_ok(claim):
                 with logs.task_context(**claim.log_context):
@@ -229,7 +228,8 @@ class Drain:
             return attempt
         finally:
             fault = attempt.fault if attempt is not None else None
-            self.gate.done(claim.host[0], fault, trial, called=attempt is not None)
+            took_s = time.monotonic() - began
+            self.gate.done(claim.host[0], fault, trial, attempt is not None, took_s)
 
     def _finished(self, future: Future) -> None:
         lane, claim = self.in_flight.pop(future)

@@ -24,8 +24,12 @@ log = logging.getLogger(__name__)
 # Calls in flight from one worker process, all hosts together; a dispatch task that finds the
 # process this full waits before claiming more.
 MAX_IN_FLIGHT = 256
-# A claim given back because its host is full is due again after this long.
+# A claim given back because its host is full (its slots and its queue) is due again after
+# about one of the host's calls (their duration smoothed over the last few): by then a call
+# has ended and the queue has moved. Within these bounds; a host with no call yet, the most.
 FULL_RETRY_S = 1.0
+FULL_RETRY_MIN_S = 0.05
+CALL_S_WEIGHT = 0.2
 # The circuit breaker: this many calls to a host failing in a row (timeouts, refused or
 # dropped connections, 5xx) open its circuit for BREAKER_OPEN_S, doubling on each failed
 # trial up to BREAKER_MAX_OPEN_S; while open, its sessions' work is left due, unattempted.
@@ -43,6 +47,7 @@ class _Host:
     open_until: float = 0.0  # time.monotonic()
     open_for: float = 0.0
     trial: bool = False  # a half-open circuit's one call is in flight
+    call_s: float = FULL_RETRY_S  # its calls' duration, smoothed
 
 
 @dataclass
@@ -78,21 +83,31 @@ class HostGate:
                     return OPEN, max(host.open_until - now, FULL_RETRY_S), False
                 host.trial = trial = True  # half-open: this one call finds out
             elif host.in_flight >= self.limit or self.total >= MAX_IN_FLIGHT:
-                return FULL, FULL_RETRY_S, False
+                return FULL, _full_retry_s(host), False
             host.in_flight += 1
             self.total += 1
             return GO, 0.0, trial
 
-    def done(self, host_id: str, fault: Exception | None, trial: bool, called: bool) -> None:
-        """A call admitted to this host ended (`called`: it reached the host; `fault`: its
-        failure, if it failed; `trial`: it was the half-open circuit's trial). Only calls
-        that were admitted while the circuit was shut, or its trial, say anything about
-        the host: a call that hung from before the circuit opened does not count twice."""
+    def full_retry_s(self, host_id: str) -> float:
+        """When a claim given back because this host is full is due again."""
+        with self._lock:
+            return _full_retry_s(self._hosts.setdefault(host_id, _Host()))
+
+    def done(
+        self, host_id: str, fault: Exception | None, trial: bool, called: bool, took_s: float = 0
+    ) -> None:
+        """A call admitted to this host ended after `took_s` (`called`: it reached the host;
+        `fault`: its failure, if it failed; `trial`: it was the half-open circuit's trial).
+        Only calls that were admitted while the circuit was shut, or its trial, say anything
+        about the host: a call that hung from before the circuit opened does not count
+        twice."""
         failed = getattr(fault, "code", None) in HOST_FAULTS
         with self._lock:
             host = self._hosts[host_id]
             host.in_flight -= 1
             self.total -= 1
+            if called:
+                host.call_s += (took_s - host.call_s) * CALL_S_WEIGHT
             if trial:
                 host.trial = False
             if not called or (host.open_until and not trial):
@@ -133,6 +148,10 @@ class HostGate:
         with self._lock:
             taken, self._transitions = self._transitions, []
         return taken
+
+
+def _full_retry_s(host: _Host) -> float:
+    return min(FULL_RETRY_S, max(FULL_RETRY_MIN_S, host.call_s))
 
 
 def write_transitions(s: Session, transitions: Iterable[Transition], worker_id: str) -> None:
