@@ -281,6 +281,24 @@ def test_after_a_failed_message_a_lone_submit_returns_at_once(settings, caplog):
     ]
 
 
+def test_a_diverted_item_says_nothing_of_the_broker(settings, caplog):
+    """After a failed message, items a divert delivered do not make the next lone submit
+    wait for the broker again: it still hands over, until a message goes out."""
+    publisher = RecordingPublisher(settings, fail=True, delay_s=0, lone_publishes=True)
+    publisher.linger_s = 0  # every submit here counts as spaced from the one before
+    _submit(publisher, "op-1")
+    assert "the sweeper will publish it" in caplog.text
+    publisher.fail = False
+    with publisher.coalescing(TASK, "operation_ids", lambda pairs: {"told-2"}) as publish:
+        publish("told-2", None, {"session_id": "s2"})
+    assert publisher.flush(5)
+    _submit(publisher, "op-3")
+    assert publisher.flush(5)
+    # op-3 went out from the sender thread, not from its submit's.
+    assert publisher.attempt_threads[-1] is not threading.current_thread()
+    assert publisher.messages == [(TASK, {"operation_ids": ["op-3"]})]
+
+
 def test_a_submit_returns_before_its_message_is_published(settings):
     """The committed row is the accepted intent: a submit handing its item to the sender
     does not wait for the broker. `flush` waits for the sender, and then the message is

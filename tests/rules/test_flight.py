@@ -60,6 +60,24 @@ def test_a_full_hosts_claims_are_due_again_after_about_one_of_its_calls():
     assert gate.full_retry_s("another") == FULL_RETRY_S
 
 
+def test_a_process_full_of_other_hosts_calls_sends_a_fast_hosts_claims_back_for_longest():
+    """Full because the process has MAX_IN_FLIGHT calls to other (hung) hosts: a fast host's
+    own calls say nothing of when a slot is free."""
+    gate = HostGate(limit=32)
+    assert gate.admit("fast")[0] == GO
+    for _ in range(40):
+        gate.done("fast", None, trial=False, called=True, took_s=0.02)
+        assert gate.admit("fast")[0] == GO
+    gate.done("fast", None, trial=False, called=True, took_s=0.02)
+    assert gate.full_retry_s("fast") == FULL_RETRY_MIN_S
+    hung = 0
+    while gate.in_flight() < host_gate.MAX_IN_FLIGHT:
+        assert gate.admit(f"hung-{hung // 32}")[0] == GO
+        hung += 1
+    assert gate.admit("fast")[:2] == (FULL, FULL_RETRY_S)
+    assert gate.full_retry_s("fast") == FULL_RETRY_S
+
+
 def test_the_circuit_opens_after_failures_in_a_row_and_one_trial_closes_it(monkeypatch):
     monkeypatch.setattr(host_gate, "BREAKER_OPEN_S", 0.0)  # a trial may go at once
     gate = HostGate(limit=32)

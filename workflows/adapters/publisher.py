@@ -331,12 +331,14 @@ class TaskPublisher:
         except Exception as exc:  # noqa: BLE001 - the messages carry them all
             log.warning("%d items go by message: %s: %s", len(batch), type(exc).__name__, exc)
             return batch
-        self._settle([w for w in batch if w.item in taken], True)
+        self._settle([w for w in batch if w.item in taken], True, sent=False)
         return [w for w in batch if w.item not in taken]
 
-    def _settle(self, items: list["_Waiting"], published: bool) -> None:
+    def _settle(self, items: list["_Waiting"], published: bool, sent: bool = True) -> None:
+        """Items published (or delivered otherwise: not `sent`, which says nothing of the
+        broker) or failed."""
         with self._changed:
-            if items:
+            if items and sent:
                 self._published_last = published
             for waiting in items:
                 waiting.published = published

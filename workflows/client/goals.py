@@ -68,7 +68,11 @@ class GoalCalls(ClientBase):
         operations are notified to the workers that pull, their messages not sent; the ids
         of those notified."""
         named = [(op_id, alone["workspace_id"], alone["session_id"]) for op_id, alone in items]
-        return run_transaction(self.engine, lambda s: pullers.notify(s, named), direct=True)
+        # Once: if the database is away, the message is the cheaper way (a lone submit waits
+        # for this, its commit done).
+        return run_transaction(
+            self.engine, lambda s: pullers.notify(s, named), attempts=1, direct=True
+        )
 
     def set_goal(
         self, workspace_id, session_id, objective, *, client_submit_id, expected_revision=None

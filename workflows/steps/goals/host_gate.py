@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256
 # A claim given back because its host is full (its slots and its queue) is due again after
 # about one of the host's calls (their duration smoothed over the last few): by then a call
-# has ended and the queue has moved. Within these bounds; a host with no call yet, the most.
+# has ended and the queue has moved. Within these bounds; a host with no call yet, or a
+# process full of other hosts' calls (whose end says nothing of this host's), the most.
 FULL_RETRY_S = 1.0
 FULL_RETRY_MIN_S = 0.05
 CALL_S_WEIGHT = 0.2
@@ -83,7 +84,7 @@ class HostGate:
                     return OPEN, max(host.open_until - now, FULL_RETRY_S), False
                 host.trial = trial = True  # half-open: this one call finds out
             elif host.in_flight >= self.limit or self.total >= MAX_IN_FLIGHT:
-                return FULL, _full_retry_s(host), False
+                return FULL, self._full_retry_s(host), False
             host.in_flight += 1
             self.total += 1
             return GO, 0.0, trial
@@ -91,7 +92,12 @@ class HostGate:
     def full_retry_s(self, host_id: str) -> float:
         """When a claim given back because this host is full is due again."""
         with self._lock:
-            return _full_retry_s(self._hosts.setdefault(host_id, _Host()))
+            return self._full_retry_s(self._hosts.setdefault(host_id, _Host()))
+
+    def _full_retry_s(self, host: _Host) -> float:
+        if self.total >= MAX_IN_FLIGHT:
+            return FULL_RETRY_S
+        return min(FULL_RETRY_S, max(FULL_RETRY_MIN_S, host.call_s))
 
     def done(
         self, host_id: str, fault: Exception | None, trial: bool, called: bool, took_s: float = 0
@@ -148,10 +154,6 @@ class HostGate:
         with self._lock:
             taken, self._transitions = self._transitions, []
         return taken
-
-
-def _full_retry_s(host: _Host) -> float:
-    return min(FULL_RETRY_S, max(FULL_RETRY_MIN_S, host.call_s))
 
 
 def write_transitions(s: Session, transitions: Iterable[Transition], worker_id: str) -> None:

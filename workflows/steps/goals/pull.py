@@ -51,7 +51,7 @@ def notified(payload: str) -> Notified:
     """A notification's payload (workflows/goals/pullers.py), or None if it is not one."""
     try:
         value = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if not isinstance(value, list) or not value:
         return None
