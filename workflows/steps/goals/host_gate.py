@@ -92,7 +92,7 @@ class HostGate:
     def full_retry_s(self, host_id: str) -> float:
         """When a claim given back because this host is full is due again."""
         with self._lock:
-            return self._full_retry_s(self._hosts.setdefault(host_id, _Host()))
+            return self._full_retry_s(self._hosts.get(host_id) or _Host())
 
     def _full_retry_s(self, host: _Host) -> float:
         if self.total >= MAX_IN_FLIGHT:
