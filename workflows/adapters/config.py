@@ -7,6 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from agent_radar.workflows.errors import InvalidArgument
+from agent_radar.workflows.validation import check_url
+
 DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
 AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 BROKER_SCHEMES = AMQP_SCHEMES | {"redis", "rediss", "filesystem"}
@@ -45,6 +48,18 @@ MAX_LEASE_S = 3600.0
 # One agent host call may not outlast the task that makes it: the task's soft time limit
 # (tasks/app.py, 300 s) would cut it anyway.
 MAX_RUNTIME_TIMEOUT_S = 300.0
+# Lower bounds, each far below any sensible value: beneath it a setting is a slip of unit
+# (milliseconds written as seconds, `1e-300`) that would busy-loop the sweeper, time out
+# every host call before it is sent, or free every lease as soon as it is taken.
+MIN_SWEEP_INTERVAL_S = 0.1
+MIN_RUNTIME_TIMEOUT_S = 0.1
+MIN_LEASE_S = 1.0
+MIN_MAINTENANCE_CANCEL_GRACE_S = 0.1
+# How a process writes its log lines (workflows/adapters/logs.py).
+LOG_FORMATS = ("text", "json")
+# A Redis key prefix is part of every key name the deployment writes: printable ASCII, no
+# space, at most this long.
+MAX_KEY_PREFIX_CHARS = 128
 # Calls at once to one agent host from one worker process (docs/dispatch.md); a worker process
 # keeps at most 256 calls in flight in all (workflows/steps/goals/flight.py).
 DEFAULT_HOST_CONCURRENCY = 32
@@ -106,6 +121,31 @@ def _whole(env: Mapping[str, str], name: str, default: int, *, maximum: int) -> 
     return int(value)
 
 
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    if raw.strip().lower() not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw.strip().lower()
+
+
+def _token(env: Mapping[str, str], name: str) -> str | None:
+    """A bearer token: it goes into an HTTP header, so printable, without spaces."""
+    raw = env.get(name) or None
+    if raw is not None and not (raw.isprintable() and raw.isascii() and " " not in raw):
+        raise ValueError(f"{name} must be printable ASCII without spaces")
+    return raw
+
+
+def _runtime_url(env: Mapping[str, str]) -> str:
+    raw = env.get("AGENT_RADAR_RUNTIME_URL") or DEFAULT_RUNTIME_URL
+    try:
+        return check_url(raw)
+    except InvalidArgument as exc:
+        raise ValueError(f"AGENT_RADAR_RUNTIME_URL: {exc.message}, got {raw!r}") from None
+
+
 def mask_url(url: str) -> str:
     """The URL with any password replaced by asterisks; each URL of a broker URL that lists
     a cluster's nodes, `;`-separated (docs/broker-cluster.md), too."""
@@ -141,6 +181,8 @@ class Settings:
     retention_days: float = 30.0
     # Celery's result backend for the public tasks (None: results are not kept).
     result_backend: str | None = None
+    # How the processes write their log lines: text or json (workflows/adapters/logs.py).
+    log_format: str = "text"
 
     @property
     def broker_folder(self) -> Path:
@@ -175,9 +217,13 @@ class Settings:
         env = os.environ if env is None else env
         home = Path(env.get("AGENT_RADAR_HOME") or "./.agent-radar").resolve()
         timeout_s = _float(
-            env, "AGENT_RADAR_RUNTIME_TIMEOUT_S", 10.0, maximum=MAX_RUNTIME_TIMEOUT_S
+            env,
+            "AGENT_RADAR_RUNTIME_TIMEOUT_S",
+            10.0,
+            minimum=MIN_RUNTIME_TIMEOUT_S,
+            maximum=MAX_RUNTIME_TIMEOUT_S,
         )
-        lease_s = _float(env, "AGENT_RADAR_LEASE_S", 30.0, maximum=MAX_LEASE_S)
+        lease_s = _float(env, "AGENT_RADAR_LEASE_S", 30.0, minimum=MIN_LEASE_S, maximum=MAX_LEASE_S)
         return cls(
             home=home,
             database_url=_url(
@@ -194,15 +240,20 @@ class Settings:
                 BROKER_SCHEMES,
                 "a Redis, RabbitMQ or filesystem URL (redis://, amqp://, filesystem://)",
             ),
-            runtime_url=env.get("AGENT_RADAR_RUNTIME_URL") or DEFAULT_RUNTIME_URL,
-            runtime_token=env.get("AGENT_RADAR_RUNTIME_TOKEN") or None,
+            runtime_url=_runtime_url(env),
+            runtime_token=_token(env, "AGENT_RADAR_RUNTIME_TOKEN"),
             sweep_interval_s=_float(
-                env, "AGENT_RADAR_SWEEP_INTERVAL_S", 2.0, maximum=MAX_SWEEP_INTERVAL_S
+                env,
+                "AGENT_RADAR_SWEEP_INTERVAL_S",
+                2.0,
+                minimum=MIN_SWEEP_INTERVAL_S,
+                maximum=MAX_SWEEP_INTERVAL_S,
             ),
             maintenance_cancel_grace_s=_float(
                 env,
                 "AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S",
                 15.0,
+                minimum=MIN_MAINTENANCE_CANCEL_GRACE_S,
                 maximum=MAX_MAINTENANCE_CANCEL_GRACE_S,
             ),
             lease_s=max(lease_s, timeout_s + 1),
@@ -231,6 +282,7 @@ class Settings:
             )
             if env.get("AGENT_RADAR_RESULT_BACKEND")
             else None,
+            log_format=_choice(env, "AGENT_RADAR_LOG_FORMAT", "text", LOG_FORMATS),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -252,6 +304,8 @@ class Settings:
         if self.broker_key_prefix:
             env["AGENT_RADAR_BROKER_KEY_PREFIX"] = self.broker_key_prefix
         env["AGENT_RADAR_RETENTION_DAYS"] = str(self.retention_days)
+        if self.log_format != "text":
+            env["AGENT_RADAR_LOG_FORMAT"] = self.log_format
         if self.result_backend:
             env["AGENT_RADAR_RESULT_BACKEND"] = self.result_backend
         return env
@@ -266,5 +320,10 @@ def _broker_key_prefix(env: Mapping[str, str]) -> str:
         raise ValueError(
             "AGENT_RADAR_BROKER_KEY_PREFIX applies to Redis only; on RabbitMQ give each "
             "deployment its own virtual host in AGENT_RADAR_BROKER_URL (amqp://…/vhost)"
+        )
+    if len(prefix) > MAX_KEY_PREFIX_CHARS or not all(" " < ch <= "~" for ch in prefix):
+        raise ValueError(
+            f"AGENT_RADAR_BROKER_KEY_PREFIX must be printable ASCII without spaces, at most "
+            f"{MAX_KEY_PREFIX_CHARS} characters, got {prefix[:80]!r}"
         )
     return prefix
