@@ -110,7 +110,7 @@ def _log_forged(logger: logging.Logger) -> None:
     with logs.task_context(task_id=FORGED, workspace_id="ws\nCRITICAL ws"):
         logger.error("rejected message %s: bad", FORGED)
         try:
-            raise ValueError("boom")
+            raise ValueError(f"boom {FORGED}")
         except ValueError:
             logger.exception("failed %s", FORGED)
 
@@ -208,9 +208,13 @@ def test_a_text_line_is_one_line_whatever_its_message_says(monkeypatch, formatte
     lines = out.getvalue().splitlines()
     assert "x\\nCRITICAL forged\\r\\x1b[8m\\u2028\\u202e" in lines[0], lines
     assert "failed x\\nCRITICAL forged" in lines[1], lines
-    # The traceback follows the second line as it is, and nothing else makes a line.
-    assert lines[2] == "Traceback (most recent call last):", lines
-    assert lines[-1].startswith("ValueError: boom"), lines
+    # The traceback follows the second line, each of its lines indented and escaped: the
+    # exception's message is untrusted too, and nothing else makes a line.
+    assert lines[2] == "  Traceback (most recent call last):", lines
+    assert all(line.startswith("  ") for line in lines[2:]), lines
+    assert lines[-2] == "  ValueError: boom x", lines
+    # (a colour formatter's own reset follows)
+    assert lines[-1].startswith("  CRITICAL forged\\r\\x1b[8m\\u2028\\u202e"), lines
     assert not [x for x in lines if x.startswith("CRITICAL")]
     assert "\x1b[8m" not in out.getvalue() and "\u2028" not in out.getvalue()
     assert "\u202e" not in out.getvalue()

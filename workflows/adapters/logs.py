@@ -8,7 +8,9 @@ pass them itself (`extra={"operation_id": ...}`).
 Every record is one line in either format, whatever its message says: a message interpolates
 untrusted text (a task id from a message header, an error from an agent host), and a newline
 or an escape sequence in it must not forge a line or reach a terminal (workflows/escape.py).
-A traceback after the line is ours, and stays as it is.
+A traceback after the line carries an exception's message, untrusted too: in text, each of
+its lines is escaped and indented, so none reads as a record of its own. Lines and
+tracebacks are bounded in both formats.
 """
 
 import contextlib
@@ -150,7 +152,7 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": bounded(record.getMessage(), LINE_MAX_CHARS),
             "process": record.process,
         }
         for key in CONTEXT_FIELDS:
@@ -158,19 +160,53 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 line[key] = value
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            line["exception"] = bounded(self.formatException(record.exc_info), TRACEBACK_MAX_CHARS)
         # ensure_ascii (the default, said here because it matters): besides the control
         # characters JSON always escapes, U+2028/U+2029 and the bidi overrides are written
         # as \uXXXX, so a line that is printed or grepped is still one line as written.
         return json.dumps(line, default=str, ensure_ascii=True)
 
 
+# A line (the message with its time, level and ids) is cut at this many characters, and a
+# traceback after it at TRACEBACK_MAX_CHARS: an untrusted value (a header, a host's answer)
+# that reaches a log line cannot fill a disk.
+LINE_MAX_CHARS = 8 * 1024
+TRACEBACK_MAX_CHARS = 32 * 1024
+# Each line of a traceback is indented by this: an exception's message is untrusted text
+# too, and a newline in it must not start a line that reads as a record of its own.
+TRACEBACK_INDENT = "  "
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text`, cut at `limit` characters with a note of how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _traceback_lines(text: str) -> str:
+    return "\n".join(
+        TRACEBACK_INDENT + escape(line) for line in bounded(text, TRACEBACK_MAX_CHARS).split("\n")
+    )
+
+
 class EscapedLine(logging.Formatter):
     """A text formatter whose line (its format applied: time, level, the message, Celery's
-    task name and id) is escaped. The traceback logging appends after that line is not."""
+    task name and id) is escaped and bounded, and whose traceback after it is escaped and
+    bounded too, each of its lines indented."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.exc_text = None  # another handler's formatter may have cached it unescaped
+        return super().format(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        return escape(super().formatMessage(record))
+        return bounded(escape(super().formatMessage(record)), LINE_MAX_CHARS)
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return _traceback_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return _traceback_lines(super().formatStack(stack_info))
 
 
 def escaped(formatter: logging.Formatter | None) -> logging.Formatter:
