@@ -27,7 +27,7 @@ from agent_radar.workflows.adapters.answers import (
 )
 from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
 from agent_radar.workflows.adapters.http_transport import HostConnections
-from agent_radar.workflows.adapters.runtime import RETRYABLE_CODES, session_path
+from agent_radar.workflows.adapters.runtime import RETRYABLE_CODES, metric_code, session_path
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 
 
@@ -63,7 +63,7 @@ class HttpRuntime:
         try:
             return self._request(method, path, body)
         except (RuntimeFault, RuntimeDisconnected) as exc:
-            metrics.RUNTIME_CALL_ERRORS.labels(self.host_id, call, exc.code).inc()
+            metrics.RUNTIME_CALL_ERRORS.labels(self.host_id, call, metric_code(exc.code)).inc()
             raise
         finally:
             metrics.RUNTIME_CALL_SECONDS.labels(self.host_id, call).observe(

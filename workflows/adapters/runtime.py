@@ -32,6 +32,17 @@ RETRYABLE_CODES = frozenset(
 )
 
 
+# The codes a metric's `code` label takes: the protocol's own and the adapter's; any other
+# code a host answers (a final refusal of its own words) is counted as `other`, so a host
+# cannot grow the series without bound.
+METRIC_CODES = RETRYABLE_CODES | {NOT_FOUND, STALE_REVISION, "rejected", "unknown_host"}
+OTHER_CODE = "other"
+
+
+def metric_code(code: str) -> str:
+    return code if code in METRIC_CODES else OTHER_CODE
+
+
 class RuntimePort(Protocol):
     def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "RuntimePort":
         """The port for one host (docs/lifecycles.md: sessions), for a caller that already knows the
