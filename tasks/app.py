@@ -17,6 +17,7 @@ from celery.signals import (
 )
 
 from agent_radar.models.db import forget_engines
+from agent_radar.tasks.strict import TASK_SOFT_TIME_LIMIT_S, TASK_TIME_LIMIT_S
 from agent_radar.workflows.adapters import logs
 from agent_radar.workflows.adapters.broker import (
     DEFAULT_QUEUE,
@@ -30,10 +31,6 @@ from agent_radar.workflows.task_names import RESULT_TASKS
 
 log = logging.getLogger(__name__)
 
-# Hard and soft limits per task; below the Redis visibility timeout so a task never runs
-# twice at once because the broker re-delivered it.
-TASK_SOFT_TIME_LIMIT_S = 300
-TASK_TIME_LIMIT_S = 360
 assert TASK_TIME_LIMIT_S < VISIBILITY_TIMEOUT_S
 
 
@@ -59,6 +56,10 @@ def celery_config(settings: Settings) -> dict:
         "broker_url": settings.broker_url,
         "broker_transport_options": transport_options(settings),
         "broker_connection_retry_on_startup": True,
+        # A broker's refusal on a channel (Redis at maxmemory, a RabbitMQ channel closed)
+        # restarts the consumer as a lost connection does, instead of exiting the worker
+        # (tasks/envelope.py keeps the usual ones from reaching it at all).
+        "broker_channel_error_retry": True,
         "task_serializer": "json",
         "accept_content": ["json"],
         # Results are kept only where a producer reads them: the public tasks, and only with a

@@ -1,22 +1,39 @@
-"""Redis messages that are not kombu envelopes.
+"""The worker's transports, below the gate (tasks/gate.py): what a broker hands over is read
+only when it is a message envelope of a bounded size, and a broker's refusal never stops the
+worker's loop.
 
-On Redis a message is a JSON envelope (`body`, `properties`, `headers`, …) that the producer
-writes whole: anyone who may push to a queue decides its shape. kombu parses it inside the
-transport's read, before any consumer callback, and anything it does not expect — an item
-that is not JSON, a `properties` that is not an object, a `headers` that is a list — raises
-out of the worker's event loop and stops the worker. The item was already popped and is not
-yet among the unacknowledged ones, so it is dropped here with one log line, and the worker
-reads on. A well-formed envelope goes on to the gate (tasks/gate.py).
+- Size: an item larger than MAX_ENVELOPE_BYTES (workflows/adapters/broker.py) is dropped
+  before it is decoded: on Redis as it is popped, on RabbitMQ as its frames arrive (the
+  message is delivered without its body, for the gate to refuse), on the filesystem before
+  the file is read (workflows/adapters/broker.py).
+- Shape: on Redis a message is a JSON envelope (`body`, `properties`, `headers`, …) that the
+  producer writes whole: anyone who may push to a queue decides its shape. kombu parses it
+  inside the transport's read, before any consumer callback, and anything it does not expect
+  — an item that is not JSON, a `properties` that is not an object, a `headers` that is a
+  list — raised out of the worker's event loop and stopped the worker. The item was already
+  popped and is not yet among the unacknowledged ones, so it is dropped here with one log
+  line, and the worker reads on. On RabbitMQ, properties that do not decode are dropped.
+- Faults: Redis at `maxmemory` refuses the writes of kombu's bookkeeping (GuardedRedisQoS).
 """
 
 import logging
+import struct
+import time
 from queue import Empty
 
+from amqp import method_framing
+from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
+from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES
 from agent_radar.workflows.escape import escape
 
 log = logging.getLogger("agent_radar.gate")
+
+# A fault the worker meets on every round of its loop (a full broker) is logged at most this
+# often.
+FAULT_LOG_INTERVAL_S = 10.0
 
 
 def reason(exc: BaseException | None) -> str:
@@ -41,6 +58,68 @@ logging.getLogger(kombu_redis.__name__).addFilter(_OneLine())
 
 
 class GuardedRedisQoS(kombu_redis.QoS):
+    """kombu's record of unacknowledged messages on Redis, kept going through a broker
+    fault: Redis at `maxmemory` refuses every write in a transaction, and each of these
+    raised out of the worker's event loop ("Unrecoverable error": every worker of that
+    broker exits at once, and none comes back when memory is freed).
+    - Delivery: the message is already popped; when Redis refuses to record it as
+      unacknowledged it is delivered all the same (a worker killed before it finishes it
+      loses that delivery, as a Redis restart loses what it held: the sweeper republishes
+      internal work from the database).
+    - Ack and reject: their two removals are sent without a transaction, which Redis allows
+      at `maxmemory` (they free memory).
+    - A requeue, and the restore of messages past the visibility timeout: when Redis refuses,
+      the message stays among the unacknowledged, and is restored from there later."""
+
+    def append(self, message, delivery_tag):
+        try:
+            super().append(message, delivery_tag)
+        except self.channel.connection_errors:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the message is in hand: deliver it
+            log.warning(
+                "Redis refused to record a delivery as unacknowledged (%s); delivered all the same",
+                reason(exc),
+            )
+            virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag, pipe=None):
+        if pipe is not None:  # a restore's transaction
+            return super()._remove_from_indices(delivery_tag, pipe)
+        with self.channel.conn_or_acquire() as client:
+            return (
+                client.pipeline(transaction=False)
+                .zrem(self.unacked_index_key, delivery_tag)
+                .hdel(self.unacked_key, delivery_tag)
+            )
+
+    def restore_by_tag(self, tag, client=None, leftmost=False):
+        try:
+            return super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        except self.channel.connection_errors:
+            raise
+        except Exception as exc:  # noqa: BLE001 - it stays unacknowledged, restored later
+            log.warning(
+                "Redis refused to restore message %s (%s); it is restored after the "
+                "visibility timeout",
+                _short_tag(tag),
+                reason(exc),
+            )
+            return None
+
+    def restore_visible(self, *args, **kwargs):
+        try:
+            return super().restore_visible(*args, **kwargs)
+        except self.channel.connection_errors:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the next round tries again
+            if time.monotonic() >= self._quiet_until:
+                self._quiet_until = time.monotonic() + FAULT_LOG_INTERVAL_S
+                log.warning("Redis refused the restore of unacknowledged messages: %s", reason(exc))
+            return None
+
+    _quiet_until = 0.0
+
     def restore_unacked(self, client=None):
         """When the broker is lost, Celery closes the channel, and kombu then restores the
         unacknowledged messages through a connection the loss has already released: an
@@ -61,10 +140,64 @@ class GuardedRedisQoS(kombu_redis.QoS):
             return None
 
 
+def _short_tag(tag: object) -> str:
+    return escape(str(tag))[:80]
+
+
+def _bounded(parse, what: str, item_of):
+    """A client's `parse_response` that drops a reply whose item is over MAX_ENVELOPE_BYTES
+    before kombu decodes it (it then reads as no message at all)."""
+
+    def parse_response(*args, **options):
+        response = parse(*args, **options)
+        item = item_of(args, response)
+        if isinstance(item, (bytes, str)) and len(item) > MAX_ENVELOPE_BYTES:
+            log.error(
+                "dropped a Redis %s of %d bytes, over %d, before decoding it",
+                what,
+                len(item),
+                MAX_ENVELOPE_BYTES,
+            )
+            return None
+        return response
+
+    parse_response.bounded = True  # type: ignore[attr-defined]
+    return parse_response
+
+
+def _popped_item(args: tuple, response):
+    # BRPOP answers [queue, item]; the client's other commands pass through.
+    if len(args) > 1 and args[1] == "BRPOP" and isinstance(response, (list, tuple)):
+        return response[-1] if len(response) == 2 else None
+    return None
+
+
+def _broadcast_item(_args: tuple, response):
+    # A published message: [b"message", channel, data] (or pmessage with its pattern first).
+    if (
+        isinstance(response, (list, tuple))
+        and response
+        and response[0] in (b"message", b"pmessage")
+    ):
+        return response[-1]
+    return None
+
+
+def _bound(client, what: str, item_of) -> None:
+    if not getattr(client.parse_response, "bounded", False):
+        client.parse_response = _bounded(client.parse_response, what, item_of)
+
+
 class GuardedRedisChannel(kombu_redis.Channel):
+    """kombu's Redis channel, reading only what is a message envelope of a bounded size:
+    an item over MAX_ENVELOPE_BYTES is dropped before it is decoded (a 48 MB header of
+    `[{}, {}, …]` decoded to 1.7 GB in the worker's main process), anything that is not an
+    envelope after it (below)."""
+
     QoS = GuardedRedisQoS
 
     def _brpop_read(self, **options):
+        _bound(self.client, "item", _popped_item)
         try:
             return super()._brpop_read(**options)
         except (Empty, *self.connection_errors):
@@ -76,6 +209,7 @@ class GuardedRedisChannel(kombu_redis.Channel):
     def _receive_one(self, c):
         # Broadcasts (remote control, events) arrive through publish/subscribe, with the
         # same envelope.
+        _bound(c, "broadcast", _broadcast_item)
         try:
             return super()._receive_one(c)
         except (Empty, *self.connection_errors):
@@ -89,10 +223,76 @@ class GuardedRedisTransport(kombu_redis.Transport):
     Channel = GuardedRedisChannel
 
 
+# -- RabbitMQ -----------------------------------------------------------------------------
+# A content header: class id, weight, body size (AMQP 0-9-1, 4.2.6.1), then the properties.
+HEADER_FIXED = struct.Struct(">HHQ")
+# What py-amqp's decoding of a header's properties raises on one that is not AMQP (a field
+# table nested past Python's recursion limit fits in one frame).
+UNDECODABLE = (RecursionError, ValueError, struct.error, UnicodeError, KeyError, IndexError)
+
+
+def guarded_frame_handler(connection, callback, **kwargs):
+    """py-amqp's frame handler, bounding a message before it is decoded: a body larger than
+    MAX_ENVELOPE_BYTES is not kept (its frames are counted and dropped as they arrive), and
+    properties that do not decode are dropped; the message is then delivered bodiless, or
+    bare, and the gate refuses it in its one line. A header frame itself is bounded by the
+    connection's frame size (128 KiB)."""
+    handle = method_framing.frame_handler(connection, callback, **kwargs)
+    dropping: dict[int, int] = {}  # channel -> body bytes still to drop
+
+    def on_frame(frame):
+        frame_type, channel, buf = frame
+        if frame_type == 3 and channel in dropping:
+            connection.bytes_recv += 1
+            dropping[channel] -= len(buf)
+            if dropping[channel] <= 0:
+                del dropping[channel]
+            return False
+        if frame_type != 2 or len(buf) < HEADER_FIXED.size:
+            return handle(frame)
+        class_id, weight, body_size = HEADER_FIXED.unpack_from(buf, 0)
+        if body_size > MAX_ENVELOPE_BYTES:
+            dropping[channel] = body_size
+            buf = HEADER_FIXED.pack(class_id, weight, 0) + bytes(buf[HEADER_FIXED.size :])
+        try:
+            return handle((frame_type, channel, buf))
+        except UNDECODABLE:
+            if body_size and channel not in dropping:
+                dropping[channel] = body_size
+            # No properties (flags 0), no body.
+            return handle((frame_type, channel, HEADER_FIXED.pack(class_id, weight, 0) + b"\0\0"))
+
+    return on_frame
+
+
+class GuardedAMQPConnection(kombu_pyamqp.Connection):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("frame_handler", guarded_frame_handler)
+        super().__init__(*args, **kwargs)
+
+
+class GuardedAMQPTransport(kombu_pyamqp.Transport):
+    Connection = GuardedAMQPConnection
+
+
+class GuardedAMQPSSLTransport(kombu_pyamqp.SSLTransport):
+    Connection = GuardedAMQPConnection
+
+
+GUARDED = {
+    "redis": GuardedRedisTransport,
+    "rediss": GuardedRedisTransport,
+    "amqp": GuardedAMQPTransport,
+    "pyamqp": GuardedAMQPTransport,
+    "amqps": GuardedAMQPSSLTransport,
+}
+
+
 def guard_transport(connection) -> None:
-    """Read Redis through the guarded channel: set on a kombu Connection before it connects
-    (its clones, for broadcasts and events, keep it)."""
-    if connection.transport_cls in ("redis", "rediss"):
+    """Read Redis and RabbitMQ through the guarded transports: set on a kombu Connection
+    before it connects (its clones, for broadcasts and events, keep it)."""
+    guarded = GUARDED.get(connection.transport_cls)
+    if guarded is not None:
         # By name, not the class: the connection's info (`celery inspect stats`, Flower)
         # goes out as JSON.
-        connection.transport_cls = f"{__name__}:{GuardedRedisTransport.__name__}"
+        connection.transport_cls = f"{__name__}:{guarded.__name__}"

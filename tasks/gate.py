@@ -1,14 +1,16 @@
 """The worker's gate: every message a worker takes passes here before Celery turns it into a
-request (README, "Security model").
+request (docs/security.md: messages).
 
-Celery's consumer trusts a message's headers: a `task` header that is a list raises
-`TypeError` out of its dictionary lookup, an unknown task with no `id` header raises
-`KeyError` out of its own error handler, and either stops the worker — which then restores
-the message, so every worker that takes it dies the same way. The gate checks the headers
-and the body first, lets through only the tasks this product registered, and turns anything
-that still fails inside Celery into one log line and a reject without requeue.
+The gate admits only what this product's own producers send (its client, beat and sweeper, a
+public task's retry, a plain Celery or celery-node producer): a protocol 2 call of one of its
+tasks, every header one of an allow-list with its type and bound (tasks/headers.py), a small
+JSON `[args, kwargs, embed]` body with no workflow in it. Anything else — an unknown header,
+a time limit, a shadow name, a retry count of 10**11, a stamp — is refused by construction
+with one log line and a reject without requeue, and so is whatever still fails inside
+Celery. Below it, the transports bound a message's size before it is decoded
+(tasks/envelope.py); beside it, remote control keeps only what reads (tasks/control.py).
 
-Three more guards live here because they act before Celery's code does:
+More guards live here because they act before Celery's code does:
 - kombu decompresses a body while it builds the message, before any size check: a 1.4 KB
   bz2 message unpacked to 2 GB. The worker refuses every compression (`refuse_compression`);
   producers of this service have no reason to compress.
@@ -20,28 +22,32 @@ Three more guards live here because they act before Celery's code does:
   countdowns wait in the broker's delay queues and arrive due).
 - The text of a message's arguments (`argsrepr`, `kwargsrepr`), which Flower and the logs
   show, is rewritten from its body (`describe_arguments`).
-- Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run,
-  and remote control commands that change a worker (`shutdown`, `add_consumer`, …) are not
-  obeyed: any producer could send them.
-- On Redis, an item that is not a kombu envelope at all is dropped in the transport's read
-  (tasks/envelope.py).
+- Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run.
 """
 
+import json
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from celery.exceptions import InvalidTaskError
 from celery.utils.saferepr import saferepr
-from celery.utils.time import maybe_iso8601
 from celery.worker import state as worker_state
 from celery.worker.consumer.consumer import Consumer
-from celery.worker.control import Panel
 from kombu import compression
 
 from agent_radar.tasks import delayed_delivery
+from agent_radar.tasks.control import limit_remote_control
 from agent_radar.tasks.envelope import guard_transport, reason
+from agent_radar.tasks.headers import (
+    HEADERS,
+    PROPERTIES,
+    check_allowed,
+    check_dates,
+    printable_id,
+)
 from agent_radar.tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
 from agent_radar.workflows.adapters import logs
+from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES
 
 log = logging.getLogger("agent_radar.gate")
 
@@ -55,39 +61,12 @@ MAX_ETA_S = 2.0 * PUBLIC_RETRY_MAX_S
 # At most this many messages wait for their ETA in one worker; beyond it a message runs at
 # once. An ETA only spaces out a retry, so running one early costs a try, never a write.
 ETA_HELD_MAX = 100
-# Headers carry ids and short texts: all of a message's text headers together, at most this.
-MAX_HEADER_CHARS = 16 * 1024
+# Headers carry ids and short texts: all of a message's headers together, as JSON, at most
+# this (RabbitMQ's record of a retry's way through its delay queues included).
+MAX_HEADER_BYTES = 32 * 1024
 # The longest text of a message's args or kwargs kept for Flower and the logs.
 REPR_MAX = 1024
-# Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
-# this many characters (uuids are 36).
-MAX_ID_CHARS = 255
-# Remote control is open to anyone who may publish to the broker, as tasks are: a `shutdown`
-# broadcast would stop every worker, `add_consumer` point them at any queue, `pool_restart`
-# or `terminate` kill work in flight. A worker answers only what reads (Flower's pages,
-# `agent-radar health worker`); an operator stops or scales workers with signals and the
-# orchestrator, not through the broker.
-REMOTE_CONTROL_KEPT = frozenset(
-    {
-        "ping",
-        "stats",
-        "active",
-        "active_queues",
-        "reserved",
-        "scheduled",
-        "registered",
-        "revoked",
-        "query_task",
-        "clock",
-        "hello",
-        "report",
-        "conf",
-        "heartbeat",
-        "enable_events",
-    }
-)
 EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
-STRING_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "origin")
 
 
 def refuse_compression() -> None:
@@ -102,44 +81,16 @@ def refuse_compression() -> None:
         compression._decoders[content_type] = refuse
 
 
-def limit_remote_control() -> None:
-    """Forget every remote control command that changes a worker, in this process."""
-    for name in list(Panel.data):
-        if name not in REMOTE_CONTROL_KEPT:
-            del Panel.data[name]
-
-
-def _printable_id(value: object) -> bool:
-    return (
-        isinstance(value, str)
-        and 0 < len(value) <= MAX_ID_CHARS
-        and value.isprintable()
-        and value.strip() == value
-    )
-
-
-def _when(headers: dict, name: str) -> datetime | None:
-    raw = headers.get(name)
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        raise InvalidTaskError(f"header {name!r} is not a date")
-    try:
-        when = maybe_iso8601(raw)
-    except (TypeError, ValueError, OverflowError):
-        when = None
-    if when is None:  # an empty string is "no date" to Celery, and then fails in its code
-        raise InvalidTaskError(f"header {name!r} is not an ISO 8601 date")
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+def _encoded_bytes(value: object) -> int:
+    """The size of a decoded value as JSON: what it weighs, whatever its type."""
+    return len(json.dumps(value, default=repr, ensure_ascii=False).encode("utf-8", "replace"))
 
 
 def check_headers(headers: object, allowed: frozenset[str], now: datetime) -> None:
-    """Raise InvalidTaskError unless `headers` are a protocol 2 call of an allowed task."""
+    """Raise InvalidTaskError unless `headers` are a protocol 2 call of an allowed task,
+    every header one this service sends and within its bound (tasks/headers.py)."""
     if not isinstance(headers, dict):
         raise InvalidTaskError("headers are not a mapping")
-    if sum(len(v) for v in headers.values() if isinstance(v, str)) > MAX_HEADER_CHARS:
-        # Celery keeps its headers (Flower shows them to every browser that opens a page).
-        raise InvalidTaskError(f"headers of over {MAX_HEADER_CHARS} characters")
     if "compression" in headers:
         raise InvalidTaskError("compressed messages are refused")
     task = headers.get("task")
@@ -147,37 +98,21 @@ def check_headers(headers: object, allowed: frozenset[str], now: datetime) -> No
         raise InvalidTaskError("no task header (only protocol 2 messages are accepted)")
     if not isinstance(task, str) or task not in allowed:
         raise InvalidTaskError("not a task of this service")
-    if not _printable_id(headers.get("id")):
+    if not printable_id(headers.get("id")):
         raise InvalidTaskError("header 'id' is missing or not a printable string")
-    for name in STRING_HEADERS:
-        if headers.get(name) is not None and not isinstance(headers[name], str):
-            raise InvalidTaskError(f"header {name!r} is not a string")
-    for name in ("root_id", "parent_id"):
-        if headers.get(name) is not None and not _printable_id(headers[name]):
-            raise InvalidTaskError(f"header {name!r} is not a printable string")
-    eta = _when(headers, "eta")
-    if eta is not None and eta > now + timedelta(seconds=MAX_ETA_S):
-        raise InvalidTaskError(f"header 'eta' is more than {MAX_ETA_S:g} s ahead")
-    _when(headers, "expires")
-    retries = headers.get("retries", 0)
-    if retries is not None and (
-        isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-    ):
-        raise InvalidTaskError("header 'retries' is not a count")
-    if headers.get("stamped_headers") or headers.get("stamps"):
-        # Celery's stamping (revoke by stamp) is not used by this service; a stamp that is
-        # a list fails in Celery's revoked-check, after the worker took a pool slot for it.
-        raise InvalidTaskError("stamped messages are refused")
-    timelimit = headers.get("timelimit")
-    if timelimit is not None and not (
-        isinstance(timelimit, (list, tuple))
-        and len(timelimit) == 2
-        and all(
-            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0)
-            for t in timelimit
-        )
-    ):
-        raise InvalidTaskError("header 'timelimit' is not [soft, hard]")
+    check_allowed(headers, HEADERS, "header")
+    if _encoded_bytes(headers) > MAX_HEADER_BYTES:
+        # Celery keeps its headers (Flower shows them to every browser that opens a page).
+        raise InvalidTaskError(f"headers of over {MAX_HEADER_BYTES} bytes")
+    check_dates(headers, now, MAX_ETA_S)
+
+
+def check_properties(properties: object) -> None:
+    """Raise InvalidTaskError unless the message properties Celery reads into a request are
+    within their bounds (tasks/headers.py)."""
+    if not isinstance(properties, dict):
+        raise InvalidTaskError("properties are not a mapping")
+    check_allowed({k: v for k, v in properties.items() if k in PROPERTIES}, PROPERTIES, "property")
 
 
 def check_body(message) -> tuple[list, dict]:
@@ -188,6 +123,9 @@ def check_body(message) -> tuple[list, dict]:
         raise InvalidTaskError("body is not bytes")
     if len(body) > MAX_MESSAGE_BYTES:
         raise InvalidTaskError(f"body of {len(body)} bytes is over {MAX_MESSAGE_BYTES}")
+    if not body:
+        # On RabbitMQ a body over MAX_ENVELOPE_BYTES is dropped as it arrives (envelope.py).
+        raise InvalidTaskError(f"no body (or one of over {MAX_ENVELOPE_BYTES} bytes)")
     payload = message.decode()
     if not (isinstance(payload, (list, tuple)) and len(payload) == 3):
         raise InvalidTaskError("body is not [args, kwargs, embed]")
@@ -290,6 +228,7 @@ class GuardedConsumer(Consumer):
         def on_task_received(message):
             try:
                 check_headers(message.headers, allowed, datetime.now(UTC))
+                check_properties(message.properties)
                 args, kwargs = check_body(message)
                 describe_arguments(message.headers, args, kwargs)
                 if message.headers.get("eta") and (

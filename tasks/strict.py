@@ -36,11 +36,18 @@ log = logging.getLogger("agent_radar.tasks")
 # and reads like a crash; keep its line, without the traceback.
 celery_trace.log_policy_reject = celery_trace.log_policy_reject._replace(traceback=0)
 
+# Hard and soft limits per task (the worker's, never a message's: tasks/headers.py); below
+# the Redis visibility timeout so a task never runs twice at once because the broker
+# re-delivered it.
+TASK_SOFT_TIME_LIMIT_S = 300
+TASK_TIME_LIMIT_S = 360
 # A public task whose database is unreachable retries with backoff until this many tries;
 # the intent is not durable yet, so it must not be dropped.
 PUBLIC_MAX_RETRIES = 50
 # Its backoff doubles from 1 s up to this; a worker's gate refuses ETAs much further ahead.
 PUBLIC_RETRY_MAX_S = 30
+# 2**5 s is past PUBLIC_RETRY_MAX_S: no more doublings are ever needed.
+RETRY_DOUBLINGS = 5
 # The names `strict_task` registered: the only tasks a worker's gate lets through
 # (tasks/gate.py); Celery's built-ins and anything else are refused there.
 TASK_NAMES: set[str] = set()
@@ -57,6 +64,14 @@ class OperationRefused(Exception):  # noqa: N818 - what a producer reads in the 
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+def retry_countdown_s(retries: object) -> float:
+    """A public task's wait before its next try: doubling from 1 s, at most
+    PUBLIC_RETRY_MAX_S. The count comes from a message header (the gate bounds it; this
+    never raises 2 to a producer's number)."""
+    tried = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+    return float(min(2 ** min(max(tried, 0), RETRY_DOUBLINGS), PUBLIC_RETRY_MAX_S))
 
 
 def _connection_level(exc: DBAPIError) -> bool:
@@ -215,9 +230,7 @@ def strict_task(name: str, *, public: bool = False, events: str = ALL):
                 # waits in the broker's delay queues, which Celery's default queue (a direct
                 # exchange, as default producers declare it) cannot route through.
                 raise self.retry(
-                    exc=exc,
-                    countdown=min(2**self.request.retries, PUBLIC_RETRY_MAX_S),
-                    queue=DEFAULT_QUEUE,
+                    exc=exc, countdown=retry_countdown_s(self.request.retries), queue=DEFAULT_QUEUE
                 ) from exc
             except Reject:
                 raise

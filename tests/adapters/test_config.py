@@ -71,7 +71,7 @@ def test_the_defaults_are_within_the_bounds():
 
 
 def test_the_runtime_timeout_bound_is_within_the_task_time_limit():
-    from agent_radar.tasks.app import TASK_SOFT_TIME_LIMIT_S
+    from agent_radar.tasks.strict import TASK_SOFT_TIME_LIMIT_S
 
     assert config.MAX_RUNTIME_TIMEOUT_S <= TASK_SOFT_TIME_LIMIT_S
 

@@ -70,7 +70,7 @@ MALFORMED = [
     ),
     (
         "a body over the size limit",
-        [[], dict(GOOD_KWARGS, objective="o" * (2 << 20)), None],
+        [[], dict(GOOD_KWARGS, objective="o" * (300 << 10)), None],
         task_headers(),
         "application/json",
     ),

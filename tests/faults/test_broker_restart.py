@@ -31,10 +31,11 @@ WS = "ws-restart"
 class OwnRedis:
     """A redis-server started (and ended) by this test only, on a port of its own."""
 
-    def __init__(self, log_path) -> None:
+    def __init__(self, log_path, *extra_args: str) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.log_path = log_path
+        self.extra_args = list(extra_args)  # e.g. --maxmemory 8mb
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -50,6 +51,7 @@ class OwnRedis:
                     "",
                     "--appendonly",
                     "no",
+                    *self.extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -4,13 +4,17 @@ in publisher.py."""
 
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import kombu.transport
 from kombu import Connection, Exchange, Queue
+from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, redis, virtual
 
 from agent_radar.workflows.adapters.config import Settings
@@ -36,6 +40,13 @@ FILESYSTEM_DRAIN_SLICE_S = 0.2
 # Redis re-delivers an unacknowledged message after this long; it must exceed the longest
 # task (task_time_limit) or a slow task would run twice at once.
 VISIBILITY_TIMEOUT_S = 3600
+
+
+# The largest message a worker reads, as the transport holds it (the envelope with its
+# headers and its body, base64-encoded on Redis and the filesystem): what is larger is not
+# a message of this product (tasks/gate.py bounds the body to 256 KiB and the headers to
+# 32 KiB) and is dropped before it is decoded.
+MAX_ENVELOPE_BYTES = 512 * 1024
 
 
 def queue_for(task_name: str) -> str:
@@ -117,12 +128,44 @@ class RedisTransport(redis.Transport):
 
 
 class Channel(filesystem.Channel):
-    """kombu's filesystem channel, with atomic message files.
+    """kombu's filesystem channel, with atomic message files of a bounded size.
 
     Upstream creates `<…>.msg` and then writes into it, while consumers move any `.msg` file
     they list without taking its lock, so a consumer can take a half-written message. Here the
     message is written under a temporary name and renamed into place, which is atomic.
+
+    A consumer takes a file over MAX_ENVELOPE_BYTES off the queue without reading it (it
+    stays in the processed folder, which the embedded stack empties at its start).
     """
+
+    def _get(self, queue):
+        wanted = f"{queue}.msg"
+        processed = self.processed_folder if self.store_processed else tempfile.gettempdir()
+        for filename in sorted(os.listdir(self.data_folder_in)):
+            if filename.partition(".")[2] != wanted:
+                continue
+            try:  # the move decides which consumer has the message
+                shutil.move(os.path.join(self.data_folder_in, filename), processed)
+            except OSError:
+                continue  # another consumer's now
+            path = os.path.join(processed, filename)
+            try:
+                size = os.path.getsize(path)
+                if size > MAX_ENVELOPE_BYTES:
+                    log.error(
+                        "dropped a message file of %d bytes, over %d, before reading it",
+                        size,
+                        MAX_ENVELOPE_BYTES,
+                    )
+                    continue
+                with open(path, "rb") as fh:
+                    payload = fh.read()
+                if not self.store_processed:
+                    os.remove(path)
+            except OSError as exc:
+                raise ChannelError(f"Cannot read file {filename!r} from queue.") from exc
+            return filesystem.loads(filesystem.bytes_to_str(payload))
+        raise Empty()
 
     def _put(self, queue, payload, **kwargs):
         name = f"{int(filesystem.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
