@@ -116,3 +116,52 @@ def test_a_multi_host_database_url_passes_to_children_with_its_password_hidden()
     settings = Settings.from_env({"AGENT_RADAR_DATABASE_URL": url})
     assert Settings.from_env(settings.to_env()).database_url == url
     assert "secret" not in repr(settings)
+
+
+# Found by the edge review (issue 43): each was accepted. Beneath a lower bound a setting is a
+# slip of unit that busy-loops the sweeper or times out every host call before it is sent.
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("AGENT_RADAR_SWEEP_INTERVAL_S", "1e-300"),
+        ("AGENT_RADAR_SWEEP_INTERVAL_S", "0.01"),
+        ("AGENT_RADAR_RUNTIME_TIMEOUT_S", "0.0000001"),
+        ("AGENT_RADAR_LEASE_S", "0.5"),
+        ("AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S", "1e-9"),
+        ("AGENT_RADAR_LOG_FORMAT", "xml"),
+        ("AGENT_RADAR_BROKER_KEY_PREFIX", "radar\nCRITICAL forged:"),
+        ("AGENT_RADAR_BROKER_KEY_PREFIX", "with space:"),
+        ("AGENT_RADAR_BROKER_KEY_PREFIX", "p" * 129),
+        ("AGENT_RADAR_RUNTIME_TOKEN", "token\r\nX-Forged: 1"),
+        ("AGENT_RADAR_RUNTIME_URL", "ftp://127.0.0.1:8765"),
+    ],
+)
+def test_a_setting_out_of_its_kind_is_refused_naming_the_variable(name, raw):
+    env = {name: raw}
+    if name == "AGENT_RADAR_BROKER_KEY_PREFIX":
+        env["AGENT_RADAR_BROKER_URL"] = "redis://127.0.0.1:6379/0"
+    with pytest.raises(ValueError) as refused:
+        Settings.from_env(env)
+    message = str(refused.value)
+    assert message.startswith(name) and "\n" not in message and "\r" not in message
+
+
+@pytest.mark.parametrize(
+    "name, minimum",
+    [
+        ("AGENT_RADAR_SWEEP_INTERVAL_S", config.MIN_SWEEP_INTERVAL_S),
+        ("AGENT_RADAR_RUNTIME_TIMEOUT_S", config.MIN_RUNTIME_TIMEOUT_S),
+        ("AGENT_RADAR_LEASE_S", config.MIN_LEASE_S),
+        ("AGENT_RADAR_MAINTENANCE_CANCEL_GRACE_S", config.MIN_MAINTENANCE_CANCEL_GRACE_S),
+    ],
+)
+def test_the_lower_bound_itself_is_accepted(name, minimum):
+    settings = Settings.from_env({name: f"{minimum:g}"})
+    assert Settings.from_env(settings.to_env()) == settings
+
+
+def test_the_log_format_is_text_or_json_in_any_case():
+    assert Settings.from_env({}).log_format == "text"
+    assert Settings.from_env({"AGENT_RADAR_LOG_FORMAT": ""}).log_format == "text"
+    settings = Settings.from_env({"AGENT_RADAR_LOG_FORMAT": "JSON"})
+    assert settings.log_format == "json" and Settings.from_env(settings.to_env()) == settings

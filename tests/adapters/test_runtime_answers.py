@@ -147,3 +147,42 @@ def test_an_unstorable_maintenance_outcome_fails_the_run_and_releases_the_sessio
     # The run's records are stored too: three of them, the last one terminal.
     history = client.history(WS, sid)
     assert [h.payload["record"]["status"] for h in history] == ["failed"]
+
+
+def test_a_host_s_own_error_codes_make_no_new_metric_series(host):
+    """A host answering 418 with a fresh error code each time made a series per code: 200
+    series from 200 goals (issue 43). The protocol's codes keep their own label; any other is
+    counted as `other`."""
+    from itertools import count
+
+    from prometheus_client import REGISTRY
+
+    from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+
+    runtime = HttpRuntime(host.url, timeout_s=5.0, host_id="teapot")
+    codes = count()
+    host.answers["brew"] = lambda _body: (
+        418,
+        json.dumps({"error": f"brew_{next(codes)}"}).encode(),
+    )
+    host.answers["gone"] = (404, b'{"error": "session_not_found"}')
+    for sid in ["brew"] * 50 + ["gone"]:
+        with pytest.raises((RuntimeFault, RuntimeDisconnected)):
+            runtime.apply_goal(
+                "w",
+                sid,
+                operation_id="o",
+                action="set",
+                objective="x",
+                revision=1,
+                client_submit_id="c",
+                require_live=False,
+            )
+    labelled = {
+        (sample.labels["code"], sample.value)
+        for metric in REGISTRY.collect()
+        if metric.name == "agent_radar_runtime_call_errors"
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels["host"] == "teapot"
+    }
+    assert labelled == {("other", 50.0), ("session_not_found", 1.0)}

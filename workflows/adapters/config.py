@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from agent_radar.workflows.adapters import logs
 from agent_radar.workflows.errors import InvalidArgument
 from agent_radar.workflows.validation import check_url
 
@@ -55,8 +56,6 @@ MIN_SWEEP_INTERVAL_S = 0.1
 MIN_RUNTIME_TIMEOUT_S = 0.1
 MIN_LEASE_S = 1.0
 MIN_MAINTENANCE_CANCEL_GRACE_S = 0.1
-# How a process writes its log lines (workflows/adapters/logs.py).
-LOG_FORMATS = ("text", "json")
 # A Redis key prefix is part of every key name the deployment writes: printable ASCII, no
 # space, at most this long.
 MAX_KEY_PREFIX_CHARS = 128
@@ -119,15 +118,6 @@ def _whole(env: Mapping[str, str], name: str, default: int, *, maximum: int) -> 
     if not float(value).is_integer():
         raise ValueError(f"{name} must be a whole number, got {env.get(name)!r}")
     return int(value)
-
-
-def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    if raw.strip().lower() not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw.strip().lower()
 
 
 def _token(env: Mapping[str, str], name: str) -> str | None:
@@ -282,7 +272,7 @@ class Settings:
             )
             if env.get("AGENT_RADAR_RESULT_BACKEND")
             else None,
-            log_format=_choice(env, "AGENT_RADAR_LOG_FORMAT", "text", LOG_FORMATS),
+            log_format="json" if logs.json_logs_wanted(env) else "text",
         )
 
     def to_env(self) -> dict[str, str]:

@@ -18,7 +18,7 @@ import contextvars
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
@@ -246,8 +246,10 @@ class QuietRoutine(logging.Filter):
         return not any(marker in text for marker in self.ROUTINE)
 
 
-def json_logs_wanted(env: dict[str, str] | None = None) -> bool:
-    value = (env if env is not None else os.environ).get(LOG_FORMAT_ENV, "text").lower()
+def json_logs_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether AGENT_RADAR_LOG_FORMAT asks for JSON lines; text when unset or empty, and
+    anything but text or json refused."""
+    value = ((env if env is not None else os.environ).get(LOG_FORMAT_ENV) or "text").lower()
     if value not in ("text", "json"):
         raise ValueError(f"{LOG_FORMAT_ENV} must be text or json, got {value!r}")
     return value == "json"
