@@ -96,11 +96,18 @@ class Tally:
     """Inputs tried per family, printed at the end of the test session."""
 
     counts: dict[str, int] = {}
+    # What a family's run did to the worker (pool processes killed, leases left held).
+    harm: dict[str, int] = {}
 
     @classmethod
     def add(cls, family: str, backend: str) -> None:
         key = f"{family} [{backend}]"
         cls.counts[key] = cls.counts.get(key, 0) + 1
+
+    @classmethod
+    def record_harm(cls, family: str, backend: str, what: str, n: int) -> None:
+        key = f"{what} by {family} [{backend}]"
+        cls.harm[key] = cls.harm.get(key, 0) + n
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,6 +117,9 @@ def report_tally():
         total = sum(Tally.counts.values())
         lines = [f"  {k}: {v}" for k, v in sorted(Tally.counts.items())]
         print("\nfuzz inputs tried:\n" + "\n".join(lines) + f"\n  total: {total}")
+    if Tally.harm:
+        lines = [f"  {k}: {v}" for k, v in sorted(Tally.harm.items())]
+        print("harm done:\n" + "\n".join(lines))
 
 
 def expect_typed(call):
