@@ -33,7 +33,7 @@ lint: $(STAMP)
 fuzz: $(STAMP)
 	AGENT_RADAR_FUZZ_EXAMPLES=$${AGENT_RADAR_FUZZ_EXAMPLES:-2000} \
 	AGENT_RADAR_WALK_SCHEDULES=$${AGENT_RADAR_WALK_SCHEDULES:-2000} \
-	$(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py tests/faults/test_fuzz_headers.py tests/faults/test_fuzz_control.py \
+	$(BIN)/python -m pytest -q --timeout=0 tests/faults/test_fuzz.py tests/faults/test_fuzz_headers.py tests/faults/test_fuzz_control.py tests/faults/test_fuzz_broker.py \
 		tests/faults/test_fence_walk.py $(PYTEST_ARGS)
 
 # Server nodes lost under load at scale: a PostgreSQL primary killed and its replica promoted,
