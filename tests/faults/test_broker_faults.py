@@ -5,15 +5,13 @@ that broker at once, none coming back when memory was freed. Here the test's own
 up under a running worker: the work it takes meanwhile is applied, it logs what it could not
 write, and once memory is freed the same worker, with the same pool, applies the next goal."""
 
-import shutil
 import signal
 from dataclasses import replace
 
 import pytest
 import redis
 
-from tests.conftest import skip_or_fail
-from tests.faults.test_broker_restart import OwnRedis
+from tests.faults.test_broker_restart import OwnRedis, running_redis
 from tests.helpers import effects_by_operation, eventually
 from tests.hostile import raw_publish, task_headers
 
@@ -28,14 +26,10 @@ def backend():
 
 @pytest.fixture
 def full_redis(tmp_path):
-    if shutil.which("redis-server") is None:
-        skip_or_fail("redis-server is not installed")
-    server = OwnRedis(
-        tmp_path / "redis.log", "--maxmemory", MAXMEMORY, "--maxmemory-policy", "noeviction"
-    )
-    server.start()
-    yield server
-    server.kill()
+    with running_redis(
+        tmp_path, "--maxmemory", MAXMEMORY, "--maxmemory-policy", "noeviction"
+    ) as server:
+        yield server
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -194,14 +196,23 @@ def backend(request):
     return "production"
 
 
-@pytest.fixture
-def own_redis(tmp_path):
+@contextmanager
+def running_redis(tmp_path, *extra_args: str) -> Iterator[OwnRedis]:
+    """A redis-server of the test's own (with `extra_args`), killed when the test ends."""
     if shutil.which("redis-server") is None:
         skip_or_fail("redis-server is not installed")
-    server = OwnRedis(tmp_path / "redis.log")
+    server = OwnRedis(tmp_path / "redis.log", *extra_args)
     server.start()
-    yield server
-    server.kill()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    with running_redis(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture

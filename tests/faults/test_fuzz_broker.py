@@ -10,7 +10,6 @@ the host, no lease is left held and the queue empties. `make fuzz` runs it long
 (AGENT_RADAR_FUZZ_EXAMPLES faults); the suite runs a few.
 """
 
-import shutil
 import time
 from dataclasses import replace
 from itertools import count
@@ -20,8 +19,7 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import skip_or_fail
-from tests.faults.test_broker_restart import OwnRedis
+from tests.faults.test_broker_restart import running_redis
 from tests.faults.test_fuzz import CAMPAIGN, EXAMPLES, FUZZ, Tally, report_tally  # noqa: F401
 from tests.faults.test_fuzz_headers import assert_unharmed
 from tests.helpers import effects_by_operation, eventually
@@ -49,12 +47,8 @@ def backend():
 
 @pytest.fixture
 def own_redis(tmp_path):
-    if shutil.which("redis-server") is None:
-        skip_or_fail("redis-server is not installed")
-    server = OwnRedis(tmp_path / "redis.log", "--enable-debug-command", "yes")
-    server.start()
-    yield server
-    server.kill()
+    with running_redis(tmp_path, "--enable-debug-command", "yes") as server:
+        yield server
 
 
 @pytest.fixture
