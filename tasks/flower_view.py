@@ -7,12 +7,14 @@ And what Flower takes and serves (docs/security.md): its `/metrics` answer only 
 basic auth as its pages (`/healthcheck`, which says "OK" and nothing else, stays open for a
 probe); the events it counts there and lists are those of this product's tasks, from workers
 with a printable name, up to MAX_WORKERS of them: any broker client may publish events, and
-each new task name or worker name would otherwise be a new series for good."""
+each new task name or worker name would otherwise be a new series for good. Events are read
+through the worker's guarded transports: one over the message bound is dropped undecoded."""
 
 from typing import Any
 
 from celery import states
 
+from agent_radar.tasks.envelope import guard_transport
 from agent_radar.tasks.headers import printable_id
 from agent_radar.tasks.strict import TASK_NAMES
 
@@ -86,3 +88,13 @@ def install() -> None:
     event.guarded = True  # type: ignore[attr-defined]
     EventsState.event = event
     Metrics.get = tornado.web.authenticated(Metrics.get)
+    # Flower reads events through the app's connection: through the worker's guarded
+    # transports, so an oversized event is dropped before it is decoded (tasks/envelope.py).
+    connect = app.connection
+
+    def connection(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        guard_transport(conn)
+        return conn
+
+    app.connection = connection  # type: ignore[method-assign]

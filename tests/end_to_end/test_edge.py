@@ -256,9 +256,19 @@ def test_flower_s_metrics_answer_only_behind_its_auth(settings, client, stack):
     # Events from anyone: a task name of no task of ours makes no series.
     from agent_radar.tasks.app import create_app
 
+    peak_before = vm_peak_kib(flower.proc.pid)
     app = create_app(settings)
     try:
         with app.events.default_dispatcher(hostname="intruder@x") as dispatcher:
+            # 8 MB of `[{}, {}, …]`, over 150 MB decoded: read through the guarded transport
+            # and dropped undecoded (its raw bytes pass through the client's buffers).
+            dispatcher.send(
+                "task-received",
+                uuid=str(uuid.uuid4()),
+                name="agent_radar.goal_control",
+                args=[{}] * (2 << 20),
+                kwargs="",
+            )
             for i in range(20):
                 dispatcher.send(
                     "task-received", uuid=str(uuid.uuid4()), name=f"forged-{i}", args="", kwargs=""
@@ -272,6 +282,7 @@ def test_flower_s_metrics_answer_only_behind_its_auth(settings, client, stack):
     )
     text = _metrics(flower)
     assert "forged-" not in text and "intruder" not in text
+    assert vm_peak_kib(flower.proc.pid) - peak_before < 96 * 1024
 
 
 def _metrics(flower) -> str:
