@@ -22,11 +22,12 @@ import time
 from queue import Empty
 
 from amqp import method_framing
+from amqp import serialization as amqp_serialization
 from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
-from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES
+from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES, check_envelope
 from agent_radar.workflows.escape import escape
 
 log = logging.getLogger("agent_radar.gate")
@@ -222,13 +223,28 @@ class GuardedRedisChannel(kombu_redis.Channel):
 class GuardedRedisTransport(kombu_redis.Transport):
     Channel = GuardedRedisChannel
 
+    def _deliver(self, message, queue):
+        # Items (BRPOP) and broadcasts (publish/subscribe) alike come through here, decoded:
+        # NotAnEnvelope reaches the channel's read above, which drops the item in one line.
+        super()._deliver(check_envelope(message), queue)
+
 
 # -- RabbitMQ -----------------------------------------------------------------------------
 # A content header: class id, weight, body size (AMQP 0-9-1, 4.2.6.1), then the properties.
 HEADER_FIXED = struct.Struct(">HHQ")
-# What py-amqp's decoding of a header's properties raises on one that is not AMQP (a field
-# table nested past Python's recursion limit fits in one frame).
-UNDECODABLE = (RecursionError, ValueError, struct.error, UnicodeError, KeyError, IndexError)
+
+
+def _properties_decode(class_id: int, buf) -> bool:
+    """Whether a content header's properties decode: py-amqp's own decoding, tried before
+    the message is built. It raises whatever a field table makes it raise — RecursionError
+    (a table nested past the recursion limit fits in one frame), OverflowError or OSError
+    (a timestamp past the platform's time_t: an OSError counts as a lost connection, and an
+    OverflowError ended the worker) — and none of that may reach the connection."""
+    try:
+        amqp_serialization.PROPERTY_CLASSES[class_id](buf, HEADER_FIXED.size)
+    except Exception:  # noqa: BLE001 - any failure: the properties are not AMQP
+        return False
+    return True
 
 
 def guarded_frame_handler(connection, callback, **kwargs):
@@ -251,16 +267,14 @@ def guarded_frame_handler(connection, callback, **kwargs):
         if frame_type != 2 or len(buf) < HEADER_FIXED.size:
             return handle(frame)
         class_id, weight, body_size = HEADER_FIXED.unpack_from(buf, 0)
-        if body_size > MAX_ENVELOPE_BYTES:
-            dropping[channel] = body_size
-            buf = HEADER_FIXED.pack(class_id, weight, 0) + bytes(buf[HEADER_FIXED.size :])
-        try:
-            return handle((frame_type, channel, buf))
-        except UNDECODABLE:
-            if body_size and channel not in dropping:
+        decodes = _properties_decode(class_id, buf)
+        if body_size > MAX_ENVELOPE_BYTES or not decodes:
+            if body_size:
                 dropping[channel] = body_size
-            # No properties (flags 0), no body.
-            return handle((frame_type, channel, HEADER_FIXED.pack(class_id, weight, 0) + b"\0\0"))
+            # No body; and no properties (flags 0) when they do not decode.
+            properties = bytes(buf[HEADER_FIXED.size :]) if decodes else b"\0\0"
+            buf = HEADER_FIXED.pack(class_id, weight, 0) + properties
+        return handle((frame_type, channel, buf))
 
     return on_frame
 

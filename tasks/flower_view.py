@@ -8,18 +8,27 @@ basic auth as its pages (`/healthcheck`, which says "OK" and nothing else, stays
 probe); the events it counts there and lists are those of this product's tasks, from workers
 with a printable name, up to MAX_WORKERS of them: any broker client may publish events, and
 each new task name or worker name would otherwise be a new series for good. Events are read
-through the worker's guarded transports: one over the message bound is dropped undecoded."""
+through the worker's guarded transports (one over the message bound is dropped undecoded), and
+nothing is unpacked (tasks/gate.py: refuse_unpacking)."""
 
+import json
 from typing import Any
 
 from celery import states
 
 from agent_radar.tasks.envelope import guard_transport
+from agent_radar.tasks.gate import refuse_unpacking
 from agent_radar.tasks.headers import printable_id
 from agent_radar.tasks.strict import TASK_NAMES
 
 # More workers than a fleet runs; events from further node names are dropped.
 MAX_WORKERS = 1024
+# Celery's events carry ids, names, short texts (the arguments' text is at most 1 KiB,
+# tasks/gate.py) and a few numbers; a failure's traceback is the longest text.
+MAX_EVENT_TEXT = 4096
+MAX_EVENT_FIELDS = 64
+# A field that is not a text: a worker's load averages, its software's names.
+MAX_EVENT_FIELD_BYTES = 1024
 # Celery's event types (celery/events): Flower handles no others.
 EVENT_TYPES = frozenset(
     {
@@ -45,9 +54,28 @@ def format_task(task: Any) -> Any:
     return task
 
 
+def _bounded(event: dict) -> bool:
+    """Cut each text of an event at MAX_EVENT_TEXT characters (Flower keeps up to 10,000
+    tasks: 1,500 events of 380 KiB took it to 1 GB); False for an event with more fields,
+    or a larger field of another kind, than Celery's events have."""
+    if len(event) > MAX_EVENT_FIELDS:
+        return False
+    for key, value in list(event.items()):
+        if isinstance(value, str):
+            if len(value) > MAX_EVENT_TEXT:
+                event[key] = value[:MAX_EVENT_TEXT] + "..."
+        elif isinstance(value, (list, tuple, dict)):
+            if len(json.dumps(value, default=repr)) > MAX_EVENT_FIELD_BYTES:
+                return False
+    return True
+
+
 def event_kept(event: Any, workers: set[str]) -> bool:
-    """Whether Flower takes this event (`workers`: the node names taken so far)."""
+    """Whether Flower takes this event (`workers`: the node names taken so far), its texts
+    cut short."""
     if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
+        return False
+    if not _bounded(event):
         return False
     hostname = event.get("hostname")
     if not printable_id(hostname):
@@ -98,3 +126,4 @@ def install() -> None:
         return conn
 
     app.connection = connection  # type: ignore[method-assign]
+    refuse_unpacking()

@@ -12,8 +12,10 @@ Celery. Below it, the transports bound a message's size before it is decoded
 
 More guards live here because they act before Celery's code does:
 - kombu decompresses a body while it builds the message, before any size check: a 1.4 KB
-  bz2 message unpacked to 2 GB. The worker refuses every compression (`refuse_compression`);
-  producers of this service have no reason to compress.
+  bz2 message unpacked to 2 GB; and it decodes a body of content type `application/data` by
+  its `content_encoding` with any codec Python has (`bz2_codec`: 785 bytes to 1 GiB). The
+  worker refuses every compression and every encoding but a text codec (`refuse_unpacking`);
+  producers of this service have no reason to compress, and send JSON in UTF-8.
 - A message with an ETA is held in the worker's memory, past the prefetch limit, until it is
   due. An ETA further ahead than `MAX_ETA_S` is refused; past `ETA_HELD_MAX` held messages,
   a new one runs at once instead of being held. On RabbitMQ with quorum queues the prefetch
@@ -25,6 +27,7 @@ More guards live here because they act before Celery's code does:
 - Celery's built-in tasks (`celery.chord_unlock`, `celery.starmap`, …) are not ours to run.
 """
 
+import codecs
 import json
 import logging
 from datetime import UTC, datetime
@@ -33,7 +36,8 @@ from celery.exceptions import InvalidTaskError
 from celery.utils.saferepr import saferepr
 from celery.worker import state as worker_state
 from celery.worker.consumer.consumer import Consumer
-from kombu import compression
+from kombu import compression, serialization
+from kombu.exceptions import ContentDisallowed
 
 from agent_radar.tasks import delayed_delivery
 from agent_radar.tasks.control import limit_remote_control
@@ -69,16 +73,38 @@ REPR_MAX = 1024
 EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
 
 
-def refuse_compression() -> None:
-    """Make every compression kombu knows fail to decompress, in this process (a worker's):
-    the message then reaches `on_decode_error` as an error, never unpacked. An unknown
-    compression already fails there."""
+# What a body's `content_encoding` may name: text codecs, which decode byte for byte.
+# kombu runs `codecs.decode(body, content_encoding)` on any body of content type
+# `application/data` or `application/text`, which it takes whatever `accept` says: with
+# `bz2_codec` a 785-byte body unpacked to 1 GiB in the worker's main process.
+TEXT_ENCODINGS = frozenset({"utf-8", "ascii"})
+# The content of every message this product's producers send (JSON, in UTF-8).
+JSON_CONTENT_TYPE = "application/json"
+
+
+def _text_only(data, encoding: str):
+    try:
+        known = codecs.lookup(encoding).name
+    except LookupError:
+        known = None
+    if known not in TEXT_ENCODINGS:
+        raise ContentDisallowed(f"content encoding {str(encoding)[:64]!r} is refused")
+    return codecs.decode(data, encoding)
+
+
+def refuse_unpacking() -> None:
+    """In this process (a worker's, Flower's), make kombu unpack nothing before it decodes a
+    message (tasks, remote control and events alike): every compression it knows fails to
+    decompress, and a content encoding other than a text codec fails to decode. The message
+    then reaches `on_decode_error` as an error, never unpacked; an unknown compression
+    already fails there."""
 
     def refuse(_body):
         raise InvalidTaskError("compressed messages are refused")
 
     for content_type in list(compression._decoders):
         compression._decoders[content_type] = refuse
+    serialization._decode = _text_only
 
 
 def _encoded_bytes(value: object) -> int:
@@ -126,6 +152,13 @@ def check_body(message) -> tuple[list, dict]:
     if not body:
         # On RabbitMQ a body over MAX_ENVELOPE_BYTES is dropped as it arrives (envelope.py).
         raise InvalidTaskError(f"no body (or one of over {MAX_ENVELOPE_BYTES} bytes)")
+    if message.content_type != JSON_CONTENT_TYPE:
+        raise InvalidTaskError(f"content type {str(message.content_type)[:64]!r} is not JSON")
+    encoding = message.content_encoding
+    if not (
+        encoding is None or isinstance(encoding, str) and encoding.lower() in ("utf-8", "utf8")
+    ):
+        raise InvalidTaskError(f"content encoding {str(encoding)[:64]!r} is not UTF-8")
     payload = message.decode()
     if not (isinstance(payload, (list, tuple)) and len(payload) == 3):
         raise InvalidTaskError("body is not [args, kwargs, embed]")
@@ -178,7 +211,7 @@ class GuardedConsumer(Consumer):
         ]
 
     def __init__(self, *args, **kwargs) -> None:
-        refuse_compression()
+        refuse_unpacking()
         limit_remote_control()
         super().__init__(*args, **kwargs)
         # RabbitMQ with quorum queues: Celery's prefetch cannot grow for a held message.

@@ -31,6 +31,10 @@ MAX_ID_CHARS = 255
 MAX_TEXT_CHARS = 4 * 1024
 # An ISO 8601 date with microseconds and an offset is 32 characters.
 MAX_DATE_CHARS = 64
+# The dates a message may carry: far from either end of Python's calendar, so that no
+# conversion to another time zone (Celery's, to the worker's local one) can overflow.
+EARLIEST_DATE = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_DATE = datetime(3000, 1, 1, tzinfo=UTC)
 # A group's index: Celery numbers a group's members from 0; ours are never in a group.
 MAX_GROUP_INDEX = 10_000
 # How often RabbitMQ may have dead-lettered a message (once per delay queue it passed, at
@@ -135,6 +139,9 @@ HEADERS: dict[str, tuple[str, Callable[[object, dict], bool]]] = {
     "stamps": ("null or empty", _empty),
     # Beat marks what it sends (celery/beat.py).
     "celery_beat_task": ("true or false", _flag),
+    # kombu marks a message it restored on Redis (a lost connection, the visibility
+    # timeout, a worker's stop): refusing it lost a producer's task for good.
+    "redelivered": ("true or false", _flag),
     # RabbitMQ's own, on a message it dead-lettered (delayed delivery) or redelivered.
     "x-death": (f"a list of at most {MAX_DEATHS} tables", _deaths),
     "x-delivery-count": (f"a count up to {MAX_DELIVERY_COUNT}", _count(MAX_DELIVERY_COUNT)),
@@ -164,11 +171,13 @@ def when(headers: dict, name: str) -> datetime | None:
         return None
     try:
         parsed = maybe_iso8601(raw)
-    except (TypeError, ValueError, OverflowError):
-        parsed = None
-    if parsed is None:
-        raise InvalidTaskError(f"header {name!r} is not an ISO 8601 date")
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        # As Celery reads it (in UTC): `0001-01-01T00:00:00+14:00` parses, and overflows here.
+        parsed = parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        raise InvalidTaskError(f"header {name!r} is not an ISO 8601 date") from None
+    if not EARLIEST_DATE <= parsed <= LATEST_DATE:
+        raise InvalidTaskError(f"header {name!r} is not a date of this millennium")
+    return parsed
 
 
 def check_allowed(headers: dict, table: dict, what: str) -> None:
@@ -184,7 +193,12 @@ def check_allowed(headers: dict, table: dict, what: str) -> None:
 
 
 def check_dates(headers: dict, now: datetime, max_eta_s: float) -> None:
+    """An ETA at most `max_eta_s` ahead; an expiry still to come. Celery discards an expired
+    message too, but first marks its id revoked in the result backend (a row written, under
+    an id the message chose); refused here, it writes nothing."""
     eta = when(headers, "eta")
     if eta is not None and eta > now + timedelta(seconds=max_eta_s):
         raise InvalidTaskError(f"header 'eta' is more than {max_eta_s:g} s ahead")
-    when(headers, "expires")
+    expires = when(headers, "expires")
+    if expires is not None and expires <= now:
+        raise InvalidTaskError("header 'expires' has passed")

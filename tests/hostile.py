@@ -148,7 +148,13 @@ def applied(body):
 
 
 def raw_publish(
-    settings, body, *, headers=None, content_type="application/json", queue: str = "default"
+    settings,
+    body,
+    *,
+    headers=None,
+    content_type="application/json",
+    content_encoding="utf-8",
+    queue: str = "default",
 ) -> None:
     """Publish `body` as it is: bytes go out untouched, anything else as JSON."""
     target = queue_named(settings, queue)
@@ -160,7 +166,7 @@ def raw_publish(
             exchange=target.exchange,
             routing_key=target.routing_key,
             content_type=content_type,
-            content_encoding="utf-8",
+            content_encoding=content_encoding,
             headers=headers if headers is not None else {},
             declare=[target],
         )

@@ -6,6 +6,7 @@ real worker on the embedded backend, Redis and RabbitMQ: each is refused (or ans
 what it sought), no pool process changes, nothing is written, and the same worker applies a
 normal goal right after."""
 
+import json
 import uuid
 
 import pytest
@@ -14,7 +15,7 @@ from sqlalchemy import select
 from agent_radar.beat.sweeper import SWEEPER_LEASE
 from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import Lease
-from tests.end_to_end.test_gate import apply_good_goal, goal_body, vm_peak_kib
+from tests.end_to_end.test_gate import BOMB_BYTES, apply_good_goal, goal_body, vm_peak_kib
 from tests.helpers import effects_by_operation, eventually, queue_depth, row_counts
 from tests.hostile import raw_publish, task_headers
 
@@ -85,6 +86,20 @@ def outside_the_allow_list() -> list[tuple[str, object, dict, str]]:
             task_headers(**{"x\n" + FORGED: 1}),
             "is not one this service sends",
         ),
+        # Celery's conversion of this ETA overflowed (a traceback, and with a result backend
+        # a FAILURE row under the message's id); an expired message was marked REVOKED.
+        (
+            "an eta that overflows in UTC",
+            goal_body("eta-overflow"),
+            task_headers(eta="0001-01-01T00:00:00+14:00"),
+            "header 'eta' is not an ISO 8601 date",
+        ),
+        (
+            "an expiry that has passed",
+            goal_body("expired"),
+            task_headers(expires="2000-01-01T00:00:00+00:00"),
+            "header 'expires' has passed",
+        ),
         (
             "a group index past any group",
             goal_body("prio"),
@@ -118,7 +133,7 @@ def test_headers_outside_the_allow_list_are_refused_and_no_pool_process_dies(
         assert sum(words in line for line in refused) >= 1, what
     log = worker.log_path.read_text()
     assert "Restoring" not in log and "Traceback" not in log and "Hard time limit" not in log
-    assert "SoftTimeLimitExceeded" not in log
+    assert "SoftTimeLimitExceeded" not in log and "Couldn't convert ETA" not in log
     assert not any(line.startswith(FORGED) for line in log.splitlines())
     # Nothing written: no operation but the good one, and the sweeper's lease never taken.
     names = run_transaction(client.engine, lambda s: s.scalars(select(Lease.name)).all())
@@ -308,3 +323,148 @@ def test_retry_countdown_never_raises_two_to_a_producer_s_number():
     assert retry_countdown_s(-5) == 1.0
     assert retry_countdown_s("9" * 50) == 1.0
     assert retry_countdown_s(True) == 1.0
+
+
+def test_a_body_is_never_unpacked_by_its_content_encoding(
+    client, stack, settings, sim_control, backend
+):
+    """kombu decodes a body of content type `application/data` with whatever codec its
+    `content_encoding` names: 785 bytes of `bz2_codec` took a worker's main process to 2.2 GB,
+    and the same envelope broadcast to every worker's mailbox did it to all of them."""
+    import bz2
+
+    from agent_radar.tasks.app import create_app
+
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    peak_before = vm_peak_kib(worker.pid)
+    bomb = bz2.compress(b"\0" * BOMB_BYTES, 9)
+    assert len(bomb) < 2048
+    for content_type in ("application/data", "application/text"):
+        raw_publish(
+            settings,
+            bomb,
+            headers=task_headers(),
+            content_type=content_type,
+            content_encoding="bz2_codec",
+        )
+    # A JSON body in another encoding is refused too: our producers send UTF-8.
+    raw_publish(
+        settings,
+        json.dumps(goal_body("latin")).encode(),
+        headers=task_headers(),
+        content_encoding="latin-1",
+    )
+    app = create_app(settings)
+    try:
+        eventually(lambda: app.control.ping(timeout=1), what="a ping answered")
+        with app.connection_for_write() as conn:
+            exchange = app.control.mailbox(conn).exchange
+            conn.Producer().publish(
+                bomb,
+                exchange=exchange,
+                routing_key="",
+                content_type="application/data",
+                content_encoding="bz2_codec",
+                declare=[exchange],
+            )
+        assert eventually(lambda: app.control.ping(timeout=1), what="a ping after the bomb")
+    finally:
+        app.close()
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    eventually(lambda: queue_depth(settings) == 0, what="an empty queue")
+    assert worker.alive() and worker.children() == pool
+    assert vm_peak_kib(worker.pid) - peak_before < 32 * 1024
+    log = worker.log_path.read_text()
+    assert log.count("is not JSON") == 2 and "content encoding 'latin-1'" in log, log[-3000:]
+    assert client.find_goal_operation(WS, "s", "latin") is None
+
+
+def test_a_message_kombu_restored_is_admitted(client, stack, settings, sim_control):
+    """kombu marks a message it restores on Redis (a lost connection, the visibility
+    timeout, a worker's stop) with `redelivered`: the allow-list refused it, and a producer's
+    goal was lost for good."""
+    stack.start_worker(concurrency=1)
+    raw_publish(settings, goal_body("restored"), headers=task_headers(redelivered=True))
+    op = eventually(lambda: client.find_goal_operation(WS, "s", "restored"), what="the goal")
+    assert client.wait(op, timeout=60).status == "completed"
+
+
+@pytest.mark.parametrize("backend", ["rabbitmq"], indirect=True)
+def test_a_timestamp_past_time_t_in_a_header_table_is_dropped(
+    client, stack, settings, sim_control, monkeypatch
+):
+    """py-amqp turns an AMQP timestamp into a datetime while it decodes a message's
+    properties: 2**63 + 5 raised OverflowError ("Unrecoverable error": the worker exited, and
+    the message went back for the next one), 2**62 an OSError, a lost connection to kombu
+    (223 consumer restarts, and nothing consumed). A broadcast did it to every worker."""
+    import calendar
+    from datetime import datetime
+
+    from agent_radar.tasks.app import create_app
+
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    marker = datetime(2001, 1, 1)
+    timegm = calendar.timegm
+    values = iter([2**63 + 5, 2**62, 2**63 + 5])
+    monkeypatch.setattr(
+        calendar,
+        "timegm",
+        lambda t: next(values) if t[:3] == (2001, 1, 1) else timegm(t),
+    )
+    for submit_id in ("t-overflow", "t-oserror"):
+        raw_publish(
+            settings, goal_body(submit_id), headers=task_headers(**{"x-death": [{"time": marker}]})
+        )
+    app = create_app(settings)
+    try:
+        eventually(lambda: app.control.ping(timeout=1), what="a ping answered")
+        with app.connection_for_write() as conn:
+            exchange = app.control.mailbox(conn).exchange
+            conn.Producer().publish(
+                {"method": "ping"},
+                exchange=exchange,
+                routing_key="",
+                headers={"clock": 1, "when": marker},
+                declare=[exchange],
+            )
+        monkeypatch.undo()
+        assert eventually(lambda: app.control.ping(timeout=1), what="a ping after it")
+    finally:
+        app.close()
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    assert worker.alive() and worker.children() == pool
+    log = worker.log_path.read_text()
+    assert "Unrecoverable" not in log and "Connection to broker lost" not in log
+    for submit_id in ("t-overflow", "t-oserror"):
+        assert client.find_goal_operation(WS, "s", submit_id) is None
+
+
+def test_flower_keeps_short_events_of_our_tasks_only():
+    """Flower keeps up to 10,000 tasks: 1,500 events of 380 KiB each took it to 1 GB."""
+    from agent_radar.tasks.app import app
+    from agent_radar.tasks.flower_view import MAX_EVENT_TEXT, MAX_WORKERS, event_kept
+
+    app.loader.import_default_modules()  # our task names, as Flower's process knows them
+
+    def received(**fields):
+        return {
+            "type": "task-received",
+            "hostname": "w@x",
+            "name": "agent_radar.goal_control",
+            **fields,
+        }
+
+    workers: set[str] = set()
+    long = received(args="a" * (380 << 10), uuid="u1")
+    assert event_kept(long, workers) and len(long["args"]) <= MAX_EVENT_TEXT + 3
+    assert not event_kept(received(args=[{}] * 1000), workers)
+    assert not event_kept(received(**{f"f{i}": i for i in range(100)}), workers)
+    assert not event_kept(received(name="forged"), workers)
+    assert not event_kept(received(hostname="a\nb"), workers)
+    assert not event_kept({**received(), "type": "task-custom"}, workers)
+    heartbeat = {"type": "worker-heartbeat", "hostname": "w@x", "loadavg": [0.1, 0.2, 0.3]}
+    assert event_kept(heartbeat, workers)
+    many = {f"w{i}@x" for i in range(MAX_WORKERS)}
+    assert not event_kept(received(hostname="one-more@x"), many)

@@ -183,6 +183,15 @@ NOT_ENVELOPES = [
     b' "headers": {}, "content-type": "application/json"}',
     b'{"body": 7, "properties": {"delivery_tag": ["x"], "body_encoding": "base64"},'
     b' "headers": {"task": "agent_radar.sweep"}, "content-type": "application/json"}',
+    # kombu counts a KeyError as a lost connection and redis-py's DataError as a channel
+    # error: each of these restarted the consumer, cancelling every running task.
+    b"{}",
+    b'{"body": "eA==", "properties": {"delivery_tag": "t3", "body_encoding": "base64",'
+    b' "delivery_info": {"routing_key": "default"}}, "headers": {},'
+    b' "content-type": "application/json"}',
+    b'{"body": "eA==", "properties": {"delivery_tag": null, "body_encoding": "base64",'
+    b' "delivery_info": {"exchange": "default", "routing_key": "default"}}, "headers": {},'
+    b' "content-type": "application/json"}',
 ]
 
 
@@ -207,6 +216,7 @@ def test_a_redis_item_that_is_no_envelope_is_dropped(client, stack, settings, si
     assert worker.alive() and worker.children() == pool
     log = worker.log_path.read_text()
     assert "Unrecoverable" not in log and "Traceback" not in log
+    assert "Connection to broker lost" not in log and "Restoring" not in log
     assert log.count("dropped a Redis item that is not a message envelope") == len(NOT_ENVELOPES)
     # (the broadcast that is not JSON at all is kombu's own one line)
     dropped = log.count("dropped a Redis broadcast") + log.count("Cannot process event")
@@ -256,3 +266,23 @@ def test_past_the_held_limit_an_eta_message_runs_at_once(client, stack, settings
         what="the messages past the limit",
     )
     assert ran == extra  # the others wait for their ETA, still 50 s away
+
+
+@pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+def test_a_message_file_that_is_no_envelope_is_dropped(client, stack, settings, sim_control):
+    """On the filesystem transport (the embedded default) any file in a queue that was not
+    a message envelope stopped the worker ("Unrecoverable error")."""
+    from agent_radar.workflows.adapters.broker import broker_folders
+
+    worker = stack.start_worker(concurrency=1)
+    pool = worker.children()
+    queue = broker_folders(settings)["queue"]
+    for i, item in enumerate([b"not json", b"[]", b'{"properties": {}}', *NOT_ENVELOPES]):
+        (queue / f"{i:04d}_{uuid.uuid4()}.default.msg").write_bytes(item)
+    assert apply_good_goal(client, settings, sim_control, "good").status == "completed"
+    assert worker.alive() and worker.children() == pool
+    log = worker.log_path.read_text()
+    assert "Unrecoverable" not in log
+    assert log.count("dropped a message file that is not a message envelope") == 3 + len(
+        NOT_ENVELOPES
+    )

@@ -18,6 +18,7 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, redis, virtual
 
 from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.escape import escape
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,52 @@ VISIBILITY_TIMEOUT_S = 3600
 # a message of this product (tasks/gate.py bounds the body to 256 KiB and the headers to
 # 32 KiB) and is dropped before it is decoded.
 MAX_ENVELOPE_BYTES = 512 * 1024
+
+
+class NotAnEnvelope(ValueError):
+    """A transport's item that is not a kombu message envelope kombu can take."""
+
+
+# The longest delivery tag kombu's own producers make is a uuid (36 characters).
+MAX_DELIVERY_TAG_CHARS = 255
+
+
+def check_envelope(payload: Any) -> dict:
+    """`payload` (a Redis item or a message file, decoded) if it is a message envelope of the
+    shape kombu reads before any consumer callback runs, else NotAnEnvelope. kombu counts a
+    KeyError as a lost connection and a redis-py DataError as a channel error: an item
+    without `properties`, a `delivery_info` without an exchange or a null delivery tag
+    restarted the worker's consumer (cancelling every running task) or stopped it."""
+    if not isinstance(payload, dict):
+        raise NotAnEnvelope("the item is not an object")
+    properties = payload.get("properties")
+    if not isinstance(properties, dict):
+        raise NotAnEnvelope("properties is not an object")
+    tag = properties.get("delivery_tag")
+    if not (isinstance(tag, str) and 0 < len(tag) <= MAX_DELIVERY_TAG_CHARS and tag.isprintable()):
+        raise NotAnEnvelope("delivery_tag is not a printable id")
+    if properties.get("body_encoding") not in (None, "base64"):
+        raise NotAnEnvelope("body_encoding is not base64")
+    info = properties.get("delivery_info")
+    if not (
+        isinstance(info, dict)
+        and isinstance(info.get("exchange"), str)
+        and isinstance(info.get("routing_key"), str)
+    ):
+        raise NotAnEnvelope("delivery_info is not {exchange, routing_key}")
+    priority = properties.get("priority")
+    if priority is not None and not (
+        isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 255
+    ):
+        raise NotAnEnvelope("priority is not 0 to 255")
+    if not isinstance(payload.get("body"), (str, type(None))):
+        raise NotAnEnvelope("body is not a text")
+    if not isinstance(payload.get("headers"), (dict, type(None))):
+        raise NotAnEnvelope("headers is not an object")
+    for name in ("content-type", "content-encoding"):
+        if not isinstance(payload.get(name), (str, type(None))):
+            raise NotAnEnvelope(f"{name} is not a text")
+    return payload
 
 
 def queue_for(task_name: str) -> str:
@@ -135,7 +182,9 @@ class Channel(filesystem.Channel):
     message is written under a temporary name and renamed into place, which is atomic.
 
     A consumer takes a file over MAX_ENVELOPE_BYTES off the queue without reading it (it
-    stays in the processed folder, which the embedded stack empties at its start).
+    stays in the processed folder, which the embedded stack empties at its start), and one
+    that is not a message envelope (check_envelope) off the queue after reading it: each is
+    one log line, and the consumer reads on.
     """
 
     def _get(self, queue):
@@ -164,7 +213,13 @@ class Channel(filesystem.Channel):
                     os.remove(path)
             except OSError as exc:
                 raise ChannelError(f"Cannot read file {filename!r} from queue.") from exc
-            return filesystem.loads(filesystem.bytes_to_str(payload))
+            try:
+                return check_envelope(filesystem.loads(filesystem.bytes_to_str(payload)))
+            except (ValueError, RecursionError, UnicodeError) as exc:  # JSON's errors too
+                log.error(
+                    "dropped a message file that is not a message envelope: %s",
+                    escape(f"{exc.__class__.__name__}: {exc}")[:300],
+                )
         raise Empty()
 
     def _put(self, queue, payload, **kwargs):
