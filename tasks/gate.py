@@ -160,6 +160,9 @@ def check_body(message) -> tuple[list, dict]:
     ):
         raise InvalidTaskError(f"content encoding {str(encoding)[:64]!r} is not UTF-8")
     payload = message.decode()
+    # Celery hands the pool the body as it came; the decoded copy would stay in the main
+    # process with a message held for its ETA (a body of `[{}, …]` is 25 times its size).
+    message._decoded_cache = None
     if not (isinstance(payload, (list, tuple)) and len(payload) == 3):
         raise InvalidTaskError("body is not [args, kwargs, embed]")
     args, kwargs, embed = payload

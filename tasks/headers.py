@@ -22,6 +22,7 @@ from agent_radar.tasks.strict import (
     TASK_SOFT_TIME_LIMIT_S,
     TASK_TIME_LIMIT_S,
 )
+from agent_radar.workflows.task_names import RESULT_TASKS
 
 # Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
 # this many characters (uuids are 36).
@@ -193,12 +194,18 @@ def check_allowed(headers: dict, table: dict, what: str) -> None:
 
 
 def check_dates(headers: dict, now: datetime, max_eta_s: float) -> None:
-    """An ETA at most `max_eta_s` ahead; an expiry still to come. Celery discards an expired
-    message too, but first marks its id revoked in the result backend (a row written, under
-    an id the message chose); refused here, it writes nothing."""
+    """An ETA at most `max_eta_s` ahead; an expiry still to come, and only on a task whose
+    result is not kept. Celery discards an expired message, but first marks its id revoked
+    in the result backend: a row written, under an id the message chose (a producer's
+    pending task's, to make it read as revoked). Beat's messages expire (beat/schedule.py);
+    no producer of ours sets an expiry on a task whose result it reads."""
     eta = when(headers, "eta")
     if eta is not None and eta > now + timedelta(seconds=max_eta_s):
         raise InvalidTaskError(f"header 'eta' is more than {max_eta_s:g} s ahead")
     expires = when(headers, "expires")
-    if expires is not None and expires <= now:
+    if expires is None:
+        return
+    if headers.get("task") in RESULT_TASKS:
+        raise InvalidTaskError("header 'expires' is not taken on a task whose result is kept")
+    if expires <= now:
         raise InvalidTaskError("header 'expires' has passed")

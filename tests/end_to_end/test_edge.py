@@ -8,6 +8,7 @@ normal goal right after."""
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -94,10 +95,26 @@ def outside_the_allow_list() -> list[tuple[str, object, dict, str]]:
             task_headers(eta="0001-01-01T00:00:00+14:00"),
             "header 'eta' is not an ISO 8601 date",
         ),
+        # ... and a REVOKED row under any id, expired or due after its expiry.
         (
-            "an expiry that has passed",
+            "an expiry on a task whose result is kept",
             goal_body("expired"),
             task_headers(expires="2000-01-01T00:00:00+00:00"),
+            "header 'expires' is not taken on a task whose result is kept",
+        ),
+        (
+            "an expiry before its eta",
+            goal_body("expires-first"),
+            task_headers(
+                eta=(datetime.now(UTC) + timedelta(seconds=5)).isoformat(),
+                expires=(datetime.now(UTC) + timedelta(seconds=2)).isoformat(),
+            ),
+            "header 'expires' is not taken on a task whose result is kept",
+        ),
+        (
+            "a sweep that has expired",
+            sweep,
+            task_headers("agent_radar.sweep", expires="2001-01-01T00:00:00+00:00"),
             "header 'expires' has passed",
         ),
         (
@@ -228,7 +245,6 @@ def test_remote_control_cannot_revoke_forge_a_line_or_read_arguments(
 
 def _scheduled_shows_no_prompt_text(app, settings) -> None:
     """`inspect scheduled` showed another tenant's prompt text to any broker client."""
-    from datetime import UTC, datetime, timedelta
 
     secret = f"secret-{uuid.uuid4().hex}"
     body = [
@@ -399,7 +415,6 @@ def test_a_timestamp_past_time_t_in_a_header_table_is_dropped(
     the message went back for the next one), 2**62 an OSError, a lost connection to kombu
     (223 consumer restarts, and nothing consumed). A broadcast did it to every worker."""
     import calendar
-    from datetime import datetime
 
     from agent_radar.tasks.app import create_app
 

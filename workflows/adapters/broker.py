@@ -2,6 +2,8 @@
 Redis channel's guards, and the transport options workers and publishers share. Publishing is
 in publisher.py."""
 
+import base64
+import json
 import logging
 import os
 import shutil
@@ -56,6 +58,9 @@ class NotAnEnvelope(ValueError):
 
 # The longest delivery tag kombu's own producers make is a uuid (36 characters).
 MAX_DELIVERY_TAG_CHARS = 255
+# A message's properties are a few ids and numbers (where a reply goes, its priority, where
+# it was delivered); kombu's own are a few hundred bytes as JSON.
+MAX_PROPERTIES_BYTES = 4 * 1024
 
 
 def check_envelope(payload: Any) -> dict:
@@ -86,8 +91,17 @@ def check_envelope(payload: Any) -> dict:
         isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 255
     ):
         raise NotAnEnvelope("priority is not 0 to 255")
-    if not isinstance(payload.get("body"), (str, type(None))):
+    if len(json.dumps(properties, default=repr)) > MAX_PROPERTIES_BYTES:
+        # The worker keeps them with every message it holds, and hands them to the pool.
+        raise NotAnEnvelope(f"properties of over {MAX_PROPERTIES_BYTES} bytes")
+    body = payload.get("body")
+    if not isinstance(body, (str, type(None))):
         raise NotAnEnvelope("body is not a text")
+    if body and properties.get("body_encoding") == "base64":
+        try:  # kombu decodes it as it builds the message, outside any consumer's guard
+            base64.b64decode(body, validate=True)
+        except ValueError:
+            raise NotAnEnvelope("body is not base64") from None
     if not isinstance(payload.get("headers"), (dict, type(None))):
         raise NotAnEnvelope("headers is not an object")
     for name in ("content-type", "content-encoding"):
