@@ -172,6 +172,16 @@ def raw_publish(
         )
 
 
+def raw_broadcast(app, body, **publish) -> None:
+    """Publish `body` to the workers' mailbox (remote control's fanout exchange) as any
+    broker client can, with kombu's `publish` options as given (headers, content type…)."""
+    with app.connection_for_write() as conn:
+        exchange = app.control.mailbox(conn).exchange
+        conn.Producer().publish(
+            body, exchange=exchange, routing_key="", declare=[exchange], **publish
+        )
+
+
 def task_headers(task: str = "agent_radar.goal_control", **override) -> dict:
     task_id = str(uuid.uuid4())
     headers = {

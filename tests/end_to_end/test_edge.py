@@ -18,7 +18,7 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import Lease
 from tests.end_to_end.test_gate import BOMB_BYTES, apply_good_goal, goal_body, vm_peak_kib
 from tests.helpers import effects_by_operation, eventually, queue_depth, row_counts
-from tests.hostile import raw_publish, task_headers
+from tests.hostile import raw_broadcast, raw_publish, task_headers
 
 WS = "ws-gate"  # test_gate's goal body
 FORGED = "[2026-01-01 00:00:00,000: CRITICAL/MainProcess] forged"
@@ -374,16 +374,7 @@ def test_a_body_is_never_unpacked_by_its_content_encoding(
     app = create_app(settings)
     try:
         eventually(lambda: app.control.ping(timeout=1), what="a ping answered")
-        with app.connection_for_write() as conn:
-            exchange = app.control.mailbox(conn).exchange
-            conn.Producer().publish(
-                bomb,
-                exchange=exchange,
-                routing_key="",
-                content_type="application/data",
-                content_encoding="bz2_codec",
-                declare=[exchange],
-            )
+        raw_broadcast(app, bomb, content_type="application/data", content_encoding="bz2_codec")
         assert eventually(lambda: app.control.ping(timeout=1), what="a ping after the bomb")
     finally:
         app.close()
@@ -435,15 +426,7 @@ def test_a_timestamp_past_time_t_in_a_header_table_is_dropped(
     app = create_app(settings)
     try:
         eventually(lambda: app.control.ping(timeout=1), what="a ping answered")
-        with app.connection_for_write() as conn:
-            exchange = app.control.mailbox(conn).exchange
-            conn.Producer().publish(
-                {"method": "ping"},
-                exchange=exchange,
-                routing_key="",
-                headers={"clock": 1, "when": marker},
-                declare=[exchange],
-            )
+        raw_broadcast(app, {"method": "ping"}, headers={"clock": 1, "when": marker})
         monkeypatch.undo()
         assert eventually(lambda: app.control.ping(timeout=1), what="a ping after it")
     finally:

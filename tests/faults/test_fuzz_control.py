@@ -23,6 +23,7 @@ from tests.end_to_end.test_gate import apply_good_goal
 from tests.faults.test_fuzz import ANY_JSON, ANY_TEXT, FUZZ, Tally, report_tally  # noqa: F401
 from tests.faults.test_fuzz_headers import assert_unharmed
 from tests.helpers import eventually
+from tests.hostile import raw_broadcast
 
 FORGED = "[2026-01-01 00:00:00,000: CRITICAL/MainProcess] forged"
 # Every command Celery's worker knows (Panel.data holds them before a worker limits it), and
@@ -107,21 +108,6 @@ def commands(draw, serial=count()):
     return body, headers
 
 
-def broadcast(app, body, headers) -> None:
-    """Publish to the workers' mailbox (a fanout exchange) as any broker client can."""
-    mailbox = app.control.mailbox
-    with app.connection_for_write() as conn:
-        exchange = mailbox(conn).exchange
-        conn.Producer().publish(
-            body,
-            exchange=exchange,
-            routing_key="",
-            serializer="json",
-            headers=headers,
-            declare=[exchange],
-        )
-
-
 @pytest.mark.parametrize("backend", ["embedded", "production", "rabbitmq"], indirect=True)
 def test_remote_control_commands(client, stack, settings, sim_control, backend):
     from agent_radar.tasks.app import create_app
@@ -137,7 +123,7 @@ def test_remote_control_commands(client, stack, settings, sim_control, backend):
         def one(command):
             body, headers = command
             try:
-                broadcast(app, body, headers)
+                raw_broadcast(app, body, serializer="json", headers=headers)
             except (
                 TypeError,
                 ValueError,
