@@ -128,6 +128,8 @@ def test_every_call_request_and_answer_is_as_documented(host):
     calls = _recording(runtime)
     goal = dict(action="set", objective="ship it", client_submit_id="c1", require_live=False)
 
+    # Its goal's turn runs until cancelled, so the state call below finds it running.
+    control.session(WS, "s1", turn_duration_ms=0)
     assert runtime.liveness(WS, "s1")["live"] is True
     runtime.resume(WS, "s1", [{"target_operation_id": "old", "target_revision": 1}])
     first = runtime.apply_goal(WS, "s1", operation_id="op-1", revision=1, **goal)
@@ -156,6 +158,19 @@ def test_every_call_request_and_answer_is_as_documented(host):
     )
     runtime.start_maintenance(WS, "s1", run_id="r-1", kind="compact", args=None)
     assert runtime.maintenance_status(WS, "s1", "r-1")["state"] == "running"
+    # What the host runs now: the goal it applied, its fences, the goal's continuation turn
+    # (the prompt's was cancelled), the running compaction.
+    state = runtime.session_state(WS, "s1")
+    assert (state.live, state.runtime_epoch) == (True, 1)
+    assert (state.goal.operation_id, state.goal.revision, state.goal.objective) == (
+        "op-1",
+        1,
+        "ship it",
+    )
+    assert state.fences == {("old", 1), ("op-2", 2)}
+    assert [t.source_goal_operation_id for t in state.running_turns_of("op-1", 1)] == ["op-1"]
+    assert all(t.runtime_epoch == 1 and t.phase in ("submitted", "running") for t in state.turns)
+    assert state.maintenance_run_id == "r-1"
     runtime.cancel_maintenance(WS, "s1", "r-1")
     eventually(lambda: runtime.maintenance_status(WS, "s1", "r-1")["state"] == "done")
     _expect_fault("not_found", runtime.maintenance_status, WS, "s1", "no-such-run")
@@ -166,6 +181,8 @@ def test_every_call_request_and_answer_is_as_documented(host):
     )
     control.session(WS, "s3", live=False)
     assert runtime.liveness(WS, "s3")["live"] is False
+    offline = runtime.session_state(WS, "s3")
+    assert not offline.live and offline.goal is None and not offline.turns
     _expect_fault(
         "disconnected",
         runtime.install_fence,
@@ -177,6 +194,7 @@ def test_every_call_request_and_answer_is_as_documented(host):
     )
     control.session(WS, "s4", missing=True)
     _expect_fault("session_not_found", runtime.liveness, WS, "s4")
+    _expect_fault("session_not_found", runtime.session_state, WS, "s4")
 
     answered = set()
     for method, path, body, status, answer in calls:

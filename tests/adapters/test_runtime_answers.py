@@ -186,3 +186,68 @@ def test_a_host_s_own_error_codes_make_no_new_metric_series(host):
         if sample.name.endswith("_total") and sample.labels["host"] == "teapot"
     }
     assert labelled == {("other", 50.0), ("session_not_found", 1.0)}
+
+
+GOOD_STATE = {
+    "live": True,
+    "runtime_epoch": 2,
+    "goal": {"operation_id": "op", "revision": 3, "objective": "o", "status": "active"},
+    "fences": [{"target_operation_id": "old", "target_revision": 1}],
+    "turns": [
+        {
+            "turn_id": "t1",
+            "phase": "running",
+            "runtime_epoch": 2,
+            "origin": "goal_continuation",
+            "source_goal_operation_id": "op",
+            "source_goal_revision": 3,
+            "prompt_id": None,
+        }
+    ],
+    "maintenance": {"run_id": "r1", "state": "running"},
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"live": "yes"},
+        {"runtime_epoch": -1},
+        {"goal": {"operation_id": "", "revision": 1}},
+        {"goal": {"operation_id": "op", "revision": True}},
+        {"goal": {"operation_id": "op", "revision": 1, "status": "sleeping"}},
+        {"fences": {"old": 1}},
+        {"fences": [{"target_operation_id": "x"}]},
+        {"fences": [{"target_operation_id": "x", "target_revision": 1}] * 10_001},
+        {"turns": [{"turn_id": "t", "phase": "settled", "runtime_epoch": 1, "origin": "x"}]},
+        {
+            "turns": [
+                {"turn_id": "t\n", "phase": "running", "runtime_epoch": 1, "origin": "user_prompt"}
+            ]
+        },
+        {"turns": [{"turn_id": "t", "phase": "running", "origin": "user_prompt"}]},
+        {"turns": ["t1"]},
+        {"maintenance": {"run_id": "r1", "state": "done"}},
+        {"maintenance": "r1"},
+    ],
+)
+def test_a_session_state_of_another_shape_is_a_bad_response(host, change):
+    """The host's state is what the control plane decides from: an answer of another shape
+    faults that one call, and never reads as a state (docs/protocol.md: session state)."""
+    from agent_radar.workflows.errors import RuntimeFault
+
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    host.answers["s"] = (200, json.dumps({**GOOD_STATE, **change}).encode())
+    with pytest.raises(RuntimeFault) as fault:
+        runtime.session_state("w", "s")
+    assert fault.value.code == "bad_response"
+
+
+def test_a_session_state_is_parsed_into_a_typed_value(host):
+    runtime = HttpRuntime(host.url, timeout_s=5.0)
+    host.answers["s"] = (200, json.dumps({**GOOD_STATE, "newer_field": [1]}).encode())
+    state = runtime.session_state("w", "s")
+    assert state.live and state.runtime_epoch == 2 and state.goal.revision == 3
+    assert state.fences == {("old", 1)} and state.maintenance_run_id == "r1"
+    assert [t.turn_id for t in state.running_turns_of("op", 3)] == ["t1"]
+    assert state.running_turns_of("op", 2) == ()

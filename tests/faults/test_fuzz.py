@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from agent_radar.workflows.adapters.host_state import HostState
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.maintenance import runs
@@ -323,6 +324,7 @@ def test_runtime_answers_to_every_call(host, backend):
         lambda sid: runtime.start_maintenance("w", sid, run_id="r", kind="compact", args=None),
         lambda sid: runtime.maintenance_status("w", sid, "r"),
         lambda sid: runtime.cancel_maintenance("w", sid, "r"),
+        lambda sid: runtime.session_state("w", sid),
     ]
 
     @FUZZ
@@ -335,7 +337,7 @@ def test_runtime_answers_to_every_call(host, backend):
         except (RuntimeFault, RuntimeDisconnected) as exc:
             assert isinstance(exc.code, str)
         else:
-            assert isinstance(result, dict)
+            assert isinstance(result, (dict, HostState))
         Tally.add("host answers (every call)", backend)
 
     one()

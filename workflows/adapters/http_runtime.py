@@ -26,6 +26,7 @@ from agent_radar.workflows.adapters.answers import (
     shaped,
 )
 from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
+from agent_radar.workflows.adapters.host_state import HostState, parse_state
 from agent_radar.workflows.adapters.http_transport import HostConnections
 from agent_radar.workflows.adapters.runtime import RETRYABLE_CODES, metric_code, session_path
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
@@ -125,6 +126,11 @@ class HttpRuntime:
             retryable=code in RETRYABLE_CODES,
             http_status=status,
             current_revision=current if is_epoch(current) else None,
+        )
+
+    def session_state(self, workspace_id, session_id) -> HostState:
+        return parse_state(
+            self.request("GET", session_path(workspace_id, session_id) + "/state", call="state")
         )
 
     def liveness(self, workspace_id, session_id):
@@ -299,6 +305,9 @@ class HostRouter:
 
     def liveness(self, workspace_id, session_id):
         return self.for_session(workspace_id, session_id).liveness(workspace_id, session_id)
+
+    def session_state(self, workspace_id, session_id) -> HostState:
+        return self.for_session(workspace_id, session_id).session_state(workspace_id, session_id)
 
     def resume(self, workspace_id, session_id, fences):
         return self.for_session(workspace_id, session_id).resume(workspace_id, session_id, fences)

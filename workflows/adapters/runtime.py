@@ -14,6 +14,8 @@ that the rules store are checked again where they are stored (validation.check_j
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from agent_radar.workflows.adapters.host_state import HostState
+
 # Error codes of the protocol (docs/protocol.md) that callers act on by name.
 SESSION_NOT_FOUND = "session_not_found"  # the host no longer has the session: it is gone
 NOT_FOUND = "not_found"  # the host does not know what was asked of it (a turn, a run)
@@ -50,6 +52,10 @@ class RuntimePort(Protocol):
         ...
 
     def liveness(self, workspace_id: str, session_id: str) -> dict[str, Any]: ...
+
+    def session_state(self, workspace_id: str, session_id: str) -> HostState:
+        """What the host runs for the session (docs/protocol.md: session state)."""
+        ...
 
     def resume(
         self, workspace_id: str, session_id: str, fences: list[dict[str, Any]]

@@ -1,5 +1,6 @@
-"""The runtime protocol's calls as the simulated host answers them: liveness, resume, goals
-(applied at once or later), fences, prompts, turn cancels and maintenance runs."""
+"""The runtime protocol's calls as the simulated host answers them: liveness, the session's
+state, resume, goals (applied at once or later), fences, prompts, turn cancels and maintenance
+runs."""
 
 import re
 import time
@@ -9,7 +10,7 @@ from agent_radar.workflows.tools.simulator.sessions import SimError, SimRun, Sim
 from agent_radar.workflows.tools.simulator.turns import Host, cancel_turn, prompt, start_turn
 
 SESSION_PATH = re.compile(
-    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|resume|goal|goal-fences|prompts"
+    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|state|resume|goal|goal-fences|prompts"
     r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$"
 )
 
@@ -21,6 +22,8 @@ def answer_call(host: Host, call: str, ws: str, sid: str, body: dict) -> dict:
             raise SimError(404, "session_not_found")
         if call == "liveness":
             return {"live": sess.live, "runtime_epoch": sess.epoch}
+        if call == "state":
+            return _state(sess)
         if call == "resume":
             return _resume(host, ws, sid, sess, body)
         if call == "goal-fences":
@@ -32,6 +35,43 @@ def answer_call(host: Host, call: str, ws: str, sid: str, body: dict) -> dict:
         if call.startswith("maintenance"):
             return _maintenance(host, ws, sid, sess, call.split("/"), body)
         return _goal(host, ws, sid, sess, body)
+
+
+def _state(sess: SimSession) -> dict:
+    """What this host runs for the session (docs/protocol.md: session state). Its turns and
+    runs are all of its current epoch: a restart or a resume forgets the old ones."""
+    goal = None
+    if sess.applied_operation_id is not None:
+        goal = {
+            "operation_id": sess.applied_operation_id,
+            "revision": sess.applied_revision,
+            "objective": (sess.goal or {}).get("objective"),
+            "status": (sess.goal or {}).get("status"),
+        }
+    now = time.time()
+    running = next((run for run in sess.runs.values() if now < run.done_at), None)
+    return {
+        "live": sess.live,
+        "runtime_epoch": sess.epoch,
+        "goal": goal,
+        "fences": [
+            {"target_operation_id": op, "target_revision": rev} for op, rev in sorted(sess.fences)
+        ],
+        "turns": [
+            {
+                "turn_id": t.turn_id,
+                "phase": t.phase,
+                "runtime_epoch": sess.epoch,
+                "origin": t.origin,
+                "source_goal_operation_id": t.source_goal_operation_id,
+                "source_goal_revision": t.source_goal_revision,
+                "prompt_id": t.prompt_id,
+            }
+            for t in sess.turns.values()
+            if t.phase != "settled"
+        ],
+        "maintenance": None if running is None else {"run_id": running.run_id, "state": "running"},
+    }
 
 
 def _resume(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
@@ -86,6 +126,7 @@ def _apply(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict 
     elif sess.goal is not None:
         sess.goal = {**sess.goal, "status": "paused" if action == "pause" else "active"}
     sess.applied_revision = revision
+    sess.applied_operation_id = body["operation_id"]
     host.effects.append(
         {
             "kind": "goal",

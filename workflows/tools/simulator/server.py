@@ -86,7 +86,7 @@ def make_handler(sim: Simulator, token: str | None):
                     return self._send(200, result)
                 match = SESSION_PATH.match(path)
                 reads = match and (
-                    match[3] == "liveness"
+                    match[3] in ("liveness", "state")
                     or (match[3].startswith("maintenance/") and not match[3].endswith("/cancel"))
                 )
                 expected = "GET" if reads else "POST"

@@ -18,6 +18,7 @@ class SimSession:
     missing: bool = False
     goal: dict | None = None
     applied_revision: int = 0
+    applied_operation_id: str | None = None  # the goal operation applied last
     goal_mode: str = "applied"  # or "accepted": acknowledge now, apply after apply_delay_ms
     apply_delay_ms: int = 100
     fences: set = field(default_factory=set)
