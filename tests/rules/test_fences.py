@@ -577,3 +577,34 @@ def test_a_fence_failure_starts_the_age_clock_and_a_wait_stops_it(client, sim_co
     assert _applier(client, sim_control).apply(fence.fence_id) == "waiting"
     waiting = row()
     assert (waiting.attempt, waiting.failing_since) == (2, None)
+
+
+def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_control):
+    """Issue row: two unsettled turns of one generation on record — a stale one (its settled
+    report lost; the host no longer has it) and the one the host runs. The fence cancelled
+    one of them (`.limit(1)`), the host said `not_found`, and the fence completed while the
+    live turn of the fenced generation went on running. Counted at the host."""
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    sim_control.session(WS, SID, turn_duration_ms=0)  # the host's turn runs until cancelled
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    runtime = HttpRuntime(sim_control.http.base_url)
+    Dispatcher(client.engine, runtime, worker_id="d", lease_s=5).dispatch_many(
+        [target.operation_id]
+    )
+    assert client.wait(client.get_goal_operation(target.operation_id), 5).status == "completed"
+    (live_turn,) = sim_control.session(WS, SID)["turns"]
+    # The stale turn is on record first, and sorts first.
+    stale_cancel = _fenced_turn_running(client, target, turn_id="a-stale-turn")
+    live_cancel = _fenced_turn_running(client, target, turn_id=live_turn)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
+    at_host = sim_control.session(WS, SID)["turns"][live_turn]
+    assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
+    assert (_cancel_row(client, stale_cancel).result, _cancel_row(client, live_cancel).result) == (
+        "interrupted",
+        "canceled",
+    )
+    assert client.get_fence(fence.fence_id).status == "completed"
+    assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]

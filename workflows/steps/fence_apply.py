@@ -159,25 +159,35 @@ class FenceApplier(Step):
         # This fence, and every durable fence not known to be at the session's (host,
         # epoch), is installed there (and recorded) before this one's clear.
         ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
-        turn_id = run_transaction(self.engine, lambda s: self._fenced_turn(s, claim))
-        cancel_id = None
-        if turn_id is not None:
-            # Only a turn with exactly this provenance is cancelled; the active turn is never
-            # a stand-in for it.
-            cancel_id = ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id)
-            state = self.cancels.request(
+        turn_ids = run_transaction(self.engine, lambda s: self._fenced_turns(s, claim))
+        # Only turns with exactly this provenance are cancelled (the active turn is never a
+        # stand-in for one), and every one of them: a generation may have more than one
+        # unsettled turn on record (one whose settled report was lost, one a restart left),
+        # and the one still running may be any of them. A turn the host does not know is
+        # ended by its `not_found`.
+        cancel_ids = [
+            ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id)
+            for turn_id in turn_ids
+        ]
+        waiting = [
+            cancel_id
+            for turn_id, cancel_id in zip(turn_ids, cancel_ids, strict=True)
+            if self.cancels.request(
                 claim.workspace_id,
                 claim.session_id,
                 turn_id,
                 reason=ids.fence_cause(claim.fence_id),
             )
-            if state == "waiting":
-                return run_transaction(
-                    self.engine,
-                    lambda s: self._back_to_pending(
-                        s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
-                    ),
-                )
+            == "waiting"
+        ]
+        cancel_id = next(iter(waiting or cancel_ids), None)
+        if waiting:
+            return run_transaction(
+                self.engine,
+                lambda s: self._back_to_pending(
+                    s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
+                ),
+            )
         if claim.clear_operation_id and not self._drive_clear(claim):
             return run_transaction(
                 self.engine,
@@ -191,20 +201,22 @@ class FenceApplier(Step):
             )
         return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
 
-    def _fenced_turn(self, s: Session, claim: FenceClaim) -> str | None:
-        """The session's turn started by exactly the fenced generation, if it has one that
-        is not settled; a settled one whose cancel is recorded counts as handled."""
-        return s.execute(
-            select(Turn.turn_id)
-            .where(
-                Turn.workspace_id == claim.workspace_id,
-                Turn.session_id == claim.session_id,
-                Turn.source_goal_operation_id == claim.target_operation_id,
-                Turn.source_goal_revision == claim.target_revision,
-                Turn.phase != TurnPhase.SETTLED,
-            )
-            .limit(1)
-        ).scalar_one_or_none()
+    def _fenced_turns(self, s: Session, claim: FenceClaim) -> list[str]:
+        """The session's unsettled turns started by exactly the fenced generation, in turn
+        id order; a settled one whose cancel is recorded counts as handled."""
+        return list(
+            s.scalars(
+                select(Turn.turn_id)
+                .where(
+                    Turn.workspace_id == claim.workspace_id,
+                    Turn.session_id == claim.session_id,
+                    Turn.source_goal_operation_id == claim.target_operation_id,
+                    Turn.source_goal_revision == claim.target_revision,
+                    Turn.phase != TurnPhase.SETTLED,
+                )
+                .order_by(Turn.turn_id)
+            ).all()
+        )
 
     def _drive_clear(self, claim: FenceClaim) -> bool:
         """Apply the fence's clear (require_live, never resume). True once it is settled."""
@@ -282,16 +294,17 @@ class FenceApplier(Step):
         return ("waiting" if error == WAITING_FOR_TURN else "retry") if ok else "skipped"
 
     def _offline(self, s: Session, claim: FenceClaim) -> str:
-        """The session is offline (docs/lifecycles.md: fences). If the fenced generation's turn is
-        running, its durable cancel is written (delivered once the session is live again,
-        never by resuming it) and the fence waits for that turn's authoritative end, using no
-        budget. Otherwise the fence completes locally."""
+        """The session is offline (docs/lifecycles.md: fences). For each of the fenced
+        generation's turns that may be running, its durable cancel is written (delivered
+        once the session is live again, never by resuming it), and the fence waits for their
+        authoritative ends, using no budget. Otherwise the fence completes locally."""
         mark_offline(s, claim.workspace_id, claim.session_id)
-        turn_id = self._fenced_turn(s, claim)
-        if turn_id is None:
+        cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
+        if not cancel_ids:
             return self._settle_locally(s, claim)
-        cancel_id = self._prepare_cancel(s, claim, turn_id)
-        return self._back_to_pending(s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id)
+        return self._back_to_pending(
+            s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_ids[0]
+        )
 
     def _gone(self, claim: FenceClaim) -> str:
         """The host answered session_not_found: the session is gone. Its turns end
@@ -299,10 +312,9 @@ class FenceApplier(Step):
         the fence completes locally (docs/lifecycles.md: fences)."""
 
         def settle(s: Session) -> str:
-            turn_id = self._fenced_turn(s, claim)
-            cancel_id = self._prepare_cancel(s, claim, turn_id) if turn_id else None
+            cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
             cancels.interrupt_running_turns(s, claim.workspace_id, claim.session_id, self.clock())
-            return self._settle_locally(s, claim, cancel_id)
+            return self._settle_locally(s, claim, next(iter(cancel_ids), None))
 
         return str(self.cancels.session_gone(claim.workspace_id, claim.session_id, settle))
 
