@@ -608,3 +608,27 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     )
     assert client.get_fence(fence.fence_id).status == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]
+
+
+def test_a_final_refusal_of_the_fence_install_fails_the_fence_with_it(client, host):
+    """Issue row: a 403 `forbidden` on goal-fences was retried (each attempt a call to the
+    host) until the budget ran out. A 4xx code other than the protocol's retryable ones is a
+    final refusal (docs/protocol.md: errors): the fence fails at once with the host's words,
+    its clear with it, and shows in `status`; the row still forbids its generation."""
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    host.answers[(SID, "liveness")] = (200, b'{"live": true, "runtime_epoch": 1}')
+    host.answers[(SID, "goal-fences")] = (403, b'{"error": "forbidden", "detail": "token"}')
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    applier = FenceApplier(
+        client.engine, HttpRuntime(host.url), worker_id="a", lease_s=5, publish=lambda *a: True
+    )
+    assert applier.apply(fence.fence_id) == "failed"
+    assert applier.apply(fence.fence_id) == "skipped"
+    failed = client.get_fence(fence.fence_id)
+    assert failed.status == "failed" and "403 forbidden" in failed.last_error
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert clear.status == "failed" and "403 forbidden" in clear.last_error
+    assert sum(1 for sid, _auth in host.seen if sid == SID) == 1  # one call, no retries

@@ -95,6 +95,11 @@ class FenceApplier(Step):
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
                 outcome = self._gone(claim)
+            elif not exc.retryable:
+                # A final refusal (docs/protocol.md: errors): the fence fails with it, as an
+                # operation does; an operator retries it once the host is put right.
+                refusal = str(exc)
+                outcome = run_transaction(self.engine, lambda s: self._refused(s, claim, refusal))
             else:
                 error = str(exc)
                 outcome = run_transaction(
@@ -372,11 +377,18 @@ class FenceApplier(Step):
         )
         return "completed_offline" if ok else "skipped"
 
-    def _fail(self, s: Session, fence: GoalFence, now, why: str) -> str:
-        """Past the budget: the fence ends `failed` with a stable code, and its clear (if it
-        is still open) fails with it. The row still forbids its generation; every resume
-        still preloads it."""
-        error = budgets.exhausted(why, fence.last_error)
+    def _refused(self, s: Session, claim: FenceClaim, refusal: str) -> str:
+        fence = s.get(GoalFence, claim.fence_id, populate_existing=True)
+        if fence is None or fence.lease_token != claim.token:
+            return "skipped"
+        leases.release(s, claim.lane, claim.lane_token)
+        return self._fail(s, fence, self.clock(), refusal, error=refusal)
+
+    def _fail(self, s: Session, fence: GoalFence, now, why: str, error: str | None = None) -> str:
+        """Past the budget (or refused for good): the fence ends `failed` with a stable code,
+        and its clear (if it is still open) fails with it. The row still forbids its
+        generation; every resume still preloads it."""
+        error = error or budgets.exhausted(why, fence.last_error)
         result = s.execute(
             update(GoalFence)
             .where(GoalFence.fence_id == fence.fence_id, GoalFence.status != FenceStatus.COMPLETED)
@@ -390,6 +402,6 @@ class FenceApplier(Step):
         if fence.clear_operation_id:
             clear = s.get(GoalOperation, fence.clear_operation_id)
             if clear is not None:
-                fail_operation(s, clear, "the fence's delivery budget ran out", now)
+                fail_operation(s, clear, f"the fence's delivery failed: {why}", now)
         log.warning("fence %s failed: %s", fence.fence_id, error)
         return "failed" if rowcount(result) == 1 else "skipped"
