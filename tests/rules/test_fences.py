@@ -632,3 +632,42 @@ def test_a_final_refusal_of_the_fence_install_fails_the_fence_with_it(client, ho
     clear = client.get_goal_operation(fence.clear_operation_id)
     assert clear.status == "failed" and "403 forbidden" in clear.last_error
     assert sum(1 for sid, _auth in host.seen if sid == SID) == 1  # one call, no retries
+
+
+def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
+    """Issue row: a fence whose clear waited behind a maintenance run counted each look as a
+    failed attempt: past 10 minutes (a long run, one in recovery) the fence and its clear
+    failed. A hold is a wait: the fence's attempts and age clock stand still, its own fence
+    is installed meanwhile, and once the run settles the clear goes."""
+    from sqlalchemy import update
+
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalFence, MaintenanceRun
+    from agent_radar.workflows.steps.fence_apply import HELD_BY_MAINTENANCE
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    run = client.start_maintenance(WS, SID, client_submit_id="m-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    applier = _applier(client, sim_control)
+    for _ in range(budgets.MAX_ATTEMPTS + 2):
+        assert applier.apply(fence.fence_id) == "waiting"
+        # due again at once, as the sweeper would find it after the recheck
+        run_transaction(
+            client.engine, lambda s: s.execute(update(GoalFence).values(next_attempt_at=None))
+        )
+    held = client.get_fence(fence.fence_id)
+    assert (held.status, held.attempt, held.last_error) == ("pending", 0, HELD_BY_MAINTENANCE)
+    assert client.get_goal_operation(fence.clear_operation_id).status == "prepared"
+    assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
+    # The run outlasts its cancel grace (recovery), and an operator ends it.
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun)
+            .where(MaintenanceRun.run_id == run.run_id)
+            .values(status="recovery_required", error_code="cancel_timeout")
+        ),
+    )
+    client.resolve_maintenance(run.run_id, to="failed", reason="test: the run is over")
+    assert applier.apply(fence.fence_id) == "completed"
+    assert [e["action"] for e in sim_control.effects()] == ["clear"]

@@ -452,9 +452,9 @@ def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
         lease_s=5,
         publish=lambda *a: True,
     )
-    assert applier.apply(fence.fence_id) == "retry"
+    assert applier.apply(fence.fence_id) == "waiting"  # a hold: no budget used
     waiting = client.get_fence(fence.fence_id)
-    assert waiting.status == "pending" and not waiting.settled
+    assert waiting.status == "pending" and not waiting.settled and waiting.attempt == 0
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]  # installed
     assert client.get_goal_operation(fence.clear_operation_id).status == "prepared"
     assert executor.execute(run.run_id) == "completed"

@@ -69,6 +69,27 @@ def prepare_or_existing(
     return prepare(session, workspace_id, session_id, turn_id, reason, now, join=True).operation_id
 
 
+def unsettled_turns_of(
+    session: Session, workspace_id: str, session_id: str, operation_id: str, revision: int
+) -> list[str]:
+    """The session's unsettled turns on record started by exactly one goal generation, in
+    turn id order: all of them, since a generation may have more than one (a stale turn
+    whose settled report was lost beside the live one)."""
+    return list(
+        session.scalars(
+            select(Turn.turn_id)
+            .where(
+                Turn.workspace_id == workspace_id,
+                Turn.session_id == session_id,
+                Turn.source_goal_operation_id == operation_id,
+                Turn.source_goal_revision == revision,
+                Turn.phase != TurnPhase.SETTLED,
+            )
+            .order_by(Turn.turn_id)
+        ).all()
+    )
+
+
 def cancel_if_fenced(
     session: Session, workspace_id: str, session_id: str, turn_id: str, now: datetime
 ) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
 from agent_radar.models.db import rowcount, run_transaction
@@ -22,9 +22,8 @@ from agent_radar.models.enums import (
     OperationStatus,
     ProviderPhase,
     SyncStatus,
-    TurnPhase,
 )
-from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState, Turn
+from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
 from agent_radar.workflows import budgets, ids, leases
 from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
@@ -40,6 +39,12 @@ from agent_radar.workflows.steps.goals.dispatch import Dispatcher, apply_goal
 log = logging.getLogger(__name__)
 
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
+# A maintenance run holds the session (docs/lifecycles.md): a hold, not a failure.
+HELD_BY_MAINTENANCE = "the clear waits for the maintenance run that holds the session"
+# Waits use no budget: the fence's attempts and age clock stand still, however long.
+WAITS = frozenset({WAITING_FOR_TURN, HELD_BY_MAINTENANCE})
+# How soon a held fence looks again, should the run's release not wake it.
+HELD_RECHECK_S = 5.0
 
 
 def _known_offline(session: Session, workspace_id: str, session_id: str) -> bool:
@@ -165,27 +170,17 @@ class FenceApplier(Step):
         # epoch), is installed there (and recorded) before this one's clear.
         ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
         turn_ids = run_transaction(self.engine, lambda s: self._fenced_turns(s, claim))
-        # Only turns with exactly this provenance are cancelled (the active turn is never a
-        # stand-in for one), and every one of them: a generation may have more than one
-        # unsettled turn on record (one whose settled report was lost, one a restart left),
-        # and the one still running may be any of them. A turn the host does not know is
-        # ended by its `not_found`.
-        cancel_ids = [
-            ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id)
-            for turn_id in turn_ids
-        ]
-        waiting = [
-            cancel_id
-            for turn_id, cancel_id in zip(turn_ids, cancel_ids, strict=True)
-            if self.cancels.request(
-                claim.workspace_id,
-                claim.session_id,
-                turn_id,
-                reason=ids.fence_cause(claim.fence_id),
+        # Every turn of exactly this provenance (the active turn is never a stand-in), as any
+        # may be the one still running; one the host does not know ends by its `not_found`.
+        cause = ids.fence_cause(claim.fence_id)
+        states = {
+            ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id): (
+                self.cancels.request(claim.workspace_id, claim.session_id, turn_id, reason=cause)
             )
-            == "waiting"
-        ]
-        cancel_id = next(iter(waiting or cancel_ids), None)
+            for turn_id in turn_ids
+        }
+        waiting = [cancel_id for cancel_id, state in states.items() if state == "waiting"]
+        cancel_id = next(iter(waiting or states), None)
         if waiting:
             return run_transaction(
                 self.engine,
@@ -193,46 +188,44 @@ class FenceApplier(Step):
                     s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
                 ),
             )
-        if claim.clear_operation_id and not self._drive_clear(claim):
+        clear = self._drive_clear(claim) if claim.clear_operation_id else "settled"
+        if clear != "settled":
+            held = clear == "held"
             return run_transaction(
                 self.engine,
                 lambda s: self._back_to_pending(
                     s,
                     claim,
-                    "the clear is waiting to be retried",
-                    backoff_s(claim.attempt),
+                    HELD_BY_MAINTENANCE if held else "the clear is waiting to be retried",
+                    HELD_RECHECK_S if held else backoff_s(claim.attempt),
                     cancel_id,
                 ),
             )
         return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
 
     def _fenced_turns(self, s: Session, claim: FenceClaim) -> list[str]:
-        """The session's unsettled turns started by exactly the fenced generation, in turn
-        id order; a settled one whose cancel is recorded counts as handled."""
-        return list(
-            s.scalars(
-                select(Turn.turn_id)
-                .where(
-                    Turn.workspace_id == claim.workspace_id,
-                    Turn.session_id == claim.session_id,
-                    Turn.source_goal_operation_id == claim.target_operation_id,
-                    Turn.source_goal_revision == claim.target_revision,
-                    Turn.phase != TurnPhase.SETTLED,
-                )
-                .order_by(Turn.turn_id)
-            ).all()
+        return cancels.unsettled_turns_of(
+            s,
+            claim.workspace_id,
+            claim.session_id,
+            claim.target_operation_id,
+            claim.target_revision,
         )
 
-    def _drive_clear(self, claim: FenceClaim) -> bool:
-        """Apply the fence's clear (require_live, never resume). True once it is settled."""
+    def _drive_clear(self, claim: FenceClaim) -> str:
+        """Apply the fence's clear (require_live, never resume): "settled" once it is,
+        "held" while a maintenance run holds the session, else "retry"."""
         clear_id = claim.clear_operation_id
         if clear_id is None:
-            return True  # the fence made no clear: a newer goal owns the session
+            return "settled"  # the fence made no clear: a newer goal owns the session
         current = run_transaction(self.engine, lambda s: self.dispatcher.claim(s, clear_id))
         if not isinstance(current, Claim):
-            if current.outcome in ("held", "lane_lost"):
-                return False  # a maintenance run holds the session: the clear waits
-            return current.outcome != "skipped" or self._clear_settled(claim)
+            if current.outcome == "held":
+                return "held"
+            if current.outcome == "lane_lost":
+                return "retry"
+            settled = current.outcome != "skipped" or self._clear_settled(claim)
+            return "settled" if settled else "retry"
         try:
             answer = apply_goal(self.runtime, current.op)
         except RuntimeFault as exc:
@@ -243,12 +236,12 @@ class FenceApplier(Step):
                     s, current, fault, fault.retryable, self.dispatcher.clock()
                 ),
             )
-            return result.outcome != "retry"
+            return "retry" if result.outcome == "retry" else "settled"
         run_transaction(
             self.engine,
             lambda s: outcomes.answer_outcome(s, current, answer, self.dispatcher.clock()),
         )
-        return True
+        return "settled"
 
     def _clear_settled(self, claim: FenceClaim) -> bool:
         op = run_transaction(self.engine, lambda s: s.get(GoalOperation, claim.clear_operation_id))
@@ -289,14 +282,14 @@ class FenceApplier(Step):
             "last_error": error,
             "next_attempt_at": self.clock() + timedelta(seconds=delay_s),
         }
-        if error == WAITING_FOR_TURN:  # a wait uses no budget
+        if error in WAITS:  # a wait uses no budget
             values.update(attempt=GoalFence.attempt - 1, failing_since=None)
         else:
             values["failing_since"] = func.coalesce(GoalFence.failing_since, self.clock())
         if cancel_id is not None:
             values["cancel_operation_id"] = cancel_id
         ok = self._finish_fence(s, claim, **values)
-        return ("waiting" if error == WAITING_FOR_TURN else "retry") if ok else "skipped"
+        return ("waiting" if error in WAITS else "retry") if ok else "skipped"
 
     def _offline(self, s: Session, claim: FenceClaim) -> str:
         """The session is offline (docs/lifecycles.md: fences). For each of the fenced
