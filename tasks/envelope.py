@@ -35,6 +35,11 @@ log = logging.getLogger("agent_radar.gate")
 # A fault the worker meets on every round of its loop (a full broker) is logged at most this
 # often.
 FAULT_LOG_INTERVAL_S = 10.0
+# Delivery tags whose restore Redis refused, in this process, and how often they are tried
+# again (GuardedRedisQoS._retry_refused_restores).
+REFUSED_RESTORES: set = set()
+RESTORE_RETRY_S = 1.0
+_restores_tried_at = 0.0
 
 
 def reason(exc: BaseException | None) -> str:
@@ -69,8 +74,9 @@ class GuardedRedisQoS(kombu_redis.QoS):
       internal work from the database).
     - Ack and reject: their two removals are sent without a transaction, which Redis allows
       at `maxmemory` (they free memory).
-    - A requeue, and the restore of messages past the visibility timeout: when Redis refuses,
-      the message stays among the unacknowledged, and is restored from there later."""
+    - A requeue, a restore when the consumer restarts, and the restore of messages past the
+      visibility timeout: when Redis refuses, the message stays among the unacknowledged,
+      and its restore is tried again each second until Redis takes it."""
 
     def append(self, message, delivery_tag):
         try:
@@ -96,20 +102,37 @@ class GuardedRedisQoS(kombu_redis.QoS):
 
     def restore_by_tag(self, tag, client=None, leftmost=False):
         try:
-            return super().restore_by_tag(tag, client=client, leftmost=leftmost)
+            restored = super().restore_by_tag(tag, client=client, leftmost=leftmost)
         except self.channel.connection_errors:
+            REFUSED_RESTORES.add(tag)
             raise
-        except Exception as exc:  # noqa: BLE001 - it stays unacknowledged, restored later
-            log.warning(
-                "Redis refused to restore message %s (%s); it is restored after the "
-                "visibility timeout",
-                _short_tag(tag),
-                reason(exc),
-            )
+        except Exception as exc:  # noqa: BLE001 - it stays unacknowledged: tried again
+            if tag not in REFUSED_RESTORES:
+                log.warning(
+                    "Redis refused to restore message %s (%s); tried again once Redis takes writes",
+                    _short_tag(tag),
+                    reason(exc),
+                )
+            REFUSED_RESTORES.add(tag)
             return None
+        REFUSED_RESTORES.discard(tag)
+        return restored
+
+    def _retry_refused_restores(self) -> None:
+        """The messages a refused restore left among the unacknowledged (the consumer
+        restarted while Redis was read-only or full: its reserved messages would otherwise
+        wait out the visibility timeout, an hour), put back as soon as Redis takes writes.
+        A tag acked or restored since then puts nothing back."""
+        global _restores_tried_at
+        if not REFUSED_RESTORES or time.monotonic() - _restores_tried_at < RESTORE_RETRY_S:
+            return
+        _restores_tried_at = time.monotonic()
+        for tag in list(REFUSED_RESTORES):
+            self.restore_by_tag(tag)
 
     def restore_visible(self, *args, **kwargs):
         try:
+            self._retry_refused_restores()
             return super().restore_visible(*args, **kwargs)
         except self.channel.connection_errors:
             raise

@@ -105,3 +105,37 @@ def test_a_full_redis_never_exits_a_worker(settings, full_redis, client, stack, 
     log = worker.log_path.read_text()
     assert "Unrecoverable" not in log
     assert effects_by_operation(sim_control) == {op.operation_id: 1 for op in (before, full, after)}
+
+
+def test_a_restore_redis_refused_is_made_once_it_takes_writes(tmp_path):
+    """When the consumer restarts (a lost connection, a refusal) kombu puts its channel's
+    unacknowledged messages back; Redis read-only or full refused that, and the messages
+    waited out the visibility timeout (an hour) — a producer's goal with them, found by the
+    broker-fault campaign. The restore is tried again until Redis takes it."""
+    from kombu import Connection, Exchange, Queue
+
+    from agent_radar.tasks.envelope import REFUSED_RESTORES, GuardedRedisTransport
+    from tests.faults.test_broker_restart import running_redis
+
+    with running_redis(tmp_path) as server:
+        admin = redis.Redis(port=server.port)
+        queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+        with Connection(server.url, transport=GuardedRedisTransport) as conn:
+            conn.Producer().publish(
+                {"x": 1}, exchange=queue.exchange, routing_key="q", declare=[queue]
+            )
+            channel = conn.default_channel
+            assert queue(channel).get(no_ack=False) is not None  # delivered, unacknowledged
+            assert admin.llen("q") == 0
+            admin.replicaof("127.0.0.1", 1)  # a failover made it a replica: read-only
+            try:
+                channel.qos.restore_unacked()  # as the consumer's restart does
+                assert admin.llen("q") == 0 and REFUSED_RESTORES
+            finally:
+                admin.replicaof("NO", "ONE")
+            eventually(
+                lambda: channel.qos.restore_visible() or admin.llen("q") == 1,
+                what="the message back in its queue",
+            )
+        assert not REFUSED_RESTORES
+        admin.close()
