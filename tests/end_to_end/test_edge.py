@@ -16,7 +16,13 @@ from sqlalchemy import select
 from agent_radar.beat.sweeper import SWEEPER_LEASE
 from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import Lease
-from tests.end_to_end.test_gate import BOMB_BYTES, apply_good_goal, goal_body, vm_peak_kib
+from tests.end_to_end.test_gate import (
+    BOMB_BYTES,
+    apply_good_goal,
+    goal_body,
+    refused_lines,
+    vm_peak_kib,
+)
 from tests.helpers import effects_by_operation, eventually, queue_depth, row_counts
 from tests.hostile import raw_broadcast, raw_publish, task_headers
 
@@ -124,10 +130,6 @@ def outside_the_allow_list() -> list[tuple[str, object, dict, str]]:
             "header 'group_index' must be",
         ),
     ]
-
-
-def refused_lines(worker) -> list[str]:
-    return [line for line in worker.log_path.read_text().splitlines() if "rejected" in line]
 
 
 def test_headers_outside_the_allow_list_are_refused_and_no_pool_process_dies(

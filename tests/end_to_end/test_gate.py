@@ -84,6 +84,11 @@ def vm_peak_kib(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+def refused_lines(worker) -> list[str]:
+    """The gate's refusals in a worker's log, one line each."""
+    return [line for line in worker.log_path.read_text().splitlines() if "rejected" in line]
+
+
 def apply_good_goal(client, settings, sim_control, submit_id: str):
     raw_publish(settings, goal_body(submit_id), headers=task_headers())
     op = eventually(
@@ -108,14 +113,11 @@ def test_messages_that_failed_inside_celery_are_refused_with_one_line(
 
     assert worker.alive() and worker.children() == pool  # the same processes throughout
 
-    def refused_lines() -> list[str]:
-        return [line for line in worker.log_path.read_text().splitlines() if "rejected" in line]
-
     # The one due in a second is refused when it comes due.
-    eventually(lambda: len(refused_lines()) >= len(bad), what="every bad message refused")
+    eventually(lambda: len(refused_lines(worker)) >= len(bad), what="every bad message refused")
     log = worker.log_path.read_text()
     assert "Restoring" not in log and "Unrecoverable" not in log and "Traceback" not in log
-    refused = refused_lines()
+    refused = refused_lines(worker)
     assert len(refused) == len(bad), "\n".join(refused)
     assert not any(line.startswith(FORGED) for line in log.splitlines())
     assert sum("x\\n[2026-01-01" in line for line in refused) == 1  # the id, escaped
