@@ -81,7 +81,12 @@ def celery_config(settings: Settings) -> dict:
         "worker_prefetch_multiplier": 1,
         # Every message passes the gate before Celery reads it (tasks/gate.py).
         "worker_consumer": "agent_radar.tasks.gate:GuardedConsumer",
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A task running when the broker connection drops finishes; its ack is lost and the
+        # message comes back, to find its work done (every task is idempotent, and the
+        # database's leases and fencing tokens keep two copies apart: docs/architecture.md).
+        # Celery's cancellation would end the pool process with SIGTERM, a broker fault
+        # killing a process (docs/security.md, broker faults).
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_soft_time_limit": TASK_SOFT_TIME_LIMIT_S,

@@ -26,6 +26,7 @@ from amqp import serialization as amqp_serialization
 from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from redis import exceptions as redis_errors
 
 from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES, check_envelope
 from agent_radar.workflows.escape import escape
@@ -219,6 +220,7 @@ class GuardedRedisChannel(kombu_redis.Channel):
     envelope after it (below)."""
 
     QoS = GuardedRedisQoS
+    _refused_quiet_until = 0.0
 
     def _brpop_read(self, **options):
         _bound(self.client, "item", _popped_item)
@@ -226,6 +228,12 @@ class GuardedRedisChannel(kombu_redis.Channel):
             return super()._brpop_read(**options)
         except (Empty, *self.connection_errors):
             raise
+        except redis_errors.ResponseError as exc:
+            # Redis refused the pop itself (read-only, full, busy): nothing was taken.
+            if time.monotonic() >= self._refused_quiet_until:
+                self._refused_quiet_until = time.monotonic() + FAULT_LOG_INTERVAL_S
+                log.warning("Redis refused a read; nothing was taken: %s", reason(exc))
+            raise Empty() from exc
         except Exception as exc:  # noqa: BLE001 - no item in a queue may stop the worker
             log.error("dropped a Redis item that is not a message envelope: %s", reason(exc))
             return True
