@@ -16,6 +16,7 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
 from agent_radar.models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
 from agent_radar.workflows import leases
+from agent_radar.workflows.activity.reconcile import to_reconcile
 from agent_radar.workflows.goals.operations import budget_exhausted, due_operations, fail_operation
 from agent_radar.workflows.operators import counts as operation_counts
 from agent_radar.workflows.prompts.queue import sessions_with_queued_prompts
@@ -83,6 +84,7 @@ def sweep_once(
     try:
         # Fences first: a revoked target must never replay before its fence.
         sweep_fences(engine, publish, now, limit, counts)
+        sweep_stale_mirrors(engine, now, limit, counts)
         sweep_restores(engine, publish, now, limit, counts)
         sweep_goal_operations(engine, publish, now, limit, counts)
         sweep_stale_cancels(engine, publish, now, limit, counts)
@@ -284,6 +286,32 @@ def sweep_stale_cancels(
         (CancelStatus.PREPARED, CancelStatus.LEASED),
         grace_first_attempt=False,
     )
+
+
+def sweep_stale_mirrors(engine: Engine, now: datetime, limit: int, counts: SweepCounts) -> None:
+    """Sessions whose mirror may be wrong get their restore, which asks the host what it runs
+    (docs/lifecycles.md: reconcile; reconcile.to_reconcile says which, and how often), a
+    bounded batch a sweep; sweep_restores publishes them in this same sweep."""
+
+    def request(s) -> int:
+        keys = s.execute(to_reconcile(now).limit(limit)).all()
+        for workspace_id, session_id in keys:
+            s.execute(
+                update(AgentSession)
+                .where(
+                    AgentSession.workspace_id == workspace_id,
+                    AgentSession.session_id == session_id,
+                    AgentSession.restore_due_at.is_(None),
+                )
+                .values(restore_due_at=now - timedelta(seconds=OUTBOX_GRACE_S), reconciled_at=now)
+            )
+        return len(keys)
+
+    try:
+        counts.details["reconcile"] = run_transaction(engine, request)
+    except Exception:  # noqa: BLE001 - the rest of the sweep still runs
+        counts.errors += 1
+        log.exception("sweeper: sessions to reconcile")
 
 
 def sweep_restores(

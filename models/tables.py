@@ -50,6 +50,14 @@ class Counted:
     counted_as: Mapped[str | None] = mapped_column(SHORT)  # in settled_counts (None: not)
 
 
+UNSURE_GOALS = "sync_status IN ('unknown', 'diverged')"
+
+
+def _where(condition: str) -> dict:
+    """A partial index's condition, on both dialects."""
+    return {"postgresql_where": text(condition), "sqlite_where": text(condition)}
+
+
 class AgentSession(Base):
     __tablename__ = "agent_sessions"
     __table_args__ = (
@@ -57,8 +65,11 @@ class AgentSession(Base):
         Index(
             "ix_agent_sessions_restore_due",
             "restore_due_at",
-            postgresql_where=text("restore_due_at IS NOT NULL"),
-            sqlite_where=text("restore_due_at IS NOT NULL"),
+            **_where("restore_due_at IS NOT NULL"),
+        ),
+        # Sessions whose restore met faults, for `status` (migration 0015).
+        Index(
+            "ix_agent_sessions_restore_failing", "restore_attempt", **_where("restore_attempt > 0")
         ),
     )
 
@@ -81,6 +92,12 @@ class AgentSession(Base):
     # not known to be installed, a clear settled locally waits for delivery, or a report claimed a
     # newer epoch. The sweeper publishes it once due; None when there is nothing to do.
     restore_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When its host was last asked what it runs (docs/lifecycles.md: reconcile).
+    reconciled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The restore's budget (workflows/budgets.py): failed attempts, since when, last error.
+    restore_attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    restore_failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    restore_error: Mapped[str | None] = mapped_column(Text)
     # Bumped under the row lock by every writer that appends a session event, so the
     # per-session event sequence stays gap-free.
     event_sequence: Mapped[int] = mapped_column(Integer, default=0)
@@ -88,6 +105,10 @@ class AgentSession(Base):
 
 class GoalState(Base):
     __tablename__ = "goal_states"
+    __table_args__ = (
+        # Goals left unsure, for the sweeper's reconcile and `status` (migration 0015).
+        Index("ix_goal_states_unsure", "sync_status", **_where(UNSURE_GOALS)),
+    )
 
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
     session_id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -124,8 +145,7 @@ class GoalOperation(LeaseColumns, Counted, Base):
         Index(
             "ix_goal_operations_open_due",
             "next_attempt_at",
-            postgresql_where=text(OPEN_OPERATION_SQL),
-            sqlite_where=text(OPEN_OPERATION_SQL),
+            **_where(OPEN_OPERATION_SQL),
         ),
         Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
         *history_indexes("goal_operations"),
@@ -242,6 +262,8 @@ class Turn(Base):
     # The runtime epoch the turn ran in: a newer epoch at the host ends it (docs/lifecycles.md:
     # sessions).
     runtime_epoch: Mapped[int | None] = mapped_column(Integer)
+    # When the mirror first recorded it (the control plane's clock; docs/lifecycles.md: reconcile).
+    seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class CancelOperation(LeaseColumns, Counted, Base):

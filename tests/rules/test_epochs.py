@@ -42,7 +42,8 @@ def calls_of(sim_control):
     return [c["call"] for c in sim_control.calls() if c["session_id"] == SID]
 
 
-def test_the_first_epoch_learnt_is_no_restart(client, settings):
+def test_the_first_epoch_learnt_is_no_restart(client, sim_control, settings):
+    sim_control.session(WS, SID, turn={"turn_id": "t0"})  # it runs at the host
     report(client, turn={"turn_id": "t0", "phase": "running"})
     assert turn_row(client, "t0").runtime_epoch == 0
     report(client, session={"runtime_epoch": 1})
@@ -80,7 +81,8 @@ def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     assert not run_transaction(client.engine, lambda s: runs.session_held(s, WS, SID))
     assert session_row(client).runtime_epoch == 2
     # Every durable fence went to the restarted host, before any goal call could.
-    assert calls_of(sim_control)[seen:] == ["liveness", "goal-fences"]
+    # Then the host was asked what it runs.
+    assert calls_of(sim_control)[seen:] == ["liveness", "goal-fences", "state"]
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
     assert fence_row(client, fence).installed_epoch == 2
 
@@ -89,7 +91,7 @@ def test_a_newer_epoch_ends_older_turns_and_the_run_and_brings_the_fences_back(
     )
     op = client.set_goal(WS, SID, "the owner's new goal", client_submit_id="g2")
     assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
-    assert calls_of(sim_control)[seen:] == ["liveness", "goal-fences", "goal"]  # once
+    assert calls_of(sim_control)[seen:] == ["liveness", "goal-fences", "state", "goal"]  # once
     assert client.get_fence(fence.fence_id).status == "pending"  # its delivery is its own
 
 
@@ -133,6 +135,7 @@ def test_a_forged_epoch_changes_nothing(client, sim_control, settings):
     """One report claiming epoch 2^31 - 1 used to pin the session: every real restart after
     it was invisible. A claim is confirmed with the host first; the host says 1."""
     client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "t-old"})
     report(client, turn={"turn_id": "t-old", "phase": "running"})
     report(client, session={"runtime_epoch": 2**31 - 1})
     assert restore(client, settings) == "restored"

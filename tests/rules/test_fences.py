@@ -167,6 +167,7 @@ def _leased_cancel(client, clock_now):
             },
             clock_now,
             0,
+            clock_now,
         )
         cancel = cancels.prepare(s, WS, SID, "turn-9", "fence", clock_now)
         cancels.claim(s, cancel, "dead-worker", 1, clock_now)

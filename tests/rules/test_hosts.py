@@ -176,7 +176,7 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     assert session_row(client, sid).runtime_epoch == 1
     op = client.set_goal(WS, sid, "the new goal", client_submit_id="g2")
     assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
-    assert calls(control_b, sid) == ["liveness", "goal-fences", "goal"]
+    assert calls(control_b, sid) == ["liveness", "goal-fences", "state", "goal"]
     assert control_b.session(WS, sid)["fences"] == [[target.operation_id, 1]]
     assert installed_at(client, fence) == ("host-b", 1)
     assert op.operation_id not in [e["operation_id"] for e in sim_control.effects()]

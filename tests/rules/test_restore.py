@@ -13,6 +13,7 @@ from agent_radar.models.tables import AgentSession, GoalFence
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.fences.reinstall import request_restore
 from agent_radar.workflows.steps.fence_apply import FenceApplier
+from agent_radar.workflows.steps.restore import OFFLINE_RECHECK_S
 from agent_radar.workflows.task_names import RESTORE_TASK
 from tests.helpers import restorer
 
@@ -94,13 +95,34 @@ def test_the_sweeper_publishes_a_restore_whose_message_was_lost(client, settings
     assert published == []  # reserved: its message is on the way
 
 
-def test_an_offline_session_waits_for_its_next_return(client, settings, sim_control):
-    settled_offline(client, settings, sim_control)
+def test_an_offline_session_is_asked_again_while_a_fence_waits_for_it(
+    client, settings, sim_control
+):
+    """Issue row: a session that comes back with no report was never asked again, and its
+    fenced goal ran on. While a fence or a clear waits for it, it is asked every
+    OFFLINE_RECHECK_S; once back, the fence and the clear reach it."""
+    target, _fence = settled_offline(client, settings, sim_control)
     report_back(client)  # a late report: the session is in fact still offline
+    before = utcnow()
     assert restorer(client).restore(WS, SID) == "offline"
     row = session_row(client)
-    assert (row.live, row.restore_due_at) == (False, None)
+    assert row.live is False
+    assert row.restore_due_at >= before + timedelta(seconds=OFFLINE_RECHECK_S)
     assert sim_control.session(WS, SID)["fences"] == []
+    sim_control.session(WS, SID, live=True)  # back, and it sends no report
+    published = []
+    sweep_once(
+        client.engine,
+        lambda task, kw: published.append((task, kw)) or True,
+        row.restore_due_at + timedelta(seconds=OUTBOX_GRACE_S),
+        owner="t",
+    )
+    assert published == [(RESTORE_TASK, {"workspace_id": WS, "session_id": SID})]
+    assert restorer(client).restore(WS, SID) == "restored"
+    at_host = sim_control.session(WS, SID)
+    assert (at_host["fences"], at_host["goal"]) == ([[target.operation_id, 1]], None)
+    assert client.goal_state(WS, SID).sync_status == "synced"
+    assert session_row(client).restore_due_at is None
 
 
 def test_a_restore_asked_for_again_while_it_ran_stays_due(client, settings, sim_control):

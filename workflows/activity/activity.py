@@ -200,7 +200,7 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
     # older epoch than the one known tells of a turn that ended with its process.
     known = row.runtime_epoch or 0
     turn_epoch = known if claimed is None else claimed
-    if turn is not None and apply_turn(session, row, turn, report.occurred_at, turn_epoch):
+    if turn is not None and apply_turn(session, row, turn, report.occurred_at, turn_epoch, now):
         wake = cancels.on_turn_settled(
             session, report.workspace_id, report.session_id, turn["turn_id"], turn["outcome"], now
         )
@@ -274,11 +274,11 @@ def _epoch_would_act(session: Session, row, claimed: int) -> bool:
 
 
 def apply_turn(
-    session: Session, row, turn: dict[str, Any], occurred_at: datetime, epoch: int
+    session: Session, row, turn: dict[str, Any], occurred_at: datetime, epoch: int, now: datetime
 ) -> bool:
-    """Record a turn report (of a turn that runs in `epoch`, if it is new). Phases only
-    move forward and settled is final; provenance is written once. Returns True when this
-    report settled the turn."""
+    """Record a turn report (of a turn that runs in `epoch`, if it is new; `now` is when the
+    mirror first saw it). Phases only move forward and settled is final; provenance is
+    written once. Returns True when this report settled the turn."""
     key = (row.workspace_id, row.session_id, turn["turn_id"])
     current = session.get(Turn, key, populate_existing=True)
     phase = turn["phase"]
@@ -294,6 +294,7 @@ def apply_turn(
             prompt_id=turn["prompt_id"],
             runtime_epoch=epoch,
             started_at=occurred_at,
+            seen_at=now,
         )
         session.add(current)
     elif TURN_PHASE_ORDER[TurnPhase(phase)] <= TURN_PHASE_ORDER[TurnPhase(current.phase)]:

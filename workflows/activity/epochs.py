@@ -39,8 +39,10 @@ class EpochEffects:
 
 def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime) -> EpochEffects:
     """Record an epoch seen at the session's host, in the caller's transaction (the session
-    row is locked). Epochs only grow. The first epoch learnt (from 0, unknown) is no
-    restart; a later, newer one ends the turns and the maintenance run of older epochs."""
+    row is locked). Epochs only grow. The first epoch learnt (from 0, unknown) is no restart
+    for what was recorded at no known epoch, but ends the turns recorded at an older epoch
+    a report claimed; a later, newer one ends the turns and the maintenance run of older
+    epochs."""
     known = row.runtime_epoch or 0
     if epoch <= known:
         return EpochEffects()
@@ -49,7 +51,17 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     row.runtime_epoch = epoch
     session.flush()
     if known == 0:
-        return EpochEffects(newer=True)
+        # Unconfirmed until now: a turn recorded at an older epoch a report claimed (never
+        # confirmed) ended with that process all the same.
+        woken = cancels.interrupt_running_turns(
+            session,
+            row.workspace_id,
+            row.session_id,
+            now,
+            before_epoch=epoch,
+            known_epochs_only=True,
+        )
+        return EpochEffects(newer=True, woken_fences=woken)
     woken = cancels.interrupt_running_turns(
         session, row.workspace_id, row.session_id, now, before_epoch=epoch
     )

@@ -196,17 +196,22 @@ def interrupt_running_turns(
     session_id: str,
     now: datetime,
     before_epoch: int | None = None,
+    *,
+    known_epochs_only: bool = False,
 ) -> list[str]:
     """The session is gone (its host answered session_not_found), or — with `before_epoch` —
     its host restarted: every turn of it (of an older epoch) that has not settled ends
     `interrupted`, with its open cancel; returns the fences that waited on them, now due
-    (docs/lifecycles.md: cancels, authoritative ends)."""
-    lock_session(session, workspace_id, session_id)
-    older = (
-        ()
-        if before_epoch is None
-        else (or_(Turn.runtime_epoch.is_(None), Turn.runtime_epoch < before_epoch),)
-    )
+    (docs/lifecycles.md: cancels, authoritative ends). `known_epochs_only`: only turns
+    recorded at a known (non-zero) older epoch: the first epoch confirmed says nothing of
+    a turn recorded while the epoch was unknown."""
+    older = ()
+    if before_epoch is not None:
+        older = (
+            (Turn.runtime_epoch > 0, Turn.runtime_epoch < before_epoch)
+            if known_epochs_only
+            else (or_(Turn.runtime_epoch.is_(None), Turn.runtime_epoch < before_epoch),)
+        )
     turn_ids = list(
         session.execute(
             select(Turn.turn_id).where(
@@ -217,6 +222,16 @@ def interrupt_running_turns(
             )
         ).scalars()
     )
+    return interrupt_turns(session, workspace_id, session_id, turn_ids, now)
+
+
+def interrupt_turns(
+    session: Session, workspace_id: str, session_id: str, turn_ids: list[str], now: datetime
+) -> list[str]:
+    """These turns ended at their host unseen (a restart, the session gone, the host's own
+    answer not listing them): each ends `interrupted` with its open cancel, and its prompt
+    ends; returns the fences that waited on them, now due."""
+    lock_session(session, workspace_id, session_id)
     woken: list[str] = []
     for turn_id in turn_ids:
         cancel = session.get(

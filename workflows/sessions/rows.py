@@ -48,6 +48,7 @@ def new_session_values(
         "host_id": "default",
         "host_bound": False,
         "admission": "open",
+        "restore_attempt": 0,
         "event_sequence": event_sequence,
     }
 

@@ -23,18 +23,25 @@ from agent_radar.models.base import utcnow
 from agent_radar.models.db import rowcount, run_transaction
 from agent_radar.models.enums import ProviderPhase, SyncStatus
 from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
-from agent_radar.workflows import records
+from agent_radar.workflows import budgets, records
+from agent_radar.workflows.activity.reconcile import Reconciled, apply_state
 from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences.reinstall import needs_restore
 from agent_radar.workflows.sessions.rows import lock_session
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
 from agent_radar.workflows.steps.goals.dispatch import apply_goal
+from agent_radar.workflows.steps.wake import release_session
+from agent_radar.workflows.task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, PROMPT_TASK
 
 log = logging.getLogger(__name__)
 
-# A restore that met a runtime fault (not a disconnect) is due again after this long.
+# A restore that met a runtime fault (not a disconnect) is due again after this long, within
+# its budget (workflows/budgets.py).
 RESTORE_RETRY_S = 10.0
+# An offline session with a fence or a clear still to deliver is asked again this often: it may
+# come back without a report.
+OFFLINE_RECHECK_S = 30.0
 
 
 def restore_fences(
@@ -144,7 +151,7 @@ class Restorer:
         stamp = run_transaction(self.engine, lambda s: self._claim(s, workspace_id, session_id))
         if stamp is None:
             return "skipped"
-        retry_at: datetime | None = None
+        error: str | None = None
         try:
             self.cancels.require_live(workspace_id, session_id, restore=False)
             restore_fences(
@@ -154,25 +161,54 @@ class Restorer:
                 session_id,
                 require_live=True,
             )
+            self.reconcile(workspace_id, session_id)
             outcome = "restored"
         except RuntimeDisconnected:
-            # Offline: nothing to do until it is back; its next report asks again.
+            # Offline: asked again after OFFLINE_RECHECK_S while something waits on it
+            # (a session back with no report tells nobody), or at its next report.
             outcome = "offline"
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
                 self.cancels.session_gone(workspace_id, session_id)
                 outcome = "gone"
             else:
-                log.warning(
-                    "restore of session %s/%s: %s", workspace_id, session_id, exc.code or exc
-                )
-                retry_at = self.clock() + timedelta(seconds=RESTORE_RETRY_S)
+                error = str(exc.code or exc)
+                log.warning("restore of session %s/%s: %s", workspace_id, session_id, error)
                 outcome = "retry"
         run_transaction(
             self.engine,
-            lambda s: self._finish(s, workspace_id, session_id, stamp, retry_at, outcome),
+            lambda s: self._finish(s, workspace_id, session_id, stamp, outcome, error),
         )
         return outcome
+
+    def reconcile(self, workspace_id: str, session_id: str) -> Reconciled:
+        """Ask the host what it runs for the session and make the mirror agree
+        (workflows/activity/reconcile.py); then publish what that set in motion."""
+        asked_at = self.clock()
+        state = self.runtime.session_state(workspace_id, session_id)
+        done = run_transaction(
+            self.engine,
+            lambda s: apply_state(s, workspace_id, session_id, state, asked_at, self.clock()),
+        )
+        if done.ended or done.recorded:
+            log.warning(
+                "session %s/%s: its host's answer ended %d turn(s) the mirror held unsettled"
+                " and recorded %d it never saw",
+                workspace_id,
+                session_id,
+                len(done.ended),
+                len(done.recorded),
+            )
+        publish = self.cancels.publish
+        for cancel_id in done.cancels:
+            publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
+        for fence_id in done.woken_fences:
+            publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+        if done.epoch.released:
+            release_session(self.engine, publish, workspace_id, session_id, self.clock())
+        elif done.wake_prompts:
+            publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+        return done
 
     def _claim(self, s: Session, workspace_id: str, session_id: str) -> datetime | None:
         """Stamp the due restore as ours (a lease on it: the sweeper leaves it alone until
@@ -198,16 +234,38 @@ class Restorer:
         workspace_id: str,
         session_id: str,
         stamp: datetime,
-        retry_at: datetime | None,
         outcome: str,
+        error: str | None,
     ) -> None:
         """Clear the due restore, unless someone asked again while this one ran (they set
-        it to their now) — or what it was for is still there at a live session."""
+        it to their now) — or what it was for is still there. A fault uses one attempt of
+        the restore's budget (workflows/budgets.py) and is tried again after
+        RESTORE_RETRY_S; past the budget it stops, and `status` shows it until the next
+        restore someone asks for succeeds. An offline session is a wait."""
+        now = self.clock()
         row = lock_session(s, workspace_id, session_id)
         if outcome == "offline":
             row.live = False  # background work settles locally until it is back
+        if outcome == "retry":
+            row.restore_attempt = (row.restore_attempt or 0) + 1
+            row.restore_failing_since = row.restore_failing_since or now
+            row.restore_error = error
+        elif outcome != "offline":
+            row.restore_attempt, row.restore_failing_since, row.restore_error = 0, None, None
         if row.restore_due_at != stamp:
             return
-        if retry_at is None and outcome == "restored" and needs_restore(s, row):
-            retry_at = self.clock()  # a fence came meanwhile: the sweeper publishes it
+        retry_at: datetime | None = None
+        if outcome == "retry":
+            why = budgets.spent(row.restore_attempt, row.restore_failing_since, now)
+            if why is None:
+                retry_at = now + timedelta(seconds=RESTORE_RETRY_S)
+            else:
+                row.restore_error = budgets.exhausted(why, error)
+                log.error(
+                    "restore of session %s/%s: %s", workspace_id, session_id, row.restore_error
+                )
+        elif outcome == "offline" and needs_restore(s, row):
+            retry_at = now + timedelta(seconds=OFFLINE_RECHECK_S)
+        elif outcome == "restored" and needs_restore(s, row):
+            retry_at = now  # a fence came meanwhile: the sweeper publishes it
         row.restore_due_at = retry_at

@@ -33,6 +33,10 @@ METRICS = (
     f"{PREFIX}_runs_in_recovery",
     f"{PREFIX}_sweeper_heartbeat_age_seconds",
     f"{PREFIX}_hosts_skipped",
+    f"{PREFIX}_goals_diverged",
+    f"{PREFIX}_goals_unknown",
+    f"{PREFIX}_restores_out_of_budget",
+    f"{PREFIX}_sessions_wedged",
     f"{PREFIX}_up",
 )
 
@@ -88,6 +92,13 @@ class FleetCollector(Collector):
             ("runs_in_recovery", "Maintenance runs in recovery_required"),
             ("sweeper_heartbeat_age_seconds", "Seconds since a sweep finished (+Inf: never)"),
             ("hosts_skipped", "Hosts whose circuit breaker is open (their calls kept failing)"),
+            ("goals_diverged", "Sessions whose host holds another goal than desired"),
+            ("goals_unknown", "Sessions whose goal at the host is not known"),
+            ("restores_out_of_budget", "Sessions whose restore ran out of budget"),
+            (
+                "sessions_wedged",
+                "Sessions with a stale turn on record their host was not asked about",
+            ),
         ):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=facts[name])
 
@@ -107,4 +118,8 @@ class FleetCollector(Collector):
             "runs_in_recovery": fleet["sessions_in_recovery"],
             "sweeper_heartbeat_age_seconds": math.inf if heartbeat is None else heartbeat,
             "hosts_skipped": len(fleet["hosts_skipped"]),
+            "goals_diverged": fleet["goals_diverged"],
+            "goals_unknown": fleet["goals_unknown"],
+            "restores_out_of_budget": fleet["restores_out_of_budget"],
+            "sessions_wedged": fleet["wedged_sessions"],
         }

@@ -15,15 +15,19 @@ from agent_radar.models.enums import (
     FenceStatus,
     MaintenanceStatus,
     PromptStatus,
+    SyncStatus,
 )
 from agent_radar.models.tables import (
+    AgentSession,
     CancelOperation,
     GoalFence,
     GoalOperation,
+    GoalState,
     MaintenanceRun,
     Prompt,
 )
 from agent_radar.workflows import budgets, leases
+from agent_radar.workflows.activity.reconcile import wedged
 from agent_radar.workflows.operators.counts import Counts, by_status, operation_counts
 from agent_radar.workflows.steps.fence_apply import WAITING_FOR_TURN
 
@@ -145,6 +149,27 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
                 .limit(WORST)
             ).scalars()
         ],
+        "restores_out_of_budget": [
+            {"session": f"{r.workspace_id}/{r.session_id}", "last_error": r.restore_error}
+            for r in s.execute(
+                select(AgentSession)
+                .where(AgentSession.restore_attempt > 0, _restore_spent())
+                .order_by(AgentSession.restore_failing_since)
+                .limit(WORST)
+            ).scalars()
+        ],
+        "diverged_goals": [
+            {"session": f"{r.workspace_id}/{r.session_id}", "revision": r.revision}
+            for r in s.execute(
+                select(GoalState)
+                .where(GoalState.sync_status == SyncStatus.DIVERGED)
+                .order_by(GoalState.workspace_id, GoalState.session_id)
+                .limit(WORST)
+            ).scalars()
+        ],
+        "wedged_sessions": [
+            f"{ws}/{sid}" for ws, sid in s.execute(wedged(now).order_by(None).limit(WORST))
+        ],
         "fences_waiting_on_a_turn": [
             {
                 "fence_id": r.fence_id,
@@ -191,6 +216,7 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
         ).scalars()
     ]
     return {
+        **_host_truth(s, now),
         "goal_operations": per_status,
         "maintenance_runs": runs,
         "fences": fences,
@@ -215,11 +241,51 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
     }
 
 
+def _restore_spent():
+    return AgentSession.restore_error.like(f"{budgets.BUDGET_EXHAUSTED}%")
+
+
+def _host_truth(s: Session, now: datetime) -> dict:
+    """Where the mirror and the hosts disagree, or could not be made to agree
+    (docs/lifecycles.md: reconcile): goals by sync status `diverged` and `unknown`, restores
+    failing and out of budget, wedged sessions."""
+    unsure = dict(
+        s.execute(
+            select(GoalState.sync_status, func.count())
+            .where(GoalState.sync_status.in_((SyncStatus.UNKNOWN, SyncStatus.DIVERGED)))
+            .group_by(GoalState.sync_status)
+        ).all()
+    )
+    failing, spent = (
+        s.execute(
+            select(func.count()).where(AgentSession.restore_attempt > 0, *condition)
+        ).scalar_one()
+        for condition in ((), (_restore_spent(),))
+    )
+    return {
+        "goals_diverged": unsure.get(SyncStatus.DIVERGED, 0),
+        "goals_unknown": unsure.get(SyncStatus.UNKNOWN, 0),
+        "restores_retrying": failing - spent,
+        "restores_out_of_budget": spent,
+        "wedged_sessions": s.execute(
+            select(func.count()).select_from(wedged(now).subquery())
+        ).scalar_one(),
+    }
+
+
 def problems(status: dict, sweep_interval_s: float) -> list[str]:
     """What `status --check` fails on: overdue work, goal operations or fences that failed in
     the last hour, runs needing recovery, a host skipped because its calls keep failing, a
-    sweeper that has not finished a sweep for 5 intervals (or ever)."""
+    sweeper that has not finished a sweep for 5 intervals (or ever), a goal the host holds
+    otherwise than desired, a session's restore out of budget, a wedged session."""
     found = []
+    for key, text in (
+        ("goals_diverged", "goal(s) diverged: the host holds another goal than desired"),
+        ("restores_out_of_budget", "session restore(s) out of budget"),
+        ("wedged_sessions", "session(s) wedged: a turn on record its host was not asked about"),
+    ):
+        if status.get(key):
+            found.append(f"{status[key]} {text}")
     for kind, count in status.get("failed_last_hour", {}).items():
         if count:
             found.append(f"{count} {kind.replace('_', ' ')} failed in the last hour")
@@ -262,6 +328,9 @@ def render_status(status: dict) -> list[str]:
         f"in recovery: {status['sessions_in_recovery']}; "
         f"queued prompts: {status['queued_prompts']}",
         f"prompts: {prompts or 'none'}; out of budget: {exhausted}",
+        f"goals diverged: {status['goals_diverged']}, unknown: {status['goals_unknown']}; "
+        f"restores retrying: {status['restores_retrying']}, out of budget: "
+        f"{status['restores_out_of_budget']}; wedged sessions: {status['wedged_sessions']}",
         f"due now: {status['due']} (overdue {status['overdue']}), in flight: {status['in_flight']}",
         f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
         + ("never" if heartbeat is None else f"{heartbeat} s ago"),
@@ -292,6 +361,12 @@ def _render_worst(worst: dict) -> list[str]:
             f"  retrying: prompt {item['prompt_id']} ({item['session']}, attempt "
             f"{item['attempt']}, {item['last_error']})"
         )
+    for item in worst["restores_out_of_budget"]:
+        lines.append(f"  restore out of budget: {item['session']} ({item['last_error']})")
+    for item in worst["diverged_goals"]:
+        lines.append(f"  diverged: goal of {item['session']} (revision {item['revision']})")
+    for session in worst["wedged_sessions"]:
+        lines.append(f"  wedged: {session}")
     for item in worst["fences_waiting_on_a_turn"]:
         lines.append(
             f"  waiting on a turn: fence {item['fence_id']} ({item['session']}, cancel "

@@ -12,7 +12,11 @@ from agent_radar.workflows.tools.cli.common import EXIT_FAILED, _client, _emit, 
 @click.option(
     "--check",
     is_flag=True,
-    help="Exit 1 when work is overdue, a run needs recovery, or the sweeper is not running.",
+    help=(
+        "Exit 1 on a problem: overdue goal work, a goal operation or fence failed in the last"
+        " hour, a run in recovery, a host skipped, a diverged goal, a restore out of budget,"
+        " a wedged session, or no sweep for five intervals."
+    ),
 )
 def status(as_json: bool, check: bool):
     """The fleet at a glance: counts per status, due and overdue work, sweeper lag and

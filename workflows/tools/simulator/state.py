@@ -15,9 +15,18 @@ from agent_radar.workflows.tools.simulator.sessions import (
     SESSION_SETTINGS,
     SimError,
     SimSession,
+    SimTurn,
 )
 
 log = logging.getLogger(__name__)
+
+PLANTED_TURN_FIELDS = {
+    "turn_id",
+    "origin",
+    "source_goal_operation_id",
+    "source_goal_revision",
+    "prompt_id",
+}
 
 Reporter = Callable[[dict[str, Any]], Any]
 
@@ -164,6 +173,21 @@ class Simulator:
                 for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
+                if body.get("turn"):
+                    # A turn that runs here until it is cancelled, with no report of it
+                    # (a test's own turn, of an agent that lost its reports).
+                    fields = body["turn"]
+                    if not isinstance(fields, dict) or set(fields) - PLANTED_TURN_FIELDS:
+                        raise SimError(422, "rejected", detail="turn: an object of turn fields")
+                    turn = SimTurn(
+                        **{
+                            "origin": "user_prompt",
+                            "source_goal_operation_id": None,
+                            "source_goal_revision": None,
+                            **fields,
+                        }
+                    )
+                    sess.turns[turn.turn_id] = turn
                 return {
                     "live": sess.live,
                     "runtime_epoch": sess.epoch,

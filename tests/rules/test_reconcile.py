@@ -1,0 +1,190 @@
+"""The host is the truth (docs/lifecycles.md: reconcile), on both backends: the turns on record
+are a mirror built from reports, which get lost or forged; what the host answers to the state
+call decides. Each test holds one sequence of issue 44's table that left a session wedged."""
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from agent_radar.beat.sweeper import sweep_once
+from agent_radar.models.base import utcnow
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import AgentSession, Turn
+from agent_radar.workflows.activity.reconcile import RECONCILE_INTERVAL_S, STALE_TURN_S
+from agent_radar.workflows.errors import SessionBusy
+from agent_radar.workflows.task_names import PROMPT_TASK, RESTORE_TASK
+from tests.helpers import restorer
+
+WS, SID = "ws-reconcile", "s1"
+
+
+def report(client, **parts):
+    client.report_activity(
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": int(time.time() * 1000), **parts}
+    )
+
+
+def turn_row(client, turn_id):
+    return run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, turn_id)))
+
+
+def session_row(client):
+    return run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)))
+
+
+def sweep(client, at):
+    published = []
+    sweep_once(client.engine, lambda task, kw: published.append((task, kw)) or True, at, owner="t")
+    return published
+
+
+def test_a_first_confirmed_epoch_ends_the_turns_of_an_older_claimed_one(client, sim_control):
+    """Row 5: reports said epoch 1, never confirmed; the host restarted and epoch 2 was the
+    first confirmed. 0 -> 2 was taken as the first epoch learnt, and the epoch-1 turn stayed
+    running for good: prompts queued, maintenance `session_busy`."""
+    sim_control.session(WS, SID, turn={"turn_id": "t1"})
+    report(client, session={"runtime_epoch": 1}, turn={"turn_id": "t1", "phase": "running"})
+    assert (session_row(client).runtime_epoch, turn_row(client, "t1").runtime_epoch) == (0, 1)
+    sim_control.session(WS, SID, restart=True)  # epoch 2; t1 ended with the old process
+    assert client.ensure_session(WS, SID).runtime_epoch == 2
+    ended = turn_row(client, "t1")
+    assert (ended.phase, ended.outcome) == ("settled", "interrupted")
+    assert session_row(client).active_turn_id is None
+    assert client.start_maintenance(WS, SID, client_submit_id="m1").status == "running"
+
+
+def test_a_ghost_turn_is_ended_by_the_host_s_answer(client, sim_control):
+    """Row 6: a report of a running turn the host never ran (forged, or a real turn whose
+    settled report was lost) wedged the session for good. Once it has been on record past
+    STALE_TURN_S, the sweeper has the host asked, and its answer ends it."""
+    client.ensure_session(WS, SID)
+    report(client, turn={"turn_id": "ghost", "phase": "running"})
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    with pytest.raises(SessionBusy):
+        client.start_maintenance(WS, SID, client_submit_id="m1")
+    now = utcnow()
+    assert sweep(client, now) == []  # seen just now: a turn may run for long
+    later = now + timedelta(seconds=STALE_TURN_S + 1)
+    assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in sweep(client, later)
+    published = []
+    assert restorer(client, published=published).restore(WS, SID) == "restored"
+    ghost = turn_row(client, "ghost")
+    assert (ghost.phase, ghost.outcome) == ("settled", "interrupted")
+    assert session_row(client).active_turn_id is None
+    assert PROMPT_TASK in published  # the queue moves on
+    assert client.get_prompt(prompt.prompt_id).status == "queued"
+    assert client.start_maintenance(WS, SID, client_submit_id="m2").status == "running"
+    # Asked once: not again before RECONCILE_INTERVAL_S, whatever the mirror holds.
+    report(client, turn={"turn_id": "ghost-2", "phase": "running"})
+    run_transaction(
+        client.engine,
+        lambda s: s.get(Turn, (WS, SID, "ghost-2")).__setattr__("seen_at", later),
+    )
+    again = later + timedelta(seconds=STALE_TURN_S + 1)
+    assert RESTORE_TASK not in [task for task, _kw in sweep(client, again)]
+    asked = session_row(client).reconciled_at
+    assert RESTORE_TASK in [
+        task
+        for task, _kw in sweep(client, asked + timedelta(seconds=RECONCILE_INTERVAL_S + 1))
+    ]
+
+
+def test_a_turn_the_host_runs_stays_and_one_it_started_unseen_is_recorded(client, sim_control):
+    """The host's answer never ends a turn it lists, nor one first seen after it was asked;
+    a turn it lists that no report told of is recorded (and the session is busy)."""
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "real"})
+    sim_control.session(WS, SID, turn={"turn_id": "unreported"})
+    report(client, turn={"turn_id": "real", "phase": "running"})
+    report(client, turn={"turn_id": "late", "phase": "running"})
+    future = utcnow() + timedelta(seconds=60)
+    run_transaction(
+        client.engine,
+        lambda s: s.get(Turn, (WS, SID, "late")).__setattr__("seen_at", future),
+    )  # as if its report landed while the host was being asked
+    done = restorer(client).reconcile(WS, SID)
+    assert (done.ended, done.recorded) == ([], ["unreported"])
+    assert turn_row(client, "real").phase == "running"
+    assert turn_row(client, "late").phase == "running"
+    assert turn_row(client, "unreported").phase == "running"
+    with pytest.raises(SessionBusy):
+        client.start_maintenance(WS, SID, client_submit_id="m1")
+
+
+def test_a_restore_meeting_faults_stops_at_its_budget_and_shows(client, sim_control):
+    """Row 14: a restore that met a runtime fault was retried every 10 s for ever, and
+    nothing showed it. Each fault uses one attempt of the budget; past it the restore
+    stops, its error stays on the session, and the next restore that succeeds clears it."""
+    from agent_radar.workflows import budgets
+    from agent_radar.workflows.fences.reinstall import request_restore
+
+    client.ensure_session(WS, SID)
+    sim_control.fault("liveness", status=500, count=budgets.MAX_ATTEMPTS + 5, session_id=SID)
+    for attempt in range(1, budgets.MAX_ATTEMPTS + 1):
+        run_transaction(
+            client.engine,
+            lambda s: s.get(AgentSession, (WS, SID)).__setattr__("restore_due_at", utcnow()),
+        )
+        assert restorer(client).restore(WS, SID) == "retry"
+        assert session_row(client).restore_attempt == attempt
+    row = session_row(client)
+    assert row.restore_due_at is None  # spent: not tried again on its own
+    assert row.restore_error.startswith("budget_exhausted")
+    sim_control.clear_faults()
+    run_transaction(
+        client.engine, lambda s: request_restore(s.get(AgentSession, (WS, SID)), utcnow())
+    )
+    assert restorer(client).restore(WS, SID) == "restored"
+    row = session_row(client)
+    assert (row.restore_attempt, row.restore_error, row.restore_failing_since) == (0, None, None)
+
+
+def test_diverged_goals_out_of_budget_restores_and_wedged_sessions_show_in_status(client, host):
+    """Row 15: a host whose goal answer had one key more than `{objective, status}` left
+    the goal `diverged`, and `status`, `--check` and the metrics never said. They say so now,
+    as they do a restore out of budget and a session whose stale turn nobody could ask about."""
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+    from agent_radar.workflows.tools.metrics import FleetCollector
+    from agent_radar.workflows.tools.status import fleet_status, problems
+
+    host.answers[(SID, "liveness")] = (200, b'{"live": true, "runtime_epoch": 1}')
+    host.answers[(SID, "goal")] = (
+        200,
+        b'{"phase": "applied", "goal": {"objective": "mine", "status": "active", "x": 1},'
+        b' "evidence": {"applied_revision": 1}}',
+    )
+    op = client.set_goal(WS, SID, "mine", client_submit_id="g1")
+    dispatcher = Dispatcher(client.engine, HttpRuntime(host.url), worker_id="d", lease_s=5)
+    assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
+    assert client.goal_state(WS, SID).sync_status == "diverged"
+    report(client, turn={"turn_id": "stale", "phase": "running"})
+
+    def age(s):
+        s.get(Turn, (WS, SID, "stale")).seen_at = utcnow() - timedelta(hours=1)
+        row = s.get(AgentSession, (WS, SID))
+        row.restore_attempt, row.restore_error = 24, "budget_exhausted (24 attempts): 500"
+
+    run_transaction(client.engine, age)
+    status = fleet_status(client.engine)
+    assert (
+        status["goals_diverged"],
+        status["restores_out_of_budget"],
+        status["wedged_sessions"],
+    ) == (1, 1, 1)
+    assert status["worst"]["wedged_sessions"] == [f"{WS}/{SID}"]
+    found = problems(status, sweep_interval_s=2.0)
+    assert any("1 goal(s) diverged" in p for p in found)
+    assert any("1 session restore(s) out of budget" in p for p in found)
+    assert any("1 session(s) wedged" in p for p in found)
+    gauges = {m.name: m.samples[0].value for m in FleetCollector(client.engine).collect()}
+    assert gauges["agent_radar_goals_diverged"] == 1
+    assert gauges["agent_radar_restores_out_of_budget"] == 1
+    assert gauges["agent_radar_sessions_wedged"] == 1
+    # Asked (the host answers that nothing runs): no longer wedged.
+    run_transaction(
+        client.engine,
+        lambda s: s.get(AgentSession, (WS, SID)).__setattr__("reconciled_at", utcnow()),
+    )
+    assert fleet_status(client.engine)["wedged_sessions"] == 0
