@@ -20,7 +20,7 @@ from agent_radar.workflows.activity.reconcile import to_reconcile
 from agent_radar.workflows.goals.operations import budget_exhausted, due_operations, fail_operation
 from agent_radar.workflows.operators import counts as operation_counts
 from agent_radar.workflows.prompts.queue import sessions_with_queued_prompts
-from agent_radar.workflows.steps.maintenance import sweep_maintenance
+from agent_radar.workflows.steps.maintenance_sweep import sweep_maintenance
 from agent_radar.workflows.task_names import (
     CANCEL_APPLY_TASK,
     COALESCE_MAX_ITEMS,

@@ -145,6 +145,8 @@ class MaintenanceError(StrEnum):
     INVALID_RUNTIME_ANSWER = "invalid_runtime_answer"
     # The run's host reported a newer runtime epoch (it restarted) or no longer has the run.
     RUNTIME_RESTARTED = "runtime_restarted"
+    # The agent host ran another turn or run when this one was to start there.
+    SESSION_BUSY = "session_busy"
     # An operator resolved a run in recovery to `failed` (docs/operations.md); detail is the reason.
     OPERATOR_RESOLVED = "operator_resolved"
 

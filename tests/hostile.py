@@ -17,6 +17,9 @@ from tests.helpers import STOP_POLL_S
 
 SESSION = re.compile(r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(.+)$")
 
+# A state answer (docs/protocol.md: session state): live at epoch 1, running nothing.
+IDLE_STATE = b'{"live": true, "runtime_epoch": 1, "goal": null, "fences": [], "turns": []}'
+
 
 class HostileHost:
     """An agent host on a real socket that answers each session as told: `answers[sid]` is

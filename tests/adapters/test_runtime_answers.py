@@ -13,7 +13,7 @@ from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
-from tests.hostile import applied
+from tests.hostile import IDLE_STATE, applied
 
 WS = "ws-answers"
 BAD_ANSWERS = {
@@ -127,6 +127,7 @@ def test_an_unstorable_maintenance_outcome_fails_the_run_and_releases_the_sessio
         **outcome,
     }
     host.answers[(sid, "maintenance")] = (200, b'{"state": "running"}')
+    host.answers[(sid, "state")] = (200, IDLE_STATE)
     host.answers[sid] = (200, json.dumps(done).encode())
     run = client.start_maintenance(WS, sid, client_submit_id="m-1")
     published = []

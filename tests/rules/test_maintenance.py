@@ -437,7 +437,8 @@ def test_a_fence_installs_at_once_but_its_clear_waits_for_the_run(
 ):
     from agent_radar.workflows.steps.fence_apply import FenceApplier
 
-    sim_control.session(WS, SID, maintenance_duration_ms=20)
+    # No continuation turn: the run may not start beside one (the host is asked).
+    sim_control.session(WS, SID, maintenance_duration_ms=20, continuation_turns=False)
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     d = Dispatcher(
         client.engine, HttpRuntime(settings.runtime_url, timeout_s=2), worker_id="d", lease_s=5

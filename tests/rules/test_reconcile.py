@@ -85,8 +85,7 @@ def test_a_ghost_turn_is_ended_by_the_host_s_answer(client, sim_control):
     assert RESTORE_TASK not in [task for task, _kw in sweep(client, again)]
     asked = session_row(client).reconciled_at
     assert RESTORE_TASK in [
-        task
-        for task, _kw in sweep(client, asked + timedelta(seconds=RECONCILE_INTERVAL_S + 1))
+        task for task, _kw in sweep(client, asked + timedelta(seconds=RECONCILE_INTERVAL_S + 1))
     ]
 
 
@@ -188,3 +187,69 @@ def test_diverged_goals_out_of_budget_restores_and_wedged_sessions_show_in_statu
         lambda s: s.get(AgentSession, (WS, SID)).__setattr__("reconciled_at", utcnow()),
     )
     assert fleet_status(client.engine)["wedged_sessions"] == 0
+
+
+def _executor(client, published=None):
+    from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
+
+    return MaintenanceExecutor(
+        client.engine,
+        client.runtime,
+        worker_id="w",
+        lease_s=5,
+        publish=lambda task, kw: (published if published is not None else []).append(task) or True,
+        poll_s=0.02,
+    )
+
+
+def starts_at_host(sim_control):
+    return [c for c in sim_control.calls() if c["call"] == "maintenance" and c["session_id"] == SID]
+
+
+def test_a_prompt_in_flight_keeps_maintenance_out(client, sim_control):
+    """Row 4: a prompt was sent (its turn id known) and its `running` report was still in
+    the broker; maintenance was admitted beside the user's turn. A prompt in flight is busy."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert session_row(client).active_turn_id is None  # no report yet
+    with pytest.raises(SessionBusy, match=prompt.prompt_id):
+        client.start_maintenance(WS, SID, client_submit_id="m1")
+
+
+def test_a_turn_the_mirror_never_saw_keeps_a_run_from_starting_at_the_host(client, sim_control):
+    """The mirror says idle, the host runs a turn no report told of: the run is asked about
+    before it starts there, ends `failed` (session_busy), and the host never starts it."""
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "unseen"})
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")  # the mirror is idle
+    assert _executor(client).execute(run.run_id) == "failed"
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("failed", "session_busy")
+    assert "unseen" in ended.detail
+    assert starts_at_host(sim_control) == []
+    assert turn_row(client, "unseen").phase == "running"  # recorded from the answer
+    assert (
+        client.get_maintenance(
+            client.start_maintenance(WS, SID, client_submit_id="m1").run_id
+        ).status
+        == "failed"
+    )  # a replay is the same run
+
+
+def test_a_run_admitted_against_an_epoch_the_host_left_never_starts(client, sim_control):
+    """Row 11: a report claimed epoch 3 (the host really is at 3); right after,
+    start_maintenance(expected_runtime_epoch=2) was admitted and started. The host's answer
+    before the start confirms 3, which ends the run of epoch 2 before it reaches the host."""
+    sim_control.session(WS, SID, restart=True)  # epoch 2
+    assert client.ensure_session(WS, SID).runtime_epoch == 2
+    sim_control.session(WS, SID, restart=True)  # epoch 3
+    report(client, session={"runtime_epoch": 3})  # a claim, not yet confirmed
+    run = client.start_maintenance(WS, SID, client_submit_id="m1", expected_runtime_epoch=2)
+    assert _executor(client).execute(run.run_id) == "interrupted"
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
+    assert starts_at_host(sim_control) == []
+    assert session_row(client).runtime_epoch == 3

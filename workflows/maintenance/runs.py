@@ -30,7 +30,7 @@ from agent_radar.workflows.errors import (
     RuntimeDraining,
     SessionBusy,
 )
-from agent_radar.workflows.sessions.rows import append_event, lock_session
+from agent_radar.workflows.sessions.rows import append_event, lock_session, prompt_in_flight
 from agent_radar.workflows.validation import (
     check_choice,
     check_id,
@@ -194,6 +194,12 @@ def start(
     if row.active_turn_id is not None:
         raise SessionBusy(
             f"cannot {request.kind} while a turn is running", turn_id=row.active_turn_id
+        )
+    in_flight = prompt_in_flight(session, request.workspace_id, request.session_id)
+    if in_flight is not None:
+        # Its turn may run at the host before its report arrives (or its report was lost).
+        raise SessionBusy(
+            f"cannot {request.kind} while prompt {in_flight} is in flight", prompt_id=in_flight
         )
     run = MaintenanceRun(
         run_id=request.run_id,

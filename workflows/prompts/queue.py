@@ -17,7 +17,7 @@ from agent_radar.models.tables import AgentSession, Prompt
 from agent_radar.workflows import accept, budgets, ids, leases
 from agent_radar.workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.maintenance.runs import holds, session_held
-from agent_radar.workflows.sessions.rows import lock_session, same_session
+from agent_radar.workflows.sessions.rows import lock_session, prompt_in_flight, same_session
 from agent_radar.workflows.validation import check_id, check_submit_id, check_text
 
 log = logging.getLogger(__name__)
@@ -89,16 +89,7 @@ def take_next(session: Session, workspace_id: str, session_id: str, now: datetim
     row = lock_session(session, workspace_id, session_id)
     if session_held(session, workspace_id, session_id):
         return "held"
-    in_flight = session.execute(
-        select(Prompt.prompt_id)
-        .where(
-            Prompt.workspace_id == workspace_id,
-            Prompt.session_id == session_id,
-            Prompt.status == PromptStatus.DISPATCHED,
-        )
-        .limit(1)
-    ).scalar_one_or_none()
-    if in_flight is not None or row.active_turn_id is not None:
+    if prompt_in_flight(session, workspace_id, session_id) or row.active_turn_id is not None:
         return "busy"
     prompt = session.execute(
         select(Prompt)

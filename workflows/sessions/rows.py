@@ -8,7 +8,8 @@ from sqlalchemy.orm import Session
 
 from agent_radar.models.base import table_of
 from agent_radar.models.db import bound, insert_bound, insert_ignore
-from agent_radar.models.tables import AgentSession, SessionEvent
+from agent_radar.models.enums import PromptStatus
+from agent_radar.models.tables import AgentSession, Prompt, SessionEvent
 
 SESSIONS = table_of(AgentSession)
 EVENTS = table_of(SessionEvent)
@@ -30,6 +31,20 @@ _NEXT_SEQUENCE = (
 INSERT_EVENT = insert_bound(EVENTS, "ev_", [c.name for c in EVENTS.c if not c.primary_key])
 # A session's event counter set to a value read under the session lock (`b_seq`).
 SET_SEQUENCE = update(SESSIONS).where(*_SESSION_KEY).values(event_sequence=bindparam("b_seq"))
+
+
+def prompt_in_flight(session: Session, workspace_id: str, session_id: str) -> str | None:
+    """The session's prompt sent (or being sent) to its host and not yet ended, if any: its
+    turn may run there before any report of it arrives."""
+    return session.execute(
+        select(Prompt.prompt_id)
+        .where(
+            Prompt.workspace_id == workspace_id,
+            Prompt.session_id == session_id,
+            Prompt.status == PromptStatus.DISPATCHED,
+        )
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def same_session(a, b):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -23,6 +23,7 @@ from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.steps import Step
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
+from agent_radar.workflows.steps.restore import reconcile_session
 from agent_radar.workflows.steps.wake import release_session
 from agent_radar.workflows.task_names import EXECUTE_TASK, Publish
 
@@ -34,6 +35,8 @@ POLL_S = 0.2
 # One execute task polls at most this long, then hands the run back (published again): well
 # under the task's soft time limit (tasks/app.py, 300 s), so no task is cut off mid-poll.
 MAX_WAIT_S = 240.0
+# _host_busy's answer when the run ended while the host was asked.
+ENDED = "ended"
 # _poll's answer when the run goes back to another worker.
 HAND_BACK: dict = {"hand_back": True}
 # How long an executor keeps trying to record a failed terminal write as recovery before
@@ -92,6 +95,9 @@ class MaintenanceExecutor(Step):
                 ensure_fences_installed(
                     self.engine, self.runtime, claim.workspace_id, claim.session_id
                 )
+                busy = self._host_busy(claim)
+                if busy is not None:
+                    return self._end_busy(claim, busy)
                 self.runtime.start_maintenance(
                     claim.workspace_id,
                     claim.session_id,
@@ -111,6 +117,54 @@ class MaintenanceExecutor(Step):
         if outcome is HAND_BACK:
             return self._hand_back(claim)
         return self.finish(claim, outcome)
+
+    def _host_busy(self, claim: RunClaim) -> str | None:
+        """Ask the host what it runs before the run starts there (docs/lifecycles.md: reconcile):
+        the mirror may say idle while a turn runs (its report still in the broker, or lost), or
+        lag an epoch the host is already at. Why the run may not start (None: it may; also
+        when the host already runs this very run, handed back)."""
+        state, _done = reconcile_session(
+            self.engine,
+            self.runtime,
+            self.publish,
+            claim.workspace_id,
+            claim.session_id,
+            self.clock,
+        )
+        run = run_transaction(self.engine, lambda s: runs.reload(s, claim.run_id))
+        if run.status in runs.TERMINAL or run.lease_token != claim.token:
+            return ENDED  # the answer ended it (a newer epoch), or it moved meanwhile
+        if state.maintenance_run_id == claim.run_id:
+            return None
+        if state.maintenance_run_id is not None:
+            return f"the agent host runs maintenance run {state.maintenance_run_id}"
+        if state.turns:
+            return f"the agent host runs turn {state.turns[0].turn_id}"
+        return None
+
+    def _end_busy(self, claim: RunClaim, reason: str) -> str:
+        """The host is busy with another turn or run: this one ends `failed` (session_busy,
+        as admission answers), never started there, and the session's held work goes on."""
+        if reason == ENDED:
+            return run_transaction(self.engine, lambda s: runs.reload(s, claim.run_id)).status
+
+        def end(s: Session) -> bool:
+            return runs.transition(
+                s,
+                runs.reload(s, claim.run_id),
+                S.FAILED,
+                self.clock(),
+                token=claim.token,
+                error_code=MaintenanceError.SESSION_BUSY,
+                detail=reason,
+            )
+
+        if not run_transaction(self.engine, end):
+            return "lost_lease"
+        release_session(
+            self.engine, self.publish, claim.workspace_id, claim.session_id, self.clock()
+        )
+        return S.FAILED
 
     def _hand_back(self, claim: RunClaim) -> str:
         """Let the run go to another worker at once: the lease released and the execute task
@@ -295,73 +349,3 @@ class MaintenanceExecutor(Step):
                 time.sleep(self.poll_s * 10)
         # Still no database: the lease runs out and the sweeper recovers the run later.
         return "persist_failed"
-
-
-def sweep_maintenance(
-    engine: Engine,
-    publish: Publish,
-    now: datetime,
-    *,
-    cancel_grace_s: float,
-    outbox_grace_s: float,
-    republish_interval_s: float,
-    limit: int,
-) -> dict[str, int]:
-    """Runs never claimed are re-published; a lost heartbeat is `worker_lost`; a cancel
-    past its grace is `cancel_timeout` (the session stays held); runs in recovery with no
-    live worker are re-published so the executor asks the runtime for the outcome. A run
-    waiting behind a busy maintenance queue is re-published once per interval, not on every
-    sweep."""
-    counts = {"recovery": 0, "republished": 0}
-
-    def mark(s: Session) -> int:
-        n = 0
-        for run in s.execute(
-            select(MaintenanceRun)
-            .where(
-                MaintenanceRun.status.in_((S.RUNNING, S.CANCELLING, S.FINALIZING)),
-                MaintenanceRun.lease_expires_at <= now,
-            )
-            .limit(limit)
-        ).scalars():
-            n += runs.transition(
-                s, run, S.RECOVERY_REQUIRED, now, error_code=MaintenanceError.WORKER_LOST
-            )
-        grace_cutoff = now - timedelta(seconds=cancel_grace_s)
-        for run in s.execute(
-            select(MaintenanceRun)
-            .where(
-                MaintenanceRun.status.in_((S.RUNNING, S.CANCELLING)),
-                MaintenanceRun.cancel_requested_at <= grace_cutoff,
-            )
-            .limit(limit)
-        ).scalars():
-            n += runs.transition(
-                s, run, S.RECOVERY_REQUIRED, now, error_code=MaintenanceError.CANCEL_TIMEOUT
-            )
-        return n
-
-    counts["recovery"] = run_transaction(engine, mark)
-    started_cutoff = now - timedelta(seconds=outbox_grace_s)
-
-    def reserve(s: Session) -> list[tuple[str, ...]]:
-        due = s.execute(
-            select(MaintenanceRun.run_id)
-            .where(
-                or_(
-                    MaintenanceRun.status == S.RECOVERY_REQUIRED,
-                    (MaintenanceRun.status == S.RUNNING)
-                    & (MaintenanceRun.started_at <= started_cutoff),
-                ),
-                leases.unheld(MaintenanceRun, now),
-            )
-            .limit(limit)
-        ).scalars()
-        return leases.reserve_republish(
-            s, "maintenance", [(run_id,) for run_id in due], republish_interval_s, now
-        )
-
-    for (run_id,) in run_transaction(engine, reserve):
-        publish(EXECUTE_TASK, {"run_id": run_id})
-        counts["republished"] += 1
-    return counts

@@ -25,6 +25,7 @@ from agent_radar.models.enums import ProviderPhase, SyncStatus
 from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
 from agent_radar.workflows import budgets, records
 from agent_radar.workflows.activity.reconcile import Reconciled, apply_state
+from agent_radar.workflows.adapters.host_state import HostState
 from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences.reinstall import needs_restore
@@ -32,7 +33,12 @@ from agent_radar.workflows.sessions.rows import lock_session
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
 from agent_radar.workflows.steps.goals.dispatch import apply_goal
 from agent_radar.workflows.steps.wake import release_session
-from agent_radar.workflows.task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, PROMPT_TASK
+from agent_radar.workflows.task_names import (
+    CANCEL_APPLY_TASK,
+    FENCE_APPLY_TASK,
+    PROMPT_TASK,
+    Publish,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +138,42 @@ def _delivered(
     )
 
 
+def reconcile_session(
+    engine: Engine,
+    runtime: RuntimePort,
+    publish: Publish,
+    workspace_id: str,
+    session_id: str,
+    clock: Callable[[], datetime] = utcnow,
+) -> tuple[HostState, Reconciled]:
+    """Ask the host what it runs for the session and make the mirror agree
+    (workflows/activity/reconcile.py); then publish what that set in motion. Runtime faults
+    propagate."""
+    asked_at = clock()
+    state = runtime.session_state(workspace_id, session_id)
+    done = run_transaction(
+        engine, lambda s: apply_state(s, workspace_id, session_id, state, asked_at, clock())
+    )
+    if done.ended or done.recorded:
+        log.warning(
+            "session %s/%s: its host's answer ended %d turn(s) the mirror held unsettled"
+            " and recorded %d it never saw",
+            workspace_id,
+            session_id,
+            len(done.ended),
+            len(done.recorded),
+        )
+    for cancel_id in done.cancels:
+        publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
+    for fence_id in done.woken_fences:
+        publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+    if done.epoch.released:
+        release_session(engine, publish, workspace_id, session_id, clock())
+    elif done.wake_prompts:
+        publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+    return state, done
+
+
 class Restorer:
     """`agent_radar.session.restore`: confirm the session is live with its host, then
     restore its fences there (never a resume)."""
@@ -182,33 +224,9 @@ class Restorer:
         return outcome
 
     def reconcile(self, workspace_id: str, session_id: str) -> Reconciled:
-        """Ask the host what it runs for the session and make the mirror agree
-        (workflows/activity/reconcile.py); then publish what that set in motion."""
-        asked_at = self.clock()
-        state = self.runtime.session_state(workspace_id, session_id)
-        done = run_transaction(
-            self.engine,
-            lambda s: apply_state(s, workspace_id, session_id, state, asked_at, self.clock()),
-        )
-        if done.ended or done.recorded:
-            log.warning(
-                "session %s/%s: its host's answer ended %d turn(s) the mirror held unsettled"
-                " and recorded %d it never saw",
-                workspace_id,
-                session_id,
-                len(done.ended),
-                len(done.recorded),
-            )
-        publish = self.cancels.publish
-        for cancel_id in done.cancels:
-            publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
-        for fence_id in done.woken_fences:
-            publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
-        if done.epoch.released:
-            release_session(self.engine, publish, workspace_id, session_id, self.clock())
-        elif done.wake_prompts:
-            publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
-        return done
+        return reconcile_session(
+            self.engine, self.runtime, self.cancels.publish, workspace_id, session_id, self.clock
+        )[1]
 
     def _claim(self, s: Session, workspace_id: str, session_id: str) -> datetime | None:
         """Stamp the due restore as ours (a lease on it: the sweeper leaves it alone until
