@@ -126,9 +126,10 @@ def get_operation(ctx, operation_id, workspace_id=None):
     return {"kind": kind_of(record), **as_dict(record)}
 
 
-# An agent host reports every turn's start and end: Flower shows the reports that completed
-# an operation (or were refused), not the ones that only said a session is busy or idle.
+# An agent host reports every turn's start and end: Flower shows the reports that had the
+# host asked what it runs (or were refused), not the ones that only said a session is busy or
+# idle. A report is received as sent: signed by the session's host, or refused.
 @strict_task(REPORT_ACTIVITY_TASK, public=True)
 def report_activity(ctx, report):
-    completed = _client(ctx).report_activity(report)
-    return {"completed": completed} if completed else Routine({"completed": completed})
+    asked = _client(ctx).receive_report(report)
+    return {"reconcile": True} if asked else Routine({"reconcile": False})

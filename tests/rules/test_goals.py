@@ -536,8 +536,15 @@ def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, 
         assert done.evidence is not None and done.lease_token is None
 
 
-def test_accepted_then_exact_goal_applied_report_completes(client, dispatcher, sim_control):
-    sim_control.session(WS, SID, goal_mode="accepted", apply_delay_ms=60_000)
+def test_accepted_then_an_exact_goal_applied_report_has_the_host_asked(
+    client, dispatcher, sim_control
+):
+    """A report of the goal applied is a hint (docs/lifecycles.md: reconcile): naming exactly
+    the operation and revision, it has the session's restore ask the host, whose state answer
+    completes the operation."""
+    from tests.helpers import eventually, restorer
+
+    sim_control.session(WS, SID, goal_mode="accepted", apply_delay_ms=300, continuation_turns=False)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["accepted"]
     current = client.get_goal_operation(op.operation_id)
@@ -549,10 +556,13 @@ def test_accepted_then_exact_goal_applied_report_completes(client, dispatcher, s
         "occurred_at_ms": 1,
         "goal_applied": {"operation_id": op.operation_id, "revision": 2, "goal": goal},
     }
-    assert client.report_activity(report) == []  # wrong revision: ignored
+    assert client.report_activity(report) is False  # wrong revision: asks nothing
     report["goal_applied"]["revision"] = 1
-    assert client.report_activity({**report, "session_id": "other"}) == []
-    assert client.report_activity(report) == [op.operation_id]
+    assert client.report_activity({**report, "session_id": "other"}) is False
+    eventually(lambda: sim_control.session(WS, SID)["applied_revision"] == 1, what="the apply")
+    assert client.report_activity(report) is True
+    assert client.get_goal_operation(op.operation_id).status == "dispatched"  # not on its own
+    assert restorer(client).restore(WS, SID) == "restored"
     done = client.get_goal_operation(op.operation_id)
     assert (done.status, done.provider_phase) == ("completed", "applied")
     assert client.goal_state(WS, SID).sync_status == "synced"

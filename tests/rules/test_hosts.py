@@ -13,7 +13,7 @@ from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, Ru
 from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from agent_radar.workflows.tools.simulator import SimControl
-from tests.helpers import restorer, row_counts
+from tests.helpers import row_counts
 
 WS = "ws-hosts"
 
@@ -158,12 +158,14 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
         client, sid, turn={"turn_id": "t-old", "phase": "running", "prompt_id": prompt.prompt_id}
     )
 
-    # The session turns up at host-b, whose own epoch numbering starts at 1.
-    report(client, sid, session={"host_id": "host-b", "runtime_epoch": 1, "live": True})
-
-    row = session_row(client, sid)
-    assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 0, True)
-    assert installed_at(client, fence) == (None, None)  # every durable fence goes to host-b
+    # A report naming host-b cannot move a session served at `default`: a client does.
+    with pytest.raises(InvalidArgument, match="bound to host 'default'"):
+        report(client, sid, session={"host_id": "host-b", "runtime_epoch": 1, "live": True})
+    assert session_row(client, sid).host_id == "default"
+    # The session moves to host-b, whose own epoch numbering starts at 1.
+    info = client.ensure_session(WS, sid, host_id="host-b")
+    assert (info.host_id, info.runtime_epoch, info.live) == ("host-b", 1, True)
+    assert installed_at(client, fence) == ("host-b", 1)  # every durable fence went there
     old = turn_row(client, sid, "t-old")
     assert (old.phase, old.outcome) == ("settled", "interrupted")
     ended = client.get_maintenance(run.run_id)
@@ -171,12 +173,9 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     assert "host-b" in ended.detail
     assert session_row(client, sid).active_turn_id is None
 
-    # The restore the report asked for: host-b confirms its epoch, gets the fence first.
-    assert restorer(client).restore(WS, sid) == "restored"
-    assert session_row(client, sid).runtime_epoch == 1
     op = client.set_goal(WS, sid, "the new goal", client_submit_id="g2")
     assert [r.outcome for r in dispatcher(client).dispatch(op.operation_id)] == ["applied"]
-    assert calls(control_b, sid) == ["liveness", "goal-fences", "state", "goal"]
+    assert calls(control_b, sid) == ["liveness", "goal-fences", "goal"]
     assert control_b.session(WS, sid)["fences"] == [[target.operation_id, 1]]
     assert installed_at(client, fence) == ("host-b", 1)
     assert op.operation_id not in [e["operation_id"] for e in sim_control.effects()]

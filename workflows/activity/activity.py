@@ -1,8 +1,9 @@
 """Activity reports from agent hosts (docs/lifecycles.md: turns): session fields and goal-applied
 evidence."""
 
+import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -18,10 +19,10 @@ from agent_radar.models.enums import (
 )
 from agent_radar.models.tables import GoalFence, GoalOperation, Turn
 from agent_radar.workflows.activity.epochs import EpochEffects, move_host
+from agent_radar.workflows.adapters import report_auth
 from agent_radar.workflows.errors import InvalidArgument
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
-from agent_radar.workflows.goals.operations import complete_applied
 from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.prompts import queue as prompts
 from agent_radar.workflows.sessions import hosts
@@ -35,8 +36,18 @@ from agent_radar.workflows.validation import (
     check_report_time,
 )
 
+SIGNATURE = re.compile(f"[0-9a-f]{{{report_auth.SIGNATURE_HEX_CHARS}}}")
 SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch", "host_id"}
-REPORT_PARTS = {"workspace_id", "session_id", "occurred_at_ms", "session", "turn", "goal_applied"}
+REPORT_PARTS = {
+    "workspace_id",
+    "session_id",
+    "occurred_at_ms",
+    "session",
+    "turn",
+    "goal_applied",
+    "signed_by",
+    "signature",
+}
 TURN_FIELDS = {
     "turn_id",
     "phase",
@@ -56,6 +67,8 @@ class Report:
     session: dict[str, Any] | None
     goal_applied: dict[str, Any] | None
     turn: dict[str, Any] | None = None
+    signed_by: str | None = None
+    body: dict[str, Any] = field(default_factory=dict)  # as received: what was signed
 
 
 def _check_dict(name: str, value: Any) -> dict[str, Any] | None:
@@ -99,6 +112,14 @@ def parse_report(report: Any, now: datetime) -> Report:
         check_int("goal_applied.revision", applied.get("revision"), minimum=1)
         check_json_object("goal_applied.goal", applied.get("goal"))
     turn = _parse_turn(report.get("turn"))
+    signed_by = report.get("signed_by")
+    if signed_by is not None:
+        check_id("signed_by", signed_by)
+    signature = report.get("signature")
+    if signature is not None and not (
+        isinstance(signature, str) and SIGNATURE.fullmatch(signature)
+    ):
+        raise InvalidArgument("signature must be 64 lowercase hex digits", field="signature")
     return Report(
         workspace_id=check_id("workspace_id", report.get("workspace_id")),
         session_id=check_id("session_id", report.get("session_id")),
@@ -106,6 +127,8 @@ def parse_report(report: Any, now: datetime) -> Report:
         session=session,
         goal_applied=applied,
         turn=turn,
+        signed_by=signed_by,
+        body=report,
     )
 
 
@@ -146,7 +169,6 @@ def _parse_turn(value: Any) -> dict[str, Any] | None:
 
 @dataclass
 class ReportEffects:
-    completed: list[str]  # goal operations this report completed
     wake_fences: list[str]  # fences that waited on a turn this report settled
     wake_prompts: bool = False  # a prompt's turn settled: the session's queue may move on
     cancels: list[str] = field(default_factory=list)  # turn cancels this report made
@@ -154,27 +176,29 @@ class ReportEffects:
     epoch: EpochEffects = field(default_factory=EpochEffects)  # a newer runtime epoch
 
 
-def apply_report(session: Session, report: Report, now: datetime) -> ReportEffects:
-    """Apply one report in the caller's transaction."""
+def apply_report(
+    session: Session, report: Report, now: datetime, default_token: str | None = None
+) -> ReportEffects:
+    """Apply one report in the caller's transaction: first its proof that it comes from the
+    session's host (check_signed_by); `default_token` is the host `default`'s."""
     row = lock_session(session, report.workspace_id, report.session_id)
+    # Served: a client operation was accepted for it, or its host was given or named.
+    served = row.host_bound or (row.event_sequence or 0) > 0
     facts = dict(report.session or {})
     newest = row.last_report_at is None or report.occurred_at >= row.last_report_at
+    signer = check_signed_by(session, row, report, facts.pop("host_id", None), now, default_token)
     epoch = EpochEffects()
-    host_id = facts.pop("host_id", None)
-    if host_id is not None:
-        # A report names a host, it never supplies an address: an unregistered one is refused, and
-        # nothing of the report is written (docs/lifecycles.md: sessions). Hosts are identities: a
-        # session bound to a host (by ensure_session(host_id=) or its first report naming one) is
-        # not moved by a report naming another; only one with no host yet is bound.
-        hosts.require_host(session, host_id)
-        if host_id != row.host_id:
-            if row.host_bound:
-                raise InvalidArgument(
-                    f"session {report.workspace_id}/{report.session_id} is bound to host"
-                    f" {row.host_id!r}; a report cannot move it (ensure_session(host_id=) does)",
-                    field="session.host_id",
-                )
-            epoch = move_host(session, row, host_id, now)
+    if signer != row.host_id:
+        # A report never moves a session already served by a host (ensure_session(host_id=)
+        # does): only a session nothing was asked of yet is bound by one.
+        if served:
+            raise InvalidArgument(
+                f"session {report.workspace_id}/{report.session_id} is bound to host"
+                f" {row.host_id!r}; a report cannot move it (ensure_session(host_id=) does)",
+                field="session.host_id",
+            )
+        epoch = move_host(session, row, signer, now)
+    if report.signed_by is not None or (report.session or {}).get("host_id") is not None:
         row.host_bound = True
     # An epoch in a report is a claim (docs/lifecycles.md: sessions): one newer than the one known
     # is confirmed with the session's own host (the restore's liveness look) before anything acts on
@@ -218,33 +242,76 @@ def apply_report(session: Session, report: Report, now: datetime) -> ReportEffec
             session, report.workspace_id, report.session_id, turn["turn_id"], now
         )
         new_cancels = [cancel_id] if cancel_id else []
-    completed: list[str] = []
-    applied = report.goal_applied
-    if applied is not None:
-        op = session.get(GoalOperation, applied["operation_id"], populate_existing=True)
-        # Only a report naming exactly this operation and revision counts as evidence.
-        if (
-            op is not None
-            and op.workspace_id == report.workspace_id
-            and op.session_id == report.session_id
-            and op.goal_revision == applied["revision"]
-            and op.status == OperationStatus.DISPATCHED
-            and complete_applied(session, op, applied.get("goal"), {"report": "goal_applied"}, now)
-        ):
-            completed.append(op.operation_id)
+    # A goal applied is a hint: the host's own state answer completes the operation
+    # (docs/lifecycles.md: reconcile), asked by the restore this asks for.
+    applied = _awaited_goal(session, report)
     # The host answered for the session (docs/lifecycles.md: fences, sessions): a fence not known to
     # be installed at its (host, epoch), or a clear settled locally, gets the session's restore.
     said_offline = (report.session or {}).get("live") is False
     restore = (
-        not said_offline and (confirm or needs_restore(session, row)) and request_restore(row, now)
+        not said_offline
+        and (confirm or applied or needs_restore(session, row))
+        and request_restore(row, now)
     )
     return ReportEffects(
-        completed=completed,
         restore=restore,
         wake_fences=wake,
         wake_prompts=wake_prompts or epoch.newer,
         epoch=epoch,
         cancels=new_cancels,
+    )
+
+
+def check_signed_by(
+    session: Session,
+    row,
+    report: Report,
+    named: str | None,
+    now: datetime,
+    default_token: str | None,
+) -> str:
+    """The host the report comes from (`signed_by`, else the host it names, else the session's
+    own), once its proof holds: an HMAC of its body with that host's token
+    (workflows/adapters/report_auth.py), not older than MAX_SIGNED_AGE_S. A host registered
+    without a token takes unsigned reports (development only: `status` says so). Anything
+    else is InvalidArgument, before anything is written."""
+    signer = report.signed_by or named or row.host_id
+    if named is not None and named != signer:
+        raise InvalidArgument(
+            f"session.host_id {named!r} is not the signing host {signer!r}",
+            field="session.host_id",
+        )
+    # A report names a host, it never supplies an address: an unregistered one is refused.
+    hosts.require_host(session, signer)
+    token = hosts.token_of(session, signer, default_token)
+    if token is None:
+        return signer
+    if report.body.get("signature") is None:
+        raise InvalidArgument(
+            f"report is not signed: host {signer!r} has a token", field="signature"
+        )
+    if not report_auth.signature_ok(report.body, token):
+        raise InvalidArgument(f"report signature is not host {signer!r}'s", field="signature")
+    if report.occurred_at < now - timedelta(seconds=report_auth.MAX_SIGNED_AGE_S):
+        raise InvalidArgument(
+            f"signed report is older than {report_auth.MAX_SIGNED_AGE_S} s (a replay?)",
+            field="occurred_at_ms",
+        )
+    return signer
+
+
+def _awaited_goal(session: Session, report: Report) -> bool:
+    """The report tells of a goal applied that an operation of its session awaits (named
+    exactly: operation and revision)."""
+    applied = report.goal_applied
+    if applied is None:
+        return False
+    op = session.get(GoalOperation, applied["operation_id"])
+    return (
+        op is not None
+        and (op.workspace_id, op.session_id) == (report.workspace_id, report.session_id)
+        and op.goal_revision == applied["revision"]
+        and op.status == OperationStatus.DISPATCHED
     )
 
 

@@ -4,7 +4,7 @@ hosts and activity reports (docs/lifecycles.md; docs/packaging.md)."""
 from typing import Any
 
 from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_transaction
+from agent_radar.models.db import run_read, run_transaction
 from agent_radar.models.tables import MaintenanceRun as MaintenanceRunRow
 from agent_radar.models.tables import Prompt as PromptRow
 from agent_radar.models.tables import SessionStop as SessionStopRow
@@ -13,6 +13,7 @@ from agent_radar.workflows.activity import stops
 from agent_radar.workflows.activity.activity import apply_report, parse_report
 from agent_radar.workflows.activity.control import durable_fences, load_session, record_live
 from agent_radar.workflows.activity.epochs import EpochEffects, bind_host
+from agent_radar.workflows.adapters import report_auth
 from agent_radar.workflows.client.base import ClientBase
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.maintenance import runs
@@ -277,10 +278,35 @@ class SessionCalls(ClientBase):
 
         return run_transaction(self.engine, load)
 
-    def report_activity(self, report: dict[str, Any]) -> list[str]:
-        """Apply an agent host's report; returns the goal operations it completed."""
+    def report_activity(self, report: dict[str, Any]) -> bool:
+        """Report as an agent host's own Python process would: the report is signed with the
+        token of the host it names (`signed_by`, or `session.host_id`), else of the session's
+        host, read as the worker reads it, then received (`receive_report`). A host registered
+        without a token takes it unsigned (development only). True when it asked the host to
+        be asked what it runs (docs/lifecycles.md: reconcile)."""
+        parsed = parse_report(report, utcnow())  # checked before it is signed
+        if "signature" not in report:
+            report = run_read(self.engine, lambda s: self._signed(s, parsed, report))
+        return self.receive_report(report)
+
+    def _signed(self, s, parsed, report: dict[str, Any]) -> dict[str, Any]:
+        host_id = (
+            parsed.signed_by
+            or (parsed.session or {}).get("host_id")
+            or hosts.session_host(s, parsed.workspace_id, parsed.session_id)
+        )
+        token = hosts.token_of(s, host_id, self.settings.runtime_token)
+        return report if token is None else report_auth.sign(report, host_id, token)
+
+    def receive_report(self, report: Any) -> bool:
+        """Apply a report as `agent_radar.report_activity` receives it from a host: refused
+        (InvalidArgument, nothing written) unless it is signed by the session's host
+        (docs/protocol.md: reports). True when it asked for the host's state."""
         parsed = parse_report(report, utcnow())
-        effects = run_transaction(self.engine, lambda s: apply_report(s, parsed, utcnow()))
+        effects = run_transaction(
+            self.engine,
+            lambda s: apply_report(s, parsed, utcnow(), self.settings.runtime_token),
+        )
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
         for operation_id in effects.cancels:
@@ -295,4 +321,4 @@ class SessionCalls(ClientBase):
             self.publisher.publish_after_commit(
                 PROMPT_TASK, {"workspace_id": parsed.workspace_id, "session_id": parsed.session_id}
             )
-        return effects.completed
+        return effects.restore

@@ -205,7 +205,7 @@ def interrupt_running_turns(
     (docs/lifecycles.md: cancels, authoritative ends). `known_epochs_only`: only turns
     recorded at a known (non-zero) older epoch: the first epoch confirmed says nothing of
     a turn recorded while the epoch was unknown."""
-    older = ()
+    older: tuple = ()
     if before_epoch is not None:
         older = (
             (Turn.runtime_epoch > 0, Turn.runtime_epoch < before_epoch)

@@ -112,6 +112,25 @@ def require_host(session: Session, host_id: str) -> str:
     return host_id
 
 
+def token_of(session: Session, host_id: str, default_token: str | None) -> str | None:
+    """The token of a host (`default`'s is AGENT_RADAR_RUNTIME_TOKEN, given): what its calls
+    carry and its reports are signed with. None for an unknown host, or one without a token."""
+    if host_id == DEFAULT_HOST:
+        return default_token
+    row = session.get(RuntimeHost, host_id)
+    return None if row is None else row.token
+
+
+def session_host(session: Session, workspace_id: Any, session_id: Any) -> str:
+    """The host a session is bound to (`default` for a session not known yet)."""
+    found = session.execute(
+        select(AgentSession.host_id).where(
+            AgentSession.workspace_id == workspace_id, AgentSession.session_id == session_id
+        )
+    ).scalar_one_or_none()
+    return DEFAULT_HOST if found is None else found
+
+
 def _bound(session: Session, host_id: str) -> int:
     return session.execute(
         select(func.count()).select_from(AgentSession).where(AgentSession.host_id == host_id)
