@@ -66,6 +66,9 @@ def test_goal_set_show_and_status_as_json(settings, client, stack):
     assert state["sync_status"] == "synced" and state["revision"] == 1
     status = json.loads(run_cli(settings, "status", "--json").stdout)
     assert status["goal_operations"] == {"completed": 1} and status["due"] == 0
+    # No AGENT_RADAR_RUNTIME_TOKEN here: `default`'s reports are taken unsigned, and said so.
+    assert status["unsigned_report_hosts"] == ["default"]
+    assert "unsigned reports taken from" in run_cli(settings, "status").stdout
     session = json.loads(run_cli(settings, "session", "show", "ws", "s1", "--json").stdout)
     assert session["session_id"] == "s1"
     human = run_cli(settings, "goal", "show", "ws", "s1").stdout

@@ -91,3 +91,51 @@ def test_no_code_cites_a_design_document_the_repository_does_not_ship():
 
 def test_the_readme_is_a_guide():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_the_node_signing_snippet_of_the_protocol_signs_as_the_control_plane_checks():
+    """docs/protocol.md's Node code, run as a Node host would run it: its signature of the
+    test vector and of a report with non-ASCII text is the one the control plane computes."""
+    import json
+    import shutil
+
+    from agent_radar.workflows.adapters import report_auth
+    from tests.conftest import skip_or_fail
+
+    node = shutil.which("node")
+    if node is None:
+        skip_or_fail("node is not installed")
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    snippet = re.search(r"In Node:\n\n```js\n(.*?)```", text, re.S).group(1)
+    reports = [
+        {
+            "workspace_id": "acme",
+            "session_id": "s1",
+            "occurred_at_ms": 1764770000000,
+            "turn": {"turn_id": "t-17", "phase": "running", "origin": "user_prompt"},
+            "session": {"live": True},
+        },
+        {
+            "workspace_id": "wß",
+            "session_id": "s\u202e\U0001f600",
+            "occurred_at_ms": 1,
+            "goal_applied": {
+                "operation_id": "o",
+                "revision": 2,
+                "goal": {"objective": 'naïve\n"x"\t\x01', "status": None, "b": [1, {}]},
+            },
+        },
+    ]
+    program = snippet + (
+        "const reports = JSON.parse(process.argv[1]);\n"
+        "console.log(JSON.stringify(reports.map((r) => sign(r, 'gpu-2', 'gpu-2-secret'))));\n"
+    )
+    out = subprocess.run(
+        [node, "-e", program, json.dumps(reports)], capture_output=True, text=True, check=True
+    ).stdout
+    signed = json.loads(out)
+    for report, by_node in zip(reports, signed, strict=True):
+        assert by_node == report_auth.sign(report, "gpu-2", "gpu-2-secret")
+    assert signed[0]["signature"] == (
+        "0116a232a4b40d36109b21593792a8ee1b96a9761c535a580c66c5d52e603626"
+    )

@@ -25,6 +25,7 @@ from agent_radar.models.tables import (
     GoalState,
     MaintenanceRun,
     Prompt,
+    RuntimeHost,
 )
 from agent_radar.workflows import budgets, leases
 from agent_radar.workflows.activity.reconcile import wedged
@@ -263,6 +264,16 @@ def _host_truth(s: Session, now: datetime) -> dict:
         for condition in ((), (_restore_spent(),))
     )
     return {
+        # Registered hosts without a token: their reports are taken unsigned (development
+        # only; docs/protocol.md: signing a report).
+        "unsigned_report_hosts": list(
+            s.execute(
+                select(RuntimeHost.host_id)
+                .where(RuntimeHost.token.is_(None))
+                .order_by(RuntimeHost.host_id)
+                .limit(WORST)
+            ).scalars()
+        ),
         "goals_diverged": unsure.get(SyncStatus.DIVERGED, 0),
         "goals_unknown": unsure.get(SyncStatus.UNKNOWN, 0),
         "restores_retrying": failing - spent,
@@ -334,6 +345,14 @@ def render_status(status: dict) -> list[str]:
         f"due now: {status['due']} (overdue {status['overdue']}), in flight: {status['in_flight']}",
         f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
         + ("never" if heartbeat is None else f"{heartbeat} s ago"),
+        *(
+            [
+                "unsigned reports taken from (hosts without a token; development only): "
+                + ", ".join(status["unsigned_report_hosts"])
+            ]
+            if status.get("unsigned_report_hosts")
+            else []
+        ),
         *(
             f"host {h['host_id']} skipped for {h['for_s']} s: {h['failures']} calls failed"
             f" in a row ({h['last_error']})"

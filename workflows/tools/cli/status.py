@@ -25,6 +25,8 @@ def status(as_json: bool, check: bool):
 
     client = _client()
     result = fleet_status(client.engine)
+    if not client.settings.runtime_token:  # `default` is AGENT_RADAR_RUNTIME_URL's host
+        result["unsigned_report_hosts"] = ["default", *result["unsigned_report_hosts"]]
     found = problems(result, client.settings.sweep_interval_s)
     result["problems"] = found
     _emit(as_json, result, render_status(result) + [f"problem: {p}" for p in found])
