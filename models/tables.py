@@ -137,16 +137,8 @@ class GoalOperation(LeaseColumns, Counted, Base):
             "workspace_id", "session_id", "client_submit_id", name="uq_goal_operations_submit"
         ),
         Index("ix_goal_operations_due", "status", "next_attempt_at"),
-        # Open operations in due order (migration 0009): a due read walks it in order and
-        # stops at its limit. An operation passes through it twice (prepared, dispatched)
-        # and leaves dead entries behind on PostgreSQL until vacuum; a plain index scan
-        # marks those dead as it passes, where a bitmap scan of the index above read
-        # thousands of them again on every dispatch.
-        Index(
-            "ix_goal_operations_open_due",
-            "next_attempt_at",
-            **_where(OPEN_OPERATION_SQL),
-        ),
+        # Open operations in due order, walked by a due read (migration 0009 says why).
+        Index("ix_goal_operations_open_due", "next_attempt_at", **_where(OPEN_OPERATION_SQL)),
         Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
         *history_indexes("goal_operations"),
     )
@@ -259,8 +251,7 @@ class Turn(Base):
     prompt_id: Mapped[str | None] = mapped_column(String(36))
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # The runtime epoch the turn ran in: a newer epoch at the host ends it (docs/lifecycles.md:
-    # sessions).
+    # The runtime epoch it ran in: a newer one at the host ends it (docs/lifecycles.md: sessions).
     runtime_epoch: Mapped[int | None] = mapped_column(Integer)
     # When the mirror first recorded it (the control plane's clock; docs/lifecycles.md: reconcile).
     seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -286,6 +277,10 @@ class CancelOperation(LeaseColumns, Counted, Base):
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # A cancel owed to the host a session moved away from (docs/lifecycles.md: sessions): it goes
+    # there, not to the session's host; with `run_id`, of that maintenance run instead of a turn.
+    host_id: Mapped[str | None] = mapped_column(ID)
+    run_id: Mapped[str | None] = mapped_column(String(36))
 
 
 class MaintenanceRun(LeaseColumns, Counted, Base):

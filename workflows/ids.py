@@ -40,6 +40,11 @@ def cancel_operation_id(workspace_id: str, session_id: str, turn_id: str) -> str
     return derive("cancel_turn", workspace_id, session_id, turn_id)
 
 
+def run_stop_id(workspace_id: str, session_id: str, run_id: str) -> str:
+    """The cancel a move owes the old host for a maintenance run that ran there."""
+    return derive("stop_run_at_host", workspace_id, session_id, run_id)
+
+
 def maintenance_run_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
     return derive("maintenance", workspace_id, session_id, client_submit_id)
 

@@ -258,7 +258,7 @@ def apply_report(
         wake_fences=wake,
         wake_prompts=wake_prompts or epoch.newer,
         epoch=epoch,
-        cancels=new_cancels,
+        cancels=new_cancels + epoch.cancels,
     )
 
 

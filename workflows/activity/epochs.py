@@ -13,8 +13,9 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.tables import AgentSession
-from agent_radar.workflows.fences import cancels
+from agent_radar.models.enums import SyncStatus
+from agent_radar.models.tables import AgentSession, GoalState
+from agent_radar.workflows.fences import cancels, moves
 from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.sessions import hosts
 from agent_radar.workflows.sessions.rows import lock_session
@@ -27,6 +28,7 @@ class EpochEffects:
     newer: bool = False
     woken_fences: list[str] = field(default_factory=list)
     released: bool = False  # a maintenance run ended: the session's held work drains
+    cancels: list[str] = field(default_factory=list)  # owed to the host a session left
 
     def then(self, later: "EpochEffects") -> "EpochEffects":
         """Both effects, this one's first."""
@@ -34,6 +36,7 @@ class EpochEffects:
             newer=self.newer or later.newer,
             woken_fences=self.woken_fences + later.woken_fences,
             released=self.released or later.released,
+            cancels=self.cancels + later.cancels,
         )
 
 
@@ -72,20 +75,28 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
 def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) -> EpochEffects:
     """The session now lives on another host (docs/lifecycles.md: sessions), in the caller's
     transaction (the session row is locked): a new runtime epoch there. Every turn that has not
-    settled ends `interrupted`, a live maintenance run ends as on a restart, the epoch known starts
-    again from the new host's own numbering, and every durable fence goes there before anything else
-    does. Nothing happens when the host is the same."""
+    settled ends `interrupted` here and gets a cancel at the old host, a live maintenance run ends
+    as on a restart and is stopped there too, the epoch known starts again from the new host's own
+    numbering, every durable fence goes there before anything else does, then the current goal.
+    Nothing happens when the host is the same."""
     if host_id == row.host_id:
         return EpochEffects()
+    # What ran at the old host is stopped there (workflows/fences/moves.py); here it ended.
+    owed, woken = moves.stop_at_old_host(
+        session, row.workspace_id, row.session_id, row.host_id, now
+    )
     row.host_id = host_id
     row.runtime_epoch = 0  # no fence is recorded at the new host: they all go there
     row.live = None  # what the old host said of it says nothing of the new one
     session.flush()
-    woken = cancels.interrupt_running_turns(session, row.workspace_id, row.session_id, now)
     released = runs.end_for_restart(
         session, row.workspace_id, row.session_id, None, now, moved_to=host_id
     )
-    return EpochEffects(newer=True, woken_fences=woken, released=released)
+    # The new host gets the current goal after the fences (the session's restore).
+    goal_state = session.get(GoalState, (row.workspace_id, row.session_id))
+    if goal_state is not None and goal_state.revision > 0:
+        goal_state.sync_status = SyncStatus.UNKNOWN
+    return EpochEffects(newer=True, woken_fences=woken, released=released, cancels=owed)
 
 
 def bind_host(

@@ -136,10 +136,10 @@ def claim(
 
 
 def _settle_turn(session: Session, cancel: CancelOperation, outcome: str, now: datetime) -> None:
-    _settle_turn_row(session, cancel.workspace_id, cancel.session_id, cancel.turn_id, outcome, now)
+    settle_turn_row(session, cancel.workspace_id, cancel.session_id, cancel.turn_id, outcome, now)
 
 
-def _settle_turn_row(
+def settle_turn_row(
     session: Session, workspace_id: str, session_id: str, turn_id: str, outcome: str, now: datetime
 ) -> None:
     row = lock_session(session, workspace_id, session_id)
@@ -240,7 +240,7 @@ def interrupt_turns(
         if cancel is not None and cancel.status in OPEN_CANCEL_STATUSES:
             complete(session, cancel, CancelResult.INTERRUPTED, now)
         else:
-            _settle_turn_row(
+            settle_turn_row(
                 session, workspace_id, session_id, turn_id, TurnOutcome.INTERRUPTED, now
             )
         woken += waiting_fences(session, workspace_id, session_id, turn_id, now)

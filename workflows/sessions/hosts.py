@@ -121,6 +121,15 @@ def token_of(session: Session, host_id: str, default_token: str | None) -> str |
     return None if row is None else row.token
 
 
+def address_of(session: Session, host_id: str) -> tuple[str, str | None, str | None]:
+    """(host_id, url, token) of a host, as `locator` gives a session's (url None for the host
+    `default`, and for a host that is no longer registered)."""
+    if host_id == DEFAULT_HOST:
+        return (DEFAULT_HOST, None, None)
+    row = session.get(RuntimeHost, host_id)
+    return (host_id, None, None) if row is None else (host_id, row.url, row.token)
+
+
 def session_host(session: Session, workspace_id: Any, session_id: Any) -> str:
     """The host a session is bound to (`default` for a session not known yet)."""
     found = session.execute(

@@ -6,7 +6,7 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import run_transaction
+from agent_radar.models.db import run_read, run_transaction
 from agent_radar.models.enums import CancelResult, CancelStatus
 from agent_radar.models.tables import CancelOperation
 from agent_radar.workflows import budgets
@@ -16,6 +16,7 @@ from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
 from agent_radar.workflows.goals.operations import backoff_s
+from agent_radar.workflows.sessions import hosts
 from agent_radar.workflows.sessions.rows import lock_session
 from agent_radar.workflows.steps import Step
 from agent_radar.workflows.steps.wake import publish_epoch_effects
@@ -158,6 +159,8 @@ class CancelRunner(Step):
             )
             log.warning("cancel %s failed: delivery budget exhausted", operation_id)
             return "failed"
+        if cancel.host_id is not None:
+            return self._apply_at_old_host(cancel, token)
         ws, sid = cancel.workspace_id, cancel.session_id
         try:
             if self.require_live(ws, sid) and not run_transaction(
@@ -186,6 +189,44 @@ class CancelRunner(Step):
         if outcome == "settled":
             self._wake(cancel)
         return outcome
+
+    def _apply_at_old_host(self, cancel: CancelOperation, token: str) -> str:
+        """A cancel a move owes the host the session left (workflows/fences/moves.py): its turn,
+        or its maintenance run, stopped there. Offline there: a wait (no budget), delivered when
+        it is seen again; the session or the turn gone there: an end."""
+        ws, sid = cancel.workspace_id, cancel.session_id
+        host_id = cancel.host_id or ""
+        address = run_read(self.engine, lambda s: hosts.address_of(s, host_id))
+        try:
+            runtime = self.runtime.on_host(*address)
+            require_live(runtime, ws, sid)
+            if cancel.run_id is not None:
+                runtime.cancel_maintenance(ws, sid, cancel.run_id)
+                answer = {"result": CancelResult.CANCELED}
+            else:
+                answer = runtime.cancel_turn(
+                    ws,
+                    sid,
+                    cancel.turn_id,
+                    operation_id=cancel.operation_id,
+                    reason=cancel.reason,
+                    require_live=True,
+                )
+        except RuntimeDisconnected:
+            run_transaction(
+                self.engine, lambda s: cancels.wait_offline(s, cancel, token, self.clock())
+            )
+            return "waiting_offline"
+        except RuntimeFault as exc:
+            if exc.code not in (NOT_FOUND, SESSION_NOT_FOUND):
+                error, delay = f"at host {host_id}: {exc}", backoff_s(cancel.attempt)
+                run_transaction(
+                    self.engine,
+                    lambda s: cancels.retry_later(s, cancel, token, error, delay, self.clock()),
+                )
+                return "retry"
+            answer = {"result": CancelResult.INTERRUPTED}  # nothing of it runs there
+        return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
 
     def session_gone(self, workspace_id: str, session_id: str, extra=None) -> object:
         """The host answered session_not_found: the session is gone, an authoritative end for

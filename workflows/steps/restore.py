@@ -14,6 +14,7 @@ nobody asked again meanwhile; the sweeper publishes what is due.
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TypeGuard
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import rowcount, run_transaction
-from agent_radar.models.enums import ProviderPhase, SyncStatus
+from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
 from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
 from agent_radar.workflows import budgets, records
 from agent_radar.workflows.activity.reconcile import Reconciled, apply_state
@@ -74,6 +75,62 @@ def restore_fences(
             # is left there.
             answer = None
         _record_delivery(engine, fence_id, clear, answer)
+    deliver_current_goal(engine, runtime, workspace_id, session_id, require_live=require_live)
+
+
+def deliver_current_goal(
+    engine: Engine, runtime: RuntimePort, workspace_id: str, session_id: str, *, require_live: bool
+) -> None:
+    """A goal not known to be at the session's host (a move: the new host never received it;
+    the session was offline when it settled) goes there again, after the fences: the operation
+    of the current revision, which the host applies once by its id. Its answer is what the
+    goal state observes."""
+    op = run_transaction(engine, lambda s: _unknown_current_goal(s, workspace_id, session_id))
+    if op is None:
+        return
+    try:
+        answer = apply_goal(runtime, op, require_live=require_live)
+    except RuntimeFault as exc:
+        if exc.code != STALE_REVISION:
+            raise
+        return  # the host holds a newer revision: the state answer tells which
+    if answer.get("phase") != ProviderPhase.APPLIED:
+        return
+    goal = answer.get("goal")
+
+    def observe(s: Session) -> None:
+        state = s.get(GoalState, (workspace_id, session_id), populate_existing=True)
+        if _still_unknown(state) and state.revision == op.goal_revision:
+            state.observed = goal
+            state.sync_status = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+
+    run_transaction(engine, observe)
+
+
+def _still_unknown(state: GoalState | None) -> TypeGuard[GoalState]:
+    return (
+        state is not None
+        and state.sync_status == SyncStatus.UNKNOWN
+        and state.pending_operation_id is None
+        and state.revision > 0
+    )
+
+
+def _unknown_current_goal(
+    session: Session, workspace_id: str, session_id: str
+) -> records.GoalOperation | None:
+    state = session.get(GoalState, (workspace_id, session_id), populate_existing=True)
+    if not _still_unknown(state):
+        return None
+    op = session.execute(
+        select(GoalOperation).where(
+            GoalOperation.workspace_id == workspace_id,
+            GoalOperation.session_id == session_id,
+            GoalOperation.goal_revision == state.revision,
+            GoalOperation.status == OperationStatus.COMPLETED,
+        )
+    ).scalar_one_or_none()
+    return None if op is None else records.from_row(records.GoalOperation, op)
 
 
 def _undelivered_clears(

@@ -13,7 +13,13 @@ from agent_radar.models.tables import GoalOperation
 from agent_radar.workflows.activity.epochs import EpochEffects
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.goals.operations import open_client_operations
-from agent_radar.workflows.task_names import DISPATCH_TASK, FENCE_APPLY_TASK, PROMPT_TASK, Publish
+from agent_radar.workflows.task_names import (
+    CANCEL_APPLY_TASK,
+    DISPATCH_TASK,
+    FENCE_APPLY_TASK,
+    PROMPT_TASK,
+    Publish,
+)
 
 
 def release_session(
@@ -56,5 +62,7 @@ def publish_epoch_effects(
     and a maintenance run that ended releases the session's held work."""
     for fence_id in effects.woken_fences:
         publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
+    for cancel_id in effects.cancels:
+        publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
     if effects.released:
         release_session(engine, publish, workspace_id, session_id, now)

@@ -1,5 +1,6 @@
 """The host is the truth (docs/lifecycles.md: reconcile): when the mirror first saw each turn,
-when each session's host was last asked what it runs, and the restore's budget.
+when each session's host was last asked what it runs, the restore's budget, and the cancels a
+move owes the host a session left.
 
 Revision ID: 0015
 """
@@ -21,6 +22,9 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("turns") as batch:
         batch.add_column(sa.Column("seen_at", UTCDateTime()))
+    with op.batch_alter_table("cancel_operations") as batch:
+        batch.add_column(sa.Column("host_id", sa.String(255)))
+        batch.add_column(sa.Column("run_id", sa.String(36)))
     # An unsettled turn of before the upgrade counts as seen when it started.
     op.execute("UPDATE turns SET seen_at = started_at WHERE settled_at IS NULL")
     with op.batch_alter_table("agent_sessions") as batch:
@@ -56,3 +60,6 @@ def downgrade() -> None:
         batch.drop_column("reconciled_at")
     with op.batch_alter_table("turns") as batch:
         batch.drop_column("seen_at")
+    with op.batch_alter_table("cancel_operations") as batch:
+        batch.drop_column("run_id")
+        batch.drop_column("host_id")

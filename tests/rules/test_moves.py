@@ -1,0 +1,164 @@
+"""A move is a stop at the old host and a start at the new one (docs/lifecycles.md: sessions), on
+both backends: what ran at the host a session left is cancelled there (durably: while that host
+is offline, once it is seen again), and the new host gets the fences, then the current goal.
+Effects are counted at the hosts."""
+
+import time
+
+import pytest
+
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import CancelOperation
+from agent_radar.workflows import ids
+from agent_radar.workflows.steps.cancel import CancelRunner
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
+from agent_radar.workflows.tools.simulator import SimControl
+
+WS, SID = "ws-moves", "s1"
+
+
+@pytest.fixture
+def host_b(client, sim_b):
+    client.add_host("host-b", sim_b.url)
+    return SimControl(sim_b.url)
+
+
+def report(client, **parts):
+    client.report_activity(
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": int(time.time() * 1000), **parts}
+    )
+
+
+def runner(client):
+    return CancelRunner(
+        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
+    )
+
+
+def dispatch(client, op):
+    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    return [r.outcome for r in d.dispatch(op.operation_id)]
+
+
+def turn_at(control, turn_id):
+    return control.session(WS, SID)["turns"][turn_id]["phase"]
+
+
+def test_a_move_cancels_the_old_host_s_turn_there_even_after_it_was_offline(
+    client, sim_control, host_b
+):
+    """Row 2: a turn of G1 ran at A; the session moved to B; G1 was fenced (completing at B);
+    it moved back to A. The move had marked A's turn `interrupted` and told A nothing: A ran
+    G1 unfenced the whole time, and after the move back it still ran. Now the move owes A a
+    cancel of the turn, delivered once A answers."""
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, continuation_turns=False)
+    g1 = client.set_goal(WS, SID, "G1", client_submit_id="g1")
+    assert dispatch(client, g1) == ["applied"]
+    sim_control.session(
+        WS,
+        SID,
+        turn={
+            "turn_id": "t-g1",
+            "origin": "goal_continuation",
+            "source_goal_operation_id": g1.operation_id,
+            "source_goal_revision": 1,
+        },
+    )
+    report(
+        client,
+        turn={
+            "turn_id": "t-g1",
+            "phase": "running",
+            "origin": "goal_continuation",
+            "source_goal_operation_id": g1.operation_id,
+            "source_goal_revision": 1,
+        },
+    )
+    sim_control.session(WS, SID, live=False)  # A is offline when the session leaves it
+    client.ensure_session(WS, SID, host_id="host-b")
+    cancel_id = ids.cancel_operation_id(WS, SID, "t-g1")
+    owed = run_transaction(client.engine, lambda s: s.get(CancelOperation, cancel_id))
+    assert (owed.host_id, owed.status) == ("default", "prepared")
+    assert runner(client).apply(cancel_id) == "waiting_offline"  # no budget spent
+    assert turn_at(sim_control, "t-g1") == "running"
+    fence = client.fence_goal_generation(WS, SID, g1.operation_id, client_submit_id="f1")
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    applier = FenceApplier(
+        client.engine, client.runtime, worker_id="a", lease_s=5, publish=lambda *a: True
+    )
+    assert applier.apply(fence.fence_id) == "completed"  # at B, where nothing of G1 runs
+    sim_control.session(WS, SID, live=True)  # A is seen again
+    run_transaction(
+        client.engine,
+        lambda s: s.get(CancelOperation, cancel_id).__setattr__("next_attempt_at", None),
+    )
+    assert runner(client).apply(cancel_id) == "settled"
+    assert turn_at(sim_control, "t-g1") == "settled"  # cancelled at A
+    done = client.get_operation(cancel_id)
+    assert done.status == "completed"
+    client.ensure_session(WS, SID, host_id="default")  # back to A: nothing of G1 runs there
+    assert [
+        t for t, v in sim_control.session(WS, SID)["turns"].items() if v["phase"] != "settled"
+    ] == []
+
+
+def test_a_move_stops_the_old_host_s_maintenance_run_there(client, sim_control, host_b):
+    """Row 3: a maintenance run at A; a move to B and back within the run. The run was ended
+    `interrupted` locally and never cancelled at A; a second run was admitted: two runs of one
+    session at A at once. Now the move owes A the run's cancel; and a run asks A before it
+    starts there."""
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000)
+    first = client.start_maintenance(WS, SID, client_submit_id="m1")
+    executor = MaintenanceExecutor(
+        client.engine,
+        client.runtime,
+        worker_id="w",
+        lease_s=5,
+        publish=lambda *a: True,
+        poll_s=0.02,
+        max_wait_s=0.1,
+    )
+    assert executor.execute(first.run_id) == "handed_back"  # started at A, runs on
+    client.ensure_session(WS, SID, host_id="host-b")
+    ended = client.get_maintenance(first.run_id)
+    assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
+    stop_id = ids.run_stop_id(WS, SID, first.run_id)
+    assert runner(client).apply(stop_id) == "settled"
+    assert client.runtime.on_host("default", None).session_state(WS, SID).maintenance_run_id is None
+    client.ensure_session(WS, SID, host_id="default")  # back within what was the run's time
+    second = client.start_maintenance(WS, SID, client_submit_id="m2")
+    assert executor.execute(second.run_id) == "handed_back"  # it started: A runs it alone
+    state = client.runtime.session_state(WS, SID)
+    assert state.maintenance_run_id == second.run_id
+
+
+def test_the_new_host_gets_the_current_goal_and_a_move_back_does_not_revive_a_stale_one(
+    client, sim_control, host_b
+):
+    """Row 8: `ensure_session(host_id=B)` left B without the session's current goal, yet the
+    goal state said `synced`; moving back revived A's stale goal."""
+    client.ensure_session(WS, SID)
+    first = client.set_goal(WS, SID, "first", client_submit_id="g1")
+    assert dispatch(client, first) == ["applied"]
+    client.ensure_session(WS, SID, host_id="host-b")
+    assert host_b.session(WS, SID)["goal"] == {"objective": "first", "status": "active"}
+    assert client.goal_state(WS, SID).sync_status == "synced"
+    second = client.set_goal(WS, SID, "second", client_submit_id="g2")
+    assert dispatch(client, second) == ["applied"]
+    client.ensure_session(WS, SID, host_id="default")
+    assert sim_control.session(WS, SID)["goal"] == {"objective": "second", "status": "active"}
+    state = client.goal_state(WS, SID)
+    assert (state.sync_status, state.revision) == ("synced", 2)
+    # Once each: the goal went to each host by its operation id.
+    assert [e["operation_id"] for e in host_b.effects()] == [
+        first.operation_id,
+        second.operation_id,
+    ]
+    assert [e["operation_id"] for e in sim_control.effects()] == [
+        first.operation_id,
+        second.operation_id,
+    ]
