@@ -7,6 +7,8 @@ from datetime import timedelta
 import pytest
 
 from agent_radar.beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import Turn
 from agent_radar.workflows import budgets, ids
 from agent_radar.workflows.errors import FenceConflict, InvalidArgument, NotFound
 from tests.helpers import row_counts
@@ -356,8 +358,8 @@ def test_a_prepared_targets_fence_is_installed_with_require_live_and_no_resume(c
     assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
     calls = sim_control.calls()
-    assert {c["call"] for c in calls} == {"goal-fences", "goal"}
-    assert all(c["require_live"] is True for c in calls), calls
+    assert {c["call"] for c in calls} == {"goal-fences", "state", "goal"}
+    assert all(c["require_live"] is True for c in calls if c["call"] != "state"), calls
     assert [e["action"] for e in sim_control.effects()] == ["clear"]  # never the target
     assert client.get_fence(fence.fence_id).clear_operation_id == fence.clear_operation_id
 
@@ -603,10 +605,12 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
     at_host = sim_control.session(WS, SID)["turns"][live_turn]
     assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
-    assert (_cancel_row(client, stale_cancel).result, _cancel_row(client, live_cancel).result) == (
-        "interrupted",
-        "canceled",
-    )
+    # The host's state answer does not list the stale one: it ended there unseen, and needs
+    # no cancel; the live one was cancelled.
+    stale = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "a-stale-turn")))
+    assert (stale.phase, stale.outcome) == ("settled", "interrupted")
+    assert _cancel_row(client, stale_cancel) is None
+    assert _cancel_row(client, live_cancel).result == "canceled"
     assert client.get_fence(fence.fence_id).status == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]
 
@@ -672,3 +676,32 @@ def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     client.resolve_maintenance(run.run_id, to="failed", reason="test: the run is over")
     assert applier.apply(fence.fence_id) == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["clear"]
+
+
+def test_a_fence_cancels_a_turn_of_its_generation_that_no_report_told_of(client, sim_control):
+    """The host's word decides (docs/lifecycles.md: reconcile): a turn of the fenced generation
+    runs at the host and its report was lost. The fence asks the host's state, cancels that
+    turn there, and completes only once the host shows none of it running."""
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    sim_control.session(WS, SID, continuation_turns=False)
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    assert [r.outcome for r in d.dispatch(target.operation_id)] == ["applied"]
+    sim_control.session(
+        WS,
+        SID,
+        turn={
+            "turn_id": "unreported",
+            "origin": "goal_continuation",
+            "source_goal_operation_id": target.operation_id,
+            "source_goal_revision": 1,
+        },
+    )
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
+    at_host = sim_control.session(WS, SID)["turns"]["unreported"]
+    assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
+    assert client.get_fence(fence.fence_id).cancel_operation_id == ids.cancel_operation_id(
+        WS, SID, "unreported"
+    )

@@ -19,15 +19,13 @@ from agent_radar.models.db import rowcount, run_transaction
 from agent_radar.models.enums import (
     OPEN_OPERATION_STATUSES,
     FenceStatus,
-    OperationStatus,
-    ProviderPhase,
-    SyncStatus,
 )
-from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
+from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation
 from agent_radar.workflows import budgets, ids, leases
 from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.fences.settle import settle_clear_locally
 from agent_radar.workflows.goals import outcomes
 from agent_radar.workflows.goals.claims import Claim
 from agent_radar.workflows.goals.operations import backoff_s, fail_operation
@@ -35,6 +33,7 @@ from agent_radar.workflows.steps import Step
 from agent_radar.workflows.steps.cancel import CancelRunner, mark_offline
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher, apply_goal
+from agent_radar.workflows.steps.restore import reconcile_session
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +168,17 @@ class FenceApplier(Step):
         # This fence, and every durable fence not known to be at the session's (host,
         # epoch), is installed there (and recorded) before this one's clear.
         ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
+        # What runs there is the host's word (docs/lifecycles.md: reconcile): the record is made
+        # to agree with its state answer, so a turn of the generation no report told of is
+        # cancelled too, and the fence completes only once the host shows none running.
+        reconcile_session(
+            self.engine,
+            self.runtime,
+            self.publish,
+            claim.workspace_id,
+            claim.session_id,
+            self.clock,
+        )
         turn_ids = run_transaction(self.engine, lambda s: self._fenced_turns(s, claim))
         # Every turn of exactly this provenance (the active turn is never a stand-in), as any
         # may be the one still running; one the host does not know ends by its `not_found`.
@@ -333,37 +343,15 @@ class FenceApplier(Step):
         delivers the clear (workflows/steps/restore.py)."""
         now = self.clock()
         if claim.clear_operation_id:
-            done = s.execute(
-                update(GoalOperation)
-                .where(
-                    GoalOperation.operation_id == claim.clear_operation_id,
-                    GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-                )
-                .values(
-                    status=OperationStatus.COMPLETED,
-                    provider_phase=ProviderPhase.UNKNOWN,
-                    completed_at=now,
-                    lease_owner=None,
-                    lease_token=None,
-                    lease_expires_at=None,
-                )
+            # It never reached the agent: delivered when the session is live again.
+            settle_clear_locally(
+                s,
+                claim.fence_id,
+                claim.clear_operation_id,
+                claim.workspace_id,
+                claim.session_id,
+                now,
             )
-            if rowcount(done) == 1:
-                # It never reached the agent: delivered when the session is live again.
-                s.execute(
-                    update(GoalFence)
-                    .where(GoalFence.fence_id == claim.fence_id)
-                    .values(clear_undelivered=True)
-                )
-                s.execute(
-                    update(GoalState)
-                    .where(
-                        GoalState.workspace_id == claim.workspace_id,
-                        GoalState.session_id == claim.session_id,
-                        GoalState.pending_operation_id == claim.clear_operation_id,
-                    )
-                    .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
-                )
         values = {"cancel_operation_id": cancel_id} if cancel_id else {}  # keep a recorded one
         ok = self._finish_fence(
             s, claim, status=FenceStatus.COMPLETED, completed_at=now, last_error=None, **values

@@ -1,0 +1,58 @@
+"""A fence settled without the agent's word (docs/lifecycles.md: fences): the session was offline
+or gone, so its clear completes with phase and sync `unknown` and waits to be delivered when the
+session is live again (workflows/steps/restore.py)."""
+
+from datetime import datetime
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from agent_radar.models.db import rowcount
+from agent_radar.models.enums import (
+    OPEN_OPERATION_STATUSES,
+    OperationStatus,
+    ProviderPhase,
+    SyncStatus,
+)
+from agent_radar.models.tables import GoalFence, GoalOperation, GoalState
+from agent_radar.workflows import leases
+
+
+def settle_clear_locally(
+    session: Session,
+    fence_id: str,
+    clear_operation_id: str,
+    workspace_id: str,
+    session_id: str,
+    now: datetime,
+) -> bool:
+    """The fence's clear completes `unknown` (observed kept) and is marked undelivered; the
+    goal state is `unknown`. True if the clear was still open."""
+    done = session.execute(
+        update(GoalOperation)
+        .where(
+            GoalOperation.operation_id == clear_operation_id,
+            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+        )
+        .values(
+            status=OperationStatus.COMPLETED,
+            provider_phase=ProviderPhase.UNKNOWN,
+            completed_at=now,
+            **leases.RELEASED,
+        )
+    )
+    if rowcount(done) != 1:
+        return False
+    session.execute(
+        update(GoalFence).where(GoalFence.fence_id == fence_id).values(clear_undelivered=True)
+    )
+    session.execute(
+        update(GoalState)
+        .where(
+            GoalState.workspace_id == workspace_id,
+            GoalState.session_id == session_id,
+            GoalState.pending_operation_id == clear_operation_id,
+        )
+        .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
+    )
+    return True
