@@ -255,6 +255,10 @@ class Turn(Base):
     runtime_epoch: Mapped[int | None] = mapped_column(Integer)
     # When the mirror first recorded it (the control plane's clock; docs/lifecycles.md: reconcile).
     seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Its identity is (host, epoch, id): the host it ran at, and the host's id for it when the
+    # record key is another (workflows/sessions/turns.py).
+    host_id: Mapped[str | None] = mapped_column(ID)
+    host_turn_id: Mapped[str | None] = mapped_column(ID)
 
 
 class CancelOperation(LeaseColumns, Counted, Base):

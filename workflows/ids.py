@@ -40,6 +40,14 @@ def cancel_operation_id(workspace_id: str, session_id: str, turn_id: str) -> str
     return derive("cancel_turn", workspace_id, session_id, turn_id)
 
 
+def reused_turn_key(
+    workspace_id: str, session_id: str, host_id: str, epoch: int, turn_id: str
+) -> str:
+    """The record key of a turn whose id an earlier turn of the session had at another host
+    or epoch (workflows/sessions/turns.py)."""
+    return "turn:" + derive("reused_turn", workspace_id, session_id, host_id, str(epoch), turn_id)
+
+
 def run_stop_id(workspace_id: str, session_id: str, run_id: str) -> str:
     """The cancel a move owes the old host for a maintenance run that ran there."""
     return derive("stop_run_at_host", workspace_id, session_id, run_id)

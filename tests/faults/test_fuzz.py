@@ -28,7 +28,7 @@ from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
 from tests.helpers import eventually, queue_depth, row_counts
-from tests.hostile import applied, raw_publish, task_headers
+from tests.hostile import IDLE_STATE, applied, raw_publish, task_headers
 
 CAMPAIGN = "AGENT_RADAR_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("AGENT_RADAR_FUZZ_EXAMPLES") or 100)
@@ -374,6 +374,7 @@ def test_maintenance_outcomes_are_stored_or_fail_the_run(client, backend, host):
     def one(outcome):
         sid = f"fm-{next(sessions)}"
         host.answers[(sid, "maintenance")] = (200, b'{"state": "running"}')
+        host.answers[(sid, "state")] = (200, IDLE_STATE)
         host.answers[sid] = (200, json.dumps(outcome).encode())
         run = client.start_maintenance("w-m", sid, client_submit_id="m")
         status = executor.execute(run.run_id)

@@ -253,3 +253,41 @@ def test_a_run_admitted_against_an_epoch_the_host_left_never_starts(client, sim_
     assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
     assert starts_at_host(sim_control) == []
     assert session_row(client).runtime_epoch == 3
+
+
+def test_a_turn_id_the_host_gives_again_after_a_restart_is_another_turn(client, sim_control):
+    """Row 7: a host that numbers its turns gave an id again after a restart; the new turn
+    landed on the old (settled) record: invisible, its prompt never ended, maintenance was
+    admitted beside it and a stop did not cancel it. A turn is (host, epoch, turn id)."""
+    from agent_radar.workflows.steps.cancel import CancelRunner
+
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, turn={"turn_id": "t-1"})
+    report(client, session={"runtime_epoch": 1}, turn={"turn_id": "t-1", "phase": "running"})
+    report(
+        client,
+        session={"runtime_epoch": 1},
+        turn={"turn_id": "t-1", "phase": "settled", "outcome": "completed"},
+    )
+    sim_control.session(WS, SID, restart=True)  # epoch 2: the host numbers from 1 again
+    assert client.ensure_session(WS, SID).runtime_epoch == 2
+    sim_control.session(WS, SID, turn={"turn_id": "t-1"})
+    report(client, session={"runtime_epoch": 2}, turn={"turn_id": "t-1", "phase": "running"})
+    key = session_row(client).active_turn_id
+    assert key not in (None, "t-1")
+    again = turn_row(client, key)
+    assert (again.host_turn_id, again.runtime_epoch, again.phase) == ("t-1", 2, "running")
+    assert turn_row(client, "t-1").outcome == "completed"  # the first one, as it was
+    with pytest.raises(SessionBusy):
+        client.start_maintenance(WS, SID, client_submit_id="m1")
+    stop = client.stop_session(WS, SID, client_submit_id="stop-1")
+    assert stop.turn_id == key
+    runner = CancelRunner(
+        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
+    )
+    assert runner.apply(stop.cancel_operation_id) == "settled"
+    at_host = sim_control.session(WS, SID)["turns"]["t-1"]
+    assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")  # counted there
+    assert turn_row(client, key).outcome == "canceled"
+    assert session_row(client).active_turn_id is None
+    assert client.start_maintenance(WS, SID, client_submit_id="m1").status == "running"

@@ -25,7 +25,7 @@ from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
 from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.prompts import queue as prompts
-from agent_radar.workflows.sessions import hosts
+from agent_radar.workflows.sessions import hosts, turns
 from agent_radar.workflows.sessions.rows import lock_session
 from agent_radar.workflows.validation import (
     check_choice,
@@ -224,9 +224,16 @@ def apply_report(
     # older epoch than the one known tells of a turn that ended with its process.
     known = row.runtime_epoch or 0
     turn_epoch = known if claimed is None else claimed
+    if turn is not None:  # its record key: (host, epoch, id) is a turn's identity
+        turn = dict(
+            turn,
+            key=turns.turn_key(
+                session, row.workspace_id, row.session_id, row.host_id, turn_epoch, turn["turn_id"]
+            ),
+        )
     if turn is not None and apply_turn(session, row, turn, report.occurred_at, turn_epoch, now):
         wake = cancels.on_turn_settled(
-            session, report.workspace_id, report.session_id, turn["turn_id"], turn["outcome"], now
+            session, report.workspace_id, report.session_id, turn["key"], turn["outcome"], now
         )
         prompts.on_turn_settled(
             session, report.workspace_id, report.session_id, turn["prompt_id"], turn["outcome"]
@@ -239,7 +246,7 @@ def apply_report(
         wake_prompts = True
     elif turn is not None:
         cancel_id = cancels.cancel_if_fenced(
-            session, report.workspace_id, report.session_id, turn["turn_id"], now
+            session, report.workspace_id, report.session_id, turn["key"], now
         )
         new_cancels = [cancel_id] if cancel_id else []
     # A goal applied is a hint: the host's own state answer completes the operation
@@ -346,7 +353,7 @@ def apply_turn(
     """Record a turn report (of a turn that runs in `epoch`, if it is new; `now` is when the
     mirror first saw it). Phases only move forward and settled is final; provenance is
     written once. Returns True when this report settled the turn."""
-    key = (row.workspace_id, row.session_id, turn["turn_id"])
+    key = (row.workspace_id, row.session_id, turn.get("key", turn["turn_id"]))
     current = session.get(Turn, key, populate_existing=True)
     phase = turn["phase"]
     if current is None:
@@ -354,6 +361,8 @@ def apply_turn(
             workspace_id=key[0],
             session_id=key[1],
             turn_id=key[2],
+            host_id=row.host_id,
+            host_turn_id=None if key[2] == turn["turn_id"] else turn["turn_id"],
             phase=phase,
             origin=turn["origin"],
             source_goal_operation_id=turn["source_goal_operation_id"],

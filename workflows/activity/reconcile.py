@@ -23,6 +23,7 @@ from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
 from agent_radar.workflows.adapters.host_state import HostState, HostTurn
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.goals.operations import complete_applied
+from agent_radar.workflows.sessions import turns
 from agent_radar.workflows.sessions.rows import lock_session, same_session
 
 # A turn on record as unsettled for this long gets its session's host asked what it runs, at most
@@ -65,16 +66,22 @@ def apply_state(
     row.reconciled_at = now
     done.epoch = observe_epoch(session, row, state.runtime_epoch, now)
     done.woken_fences += done.epoch.woken_fences
-    listed = {turn.turn_id: turn for turn in state.turns}
+    # Each turn the host lists, by its record key: (host, epoch, id) is a turn's identity.
+    listed = {
+        turns.turn_key(
+            session, workspace_id, session_id, row.host_id, turn.runtime_epoch, turn.turn_id
+        ): turn
+        for turn in state.turns
+    }
     unseen = _ended_unseen(session, workspace_id, session_id, set(listed), asked_at)
     if unseen:
         done.ended = unseen
         done.woken_fences += cancels.interrupt_turns(session, workspace_id, session_id, unseen, now)
-    for turn in state.turns:
-        if session.get(Turn, (workspace_id, session_id, turn.turn_id)) is None:
-            _record(session, row, turn, now)
-            done.recorded.append(turn.turn_id)
-        cancel_id = cancels.cancel_if_fenced(session, workspace_id, session_id, turn.turn_id, now)
+    for key, turn in listed.items():
+        if session.get(Turn, (workspace_id, session_id, key)) is None:
+            _record(session, row, key, turn, now)
+            done.recorded.append(key)
+        cancel_id = cancels.cancel_if_fenced(session, workspace_id, session_id, key, now)
         if cancel_id is not None:
             done.cancels.append(cancel_id)
     _reconcile_goal(session, workspace_id, session_id, state, now, done)
@@ -97,12 +104,14 @@ def _ended_unseen(
     return sorted(turn_id for turn_id in unsettled if turn_id not in listed)
 
 
-def _record(session: Session, row, turn: HostTurn, now: datetime) -> None:
+def _record(session: Session, row, key: str, turn: HostTurn, now: datetime) -> None:
     session.add(
         Turn(
             workspace_id=row.workspace_id,
             session_id=row.session_id,
-            turn_id=turn.turn_id,
+            turn_id=key,
+            host_id=row.host_id,
+            host_turn_id=None if key == turn.turn_id else turn.turn_id,
             phase=turn.phase,
             origin=turn.origin,
             source_goal_operation_id=turn.source_goal_operation_id,
@@ -114,7 +123,7 @@ def _record(session: Session, row, turn: HostTurn, now: datetime) -> None:
         )
     )
     if turn.phase == TurnPhase.RUNNING:
-        row.active_turn_id = turn.turn_id
+        row.active_turn_id = key
     session.flush()
 
 

@@ -16,7 +16,7 @@ from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
 from agent_radar.workflows.goals.operations import backoff_s
-from agent_radar.workflows.sessions import hosts
+from agent_radar.workflows.sessions import hosts, turns
 from agent_radar.workflows.sessions.rows import lock_session
 from agent_radar.workflows.steps import Step
 from agent_radar.workflows.steps.wake import publish_epoch_effects
@@ -111,7 +111,7 @@ class CancelRunner(Step):
             answer = self.runtime.cancel_turn(
                 cancel.workspace_id,
                 cancel.session_id,
-                cancel.turn_id,
+                self._host_turn_id(cancel),
                 operation_id=cancel.operation_id,
                 reason=cancel.reason,  # a joined cancel keeps the reason it was made for
                 require_live=True,
@@ -121,6 +121,13 @@ class CancelRunner(Step):
                 raise
             answer = {"result": CancelResult.INTERRUPTED}
         return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
+
+    def _host_turn_id(self, cancel: CancelOperation) -> str:
+        """The id the host knows the cancel's turn by (workflows/sessions/turns.py)."""
+        return run_read(
+            self.engine,
+            lambda s: turns.host_turn_id(s, cancel.workspace_id, cancel.session_id, cancel.turn_id),
+        )
 
     def _record(self, s: Session, cancel: CancelOperation, token: str, answer: dict) -> str:
         result = answer.get("result")
@@ -207,7 +214,7 @@ class CancelRunner(Step):
                 answer = runtime.cancel_turn(
                     ws,
                     sid,
-                    cancel.turn_id,
+                    self._host_turn_id(cancel),
                     operation_id=cancel.operation_id,
                     reason=cancel.reason,
                     require_live=True,

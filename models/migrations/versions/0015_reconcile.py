@@ -1,6 +1,6 @@
 """The host is the truth (docs/lifecycles.md: reconcile): when the mirror first saw each turn,
-when each session's host was last asked what it runs, the restore's budget, and the cancels a
-move owes the host a session left.
+when each session's host was last asked what it runs, the restore's budget, the cancels a move
+owes the host a session left, and a turn's identity (host, epoch, turn id).
 
 Revision ID: 0015
 """
@@ -22,6 +22,8 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("turns") as batch:
         batch.add_column(sa.Column("seen_at", UTCDateTime()))
+        batch.add_column(sa.Column("host_id", sa.String(255)))
+        batch.add_column(sa.Column("host_turn_id", sa.String(255)))
     with op.batch_alter_table("cancel_operations") as batch:
         batch.add_column(sa.Column("host_id", sa.String(255)))
         batch.add_column(sa.Column("run_id", sa.String(36)))
@@ -59,6 +61,8 @@ def downgrade() -> None:
         batch.drop_column("restore_attempt")
         batch.drop_column("reconciled_at")
     with op.batch_alter_table("turns") as batch:
+        batch.drop_column("host_turn_id")
+        batch.drop_column("host_id")
         batch.drop_column("seen_at")
     with op.batch_alter_table("cancel_operations") as batch:
         batch.drop_column("run_id")

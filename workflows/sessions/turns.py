@@ -1,0 +1,34 @@
+"""A turn's identity (docs/lifecycles.md: turns): (host, runtime epoch, turn id). A host may number
+its turns and give an id again after a restart or at another host; the record keeps each turn
+apart. A turn's record key is the host's id the first time; a turn whose id an earlier turn of
+the session had at another host or epoch is kept under a derived key, with the host's id beside
+it (`host_turn_id`), which is what every call to the host carries."""
+
+from sqlalchemy.orm import Session
+
+from agent_radar.models.tables import Turn
+from agent_radar.workflows import ids
+
+
+def same_turn(row: Turn, host_id: str, epoch: int) -> bool:
+    """Whether the turn on record is the one `host_id` tells of at `epoch`: a record from before
+    hosts were kept, or an epoch not known on either side, says nothing against it."""
+    return (row.host_id is None or row.host_id == host_id) and (
+        not row.runtime_epoch or not epoch or row.runtime_epoch == epoch
+    )
+
+
+def turn_key(
+    session: Session, workspace_id: str, session_id: str, host_id: str, epoch: int, turn_id: str
+) -> str:
+    """The record key of the turn `host_id` calls `turn_id` at `epoch`."""
+    first = session.get(Turn, (workspace_id, session_id, turn_id), populate_existing=True)
+    if first is None or same_turn(first, host_id, epoch):
+        return turn_id
+    return ids.reused_turn_key(workspace_id, session_id, host_id, epoch, turn_id)
+
+
+def host_turn_id(session: Session, workspace_id: str, session_id: str, key: str) -> str:
+    """The id the host knows the turn of record `key` by."""
+    row = session.get(Turn, (workspace_id, session_id, key))
+    return key if row is None or row.host_turn_id is None else row.host_turn_id
