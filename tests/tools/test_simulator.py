@@ -110,3 +110,25 @@ def test_a_latency_drawn_per_session_is_the_same_for_that_session_every_time():
     assert len({faults.delay_ms("goal", "s0") for _ in range(5)}) == 5  # per call again
     faults.control("/sim/latency", {"call": "goal", "ms": 200})
     assert faults.delay_ms("goal", "s0") == 200
+
+
+def test_a_simulator_with_a_token_signs_its_reports_and_numbers_turns_if_asked():
+    """A host with a token signs every report (docs/protocol.md: signing a report); with
+    `numbered_turns` its process numbers turns from 1 again after a restart."""
+    from agent_radar.workflows.adapters import report_auth
+    from agent_radar.workflows.tools.simulator.state import Simulator
+
+    reported = []
+    sim = Simulator(reported.append, "gpu-2", "gpu-2-secret")
+    sim.control(f"/sim/sessions/{WS}/s", {"numbered_turns": True, "turn_duration_ms": 0})
+    sim.handle("prompts", WS, "s", {"prompt_id": "p1", "text": "a"})
+    sim.control(f"/sim/sessions/{WS}/s", {"restart": True})
+    sim.handle("prompts", WS, "s", {"prompt_id": "p2", "text": "b"})
+    eventually(lambda: len(reported) == 2, what="both turns' reports")
+    assert [r["turn"]["turn_id"] for r in reported] == ["turn-1", "turn-1"]
+    assert [r["session"]["runtime_epoch"] for r in reported] == [1, 2]
+    for report in reported:
+        assert report["signed_by"] == "gpu-2"
+        assert report_auth.signature_ok(report, "gpu-2-secret")
+        assert not report_auth.signature_ok(report, "another")
+    sim.close()

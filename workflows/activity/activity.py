@@ -257,7 +257,7 @@ def apply_report(
     said_offline = (report.session or {}).get("live") is False
     restore = (
         not said_offline
-        and (confirm or applied or needs_restore(session, row))
+        and (confirm or applied or epoch.goal_owed or needs_restore(session, row))
         and request_restore(row, now)
     )
     return ReportEffects(

@@ -29,6 +29,7 @@ class EpochEffects:
     woken_fences: list[str] = field(default_factory=list)
     released: bool = False  # a maintenance run ended: the session's held work drains
     cancels: list[str] = field(default_factory=list)  # owed to the host a session left
+    goal_owed: bool = False  # a move: the new host is owed the current goal (a restore)
 
     def then(self, later: "EpochEffects") -> "EpochEffects":
         """Both effects, this one's first."""
@@ -37,6 +38,7 @@ class EpochEffects:
             woken_fences=self.woken_fences + later.woken_fences,
             released=self.released or later.released,
             cancels=self.cancels + later.cancels,
+            goal_owed=self.goal_owed or later.goal_owed,
         )
 
 
@@ -94,9 +96,12 @@ def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) 
     )
     # The new host gets the current goal after the fences (the session's restore).
     goal_state = session.get(GoalState, (row.workspace_id, row.session_id))
+    owed_goal = False
     if goal_state is not None and goal_state.revision > 0:
-        goal_state.sync_status = SyncStatus.UNKNOWN
-    return EpochEffects(newer=True, woken_fences=woken, released=released, cancels=owed)
+        goal_state.sync_status, owed_goal = SyncStatus.UNKNOWN, True
+    return EpochEffects(
+        newer=True, woken_fences=woken, released=released, cancels=owed, goal_owed=owed_goal
+    )
 
 
 def bind_host(

@@ -17,8 +17,7 @@ from datetime import datetime
 from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import SyncStatus
-from agent_radar.models.tables import AgentSession, GoalFence, GoalState
+from agent_radar.models.tables import AgentSession, GoalFence
 
 
 def not_installed_at(fences, host_id, epoch):
@@ -70,25 +69,22 @@ def record_installed(session: Session, fence_ids: list[str], host_id: str, epoch
 
 
 def needs_restore(session: Session, row: AgentSession) -> bool:
-    """The session has a fence not known to be installed at its (host, epoch), a clear that
-    was settled locally without reaching the agent, or a current goal not known to be at its
-    host (a move; workflows/steps/restore.py delivers it)."""
-    fences = exists().where(
-        GoalFence.workspace_id == row.workspace_id,
-        GoalFence.session_id == row.session_id,
-        or_(
-            not_installed_at(GoalFence, row.host_id, row.runtime_epoch or 0),
-            GoalFence.clear_undelivered.is_(True),
-        ),
+    """The session has a fence not known to be installed at its (host, epoch), or a clear
+    that was settled locally without reaching the agent."""
+    return bool(
+        session.execute(
+            select(
+                exists().where(
+                    GoalFence.workspace_id == row.workspace_id,
+                    GoalFence.session_id == row.session_id,
+                    or_(
+                        not_installed_at(GoalFence, row.host_id, row.runtime_epoch or 0),
+                        GoalFence.clear_undelivered.is_(True),
+                    ),
+                )
+            )
+        ).scalar_one()
     )
-    goal = exists().where(
-        GoalState.workspace_id == row.workspace_id,
-        GoalState.session_id == row.session_id,
-        GoalState.sync_status == SyncStatus.UNKNOWN,
-        GoalState.pending_operation_id.is_(None),
-        GoalState.revision > 0,
-    )
-    return bool(session.execute(select(or_(fences, goal))).scalar_one())
 
 
 def request_restore(row: AgentSession, now: datetime) -> bool:

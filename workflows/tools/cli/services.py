@@ -222,6 +222,9 @@ def flower(port: int, address: str, as_json: bool):
     )
 
 
+SIM_TOKEN_HELP = "A host's token but `default`'s (AGENT_RADAR_HOST_TOKEN): it signs the reports."
+
+
 @cli.command("runtime-sim")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
@@ -231,8 +234,9 @@ def flower(port: int, address: str, as_json: bool):
     show_default=True,
     help="The agent host this simulator is: its reports name it (register it: host add).",
 )
+@click.option("--token", envvar="AGENT_RADAR_HOST_TOKEN", help=SIM_TOKEN_HELP)
 @json_option
-def runtime_sim(host: str, port: int, host_id: str, as_json: bool):
+def runtime_sim(host: str, port: int, host_id: str, token: str | None, as_json: bool):
     """Run the agent runtime simulator (an HTTP server) in the foreground."""
     from agent_radar.workflows.adapters.publisher import TaskPublisher
     from agent_radar.workflows.tools.simulator import SimServer
@@ -243,7 +247,7 @@ def runtime_sim(host: str, port: int, host_id: str, as_json: bool):
     server = SimServer(
         host,
         port,
-        settings.runtime_token,
+        settings.runtime_token if host_id == "default" else token,
         reporter=lambda report: publisher.publish(
             "agent_radar.report_activity", {"report": report}
         ),

@@ -131,7 +131,7 @@ class SimServer:
         reporter: Reporter | None = None,
         host_id: str = "default",
     ) -> None:
-        self.sim = Simulator(reporter, host_id)
+        self.sim = Simulator(reporter, host_id, token)
         self.httpd = _Server((host, port), make_handler(self.sim, token))
         self.thread: threading.Thread | None = None
 

@@ -40,6 +40,10 @@ class SimSession:
     ignore_cancel: bool = False
     runs: dict = field(default_factory=dict)  # run_id -> SimRun
     prompt_turns: dict = field(default_factory=dict)  # prompt_id -> turn_id
+    # Turn ids numbered per process (turn-1, turn-2, … again after a restart) instead of
+    # unique for good: a host that gives an id again.
+    numbered_turns: bool = False
+    turn_number: int = 0
 
 
 @dataclass
@@ -74,4 +78,5 @@ SESSION_SETTINGS = (
     "maintenance_duration_ms",
     "maintenance_outcome",
     "ignore_cancel",
+    "numbered_turns",
 )

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+from agent_radar.workflows.adapters import report_auth
 from agent_radar.workflows.tools.simulator.calls import answer_call
 from agent_radar.workflows.tools.simulator.faults import HostFaults
 from agent_radar.workflows.tools.simulator.sessions import (
@@ -36,7 +37,9 @@ WAIT_SLICE_S = 0.05
 
 
 class Simulator:
-    def __init__(self, reporter: Reporter | None = None, host_id: str = "default") -> None:
+    def __init__(
+        self, reporter: Reporter | None = None, host_id: str = "default", token: str | None = None
+    ) -> None:
         self.lock = threading.RLock()
         # Notified after each protocol call, for pollers that wait for new effects.
         self.changed = threading.Condition(self.lock)
@@ -45,6 +48,8 @@ class Simulator:
         self.reporter = reporter
         # The host this simulator is (docs/lifecycles.md: sessions): every report names it.
         self.host_id = host_id
+        # With a token, every report is signed with it (docs/protocol.md: signing a report).
+        self.token = token
         # After close(): no timer fires, no report goes out (see close).
         self.closed = False
         self._timers: set[threading.Timer] = set()
@@ -133,6 +138,8 @@ class Simulator:
             if sess is not None:
                 facts["runtime_epoch"] = sess.epoch
             report = {**report, "session": facts}
+        if self.token:
+            report = report_auth.sign(report, self.host_id, self.token)
         with self.changed:
             if self.closed:
                 return
@@ -170,6 +177,7 @@ class Simulator:
                     sess.turns = {}
                     sess.runs = {}
                     sess.prompt_turns = {}
+                    sess.turn_number = 0
                 for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
@@ -202,6 +210,10 @@ class Simulator:
                             "source_goal_revision": t.source_goal_revision,
                         }
                         for t in sess.turns.values()
+                    },
+                    "runs": {
+                        r.run_id: {"running": time.time() < r.done_at, "cancelled": r.cancelled}
+                        for r in sess.runs.values()
                     },
                 }
             if path == "/sim/defaults":

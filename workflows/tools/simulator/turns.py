@@ -26,10 +26,14 @@ class Host(Protocol):
     def report(self, report: dict) -> None: ...
 
 
-def _new_turn_id(host: Host) -> str:
+def _new_turn_id(host: Host, sess: SimSession) -> str:
     """A turn id this host never gave before, whatever its sessions did (they restart,
-    leave and come back anew): the protocol's turn ids are unique for good, as a real
-    agent's UUIDs are; the control plane keys turns and their cancels by them."""
+    leave and come back anew), as a real agent's UUIDs are. With `numbered_turns`, the
+    session's process numbers its turns from 1 (again after a restart, and at each host):
+    the control plane tells them apart by (host, epoch, turn id)."""
+    if sess.numbered_turns:
+        sess.turn_number += 1
+        return f"turn-{sess.turn_number}"
     host.turn_seq += 1
     return f"turn-{host.host_id}-{host.turn_seq}"
 
@@ -38,7 +42,7 @@ def start_turn(
     host: Host, ws: str, sid: str, sess: SimSession, operation_id: str, revision: int
 ) -> None:
     turn = SimTurn(
-        turn_id=_new_turn_id(host),
+        turn_id=_new_turn_id(host, sess),
         origin="goal_continuation",
         source_goal_operation_id=operation_id,
         source_goal_revision=revision,
@@ -85,6 +89,8 @@ def _report_turn_later(host: Host, ws: str, sid: str, turn: SimTurn, delay_ms: i
             "workspace_id": ws,
             "session_id": sid,
             "occurred_at_ms": int(time.time() * 1000),
+            # The process that ran the turn, whenever the report goes out.
+            "session": {"host_id": host.host_id, "runtime_epoch": host.session(ws, sid).epoch},
             "turn": snapshot,
         },
     )
@@ -96,7 +102,7 @@ def prompt(host: Host, ws: str, sid: str, sess: SimSession, body: dict) -> dict:
     prompt_id = body["prompt_id"]
     if prompt_id not in sess.prompt_turns:
         turn = SimTurn(
-            turn_id=_new_turn_id(host),
+            turn_id=_new_turn_id(host, sess),
             origin="user_prompt",
             source_goal_operation_id=None,
             source_goal_revision=None,
