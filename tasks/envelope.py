@@ -149,18 +149,20 @@ class GuardedRedisQoS(kombu_redis.QoS):
         """When the broker is lost, Celery closes the channel, and kombu then restores the
         unacknowledged messages through a connection the loss has already released: an
         AttributeError that stops the worker ("Unrecoverable error"; celery/kombu#970).
-        The messages are still in Redis's unacknowledged set, and come back from there
-        after the visibility timeout (and the sweeper republishes the work from the
-        database long before), so the worker goes on to reconnect instead."""
+        The messages are still in Redis's unacknowledged set: they are put back from there
+        through the worker's next connection, as a refused restore is
+        (_retry_refused_restores), not after the visibility timeout (an hour: a producer's
+        goal among them would wait that long)."""
         try:
             return super().restore_unacked(client)
         except AttributeError as exc:
             log.warning(
                 "the broker was gone before %d unacknowledged message(s) could be put back "
-                "(%s); Redis gives them back after the visibility timeout",
+                "(%s); they are put back once the worker has reconnected",
                 len(self._delivered),
                 reason(exc),
             )
+            REFUSED_RESTORES.update(self._delivered)
             self._delivered.clear()
             return None
 

@@ -82,6 +82,15 @@ def inflict(admin: redis.Redis, fault: tuple) -> None:
         admin.replicaof("NO", "ONE")
 
 
+def admin_len(own_redis, key) -> int:
+    """How many items the broker's list (or hash) `key` holds now."""
+    client = redis.Redis(port=own_redis.port)
+    try:
+        return client.llen(key) if client.type(key) == b"list" else client.hlen(key)
+    finally:
+        client.close()
+
+
 def publish_goal(settings, session: str) -> bool:
     """A goal for `session`, published as a producer would, retried while the broker is down
     (the producer's side is not what this campaign tests); False if it never went."""
@@ -138,9 +147,24 @@ def test_broker_faults(client, stack, settings, sim_control, own_redis):
             if (op := client.find_goal_operation(WS, session, "1")) and op.status == "completed"
         }
 
-    eventually(
-        lambda: applied() == set(published), timeout_s=300, what="every goal published applied"
-    )
+    try:
+        eventually(
+            lambda: applied() == set(published), timeout_s=300, what="every goal published applied"
+        )
+    except AssertionError:
+        # What became of the goals that were not applied: never accepted (the message was
+        # lost or is still held), or accepted and stuck (which status, which error).
+        missing = sorted(set(published) - applied())
+        ops = {s: client.find_goal_operation(WS, s, "1") for s in missing}
+        held = {k: admin_len(own_redis, k) for k in ("default", "unacked")}
+        raise AssertionError(
+            f"{len(missing)} goal(s) not applied: "
+            + "; ".join(
+                f"{s}: " + ("never accepted" if op is None else f"{op.status} {op.last_error}")
+                for s, op in ops.items()
+            )[:3000]
+            + f"; broker holds {held}; worker log tail: {worker.log_path.read_text()[-4000:]}"
+        ) from None
     ops = [client.find_goal_operation(WS, session, "1").operation_id for session in published]
     effects = effects_by_operation(sim_control)
     assert {op: effects.get(op) for op in ops} == {op: 1 for op in ops}
