@@ -45,6 +45,21 @@ def prepare(
                 operation_id=operation_id,
             )
         return existing
+    return add(session, operation_id, workspace_id, session_id, turn_id, reason, now)
+
+
+def add(
+    session: Session,
+    operation_id: str,
+    workspace_id: str,
+    session_id: str,
+    turn_id: str,
+    reason: str,
+    now: datetime,
+    **owed,
+) -> CancelOperation:
+    """A new cancel, due now; `owed`: the host_id (and run_id) a move owes it to
+    (workflows/fences/moves.py)."""
     cancel = CancelOperation(
         operation_id=operation_id,
         workspace_id=workspace_id,
@@ -55,6 +70,7 @@ def prepare(
         attempt=0,
         next_attempt_at=now,
         created_at=now,
+        **owed,
     )
     session.add(cancel)
     session.flush()

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import CancelStatus, TurnOutcome, TurnPhase
+from agent_radar.models.enums import TurnOutcome, TurnPhase
 from agent_radar.models.tables import CancelOperation, Turn
 from agent_radar.workflows import ids
 from agent_radar.workflows.fences import cancels
@@ -51,21 +51,16 @@ def stop_at_old_host(
     if run is not None:
         stop_id = ids.run_stop_id(workspace_id, session_id, run.run_id)
         if session.get(CancelOperation, stop_id) is None:
-            session.add(
-                CancelOperation(
-                    operation_id=stop_id,
-                    workspace_id=workspace_id,
-                    session_id=session_id,
-                    turn_id=run.run_id,
-                    run_id=run.run_id,
-                    host_id=old_host,
-                    reason=reason,
-                    status=CancelStatus.PREPARED,
-                    attempt=0,
-                    next_attempt_at=now,
-                    created_at=now,
-                )
+            cancels.add(
+                session,
+                stop_id,
+                workspace_id,
+                session_id,
+                run.run_id,
+                reason,
+                now,
+                run_id=run.run_id,
+                host_id=old_host,
             )
             owed.append(stop_id)
-    session.flush()
     return owed, woken
