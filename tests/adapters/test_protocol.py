@@ -138,9 +138,9 @@ def test_every_call_request_and_answer_is_as_documented(host):
     _expect_fault(
         "stale_revision", runtime.apply_goal, WS, "s1", operation_id="op-0", revision=1, **goal
     )
-    runtime.install_fence(
+    assert runtime.install_fence(
         WS, "s1", target_operation_id="op-2", target_revision=2, require_live=True
-    )
+    ) == {"running_turns": []}
     _expect_fault("rejected", runtime.apply_goal, WS, "s1", operation_id="op-2", revision=2, **goal)
     turn = runtime.submit_prompt(WS, "s1", prompt_id="p-1", text="hello")["turn_id"]
     assert runtime.cancel_turn(
@@ -171,6 +171,11 @@ def test_every_call_request_and_answer_is_as_documented(host):
     assert [t.source_goal_operation_id for t in state.running_turns_of("op-1", 1)] == ["op-1"]
     assert all(t.runtime_epoch == 1 and t.phase in ("submitted", "running") for t in state.turns)
     assert state.maintenance_run_id == "r-1"
+    # A fence of the running generation answers with its turn still running there.
+    (running,) = runtime.install_fence(
+        WS, "s1", target_operation_id="op-1", target_revision=1, require_live=True
+    )["running_turns"]
+    assert running == state.running_turns_of("op-1", 1)[0].turn_id
     runtime.cancel_maintenance(WS, "s1", "r-1")
     eventually(lambda: runtime.maintenance_status(WS, "s1", "r-1")["state"] == "done")
     _expect_fault("not_found", runtime.maintenance_status, WS, "s1", "no-such-run")

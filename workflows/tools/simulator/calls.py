@@ -207,7 +207,12 @@ def _install_fence(host: Host, ws: str, sid: str, sess: SimSession, body: dict) 
                 "at": time.time(),
             }
         )
-    return {}
+    running = [
+        t.turn_id
+        for t in sess.turns.values()
+        if t.phase != "settled" and (t.source_goal_operation_id, t.source_goal_revision) == fence
+    ]
+    return {"running_turns": running}
 
 
 def _apply_later(host: Host, ws: str, sid: str, body: dict) -> None:
