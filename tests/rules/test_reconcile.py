@@ -291,3 +291,31 @@ def test_a_turn_id_the_host_gives_again_after_a_restart_is_another_turn(client, 
     assert turn_row(client, key).outcome == "canceled"
     assert session_row(client).active_turn_id is None
     assert client.start_maintenance(WS, SID, client_submit_id="m1").status == "running"
+
+
+def test_a_run_handed_back_is_re_attached_whatever_else_the_host_runs_by_then(
+    client, sim_control
+):
+    """The look before the start stops a run the host never started; one it started (and
+    handed back to another worker) is the host's own: it is polled to its end, even with a
+    turn running there by then."""
+    from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=200)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    executor = MaintenanceExecutor(
+        client.engine,
+        client.runtime,
+        worker_id="w",
+        lease_s=5,
+        publish=lambda *a: True,
+        poll_s=0.02,
+        max_wait_s=0.05,
+    )
+    assert executor.execute(run.run_id) == "handed_back"
+    sim_control.session(WS, SID, turn={"turn_id": "after"})
+    time.sleep(0.3)  # the run is done at the host
+    assert executor.execute(run.run_id) == "completed"
+    # Started once there (the second start call is the idempotent re-attach).
+    assert len(sim_control.effects(kind="maintenance")) == 1

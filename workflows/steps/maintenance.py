@@ -136,11 +136,14 @@ class MaintenanceExecutor(Step):
             return ENDED  # the answer ended it (a newer epoch), or it moved meanwhile
         if state.maintenance_run_id == claim.run_id:
             return None
+        busy = None
         if state.maintenance_run_id is not None:
-            return f"the agent host runs maintenance run {state.maintenance_run_id}"
-        if state.turns:
-            return f"the agent host runs turn {state.turns[0].turn_id}"
-        return None
+            busy = f"the agent host runs maintenance run {state.maintenance_run_id}"
+        elif state.turns:
+            busy = f"the agent host runs turn {state.turns[0].turn_id}"
+        if busy is not None and self._status_or_gone(claim) is not None:
+            return None  # it started there already (a run handed back): it is re-attached
+        return busy
 
     def _end_busy(self, claim: RunClaim, reason: str) -> str:
         """The host is busy with another turn or run: this one ends `failed` (session_busy,
