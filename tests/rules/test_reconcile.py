@@ -293,9 +293,7 @@ def test_a_turn_id_the_host_gives_again_after_a_restart_is_another_turn(client, 
     assert client.start_maintenance(WS, SID, client_submit_id="m1").status == "running"
 
 
-def test_a_run_handed_back_is_re_attached_whatever_else_the_host_runs_by_then(
-    client, sim_control
-):
+def test_a_run_handed_back_is_re_attached_whatever_else_the_host_runs_by_then(client, sim_control):
     """The look before the start stops a run the host never started; one it started (and
     handed back to another worker) is the host's own: it is polled to its end, even with a
     turn running there by then."""
