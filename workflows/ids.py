@@ -45,7 +45,12 @@ def reused_turn_key(
 ) -> str:
     """The record key of a turn whose id an earlier turn of the session had at another host
     or epoch (workflows/sessions/turns.py)."""
-    return "turn:" + derive("reused_turn", workspace_id, session_id, host_id, str(epoch), turn_id)
+    return REUSED_TURN_PREFIX + derive(
+        "reused_turn", workspace_id, session_id, host_id, str(epoch), turn_id
+    )
+
+
+REUSED_TURN_PREFIX = "turn:"
 
 
 def run_stop_id(workspace_id: str, session_id: str, run_id: str) -> str:

@@ -196,13 +196,25 @@ def test_a_move_to_another_host_is_a_new_epoch_there(client, sim_control, sim_b)
     assert (row.host_id, row.runtime_epoch, row.live) == ("host-b", 1, True)
 
 
-def test_a_session_without_fences_moves_without_reinstalling(client, sim_b):
-    client.add_host("host-b", sim_b.url)
-    report(client, "s-plain", session={"runtime_epoch": 2})
-    report(client, "s-plain", session={"host_id": "host-b", "runtime_epoch": 1})
-    row = session_row(client, "s-plain")
-    # Nothing would act on its epoch there: no restore, no call to confirm it.
-    assert (row.host_id, row.runtime_epoch, row.restore_due_at) == ("host-b", 0, None)
+def test_a_session_its_host_reported_for_is_not_taken_by_another_host_s_report(client, sim_b):
+    """A host that reports for a session serves it, even before any client asks anything of
+    it: another registered host's report, signed with its own valid token, cannot take it
+    (and with it the turns running at the first host, which the move would cancel)."""
+    from agent_radar.workflows.adapters import report_auth
+
+    client.add_host("host-b", sim_b.url, token="b-token")
+    report(client, "s-plain", session={"runtime_epoch": 2, "live": True})
+    before = row_counts(client.engine)
+    claim = {
+        "workspace_id": WS,
+        "session_id": "s-plain",
+        "occurred_at_ms": int(time.time() * 1000),
+        "session": {"live": True},
+    }
+    with pytest.raises(InvalidArgument, match="bound to host 'default'"):
+        client.receive_report(report_auth.sign(claim, "host-b", "b-token"))
+    assert row_counts(client.engine) == before
+    assert session_row(client, "s-plain").host_id == "default"
 
 
 def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):

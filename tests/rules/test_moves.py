@@ -162,3 +162,86 @@ def test_the_new_host_gets_the_current_goal_and_a_move_back_does_not_revive_a_st
         first.operation_id,
         second.operation_id,
     ]
+
+
+class MoveWhileAsked:
+    """A runtime whose state call moves the session to `target` while the host it asked is
+    answering (a slow, or hostile, old host)."""
+
+    def __init__(self, client, target):
+        self.client, self.inner, self.target = client, client.runtime, target
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def on_host(self, *address):
+        host, outer = self.inner.on_host(*address), self
+
+        class Answering:
+            def __getattr__(self, name):
+                return getattr(host, name)
+
+            def session_state(self, ws, sid):
+                state = host.session_state(ws, sid)
+                outer.client.ensure_session(ws, sid, host_id=outer.target)
+                return state
+
+        return Answering()
+
+
+def test_an_answer_of_the_host_a_session_left_is_not_applied_to_the_new_one(
+    client, sim_control, host_b
+):
+    """A state answer is applied only while the session is at the host that gave it: the old
+    host's epoch, goal and turns said nothing of the new host (found by a hostile review)."""
+    from agent_radar.models.tables import AgentSession
+    from tests.helpers import restorer
+
+    for _ in range(4):
+        sim_control.session(WS, SID, restart=True)  # the old host is at epoch 5
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "a-turn"})
+    done = restorer(client, runtime=MoveWhileAsked(client, "host-b")).reconcile(WS, SID)
+    assert (done.ended, done.recorded, done.completed) == ([], [], [])
+    row = run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)))
+    assert (row.host_id, row.runtime_epoch) == ("host-b", 1)  # host-b's own epoch
+    assert row.active_turn_id is None
+
+
+def test_a_cancel_owed_to_a_host_that_restarted_since_reaches_no_new_turn(
+    client, sim_control, host_b
+):
+    """The old host restarted after the session left it and numbers its turns again: the
+    cancel owed for its old `turn-1` ends `interrupted` (it ended with that process) instead
+    of cancelling the new `turn-1` there (found by a hostile review)."""
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, turn={"turn_id": "turn-1"})
+    report(client, session={"runtime_epoch": 1}, turn={"turn_id": "turn-1", "phase": "running"})
+    sim_control.session(WS, SID, live=False)
+    client.ensure_session(WS, SID, host_id="host-b")
+    owed = ids.cancel_operation_id(WS, SID, "turn-1")
+    assert runner(client).apply(owed) == "waiting_offline"
+    sim_control.session(WS, SID, restart=True, live=True)  # epoch 2
+    client.ensure_session(WS, SID, host_id="default")
+    sim_control.session(WS, SID, turn={"turn_id": "turn-1"})  # a new turn, the same id
+    run_transaction(
+        client.engine,
+        lambda s: s.get(CancelOperation, owed).__setattr__("next_attempt_at", None),
+    )
+    assert runner(client).apply(owed) == "settled"
+    assert client.get_operation(owed).result == "interrupted"
+    assert turn_at(sim_control, "turn-1") == "running"  # the new one runs on
+
+
+def test_a_host_cannot_plant_a_record_where_another_turn_s_would_go(client, sim_control):
+    """A host's turn id that reads as a derived record key is kept under a key of its own
+    (found by a hostile review: a planted record swallowed another host's turn)."""
+    from agent_radar.models.tables import AgentSession, Turn
+
+    planted = ids.reused_turn_key(WS, SID, "host-b", 1, "turn-1")
+    client.ensure_session(WS, SID)
+    report(client, turn={"turn_id": planted, "phase": "running"})
+    assert run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, planted))) is None
+    key = run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)).active_turn_id)
+    row = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, key)))
+    assert (row.host_turn_id, row.phase) == (planted, "running")

@@ -182,7 +182,7 @@ def apply_report(
     """Apply one report in the caller's transaction: first its proof that it comes from the
     session's host (check_signed_by); `default_token` is the host `default`'s."""
     row = lock_session(session, report.workspace_id, report.session_id)
-    # Served: a client operation was accepted for it, or its host was given or named.
+    # Served: a client operation was accepted for it, its host was given, or reported.
     served = row.host_bound or (row.event_sequence or 0) > 0
     facts = dict(report.session or {})
     newest = row.last_report_at is None or report.occurred_at >= row.last_report_at
@@ -198,8 +198,8 @@ def apply_report(
                 field="session.host_id",
             )
         epoch = move_host(session, row, signer, now)
-    if report.signed_by is not None or (report.session or {}).get("host_id") is not None:
-        row.host_bound = True
+    # A host that reported for the session serves it: no other host's report takes it.
+    row.host_bound = True
     # An epoch in a report is a claim (docs/lifecycles.md: sessions): one newer than the one known
     # is confirmed with the session's own host (the restore's liveness look) before anything acts on
     # it, and only if something would: a forged value changes nothing.

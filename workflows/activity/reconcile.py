@@ -8,7 +8,9 @@ reports, which get lost, reordered or forged; the host's answer to the state cal
 - a turn the host lists that the mirror never saw is recorded, and gets its durable cancel if
   its generation is fenced;
 - a dispatched goal operation the host says it applied completes, and a goal state `unknown`
-  learns what the host holds.
+  or `diverged` learns what the host holds.
+
+An answer is applied only while the session is still at the host that gave it.
 """
 
 from dataclasses import dataclass, field
@@ -58,10 +60,15 @@ def apply_state(
     state: HostState,
     asked_at: datetime,
     now: datetime,
+    *,
+    asked_host: str,
 ) -> Reconciled:
-    """Make the session's mirror agree with its host's answer, asked at `asked_at`."""
+    """Make the session's mirror agree with the answer of `asked_host`, asked at `asked_at`;
+    nothing, if the session is no longer there (it moved while the host was asked)."""
     row = lock_session(session, workspace_id, session_id)
     done = Reconciled()
+    if row.host_id != asked_host:
+        return done
     row.live = state.live
     row.reconciled_at = now
     done.epoch = observe_epoch(session, row, state.runtime_epoch, now)
@@ -136,7 +143,8 @@ def _reconcile_goal(
     done: Reconciled,
 ) -> None:
     """The goal the host says it applied last: its dispatched operation completes with the
-    host's answer as the evidence; a goal state left `unknown` at that revision learns it."""
+    host's answer as the evidence; a goal state `unknown` or `diverged` at that revision learns
+    what the host holds now."""
     applied = state.goal
     if applied is None:
         return
@@ -157,7 +165,7 @@ def _reconcile_goal(
     goal_state = session.get(GoalState, (workspace_id, session_id), populate_existing=True)
     if (
         goal_state is not None
-        and goal_state.sync_status == SyncStatus.UNKNOWN
+        and goal_state.sync_status in (SyncStatus.UNKNOWN, SyncStatus.DIVERGED)
         and goal_state.pending_operation_id is None
         and goal_state.revision == applied.revision
     ):

@@ -21,10 +21,13 @@ def same_turn(row: Turn, host_id: str, epoch: int) -> bool:
 def turn_key(
     session: Session, workspace_id: str, session_id: str, host_id: str, epoch: int, turn_id: str
 ) -> str:
-    """The record key of the turn `host_id` calls `turn_id` at `epoch`."""
-    first = session.get(Turn, (workspace_id, session_id, turn_id), populate_existing=True)
-    if first is None or same_turn(first, host_id, epoch):
-        return turn_id
+    """The record key of the turn `host_id` calls `turn_id` at `epoch`. A host's id that reads
+    as a derived key is never a record key itself: no host can plant a record where another
+    turn's would go."""
+    if not turn_id.startswith(ids.REUSED_TURN_PREFIX):
+        first = session.get(Turn, (workspace_id, session_id, turn_id), populate_existing=True)
+        if first is None or same_turn(first, host_id, epoch):
+            return turn_id
     return ids.reused_turn_key(workspace_id, session_id, host_id, epoch, turn_id)
 
 

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from agent_radar.models.db import run_read, run_transaction
 from agent_radar.models.enums import CancelResult, CancelStatus
-from agent_radar.models.tables import CancelOperation
+from agent_radar.models.tables import CancelOperation, MaintenanceRun, Turn
 from agent_radar.workflows import budgets
 from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
 from agent_radar.workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
@@ -38,6 +38,15 @@ def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> in
     if not answer.get("live"):
         raise RuntimeDisconnected("the session is offline at the agent host")
     return answer.get("runtime_epoch")
+
+
+def _epoch_of(session: Session, cancel: CancelOperation) -> int:
+    """The runtime epoch the cancelled turn (or maintenance run) ran in; 0 if not known."""
+    if cancel.run_id is not None:
+        run = session.get(MaintenanceRun, cancel.run_id)
+        return (run.runtime_epoch or 0) if run is not None else 0
+    turn = session.get(Turn, (cancel.workspace_id, cancel.session_id, cancel.turn_id))
+    return (turn.runtime_epoch or 0) if turn is not None else 0
 
 
 class CancelRunner(Step):
@@ -206,7 +215,14 @@ class CancelRunner(Step):
         address = run_read(self.engine, lambda s: hosts.address_of(s, host_id))
         try:
             runtime = self.runtime.on_host(*address)
-            require_live(runtime, ws, sid)
+            epoch = require_live(runtime, ws, sid)
+            if epoch and epoch > run_read(self.engine, lambda s: _epoch_of(s, cancel)) > 0:
+                # That host restarted since: what ran there ended with its process, and
+                # what has this id now is another turn (workflows/sessions/turns.py).
+                answer = {"result": CancelResult.INTERRUPTED}
+                return run_transaction(
+                    self.engine, lambda s: self._record(s, cancel, token, answer)
+                )
             if cancel.run_id is not None:
                 runtime.cancel_maintenance(ws, sid, cancel.run_id)
                 answer = {"result": CancelResult.CANCELED}

@@ -15,13 +15,14 @@ from functools import cached_property
 from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount, run_transaction
+from agent_radar.models.db import rowcount, run_read, run_transaction
 from agent_radar.models.enums import (
     OPEN_OPERATION_STATUSES,
     FenceStatus,
 )
 from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation
 from agent_radar.workflows import budgets, ids, leases
+from agent_radar.workflows.adapters.host_state import HostState
 from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences import cancels
@@ -29,6 +30,7 @@ from agent_radar.workflows.fences.settle import settle_clear_locally
 from agent_radar.workflows.goals import outcomes
 from agent_radar.workflows.goals.claims import Claim
 from agent_radar.workflows.goals.operations import backoff_s, fail_operation
+from agent_radar.workflows.sessions import turns
 from agent_radar.workflows.steps import Step
 from agent_radar.workflows.steps.cancel import CancelRunner, mark_offline
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
@@ -171,7 +173,7 @@ class FenceApplier(Step):
         # What runs there is the host's word (docs/lifecycles.md: reconcile): the record is made
         # to agree with its state answer, so a turn of the generation no report told of is
         # cancelled too, and the fence completes only once the host shows none running.
-        reconcile_session(
+        state, _done = reconcile_session(
             self.engine,
             self.runtime,
             self.publish,
@@ -191,7 +193,7 @@ class FenceApplier(Step):
         }
         waiting = [cancel_id for cancel_id, state in states.items() if state == "waiting"]
         cancel_id = next(iter(waiting or states), None)
-        if waiting:
+        if waiting or self._runs_unasked(claim, state, turn_ids):
             return run_transaction(
                 self.engine,
                 lambda s: self._back_to_pending(
@@ -212,6 +214,16 @@ class FenceApplier(Step):
                 ),
             )
         return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
+
+    def _runs_unasked(self, claim: FenceClaim, state: HostState, turn_ids: list[str]) -> bool:
+        """The host lists a running turn of the generation no cancel on record reaches (a
+        host that gave an id twice): the fence waits and asks again."""
+        ws, sid = claim.workspace_id, claim.session_id
+        asked = run_read(
+            self.engine, lambda s: {turns.host_turn_id(s, ws, sid, k) for k in turn_ids}
+        )
+        running = state.running_turns_of(claim.target_operation_id, claim.target_revision)
+        return any(turn.turn_id not in asked for turn in running)
 
     def _fenced_turns(self, s: Session, claim: FenceClaim) -> list[str]:
         return cancels.unsettled_turns_of(

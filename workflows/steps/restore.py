@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from agent_radar.models.base import utcnow
-from agent_radar.models.db import rowcount, run_transaction
+from agent_radar.models.db import rowcount, run_read, run_transaction
 from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
 from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
 from agent_radar.workflows import budgets, records
@@ -30,6 +30,7 @@ from agent_radar.workflows.adapters.host_state import HostState
 from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.fences.reinstall import needs_restore
+from agent_radar.workflows.sessions import hosts
 from agent_radar.workflows.sessions.rows import lock_session
 from agent_radar.workflows.steps.fence_install import ensure_fences_installed
 from agent_radar.workflows.steps.goals.dispatch import apply_goal
@@ -207,9 +208,17 @@ def reconcile_session(
     (workflows/activity/reconcile.py); then publish what that set in motion. Runtime faults
     propagate."""
     asked_at = clock()
-    state = runtime.session_state(workspace_id, session_id)
+    # The host is named before the call and asked by name: its answer is applied only while
+    # the session is still there (a move in between leaves it unapplied: it tells of a host
+    # the session left).
+    key = (workspace_id, session_id)
+    address = run_read(engine, lambda s: hosts.address_of(s, hosts.session_host(s, *key)))
+    state = runtime.on_host(*address).session_state(workspace_id, session_id)
     done = run_transaction(
-        engine, lambda s: apply_state(s, workspace_id, session_id, state, asked_at, clock())
+        engine,
+        lambda s: apply_state(
+            s, workspace_id, session_id, state, asked_at, clock(), asked_host=address[0]
+        ),
     )
     if done.ended or done.recorded:
         log.warning(
@@ -321,6 +330,10 @@ class Restorer:
         row = lock_session(s, workspace_id, session_id)
         if outcome == "offline":
             row.live = False  # background work settles locally until it is back
+        if outcome == "restored" and needs_restore(s, row):
+            # Still due: a fence came meanwhile, or the host's epoch moved on while it ran.
+            # Again, as an attempt: a host whose epoch moves every time runs out of budget.
+            outcome, error = "retry", "still due after a restore (the host's epoch moved on?)"
         if outcome == "retry":
             row.restore_attempt = (row.restore_attempt or 0) + 1
             row.restore_failing_since = row.restore_failing_since or now
@@ -341,6 +354,4 @@ class Restorer:
                 )
         elif outcome == "offline" and needs_restore(s, row):
             retry_at = now + timedelta(seconds=OFFLINE_RECHECK_S)
-        elif outcome == "restored" and needs_restore(s, row):
-            retry_at = now  # a fence came meanwhile: the sweeper publishes it
         row.restore_due_at = retry_at
