@@ -59,7 +59,8 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
         line for line in result["timeline"] if line["event"].startswith("session-m moves to host-b")
     )
     assert (moved["host"], moved["goal"]) == ("host-b", "completed")
-    assert moved["calls_at_host_b"] == ["liveness", "goal-fences", "goal"]
+    # Its fence first, then its current goal (the fence's clear), then the next goal.
+    assert moved["calls_at_host_b"] == ["liveness", "goal-fences", "goal", "goal"]
     status = next(line for line in result["timeline"] if line["event"] == "agent-radar status")
     assert status["problems"] == "none" and status["last_sweep_s_ago"] is not None
     metrics = next(

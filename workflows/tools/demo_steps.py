@@ -210,7 +210,8 @@ def second_host(client: AgentRadar, stack: Stack, say) -> bool:
     calls = [c["call"] for c in host_b.calls() if c["session_id"] == sid]
     fences = host_b.session(WS, sid)["fences"]
     say(
-        "session-m moves to host-b: a new epoch there, its fence first, then its goal",
+        "session-m moves to host-b: a new epoch there, its fence first, then its current goal,"
+        " then the next one",
         host=info.host_id,
         epoch=info.runtime_epoch,
         calls_at_host_b=calls,
@@ -219,7 +220,8 @@ def second_host(client: AgentRadar, stack: Stack, say) -> bool:
     applied_at_b = [e["operation_id"] for e in host_b.effects()]
     return (
         op.status == "completed"
-        and applied_at_b == [op.operation_id]
+        and applied_at_b[-1:] == [op.operation_id]
+        and shared.operation_id not in applied_at_b  # never the fenced generation
         and [shared.operation_id, 1] in fences
         and calls.index("goal-fences") < calls.index("goal")
     )

@@ -136,7 +136,13 @@ class Stack:
         url = url or self.settings.runtime_url
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         name = "runtime-sim" if host_id == "default" else f"runtime-sim-{host_id}"
-        proc = self.spawn(name, ["runtime-sim", "--port", str(port), "--host-id", host_id])
+        # Another host takes the stack's token too (its bearer, and its reports' key): the
+        # caller registers it with that token.
+        token = self.settings.runtime_token
+        extra = {"AGENT_RADAR_HOST_TOKEN": token} if token and host_id != "default" else None
+        proc = self.spawn(
+            name, ["runtime-sim", "--port", str(port), "--host-id", host_id], extra_env=extra
+        )
         control = SimControl(url, self.settings.runtime_token)
         wait_for(
             lambda: control.healthy() or not proc.alive() and _dead(proc),
