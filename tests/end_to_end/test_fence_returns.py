@@ -23,7 +23,8 @@ def test_a_fence_joins_the_cancel_a_session_stop_made(client, stack, sim_control
     holding its lease and the lane until they expire."""
     stack.start_worker()
     stack.start_beat()
-    sim_control.session(WS, "j1", turn_duration_ms=0, cancel_mode="ignore")
+    # The host takes the stop's cancel and ends the turn a while later, reporting it.
+    sim_control.session(WS, "j1", turn_duration_ms=0, cancel_mode="accepted", cancel_delay_ms=4000)
     target = client.wait(client.set_goal(WS, "j1", "shared", client_submit_id="1"))
     turn = eventually(fenced_turn(client, "j1", target, WS), what="the continuation turn")
     stop = client.stop_session(WS, "j1", client_submit_id="stop", reason="user pressed stop")
@@ -38,15 +39,7 @@ def test_a_fence_joins_the_cancel_a_session_stop_made(client, stack, sim_control
         timeout_s=20,
         what="the fence to join the stop's cancel",
     )
-    client.report_activity(
-        {
-            "workspace_id": WS,
-            "session_id": "j1",
-            "occurred_at_ms": _now_ms(),
-            "turn": {"turn_id": turn.turn_id, "phase": "settled", "outcome": "canceled"},
-        }
-    )
-    done = client.wait(fence, timeout=60)
+    done = client.wait(fence, timeout=60)  # once the host ended the turn
     assert (done.status, done.cancel_operation_id) == ("completed", cancel_id)
     cancel = cancel_row(client, cancel_id)
     assert (cancel.status, cancel.reason) == ("completed", f"session-stop:{stop.stop_id}")
