@@ -255,15 +255,8 @@ def test_an_offline_host_is_no_end_for_the_fenced_turn(client, stack, sim_contro
     )
     assert client.get_fence(fence.fence_id).status in ("pending", "processing")
     assert fenced_turn(client, "s10", target)().phase == "running"
-    sim_control.session(WS, "s10", live=True)
-    client.report_activity(
-        {
-            "workspace_id": WS,
-            "session_id": "s10",
-            "occurred_at_ms": int(utcnow().timestamp() * 1000),
-            "turn": {"turn_id": turn.turn_id, "phase": "settled", "outcome": "completed"},
-        }
-    )
+    # Back, and the turn ends on its own there (its report goes out).
+    sim_control.session(WS, "s10", live=True, settle_turn=turn.turn_id)
     done = client.wait(fence, timeout=60)
     assert (done.status, done.cancel_operation_id) == ("completed", cancel_id)
     assert fenced_turn(client, "s10", target)().outcome == "completed"

@@ -18,6 +18,7 @@ from agent_radar.workflows.tools.simulator.sessions import (
     SimSession,
     SimTurn,
 )
+from agent_radar.workflows.tools.simulator.turns import _settle
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,10 @@ class Simulator:
                 for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
+                if body.get("settle_turn") in sess.turns:
+                    # The turn ends on its own now (and its report goes out).
+                    ws, sid = unquote(match[1]), unquote(match[2])
+                    self.later(0, _settle, self, ws, sid, body["settle_turn"], "completed")
                 if body.get("turn"):
                     # A turn that runs here until it is cancelled, with no report of it
                     # (a test's own turn, of an agent that lost its reports).
