@@ -228,17 +228,22 @@ def interrupt_running_turns(
             if known_epochs_only
             else (or_(Turn.runtime_epoch.is_(None), Turn.runtime_epoch < before_epoch),)
         )
-    turn_ids = list(
+    turn_ids = unsettled_turns(session, workspace_id, session_id, *older)
+    return interrupt_turns(session, workspace_id, session_id, turn_ids, now)
+
+
+def unsettled_turns(session: Session, workspace_id: str, session_id: str, *conditions) -> list[str]:
+    """The session's turns on record that have not settled (matching `conditions`)."""
+    return list(
         session.execute(
             select(Turn.turn_id).where(
                 Turn.workspace_id == workspace_id,
                 Turn.session_id == session_id,
                 Turn.phase != TurnPhase.SETTLED,
-                *older,
+                *conditions,
             )
         ).scalars()
     )
-    return interrupt_turns(session, workspace_id, session_id, turn_ids, now)
 
 
 def interrupt_turns(

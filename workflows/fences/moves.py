@@ -10,11 +10,10 @@ the run ends as on a restart (runs.end_for_restart).
 
 from datetime import datetime
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import TurnOutcome, TurnPhase
-from agent_radar.models.tables import CancelOperation, Turn
+from agent_radar.models.enums import TurnOutcome
+from agent_radar.models.tables import CancelOperation
 from agent_radar.workflows import ids
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.maintenance import runs
@@ -27,15 +26,7 @@ def stop_at_old_host(
     locked, the move not yet recorded). Returns (the cancels to publish after commit, the
     fences that waited on the ended turns, now due)."""
     reason = f"session-move:{old_host}"
-    turn_ids = list(
-        session.execute(
-            select(Turn.turn_id).where(
-                Turn.workspace_id == workspace_id,
-                Turn.session_id == session_id,
-                Turn.phase != TurnPhase.SETTLED,
-            )
-        ).scalars()
-    )
+    turn_ids = cancels.unsettled_turns(session, workspace_id, session_id)
     owed: list[str] = []
     woken: list[str] = []
     for turn_id in turn_ids:
