@@ -1,7 +1,7 @@
 """The beat schedule: the sweeper every `sweep_interval_s`, retention every 10 minutes."""
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.task_names import PRUNE_TASK, SWEEP_TASK
+from ..workflows.adapters.config import Settings
+from ..workflows.task_names import PRUNE_TASK, SWEEP_TASK
 
 # Retention runs in bounded batches this often (docs/operations.md).
 PRUNE_INTERVAL_S = 600.0

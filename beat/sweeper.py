@@ -12,16 +12,16 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.db import run_transaction
-from agent_radar.models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
-from agent_radar.models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
-from agent_radar.workflows import leases
-from agent_radar.workflows.activity.reconcile import to_reconcile
-from agent_radar.workflows.goals.operations import budget_exhausted, due_operations, fail_operation
-from agent_radar.workflows.operators import counts as operation_counts
-from agent_radar.workflows.prompts.queue import sessions_with_queued_prompts
-from agent_radar.workflows.steps.maintenance_sweep import sweep_maintenance
-from agent_radar.workflows.task_names import (
+from ..models.db import run_transaction
+from ..models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
+from ..models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
+from ..workflows import leases
+from ..workflows.activity.reconcile import to_reconcile
+from ..workflows.goals.operations import budget_exhausted, due_operations, fail_operation
+from ..workflows.operators import counts as operation_counts
+from ..workflows.prompts.queue import sessions_with_queued_prompts
+from ..workflows.steps.maintenance_sweep import sweep_maintenance
+from ..workflows.task_names import (
     CANCEL_APPLY_TASK,
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,

@@ -6,7 +6,7 @@ from typing import cast
 from sqlalchemy import DateTime, MetaData, Table, TypeDecorator
 from sqlalchemy.orm import DeclarativeBase
 
-from agent_radar.models.dialects import dialect_of
+from .dialects import dialect_of
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",

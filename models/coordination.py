@@ -6,7 +6,7 @@ from datetime import datetime
 from sqlalchemy import Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from agent_radar.models.base import Base, UTCDateTime
+from .base import Base, UTCDateTime
 
 ID = String(255)
 

@@ -21,9 +21,9 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
-from agent_radar.models import error_hooks
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.direct import direct_scope
+from . import error_hooks
+from .dialects import dialect_of
+from .direct import direct_scope
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, MultipleResultsFound, NoResultFound
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from agent_radar.models.error_hooks import translated
+from .error_hooks import translated
 
 
 class Rows:

@@ -7,7 +7,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from agent_radar.models.db import engine_for, normalize_url
+from .db import engine_for, normalize_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

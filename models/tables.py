@@ -17,8 +17,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from agent_radar.models.base import Base, UTCDateTime
-from agent_radar.models.enums import OPEN_OPERATION_SQL
+from .base import Base, UTCDateTime
+from .enums import OPEN_OPERATION_SQL
 
 ID = String(255)
 SHORT = String(32)
@@ -396,4 +396,4 @@ class SettledCount(Base):
 
 
 # The workers' own coordination tables (models/coordination.py) are in the metadata too.
-from agent_radar.models import coordination  # noqa: E402, F401
+from . import coordination  # noqa: E402, F401

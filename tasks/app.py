@@ -16,18 +16,18 @@ from celery.signals import (
     worker_ready,
 )
 
-from agent_radar.models.db import forget_engines
-from agent_radar.tasks.strict import TASK_SOFT_TIME_LIMIT_S, TASK_TIME_LIMIT_S
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.adapters.broker import (
+from ..models.db import forget_engines
+from ..workflows.adapters import logs
+from ..workflows.adapters.broker import (
     DEFAULT_QUEUE,
     MAINTENANCE_QUEUE,
     VISIBILITY_TIMEOUT_S,
     kombu_queues,
     transport_options,
 )
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.task_names import RESULT_TASKS
+from ..workflows.adapters.config import Settings
+from ..workflows.task_names import RESULT_TASKS
+from .strict import TASK_SOFT_TIME_LIMIT_S, TASK_TIME_LIMIT_S
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def celery_config(settings: Settings) -> dict:
 
 
 def _beat_schedule(settings: Settings) -> dict:
-    from agent_radar.beat.schedule import beat_schedule
+    from ..beat.schedule import beat_schedule
 
     return beat_schedule(settings)
 
@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None) -> Celery:
 def _after_fork(**_kwargs) -> None:
     # A forked pool process must not reuse its parent's database connections.
     forget_engines()
-    from agent_radar.tasks.goal_tasks import start_pulling
+    from .goal_tasks import start_pulling
 
     try:
         start_pulling(Settings.from_env())
@@ -136,7 +136,7 @@ def _after_fork(**_kwargs) -> None:
 def _finish_calls(**_kwargs) -> None:
     # Calls in flight in this process's goal drain end (each within the runtime timeout) and
     # are recorded; what it had not called goes back, due at once.
-    from agent_radar.workflows.steps.goals import worker_drain
+    from ..workflows.steps.goals import worker_drain
 
     # An attempt may make a few calls (fences first, a resume): twice the timeout, and more.
     worker_drain.stop(2 * Settings.from_env().runtime_timeout_s + 2)
@@ -144,7 +144,7 @@ def _finish_calls(**_kwargs) -> None:
 
 @worker_init.connect
 def _watch_for_shutdown(sender=None, **_kwargs) -> None:
-    from agent_radar.tasks import shutdown
+    from . import shutdown
 
     shutdown.watch(sender.app.agent_radar_settings if sender is not None else Settings.from_env())
 

@@ -13,11 +13,11 @@ import re
 import time
 from pathlib import Path
 
-from agent_radar.tasks.strict import strict_task
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.task_names import BASELINE_TASK
-from agent_radar.workflows.validation import check_int
+from ..workflows.adapters.config import Settings
+from ..workflows.errors import InvalidArgument
+from ..workflows.task_names import BASELINE_TASK
+from ..workflows.validation import check_int
+from .strict import strict_task
 
 RUN_ID = re.compile(r"[0-9a-f]{1,32}")
 

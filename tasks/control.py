@@ -24,9 +24,9 @@ from celery.worker import pidbox
 from celery.worker import state as worker_state
 from celery.worker.control import Panel
 
-from agent_radar.tasks.envelope import reason
-from agent_radar.tasks.headers import printable_id
-from agent_radar.workflows.adapters.config import mask_url
+from ..workflows.adapters.config import mask_url
+from .envelope import reason
+from .headers import printable_id
 
 log = logging.getLogger("agent_radar.gate")
 

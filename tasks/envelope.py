@@ -28,8 +28,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis import exceptions as redis_errors
 
-from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES, check_envelope
-from agent_radar.workflows.escape import escape
+from ..workflows.adapters.broker import MAX_ENVELOPE_BYTES, check_envelope
+from ..workflows.escape import escape
 
 log = logging.getLogger("agent_radar.gate")
 

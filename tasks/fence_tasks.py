@@ -1,19 +1,19 @@
 """Fence and cancel tasks: thin wrappers over the fence rules and steps."""
 
-from agent_radar.tasks.goal_tasks import _client
-from agent_radar.tasks.runtime_context import TaskContext
-from agent_radar.tasks.strict import strict_task
-from agent_radar.tasks.worker_id import worker_name
-from agent_radar.workflows.steps.cancel import CancelRunner
-from agent_radar.workflows.steps.fence_apply import FenceApplier
-from agent_radar.workflows.steps.restore import Restorer
-from agent_radar.workflows.task_names import (
+from ..workflows.steps.cancel import CancelRunner
+from ..workflows.steps.fence_apply import FenceApplier
+from ..workflows.steps.restore import Restorer
+from ..workflows.task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
     FENCE_TASK,
     RESTORE_TASK,
 )
-from agent_radar.workflows.validation import check_id
+from ..workflows.validation import check_id
+from .goal_tasks import _client
+from .runtime_context import TaskContext
+from .strict import strict_task
+from .worker_id import worker_name
 
 
 def _collaborators(ctx: TaskContext) -> dict:

@@ -16,10 +16,10 @@ from typing import Any
 
 from celery import states
 
-from agent_radar.tasks.envelope import guard_transport
-from agent_radar.tasks.gate import refuse_unpacking
-from agent_radar.tasks.headers import printable_id
-from agent_radar.tasks.strict import TASK_NAMES
+from .envelope import guard_transport
+from .gate import refuse_unpacking
+from .headers import printable_id
+from .strict import TASK_NAMES
 
 # More workers than a fleet runs; events from further node names are dropped.
 MAX_WORKERS = 1024
@@ -99,7 +99,7 @@ def install() -> None:
     from flower.views.monitor import Metrics
     from tornado.options import options
 
-    from agent_radar.tasks.app import app
+    from .app import app
 
     app.loader.import_default_modules()  # the task names `event_kept` knows
     options.format_task = format_task

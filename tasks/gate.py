@@ -39,19 +39,19 @@ from celery.worker.consumer.consumer import Consumer
 from kombu import compression, serialization
 from kombu.exceptions import ContentDisallowed
 
-from agent_radar.tasks import delayed_delivery
-from agent_radar.tasks.control import limit_remote_control
-from agent_radar.tasks.envelope import guard_transport, reason
-from agent_radar.tasks.headers import (
+from ..workflows.adapters import logs
+from ..workflows.adapters.broker import MAX_ENVELOPE_BYTES
+from . import delayed_delivery
+from .control import limit_remote_control
+from .envelope import guard_transport, reason
+from .headers import (
     HEADERS,
     PROPERTIES,
     check_allowed,
     check_dates,
     printable_id,
 )
-from agent_radar.tasks.strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.adapters.broker import MAX_ENVELOPE_BYTES
+from .strict import PUBLIC_RETRY_MAX_S, TASK_NAMES
 
 log = logging.getLogger("agent_radar.gate")
 

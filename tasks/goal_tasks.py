@@ -1,23 +1,23 @@
 """Goal control tasks: thin wrappers over the goal and activity rules."""
 
-from agent_radar.tasks.runtime_context import TaskContext
-from agent_radar.tasks.strict import Routine, strict_task
-from agent_radar.tasks.worker_id import worker_name
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.client import AgentRadar
-from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.operators.catalog import kind_of
-from agent_radar.workflows.records import as_dict
-from agent_radar.workflows.steps.goals import worker_drain
-from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-from agent_radar.workflows.task_names import (
+from ..workflows.adapters.config import Settings
+from ..workflows.client import AgentRadar
+from ..workflows.errors import InvalidArgument
+from ..workflows.operators.catalog import kind_of
+from ..workflows.records import as_dict
+from ..workflows.steps.goals import worker_drain
+from ..workflows.steps.goals.dispatch import Dispatcher
+from ..workflows.task_names import (
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
     GET_OPERATION_TASK,
     GOAL_CONTROL_TASK,
     REPORT_ACTIVITY_TASK,
 )
-from agent_radar.workflows.validation import check_id, check_ids
+from ..workflows.validation import check_id, check_ids
+from .runtime_context import TaskContext
+from .strict import Routine, strict_task
+from .worker_id import worker_name
 
 # A dispatch's outcome for an operation of its own it did not take: another dispatch had
 # taken it, it had settled, or there is no such operation.

@@ -17,12 +17,12 @@ from datetime import UTC, datetime, timedelta
 from celery.exceptions import InvalidTaskError
 from celery.utils.time import maybe_iso8601
 
-from agent_radar.tasks.strict import (
+from ..workflows.task_names import RESULT_TASKS
+from .strict import (
     PUBLIC_MAX_RETRIES,
     TASK_SOFT_TIME_LIMIT_S,
     TASK_TIME_LIMIT_S,
 )
-from agent_radar.workflows.task_names import RESULT_TASKS
 
 # Task ids are printed in logs and Flower and kept by Celery: a printable string of at most
 # this many characters (uuids are 36).

@@ -1,20 +1,20 @@
 """Maintenance tasks: thin wrappers over workflows.maintenance.runs and maintenance_exec.
 `agent_radar.maintenance.*` is routed to the `maintenance` queue (long work)."""
 
-from agent_radar.tasks import shutdown
-from agent_radar.tasks.fence_tasks import _collaborators
-from agent_radar.tasks.goal_tasks import _client
-from agent_radar.tasks.strict import Routine, strict_task
-from agent_radar.workflows.steps import prompt_dispatch
-from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
-from agent_radar.workflows.task_names import (
+from ..workflows.steps import prompt_dispatch
+from ..workflows.steps.maintenance import MaintenanceExecutor
+from ..workflows.task_names import (
     CANCEL_MAINTENANCE_TASK,
     EXECUTE_TASK,
     PROMPT_TASK,
     START_MAINTENANCE_TASK,
     SUBMIT_PROMPT_TASK,
 )
-from agent_radar.workflows.validation import check_id
+from ..workflows.validation import check_id
+from . import shutdown
+from .fence_tasks import _collaborators
+from .goal_tasks import _client
+from .strict import Routine, strict_task
 
 
 @strict_task(START_MAINTENANCE_TASK, public=True)

@@ -10,11 +10,11 @@ from functools import lru_cache
 
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.db import engine_for
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.adapters.http_runtime import HostRouter
-from agent_radar.workflows.adapters.publisher import TaskPublisher
-from agent_radar.workflows.sessions.hosts import locator
+from ..models.db import engine_for
+from ..workflows.adapters.config import Settings
+from ..workflows.adapters.http_runtime import HostRouter
+from ..workflows.adapters.publisher import TaskPublisher
+from ..workflows.sessions.hosts import locator
 
 
 @lru_cache(maxsize=16)

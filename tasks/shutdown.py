@@ -8,7 +8,7 @@ from pathlib import Path
 
 from celery.signals import worker_shutting_down
 
-from agent_radar.workflows.adapters.config import Settings
+from ..workflows.adapters.config import Settings
 
 _folder: Path | None = None
 

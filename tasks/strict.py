@@ -23,11 +23,11 @@ from celery.exceptions import Reject, Retry
 from celery.utils.saferepr import saferepr
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from agent_radar.tasks.runtime_context import TaskContext
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.adapters.broker import DEFAULT_QUEUE
-from agent_radar.workflows.errors import AgentRadarError, InvalidArgument
-from agent_radar.workflows.task_names import SHOWN_WHEN_EFFECTIVE
+from ..workflows.adapters import logs
+from ..workflows.adapters.broker import DEFAULT_QUEUE
+from ..workflows.errors import AgentRadarError, InvalidArgument
+from ..workflows.task_names import SHOWN_WHEN_EFFECTIVE
+from .runtime_context import TaskContext
 
 log = logging.getLogger("agent_radar.tasks")
 

@@ -1,12 +1,12 @@
 """`agent_radar.sweep`: the task beat schedules, a thin wrapper over `beat.sweeper.sweep_once`.
 It lives here, with the other tasks, so that `tasks/` imports `beat/` and never the reverse."""
 
-from agent_radar.beat.sweeper import sweep_once
-from agent_radar.models.base import utcnow
-from agent_radar.tasks.strict import NONE, strict_task
-from agent_radar.tasks.worker_id import worker_name
-from agent_radar.workflows.client.operators import MAX_PRUNE_BATCHES
-from agent_radar.workflows.task_names import PRUNE_TASK, SWEEP_TASK
+from ..beat.sweeper import sweep_once
+from ..models.base import utcnow
+from ..workflows.client.operators import MAX_PRUNE_BATCHES
+from ..workflows.task_names import PRUNE_TASK, SWEEP_TASK
+from .strict import NONE, strict_task
+from .worker_id import worker_name
 
 # The sweeper lease outlives a slow sweep; a sweeper that died frees it after this long.
 SWEEPER_LEASE_MIN_S = 30
@@ -34,7 +34,7 @@ def prune(ctx):
 
 
 def _client_prune(ctx) -> dict:
-    from agent_radar.tasks.goal_tasks import _client
+    from .goal_tasks import _client
 
     return _client(ctx).prune(max_batches=MAX_PRUNE_BATCHES, budget_s=PRUNE_BUDGET_S)
 

@@ -15,12 +15,12 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Executable
 
-from agent_radar.models.base import table_of
-from agent_radar.models.coordination import Heartbeat
-from agent_radar.models.db import insert_ignore, rowcount
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.tables import Lease
-from agent_radar.workflows import ids
+from ..models.base import table_of
+from ..models.coordination import Heartbeat
+from ..models.db import insert_ignore, rowcount
+from ..models.dialects import dialect_of
+from ..models.tables import Lease
+from . import ids
 
 LEASES = table_of(Lease)
 # Reservations the sweeper takes before it re-publishes work that has no row lease of its own

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent_radar.models.enums import (
+from ..models.enums import (
     TERMINAL_MAINTENANCE_STATUSES,
     TERMINAL_OPERATION_STATUSES,
     FenceStatus,

@@ -72,11 +72,12 @@ RULES = [
 
 
 def module_name(path: Path) -> str:
-    """The module's import name: the product's folders are `agent_radar.<folder>`."""
+    """The module's import name: the product's folders are `agent_radar.<folder>`. A package
+    keeps its `.__init__`, so a relative import resolves the same way in every file."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     if parts[0] not in ("tests", "agent_radar"):
         parts = ("agent_radar", *parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return ".".join(parts)
 
 
 def imports_of(source: str, module: str) -> set[str]:
@@ -87,7 +88,7 @@ def imports_of(source: str, module: str) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the module's package
-                base = module.split(".")[: -node.level]
+                base = module.split(".")[: -node.level]  # a package is `<name>.__init__`
                 name = ".".join([*base, node.module] if node.module else base)
             else:
                 name = node.module or ""
@@ -138,6 +139,21 @@ def test_modules_and_tests_import_the_product_by_its_one_name():
         for name in sorted(imports_of(source, module))
         if within(name, bare)
     ] == []
+
+
+def test_the_product_imports_itself_relatively():
+    """One way to import each module, and one a tool that follows imports through the files
+    can see: inside the product's folders, `from ..models import tables`, never
+    `agent_radar.models.tables`, which resolves only through the links (docs/packaging.md).
+    Migrations are the exception: Alembic loads them by path, not as package modules."""
+    absolute = []
+    for name, source in project_modules().items():
+        for node in ast.walk(ast.parse(source)):
+            spelled = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                spelled = [node.module or ""]
+            absolute += [f"{name}: {s}" for s in spelled if within(s, ("agent_radar",))]
+    assert absolute == []
 
 
 def test_the_layers_point_one_way():

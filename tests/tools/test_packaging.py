@@ -6,6 +6,7 @@ with its own `models.py` and `tasks.py`; with the `server` extra the same enviro
 submitted."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -164,3 +165,48 @@ def test_a_plain_install_is_a_client_and_the_server_extra_runs_its_worker(
             os.killpg(worker.pid, 9)
             worker.wait(10)
         log.close()
+
+
+def test_pyproject_lists_every_package_folder():
+    """The wheel maps the repository's folders under `agent_radar` by an explicit list: a
+    folder left off it would be missing from every install."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {"agent_radar"} | {
+        "agent_radar." + ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("models", "workflows", "tasks", "beat")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert listed == folders
+
+
+IMPORT_BOTH = """
+import agent_radar.models.tables, agent_radar.workflows.client, agent_radar.tasks, agent_radar.beat
+print(agent_radar.models.tables.__file__)
+try:
+    import models.tables
+except ImportError as refused:
+    print(refused)
+"""
+
+
+def test_a_checkout_without_links_imports_the_one_name_and_refuses_the_second(tmp_path):
+    """As git checks out on Windows by default: each link is a small file holding its target.
+    `agent_radar.<folder>` still imports from the repository's top; a bare `models` (one
+    editor auto-import away) is refused before a table is defined twice."""
+    for top in ("models", "workflows", "tasks", "beat"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "agent_radar").mkdir()
+    shutil.copy(ROOT / "agent_radar" / "__init__.py", tmp_path / "agent_radar")
+    for top in ("models", "workflows", "tasks", "beat"):
+        (tmp_path / "agent_radar" / top).write_text(f"../{top}")
+    shown = _run(
+        [sys.executable, "-c", IMPORT_BOTH], cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}
+    ).stdout.splitlines()
+    assert shown == [
+        str(tmp_path / "models" / "tables.py"),
+        "import agent_radar.models, not models (docs/packaging.md)",
+    ]

@@ -10,24 +10,23 @@ from typing import Any
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import (
+from ...models.enums import (
     TURN_PHASE_ORDER,
     OperationStatus,
     TurnOrigin,
     TurnOutcome,
     TurnPhase,
 )
-from agent_radar.models.tables import GoalFence, GoalOperation, Turn
-from agent_radar.workflows.activity.epochs import EpochEffects, move_host
-from agent_radar.workflows.adapters import report_auth
-from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.prompts import queue as prompts
-from agent_radar.workflows.sessions import hosts, turns
-from agent_radar.workflows.sessions.rows import lock_session
-from agent_radar.workflows.validation import (
+from ...models.tables import GoalFence, GoalOperation, Turn
+from ..adapters import report_auth
+from ..errors import InvalidArgument
+from ..fences import cancels
+from ..fences.reinstall import needs_restore, request_restore
+from ..maintenance import runs
+from ..prompts import queue as prompts
+from ..sessions import hosts, turns
+from ..sessions.rows import lock_session
+from ..validation import (
     check_choice,
     check_id,
     check_int,
@@ -35,6 +34,7 @@ from agent_radar.workflows.validation import (
     check_optional_int,
     check_report_time,
 )
+from .epochs import EpochEffects, move_host
 
 SIGNATURE = re.compile(f"[0-9a-f]{{{report_auth.SIGNATURE_HEX_CHARS}}}")
 SESSION_FIELDS = {"provider", "provider_session_id", "live", "runtime_epoch", "host_id"}

@@ -5,11 +5,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.tables import AgentSession
-from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
-from agent_radar.workflows.fences.reinstall import record_installed, session_fences
-from agent_radar.workflows.goals.operations import open_client_operations
-from agent_radar.workflows.sessions.rows import lock_session
+from ...models.tables import AgentSession
+from ..fences.reinstall import record_installed, session_fences
+from ..goals.operations import open_client_operations
+from ..sessions.rows import lock_session
+from .epochs import EpochEffects, observe_epoch
 
 
 def durable_fences(session: Session, workspace_id: str, session_id: str) -> list[tuple[str, dict]]:

@@ -13,12 +13,12 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import SyncStatus
-from agent_radar.models.tables import AgentSession, GoalState
-from agent_radar.workflows.fences import cancels, moves
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.sessions import hosts
-from agent_radar.workflows.sessions.rows import lock_session
+from ...models.enums import SyncStatus
+from ...models.tables import AgentSession, GoalState
+from ..fences import cancels, moves
+from ..maintenance import runs
+from ..sessions import hosts
+from ..sessions.rows import lock_session
 
 
 @dataclass

@@ -19,14 +19,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, union
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import OperationStatus, SyncStatus, TurnPhase
-from agent_radar.models.tables import AgentSession, GoalOperation, GoalState, Turn
-from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
-from agent_radar.workflows.adapters.host_state import HostState, HostTurn
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.goals.operations import complete_applied
-from agent_radar.workflows.sessions import turns
-from agent_radar.workflows.sessions.rows import lock_session, same_session
+from ...models.enums import OperationStatus, SyncStatus, TurnPhase
+from ...models.tables import AgentSession, GoalOperation, GoalState, Turn
+from ..adapters.host_state import HostState, HostTurn
+from ..fences import cancels
+from ..goals.operations import complete_applied
+from ..sessions import turns
+from ..sessions.rows import lock_session, same_session
+from .epochs import EpochEffects, observe_epoch
 
 # A turn on record as unsettled for this long gets its session's host asked what it runs, at most
 # once per RECONCILE_INTERVAL_S per session: a turn may run for hours, and each look is one call.

@@ -8,14 +8,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import TERMINAL_MAINTENANCE_STATUSES, TurnPhase
-from agent_radar.models.tables import MaintenanceRun, SessionStop, Turn
-from agent_radar.workflows import accept, ids, records
-from agent_radar.workflows.errors import Conflict
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.sessions.rows import append_event, lock_session
-from agent_radar.workflows.validation import check_id, check_reason, check_submit_id
+from ...models.enums import TERMINAL_MAINTENANCE_STATUSES, TurnPhase
+from ...models.tables import MaintenanceRun, SessionStop, Turn
+from .. import accept, ids, records
+from ..errors import Conflict
+from ..fences import cancels
+from ..maintenance import runs
+from ..sessions.rows import append_event, lock_session
+from ..validation import check_id, check_reason, check_submit_id
 
 
 @dataclass(frozen=True)

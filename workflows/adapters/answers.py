@@ -6,8 +6,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from agent_radar.workflows.errors import InvalidArgument, RuntimeFault
-from agent_radar.workflows.validation import MAX_INT, check_id, check_json_object
+from ..errors import InvalidArgument, RuntimeFault
+from ..validation import MAX_INT, check_id, check_json_object
 
 # docs/protocol.md: a larger answer is a bad_response.
 MAX_ANSWER_BYTES = 1024 * 1024

@@ -19,8 +19,8 @@ from kombu import Connection, Exchange, Queue
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, redis, virtual
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.escape import escape
+from ..escape import escape
+from .config import Settings
 
 log = logging.getLogger(__name__)
 

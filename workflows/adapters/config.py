@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.validation import check_url
+from ..errors import InvalidArgument
+from ..validation import check_url
+from . import logs
 
 DEFAULT_RUNTIME_URL = "http://127.0.0.1:8765"
 AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})

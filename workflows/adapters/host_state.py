@@ -6,8 +6,8 @@ forged around, and a mirror built from them cannot. An answer of another shape i
 from dataclasses import dataclass
 from typing import Any
 
-from agent_radar.models.enums import TurnOrigin, TurnPhase
-from agent_radar.workflows.adapters.answers import (
+from ...models.enums import TurnOrigin, TurnPhase
+from .answers import (
     bad_response,
     id_or_none,
     is_bool,

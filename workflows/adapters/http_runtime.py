@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from agent_radar.workflows.adapters import metrics
-from agent_radar.workflows.adapters.answers import (
+from ..errors import RuntimeDisconnected, RuntimeFault
+from . import metrics
+from .answers import (
     ERROR_CODE,
     JSON_TYPE_NAMES,
     MAX_ANSWER_BYTES,
@@ -25,11 +26,10 @@ from agent_radar.workflows.adapters.answers import (
     printable,
     shaped,
 )
-from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
-from agent_radar.workflows.adapters.host_state import HostState, parse_state
-from agent_radar.workflows.adapters.http_transport import HostConnections
-from agent_radar.workflows.adapters.runtime import RETRYABLE_CODES, metric_code, session_path
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
+from .config import DEFAULT_HOST_CONCURRENCY
+from .host_state import HostState, parse_state
+from .http_transport import HostConnections
+from .runtime import RETRYABLE_CODES, metric_code, session_path
 
 
 class HttpRuntime:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
-from agent_radar.workflows.adapters.answers import MAX_ANSWER_BYTES
-from agent_radar.workflows.validation import check_url
+from ..validation import check_url
+from .answers import MAX_ANSWER_BYTES
 
 
 class HostConnections:

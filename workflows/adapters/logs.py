@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
-from agent_radar.workflows.escape import escape
+from ..escape import escape
 
 LOG_FORMAT_ENV = "AGENT_RADAR_LOG_FORMAT"
 # The ids a line carries when they are known.

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agent_radar.workflows.adapters.broker import broker_connection, kombu_queues, queue_for
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.adapters.sent_events import SentEvents
-from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS, SHOWN_WHEN_EFFECTIVE
+from ..task_names import COALESCE_MAX_ITEMS, SHOWN_WHEN_EFFECTIVE
+from .broker import broker_connection, kombu_queues, queue_for
+from .config import Settings
+from .sent_events import SentEvents
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent_radar.workflows.client.base import WAIT_POLL_S
-from agent_radar.workflows.client.goals import GoalCalls
-from agent_radar.workflows.client.operators import OperatorCalls
-from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.records import Fence, GoalOperation, MaintenanceRun, Prompt
-from agent_radar.workflows.records import SessionStop as SessionStopRecord
-from agent_radar.workflows.validation import MAX_WAIT_S, check_seconds
+from ..errors import InvalidArgument
+from ..records import Fence, GoalOperation, MaintenanceRun, Prompt
+from ..records import SessionStop as SessionStopRecord
+from ..validation import MAX_WAIT_S, check_seconds
+from .base import WAIT_POLL_S
+from .goals import GoalCalls
+from .operators import OperatorCalls
 
 
 class AgentRadar(GoalCalls, OperatorCalls):

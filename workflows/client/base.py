@@ -5,17 +5,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Self
 
-from agent_radar.models import error_hooks
-from agent_radar.models.db import engine_for, run_transaction
-from agent_radar.workflows import records
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.adapters.http_runtime import HostRouter
-from agent_radar.workflows.adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
-from agent_radar.workflows.adapters.runtime import RuntimePort
-from agent_radar.workflows.errors import DatabaseNotReady, NotFound
-from agent_radar.workflows.sessions import hosts
-from agent_radar.workflows.validation import check_id, check_seconds
+from ...models import error_hooks
+from ...models.db import engine_for, run_transaction
+from .. import records
+from ..adapters import logs
+from ..adapters.config import Settings
+from ..adapters.http_runtime import HostRouter
+from ..adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
+from ..adapters.runtime import RuntimePort
+from ..errors import DatabaseNotReady, NotFound
+from ..sessions import hosts
+from ..validation import check_id, check_seconds
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05

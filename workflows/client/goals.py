@@ -4,28 +4,28 @@ from functools import cached_property
 
 from sqlalchemy import select
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_transaction
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.tables import GoalFence as GoalFenceRow
-from agent_radar.models.tables import GoalOperation as GoalOperationRow
-from agent_radar.models.tables import GoalState as GoalStateRow
-from agent_radar.workflows import ids, records
-from agent_radar.workflows.client.base import ClientBase
-from agent_radar.workflows.errors import NotFound
-from agent_radar.workflows.goals import pullers
-from agent_radar.workflows.goals.fencing import FenceRequest, submit_fence
-from agent_radar.workflows.goals.submit import GoalRequest, load_operation, submit
-from agent_radar.workflows.records import (
+from ...models.base import utcnow
+from ...models.db import run_transaction
+from ...models.dialects import dialect_of
+from ...models.tables import GoalFence as GoalFenceRow
+from ...models.tables import GoalOperation as GoalOperationRow
+from ...models.tables import GoalState as GoalStateRow
+from .. import ids, records
+from ..errors import NotFound
+from ..goals import pullers
+from ..goals.fencing import FenceRequest, submit_fence
+from ..goals.submit import GoalRequest, load_operation, submit
+from ..records import (
     Fence,
     GoalOperation,
     GoalState,
 )
-from agent_radar.workflows.task_names import (
+from ..task_names import (
     DISPATCH_TASK,
     FENCE_APPLY_TASK,
 )
-from agent_radar.workflows.validation import check_id
+from ..validation import check_id
+from .base import ClientBase
 
 
 class GoalCalls(ClientBase):

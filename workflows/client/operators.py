@@ -4,26 +4,26 @@ a maintenance run, pruning history."""
 import time
 from typing import Any
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_transaction
-from agent_radar.workflows.client.sessions import SessionCalls
-from agent_radar.workflows.operators import actions, catalog, retention
-from agent_radar.workflows.records import (
+from ...models.base import utcnow
+from ...models.db import run_transaction
+from ..operators import actions, catalog, retention
+from ..records import (
     MaintenanceRun,
     OperationSummary,
 )
-from agent_radar.workflows.steps.wake import release_session
-from agent_radar.workflows.task_names import (
+from ..steps.wake import release_session
+from ..task_names import (
     DISPATCH_TASK,
     FENCE_APPLY_TASK,
 )
-from agent_radar.workflows.validation import (
+from ..validation import (
     MAX_WAIT_S,
     check_id,
     check_int,
     check_limit,
     check_seconds,
 )
+from .sessions import SessionCalls
 
 # Batches one prune may run (beat's runs stop at their time budget long before).
 MAX_PRUNE_BATCHES = 100_000

@@ -3,37 +3,36 @@ hosts and activity reports (docs/lifecycles.md; docs/packaging.md)."""
 
 from typing import Any
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_read, run_transaction
-from agent_radar.models.tables import MaintenanceRun as MaintenanceRunRow
-from agent_radar.models.tables import Prompt as PromptRow
-from agent_radar.models.tables import SessionStop as SessionStopRow
-from agent_radar.workflows import records
-from agent_radar.workflows.activity import stops
-from agent_radar.workflows.activity.activity import apply_report, parse_report
-from agent_radar.workflows.activity.control import durable_fences, load_session, record_live
-from agent_radar.workflows.activity.epochs import EpochEffects, bind_host
-from agent_radar.workflows.adapters import report_auth
-from agent_radar.workflows.client.base import ClientBase
-from agent_radar.workflows.errors import InvalidArgument, NotFound
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.operators import actions
-from agent_radar.workflows.prompts import queue as prompts
-from agent_radar.workflows.prompts.queue import PromptRequest
-from agent_radar.workflows.records import (
+from ...models.base import utcnow
+from ...models.db import run_read, run_transaction
+from ...models.tables import MaintenanceRun as MaintenanceRunRow
+from ...models.tables import Prompt as PromptRow
+from ...models.tables import SessionStop as SessionStopRow
+from .. import records
+from ..activity import stops
+from ..activity.activity import apply_report, parse_report
+from ..activity.control import durable_fences, load_session, record_live
+from ..activity.epochs import EpochEffects, bind_host
+from ..adapters import report_auth
+from ..errors import InvalidArgument, NotFound
+from ..maintenance import runs
+from ..operators import actions
+from ..prompts import queue as prompts
+from ..prompts.queue import PromptRequest
+from ..records import (
     HistoryRow,
     Host,
     MaintenanceRun,
     SessionInfo,
 )
-from agent_radar.workflows.records import Prompt as PromptRecord
-from agent_radar.workflows.records import SessionStop as SessionStopRecord
-from agent_radar.workflows.sessions import hosts
-from agent_radar.workflows.sessions.history import session_history
-from agent_radar.workflows.steps.fence_install import resume_if_offline
-from agent_radar.workflows.steps.restore import restore_fences
-from agent_radar.workflows.steps.wake import publish_epoch_effects
-from agent_radar.workflows.task_names import (
+from ..records import Prompt as PromptRecord
+from ..records import SessionStop as SessionStopRecord
+from ..sessions import hosts
+from ..sessions.history import session_history
+from ..steps.fence_install import resume_if_offline
+from ..steps.restore import restore_fences
+from ..steps.wake import publish_epoch_effects
+from ..task_names import (
     CANCEL_APPLY_TASK,
     DISPATCH_TASK,
     EXECUTE_TASK,
@@ -41,7 +40,8 @@ from agent_radar.workflows.task_names import (
     PROMPT_TASK,
     RESTORE_TASK,
 )
-from agent_radar.workflows.validation import check_id, check_limit, check_url
+from ..validation import check_id, check_limit, check_url
+from .base import ClientBase
 
 
 class SessionCalls(ClientBase):

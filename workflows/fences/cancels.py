@@ -9,13 +9,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount
-from agent_radar.models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, TurnPhase
-from agent_radar.models.tables import CancelOperation, GoalFence, Turn
-from agent_radar.workflows import ids, leases
-from agent_radar.workflows.errors import CancelConflict
-from agent_radar.workflows.prompts import queue as prompts
-from agent_radar.workflows.sessions.rows import lock_session
+from ...models.db import rowcount
+from ...models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, TurnPhase
+from ...models.tables import CancelOperation, GoalFence, Turn
+from .. import ids, leases
+from ..errors import CancelConflict
+from ..prompts import queue as prompts
+from ..sessions.rows import lock_session
 
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
 # How often a cancel of an offline session looks whether the session is back (a liveness

@@ -12,11 +12,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import TurnOutcome
-from agent_radar.models.tables import CancelOperation
-from agent_radar.workflows import ids
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.maintenance import runs
+from ...models.enums import TurnOutcome
+from ...models.tables import CancelOperation
+from .. import ids
+from ..maintenance import runs
+from . import cancels
 
 
 def stop_at_old_host(

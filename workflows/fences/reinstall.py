@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.tables import AgentSession, GoalFence
+from ...models.tables import AgentSession, GoalFence
 
 
 def not_installed_at(fences, host_id, epoch):

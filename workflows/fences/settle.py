@@ -7,15 +7,15 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount
-from agent_radar.models.enums import (
+from ...models.db import rowcount
+from ...models.enums import (
     OPEN_OPERATION_STATUSES,
     OperationStatus,
     ProviderPhase,
     SyncStatus,
 )
-from agent_radar.models.tables import GoalFence, GoalOperation, GoalState
-from agent_radar.workflows import leases
+from ...models.tables import GoalFence, GoalOperation, GoalState
+from .. import leases
 
 
 def settle_clear_locally(

@@ -4,8 +4,8 @@ here, and its claim statement only guards against a lease taken meanwhile."""
 
 from datetime import datetime
 
-from agent_radar.models.enums import OPEN_OPERATION_STATUSES, ProviderPhase
-from agent_radar.workflows.goals.operations import budget_exhausted
+from ...models.enums import OPEN_OPERATION_STATUSES, ProviderPhase
+from .operations import budget_exhausted
 
 
 def obstacle(row, operation_id: str, now: datetime) -> str | None:

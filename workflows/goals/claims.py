@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from agent_radar.workflows import ids, records
+from .. import ids, records
 
 
 @dataclass

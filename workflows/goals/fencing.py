@@ -11,13 +11,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import FenceStatus, GoalAction, Origin
-from agent_radar.models.tables import GoalFence, GoalOperation, GoalState
-from agent_radar.workflows import accept, ids
-from agent_radar.workflows.errors import FenceConflict, NotFound
-from agent_radar.workflows.goals.submit import GoalRequest, submit
-from agent_radar.workflows.sessions.rows import append_event, lock_session
-from agent_radar.workflows.validation import check_id, check_reason, check_submit_id
+from ...models.enums import FenceStatus, GoalAction, Origin
+from ...models.tables import GoalFence, GoalOperation, GoalState
+from .. import accept, ids
+from ..errors import FenceConflict, NotFound
+from ..sessions.rows import append_event, lock_session
+from ..validation import check_id, check_reason, check_submit_id
+from .submit import GoalRequest, submit
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,19 @@ from sqlalchemy import String, bindparam, column, func, literal_column, select, 
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import (
+from ...models.db import rowcount
+from ...models.dialects import dialect_of
+from ...models.enums import (
     OPEN_OPERATION_STATUSES,
     OperationStatus,
     Origin,
     ProviderPhase,
     SyncStatus,
 )
-from agent_radar.models.tables import GoalOperation, GoalState
-from agent_radar.workflows import budgets, leases, records
-from agent_radar.workflows.goals.tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
-from agent_radar.workflows.sessions.rows import SESSIONS, lock_session, same_session
+from ...models.tables import GoalOperation, GoalState
+from .. import budgets, leases, records
+from ..sessions.rows import SESSIONS, lock_session, same_session
+from .tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
 
 # Budgets of docs/lifecycles.md: goals: past these an operation fails instead of retrying forever.
 log = logging.getLogger(__name__)

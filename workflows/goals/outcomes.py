@@ -9,14 +9,15 @@ from typing import Any, cast
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount
-from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
-from agent_radar.models.tables import GoalOperation, GoalState
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.adapters.runtime import STALE_REVISION
-from agent_radar.workflows.errors import RuntimeFault
-from agent_radar.workflows.goals.claims import Attempt, Claim, Lane, StepResult
-from agent_radar.workflows.goals.operations import (
+from ...models.db import rowcount
+from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
+from ...models.tables import GoalOperation, GoalState
+from ..adapters import logs
+from ..adapters.runtime import STALE_REVISION
+from ..errors import RuntimeFault
+from ..sessions.rows import lock_session
+from .claims import Attempt, Claim, Lane, StepResult
+from .operations import (
     ACCEPTED_BUDGET_S,
     backoff_s,
     budget_exhausted,
@@ -24,9 +25,8 @@ from agent_radar.workflows.goals.operations import (
     complete_applied_many,
     fail_operation,
 )
-from agent_radar.workflows.goals.statements import RESCHEDULE
-from agent_radar.workflows.goals.submit import supersede
-from agent_radar.workflows.sessions.rows import lock_session
+from .statements import RESCHEDULE
+from .submit import supersede
 
 log = logging.getLogger(__name__)
 

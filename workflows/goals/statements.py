@@ -19,17 +19,21 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from agent_radar.models.base import table_of
-from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
-from agent_radar.models.tables import GoalFence
-from agent_radar.workflows.fences.reinstall import not_installed_at
-from agent_radar.workflows.goals.operations import (
+from ...models.base import table_of
+from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
+from ...models.tables import GoalFence
+from ..fences.reinstall import not_installed_at
+from ..leases import CLAIMED, claim_or_create_one_if
+from ..maintenance.runs import holds
+from ..sessions.hosts import HOSTS
+from ..sessions.rows import SESSIONS, same_session
+from .operations import (
     DISPATCH_BUDGET_S,
     DISPATCH_MAX_ATTEMPTS,
     due_operations,
     open_unheld,
 )
-from agent_radar.workflows.goals.tables import (
+from .tables import (
     OPS,
     OPS_IN,
     STATES,
@@ -37,10 +41,6 @@ from agent_radar.workflows.goals.tables import (
     keys_in,
     sessions_of_ops,
 )
-from agent_radar.workflows.leases import CLAIMED, claim_or_create_one_if
-from agent_radar.workflows.maintenance.runs import holds
-from agent_radar.workflows.sessions.hosts import HOSTS
-from agent_radar.workflows.sessions.rows import SESSIONS, same_session
 
 FENCES = table_of(GoalFence)
 OP_KEY = OPS.c.operation_id == bindparam("b_op")

@@ -10,9 +10,9 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import bound, execute_writes, insert_bound, rowcount
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import (
+from ...models.db import bound, execute_writes, insert_bound, rowcount
+from ...models.dialects import dialect_of
+from ...models.enums import (
     OPEN_OPERATION_STATUSES,
     GoalAction,
     OperationStatus,
@@ -20,15 +20,14 @@ from agent_radar.models.enums import (
     ProviderPhase,
     SyncStatus,
 )
-from agent_radar.workflows import accept, ids, records
-from agent_radar.workflows.errors import (
+from .. import accept, ids, records
+from ..errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
     GoalStateAbsent,
 )
-from agent_radar.workflows.goals.tables import OPS, STATES, key_params
-from agent_radar.workflows.leases import LEASES
-from agent_radar.workflows.sessions.rows import (
+from ..leases import LEASES
+from ..sessions.rows import (
     INSERT_EVENT,
     INSERT_SESSION,
     SESSIONS,
@@ -37,13 +36,14 @@ from agent_radar.workflows.sessions.rows import (
     new_session_params,
     same_session,
 )
-from agent_radar.workflows.validation import (
+from ..validation import (
     check_action,
     check_id,
     check_objective,
     check_optional_int,
     check_submit_id,
 )
+from .tables import OPS, STATES, key_params
 
 
 @dataclass(frozen=True)

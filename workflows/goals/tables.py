@@ -3,8 +3,8 @@ goal control share: hot paths execute statements built once, with bound paramete
 
 from sqlalchemy import bindparam, select, tuple_
 
-from agent_radar.models.base import table_of
-from agent_radar.models.tables import GoalOperation, GoalState
+from ...models.base import table_of
+from ...models.tables import GoalOperation, GoalState
 
 OPS = table_of(GoalOperation)
 STATES = table_of(GoalState)

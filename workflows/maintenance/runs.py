@@ -13,16 +13,16 @@ from typing import Any
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount
-from agent_radar.models.enums import (
+from ...models.db import rowcount
+from ...models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TERMINAL_MAINTENANCE_STATUSES,
     MaintenanceError,
     MaintenanceStatus,
 )
-from agent_radar.models.tables import MaintenanceRun
-from agent_radar.workflows import accept, ids
-from agent_radar.workflows.errors import (
+from ...models.tables import MaintenanceRun
+from .. import accept, ids
+from ..errors import (
     InvalidArgument,
     MaintenanceBusy,
     MaintenanceConflict,
@@ -30,8 +30,8 @@ from agent_radar.workflows.errors import (
     RuntimeDraining,
     SessionBusy,
 )
-from agent_radar.workflows.sessions.rows import append_event, lock_session, prompt_in_flight
-from agent_radar.workflows.validation import (
+from ..sessions.rows import append_event, lock_session, prompt_in_flight
+from ..validation import (
     check_choice,
     check_id,
     check_int,

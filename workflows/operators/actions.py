@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import (
+from ...models.enums import (
     FenceStatus,
     MaintenanceError,
     MaintenanceStatus,
@@ -19,18 +19,18 @@ from agent_radar.models.enums import (
     ProviderPhase,
     SyncStatus,
 )
-from agent_radar.models.tables import (
+from ...models.tables import (
     AgentSession,
     GoalFence,
     GoalOperation,
     GoalState,
     MaintenanceRun,
 )
-from agent_radar.workflows import leases
-from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.sessions.rows import append_event, lock_session
-from agent_radar.workflows.validation import MAX_REASON_BYTES, check_choice, check_text
+from .. import leases
+from ..errors import Conflict, InvalidArgument, NotFound
+from ..maintenance import runs
+from ..sessions.rows import append_event, lock_session
+from ..validation import MAX_REASON_BYTES, check_choice, check_text
 
 OPERATOR_EVENT = "operator-action"
 RESOLVE_TO = {"failed": MaintenanceStatus.FAILED, "completed": MaintenanceStatus.COMPLETED}

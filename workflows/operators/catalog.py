@@ -14,14 +14,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import (
+from ...models.enums import (
     CancelStatus,
     FenceStatus,
     MaintenanceStatus,
     OperationStatus,
     PromptStatus,
 )
-from agent_radar.models.tables import (
+from ...models.tables import (
     CancelOperation,
     GoalFence,
     GoalOperation,
@@ -29,10 +29,10 @@ from agent_radar.models.tables import (
     Prompt,
     SessionStop,
 )
-from agent_radar.workflows import records
-from agent_radar.workflows.activity import stops
-from agent_radar.workflows.errors import InvalidArgument, NotFound
-from agent_radar.workflows.validation import check_choice, check_id, check_limit
+from .. import records
+from ..activity import stops
+from ..errors import InvalidArgument, NotFound
+from ..validation import check_choice, check_id, check_limit
 
 
 @dataclass(frozen=True)

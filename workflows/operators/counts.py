@@ -16,16 +16,16 @@ from typing import Any
 from sqlalchemy import func, literal_column, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import (
+from ...models.dialects import dialect_of
+from ...models.enums import (
     TERMINAL_MAINTENANCE_STATUSES,
     TERMINAL_OPERATION_STATUSES,
     CancelStatus,
     FenceStatus,
     PromptStatus,
 )
-from agent_radar.models.tables import SettledCount
-from agent_radar.workflows.operators.catalog import KINDS
+from ...models.tables import SettledCount
+from .catalog import KINDS
 
 # The statuses each counted kind (as the operation catalog names it) settles in.
 SETTLED: dict[str, tuple[str, ...]] = {

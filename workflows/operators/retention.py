@@ -15,12 +15,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, literal, not_, or_, select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import (
+from ...models.dialects import dialect_of
+from ...models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TurnPhase,
 )
-from agent_radar.models.tables import (
+from ...models.tables import (
     CancelOperation,
     GoalOperation,
     GoalState,
@@ -30,8 +30,8 @@ from agent_radar.models.tables import (
     SessionStop,
     Turn,
 )
-from agent_radar.workflows.errors import InvalidArgument
-from agent_radar.workflows.operators.counts import SETTLED, add_counts
+from ..errors import InvalidArgument
+from .counts import SETTLED, add_counts
 
 DEFAULT_RETENTION_DAYS = 30.0
 MIN_RETENTION_DAYS = 1.0

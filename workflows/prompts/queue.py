@@ -11,14 +11,14 @@ from sqlalchemy import exists, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased
 
-from agent_radar.models.db import run_transaction
-from agent_radar.models.enums import PromptStatus, TurnOutcome
-from agent_radar.models.tables import AgentSession, Prompt
-from agent_radar.workflows import accept, budgets, ids, leases
-from agent_radar.workflows.errors import PromptConflict, RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.maintenance.runs import holds, session_held
-from agent_radar.workflows.sessions.rows import lock_session, prompt_in_flight, same_session
-from agent_radar.workflows.validation import check_id, check_submit_id, check_text
+from ...models.db import run_transaction
+from ...models.enums import PromptStatus, TurnOutcome
+from ...models.tables import AgentSession, Prompt
+from .. import accept, budgets, ids, leases
+from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
+from ..maintenance.runs import holds, session_held
+from ..sessions.rows import lock_session, prompt_in_flight, same_session
+from ..validation import check_id, check_submit_id, check_text
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agent_radar.models.enums import TERMINAL_MAINTENANCE_STATUSES
-from agent_radar.models.tables import SessionEvent
-from agent_radar.workflows.records import HistoryRow
+from ...models.enums import TERMINAL_MAINTENANCE_STATUSES
+from ...models.tables import SessionEvent
+from ..records import HistoryRow
 
 
 def session_history(

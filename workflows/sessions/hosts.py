@@ -15,12 +15,12 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import table_of
-from agent_radar.models.db import run_read
-from agent_radar.models.tables import AgentSession, RuntimeHost
-from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound
-from agent_radar.workflows.records import Host
-from agent_radar.workflows.validation import check_id
+from ...models.base import table_of
+from ...models.db import run_read
+from ...models.tables import AgentSession, RuntimeHost
+from ..errors import Conflict, InvalidArgument, NotFound
+from ..records import Host
+from ..validation import check_id
 
 HOSTS = table_of(RuntimeHost)
 DEFAULT_HOST = "default"

@@ -6,10 +6,10 @@ from typing import Any
 from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import table_of
-from agent_radar.models.db import bound, insert_bound, insert_ignore
-from agent_radar.models.enums import PromptStatus
-from agent_radar.models.tables import AgentSession, Prompt, SessionEvent
+from ...models.base import table_of
+from ...models.db import bound, insert_bound, insert_ignore
+from ...models.enums import PromptStatus
+from ...models.tables import AgentSession, Prompt, SessionEvent
 
 SESSIONS = table_of(AgentSession)
 EVENTS = table_of(SessionEvent)

@@ -6,8 +6,8 @@ it (`host_turn_id`), which is what every call to the host carries."""
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.tables import Turn
-from agent_radar.workflows import ids
+from ...models.tables import Turn
+from .. import ids
 
 
 def same_turn(row: Turn, host_id: str, epoch: int) -> bool:

@@ -8,9 +8,9 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.base import utcnow
-from agent_radar.workflows.adapters.runtime import RuntimePort
-from agent_radar.workflows.task_names import Publish
+from ...models.base import utcnow
+from ..adapters.runtime import RuntimePort
+from ..task_names import Publish
 
 S = TypeVar("S", bound="Step")
 

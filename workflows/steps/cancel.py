@@ -6,21 +6,21 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import run_read, run_transaction
-from agent_radar.models.enums import CancelResult, CancelStatus
-from agent_radar.models.tables import CancelOperation, MaintenanceRun, Turn
-from agent_radar.workflows import budgets
-from agent_radar.workflows.activity.epochs import EpochEffects, observe_epoch
-from agent_radar.workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.fences.reinstall import needs_restore, request_restore
-from agent_radar.workflows.goals.operations import backoff_s
-from agent_radar.workflows.sessions import hosts, turns
-from agent_radar.workflows.sessions.rows import lock_session
-from agent_radar.workflows.steps import Step
-from agent_radar.workflows.steps.wake import publish_epoch_effects
-from agent_radar.workflows.task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+from ...models.db import run_read, run_transaction
+from ...models.enums import CancelResult, CancelStatus
+from ...models.tables import CancelOperation, MaintenanceRun, Turn
+from .. import budgets
+from ..activity.epochs import EpochEffects, observe_epoch
+from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from ..errors import RuntimeDisconnected, RuntimeFault
+from ..fences import cancels
+from ..fences.reinstall import needs_restore, request_restore
+from ..goals.operations import backoff_s
+from ..sessions import hosts, turns
+from ..sessions.rows import lock_session
+from ..task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+from . import Step
+from .wake import publish_epoch_effects
 
 log = logging.getLogger(__name__)
 

@@ -15,27 +15,27 @@ from functools import cached_property
 from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import rowcount, run_read, run_transaction
-from agent_radar.models.enums import (
+from ...models.db import rowcount, run_read, run_transaction
+from ...models.enums import (
     OPEN_OPERATION_STATUSES,
     FenceStatus,
 )
-from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation
-from agent_radar.workflows import budgets, ids, leases
-from agent_radar.workflows.adapters.host_state import HostState
-from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.fences.settle import settle_clear_locally
-from agent_radar.workflows.goals import outcomes
-from agent_radar.workflows.goals.claims import Claim
-from agent_radar.workflows.goals.operations import backoff_s, fail_operation
-from agent_radar.workflows.sessions import turns
-from agent_radar.workflows.steps import Step
-from agent_radar.workflows.steps.cancel import CancelRunner, mark_offline
-from agent_radar.workflows.steps.fence_install import ensure_fences_installed
-from agent_radar.workflows.steps.goals.dispatch import Dispatcher, apply_goal
-from agent_radar.workflows.steps.restore import reconcile_session
+from ...models.tables import AgentSession, GoalFence, GoalOperation
+from .. import budgets, ids, leases
+from ..adapters.host_state import HostState
+from ..adapters.runtime import SESSION_NOT_FOUND
+from ..errors import RuntimeDisconnected, RuntimeFault
+from ..fences import cancels
+from ..fences.settle import settle_clear_locally
+from ..goals import outcomes
+from ..goals.claims import Claim
+from ..goals.operations import backoff_s, fail_operation
+from ..sessions import turns
+from . import Step
+from .cancel import CancelRunner, mark_offline
+from .fence_install import ensure_fences_installed
+from .goals.dispatch import Dispatcher, apply_goal
+from .restore import reconcile_session
 
 log = logging.getLogger(__name__)
 

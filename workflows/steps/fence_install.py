@@ -4,9 +4,9 @@ user's own call resumes an offline session (background work never resumes one)."
 
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.db import run_transaction
-from agent_radar.workflows.adapters.runtime import RuntimePort
-from agent_radar.workflows.fences.reinstall import missing_fences, record_installed
+from ...models.db import run_transaction
+from ..adapters.runtime import RuntimePort
+from ..fences.reinstall import missing_fences, record_installed
 
 
 def ensure_fences_installed(

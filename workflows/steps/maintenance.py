@@ -13,19 +13,19 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import rowcount, run_transaction
-from agent_radar.models.enums import MaintenanceError, MaintenanceStatus
-from agent_radar.models.tables import MaintenanceRun
-from agent_radar.workflows import leases
-from agent_radar.workflows.adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.steps import Step
-from agent_radar.workflows.steps.fence_install import ensure_fences_installed
-from agent_radar.workflows.steps.restore import reconcile_session
-from agent_radar.workflows.steps.wake import release_session
-from agent_radar.workflows.task_names import EXECUTE_TASK, Publish
+from ...models.base import utcnow
+from ...models.db import rowcount, run_transaction
+from ...models.enums import MaintenanceError, MaintenanceStatus
+from ...models.tables import MaintenanceRun
+from .. import leases
+from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from ..errors import RuntimeDisconnected, RuntimeFault
+from ..maintenance import runs
+from ..task_names import EXECUTE_TASK, Publish
+from . import Step
+from .fence_install import ensure_fences_installed
+from .restore import reconcile_session
+from .wake import release_session
 
 log = logging.getLogger(__name__)
 

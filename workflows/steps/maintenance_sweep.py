@@ -7,12 +7,12 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import run_transaction
-from agent_radar.models.enums import MaintenanceError, MaintenanceStatus
-from agent_radar.models.tables import MaintenanceRun
-from agent_radar.workflows import leases
-from agent_radar.workflows.maintenance import runs
-from agent_radar.workflows.task_names import EXECUTE_TASK, Publish
+from ...models.db import run_transaction
+from ...models.enums import MaintenanceError, MaintenanceStatus
+from ...models.tables import MaintenanceRun
+from .. import leases
+from ..maintenance import runs
+from ..task_names import EXECUTE_TASK, Publish
 
 S = MaintenanceStatus
 

@@ -7,13 +7,13 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import Prompt
-from agent_radar.workflows.adapters.runtime import RuntimePort
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.prompts import queue as prompts
-from agent_radar.workflows.steps.fence_install import ensure_fences_installed
+from ...models.base import utcnow
+from ...models.db import run_transaction
+from ...models.tables import Prompt
+from ..adapters.runtime import RuntimePort
+from ..errors import RuntimeDisconnected, RuntimeFault
+from ..prompts import queue as prompts
+from .fence_install import ensure_fences_installed
 
 # What `dispatch_next` answers when it sent nothing: the session is held, busy, or has no
 # prompt queued (prompts.take_next).

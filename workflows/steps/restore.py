@@ -20,27 +20,27 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import rowcount, run_read, run_transaction
-from agent_radar.models.enums import OperationStatus, ProviderPhase, SyncStatus
-from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, GoalState
-from agent_radar.workflows import budgets, records
-from agent_radar.workflows.activity.reconcile import Reconciled, apply_state
-from agent_radar.workflows.adapters.host_state import HostState
-from agent_radar.workflows.adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.fences.reinstall import needs_restore
-from agent_radar.workflows.sessions import hosts
-from agent_radar.workflows.sessions.rows import lock_session
-from agent_radar.workflows.steps.fence_install import ensure_fences_installed
-from agent_radar.workflows.steps.goals.dispatch import apply_goal
-from agent_radar.workflows.steps.wake import release_session
-from agent_radar.workflows.task_names import (
+from ...models.base import utcnow
+from ...models.db import rowcount, run_read, run_transaction
+from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
+from ...models.tables import AgentSession, GoalFence, GoalOperation, GoalState
+from .. import budgets, records
+from ..activity.reconcile import Reconciled, apply_state
+from ..adapters.host_state import HostState
+from ..adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
+from ..errors import RuntimeDisconnected, RuntimeFault
+from ..fences.reinstall import needs_restore
+from ..sessions import hosts
+from ..sessions.rows import lock_session
+from ..task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
     PROMPT_TASK,
     Publish,
 )
+from .fence_install import ensure_fences_installed
+from .goals.dispatch import apply_goal
+from .wake import release_session
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalOperation
-from agent_radar.workflows.activity.epochs import EpochEffects
-from agent_radar.workflows.fences import cancels
-from agent_radar.workflows.goals.operations import open_client_operations
-from agent_radar.workflows.task_names import (
+from ...models.db import run_transaction
+from ...models.tables import GoalOperation
+from ..activity.epochs import EpochEffects
+from ..fences import cancels
+from ..goals.operations import open_client_operations
+from ..task_names import (
     CANCEL_APPLY_TASK,
     DISPATCH_TASK,
     FENCE_APPLY_TASK,

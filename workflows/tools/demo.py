@@ -10,11 +10,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.client import AgentRadar
-from agent_radar.workflows.errors import AgentRadarError
-from agent_radar.workflows.escape import escape
-from agent_radar.workflows.tools.demo_steps import (
+from ..adapters.config import Settings
+from ..client import AgentRadar
+from ..errors import AgentRadarError
+from ..escape import escape
+from .demo_steps import (
     WS,
     goals_and_replay,
     host_restart,
@@ -24,8 +24,8 @@ from agent_radar.workflows.tools.demo_steps import (
     second_host,
     shared_goal_fences,
 )
-from agent_radar.workflows.tools.simulator import SimControl
-from agent_radar.workflows.tools.stack import Stack, free_port
+from .simulator import SimControl
+from .stack import Stack, free_port
 
 # Short leases so that recovery after the killed worker shows within seconds.
 DEMO_LEASE_S = 4.0
@@ -115,8 +115,8 @@ def _scenario(client: AgentRadar, sim: SimControl, stack: Stack, worker, say) ->
 
 def _tooling(client: AgentRadar, say) -> bool:
     # 11. what an operator sees: `agent-radar status` and `agent-radar metrics`
-    from agent_radar.workflows.tools.metrics import FleetCollector
-    from agent_radar.workflows.tools.status import fleet_status, problems
+    from .metrics import FleetCollector
+    from .status import fleet_status, problems
 
     status = fleet_status(client.engine)
     found = problems(status, client.settings.sweep_interval_s)

@@ -1,10 +1,10 @@
 """The demo's scripted steps (`agent-radar demo`), each against the running stack: goals and
 their replay, an outage and a crash, fences, host restarts and moves, maintenance and prompts."""
 
-from agent_radar.workflows.client import AgentRadar
-from agent_radar.workflows.errors import GoalGenerationSuperseded
-from agent_radar.workflows.tools.simulator import SimControl
-from agent_radar.workflows.tools.stack import Stack, free_port, wait_for
+from ..client import AgentRadar
+from ..errors import GoalGenerationSuperseded
+from .simulator import SimControl
+from .stack import Stack, free_port, wait_for
 
 WS = "acme"
 
@@ -228,8 +228,8 @@ def second_host(client: AgentRadar, stack: Stack, say) -> bool:
 
 
 def _turn_outcome(client: AgentRadar, sid: str, turn_id: str) -> str | None:
-    from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import Turn
+    from ...models.db import run_transaction
+    from ...models.tables import Turn
 
     turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, sid, turn_id)))
     return turn.outcome if turn is not None else None

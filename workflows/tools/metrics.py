@@ -14,11 +14,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_read
-from agent_radar.models.enums import FenceStatus
-from agent_radar.workflows.operators.counts import operation_counts
-from agent_radar.workflows.tools.status import OVERDUE_S, fleet_facts
+from ...models.base import utcnow
+from ...models.db import run_read
+from ...models.enums import FenceStatus
+from ..operators.counts import operation_counts
+from .status import OVERDUE_S, fleet_facts
 
 PREFIX = "agent_radar"
 # Every metric the exporter serves (the alert rules and the dashboard may use only these).

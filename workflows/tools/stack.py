@@ -11,10 +11,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_radar.models.migrate import upgrade
-from agent_radar.workflows.adapters.broker import clean_embedded_broker
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.tools.simulator import SimControl
+from ...models.migrate import upgrade
+from ..adapters.broker import clean_embedded_broker
+from ..adapters.config import Settings
+from .simulator import SimControl
 
 STOP_GRACE_S = 10.0
 

@@ -6,10 +6,10 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.coordination import HostCircuit
-from agent_radar.models.db import run_read
-from agent_radar.models.enums import (
+from ...models.base import utcnow
+from ...models.coordination import HostCircuit
+from ...models.db import run_read
+from ...models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     OPEN_OPERATION_STATUSES,
     FenceStatus,
@@ -17,7 +17,7 @@ from agent_radar.models.enums import (
     PromptStatus,
     SyncStatus,
 )
-from agent_radar.models.tables import (
+from ...models.tables import (
     AgentSession,
     CancelOperation,
     GoalFence,
@@ -27,10 +27,10 @@ from agent_radar.models.tables import (
     Prompt,
     RuntimeHost,
 )
-from agent_radar.workflows import budgets, leases
-from agent_radar.workflows.activity.reconcile import wedged
-from agent_radar.workflows.operators.counts import Counts, by_status, operation_counts
-from agent_radar.workflows.steps.fence_apply import WAITING_FOR_TURN
+from .. import budgets, leases
+from ..activity.reconcile import wedged
+from ..operators.counts import Counts, by_status, operation_counts
+from ..steps.fence_apply import WAITING_FOR_TURN
 
 # The sweep's heartbeat (beat/sweeper.py records it under the sweeper lease's name).
 SWEEP_HEARTBEAT = "sweeper"

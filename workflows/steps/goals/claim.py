@@ -11,15 +11,15 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import rowcount
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
-from agent_radar.workflows import ids, leases, records
-from agent_radar.workflows.adapters import logs
-from agent_radar.workflows.goals import claim_rule, outcomes
-from agent_radar.workflows.goals.claims import Claim, Lane, StepResult
-from agent_radar.workflows.goals.statements import (
+from ....models.base import utcnow
+from ....models.db import rowcount
+from ....models.dialects import dialect_of
+from ....models.enums import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
+from ... import ids, leases, records
+from ...adapters import logs
+from ...goals import claim_rule, outcomes
+from ...goals.claims import Claim, Lane, StepResult
+from ...goals.statements import (
     CLAIM,
     CLAIM_AND_APPLYING,
     CLAIM_LOOKUP,

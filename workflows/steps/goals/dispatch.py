@@ -14,23 +14,23 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import run_read, run_transaction
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import Origin
-from agent_radar.workflows import ids, records
-from agent_radar.workflows.adapters.runtime import RuntimePort
-from agent_radar.workflows.errors import RuntimeDisconnected, RuntimeFault
-from agent_radar.workflows.goals import outcomes
-from agent_radar.workflows.goals.claims import Attempt, Claim, Lane, StepResult
-from agent_radar.workflows.goals.statements import (
+from ....models.base import utcnow
+from ....models.db import run_read, run_transaction
+from ....models.dialects import dialect_of
+from ....models.enums import Origin
+from ... import ids, records
+from ...adapters.runtime import RuntimePort
+from ...errors import RuntimeDisconnected, RuntimeFault
+from ...goals import outcomes
+from ...goals.claims import Attempt, Claim, Lane, StepResult
+from ...goals.statements import (
     MAX_LANES_PER_STEP,
     OPS_LANES,
     OPS_LANES_AND_DUE,
 )
-from agent_radar.workflows.steps.fence_install import ensure_fences_installed
-from agent_radar.workflows.steps.goals import flight, named_claim, worker_drain
-from agent_radar.workflows.steps.goals.claim import GoalClaims, first_per_session, with_due_along
+from ..fence_install import ensure_fences_installed
+from . import flight, named_claim, worker_drain
+from .claim import GoalClaims, first_per_session, with_due_along
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from agent_radar.models.db import run_transaction
-from agent_radar.workflows.adapters import logs, metrics
-from agent_radar.workflows.goals.claims import Attempt, Claim, Lane, StepResult
-from agent_radar.workflows.goals.statements import MAX_LANES_PER_STEP
-from agent_radar.workflows.steps.goals.host_gate import (
+from ....models.db import run_transaction
+from ...adapters import logs, metrics
+from ...goals.claims import Attempt, Claim, Lane, StepResult
+from ...goals.statements import MAX_LANES_PER_STEP
+from .host_gate import (
     FULL,
     GO,
     MAX_IN_FLIGHT,

@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from agent_radar.models.base import table_of, utcnow
-from agent_radar.models.coordination import HostCircuit
-from agent_radar.models.db import insert_ignore
-from agent_radar.workflows.adapters import metrics
-from agent_radar.workflows.adapters.config import DEFAULT_HOST_CONCURRENCY
+from ....models.base import table_of, utcnow
+from ....models.coordination import HostCircuit
+from ....models.db import insert_ignore
+from ...adapters import metrics
+from ...adapters.config import DEFAULT_HOST_CONCURRENCY
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
-from agent_radar.models.direct import bound_sql
-from agent_radar.workflows import leases
-from agent_radar.workflows.goals.statements import (
+from ....models.direct import bound_sql
+from ... import leases
+from ...goals.statements import (
     LOOKUP_AND_CLAIM,
     NAMED_LANE_AND_LOCK,
     lookup_and_claim_params,

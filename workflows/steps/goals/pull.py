@@ -18,9 +18,9 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from agent_radar.models.db import run_transaction
-from agent_radar.models.dialects import dialect_of
-from agent_radar.workflows.goals.pullers import (
+from ....models.db import run_transaction
+from ....models.dialects import dialect_of
+from ...goals.pullers import (
     FORGET_AFTER_S,
     FORGET_SQL,
     LET_GO_SQL,

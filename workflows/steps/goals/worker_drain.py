@@ -10,10 +10,10 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
-from agent_radar.workflows.goals.claims import Claim, Lane, StepResult
-from agent_radar.workflows.steps.goals.flight import ROOM_AT, Drain, Steps
-from agent_radar.workflows.steps.goals.host_gate import MAX_IN_FLIGHT
-from agent_radar.workflows.steps.goals.pull import Notified, Puller
+from ...goals.claims import Claim, Lane, StepResult
+from .flight import ROOM_AT, Drain, Steps
+from .host_gate import MAX_IN_FLIGHT
+from .pull import Notified, Puller
 
 log = logging.getLogger(__name__)
 

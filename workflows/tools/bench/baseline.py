@@ -3,8 +3,8 @@ to the same workers, timed at full rate, unloaded and paced."""
 
 import time
 
-from agent_radar.workflows.tools.bench.cpu import Phase
-from agent_radar.workflows.tools.bench.harness import Bench
+from .cpu import Phase
+from .harness import Bench
 
 # Unloaded latency: one no-op at a time, its completion polled this often (its count on the
 # broker: one cheap command).

@@ -6,11 +6,11 @@ import threading
 import time
 from collections import Counter
 
-from agent_radar.workflows.tools.bench.cpu import Phase
-from agent_radar.workflows.tools.bench.harness import Bench
-from agent_radar.workflows.tools.bench.stats import _exactly_once, _from_producers
-from agent_radar.workflows.tools.simulator import SimControl
-from agent_radar.workflows.tools.stack import Stack, free_port
+from ..simulator import SimControl
+from ..stack import Stack, free_port
+from .cpu import Phase
+from .harness import Bench
+from .stats import _exactly_once, _from_producers
 
 STORM_COPIES = 5
 # Unloaded latency: one goal operation at a time, its effect awaited at the simulator, which

@@ -8,19 +8,19 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.client import AgentRadar
-from agent_radar.workflows.task_names import BASELINE_TASK
-from agent_radar.workflows.tools.bench.cpu import (
+from ...adapters.config import Settings
+from ...client import AgentRadar
+from ...task_names import BASELINE_TASK
+from ..simulator import SimControl
+from ..stack import wait_for
+from .cpu import (
     IDLE_FOR_S,
     Components,
     Phase,
     machine_busy_s,
     machine_ms_per_op,
 )
-from agent_radar.workflows.tools.bench.stats import _exactly_once, _from_producers
-from agent_radar.workflows.tools.simulator import SimControl
-from agent_radar.workflows.tools.stack import wait_for
+from .stats import _exactly_once, _from_producers
 
 # Operations of each kind run, and not measured, before the first phase: a fresh worker
 # process pays one-time costs on its first ones (each statement's compilation and first
@@ -56,7 +56,7 @@ class Bench:
         echo: Callable | None,
         components: Components | None = None,
     ) -> None:
-        from agent_radar.tasks.app import create_app
+        from ....tasks.app import create_app
 
         self.settings = settings
         self.n = operations
@@ -104,7 +104,7 @@ class Bench:
 
     # -- the two kinds of operation: (a) a Celery no-op, (b) a goal operation -------------
     def tally(self):
-        from agent_radar.tasks.bench_tasks import Tally
+        from ....tasks.bench_tasks import Tally
 
         tally = Tally(self.settings, uuid.uuid4().hex[:12])
         self._tallies.append(tally)

@@ -18,15 +18,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from agent_radar.workflows.tools.bench.harness import Bench
-from agent_radar.workflows.tools.bench.stats import (
+from ..simulator import SimControl
+from ..stack import Stack, free_port
+from .harness import Bench
+from .stats import (
     _exactly_once,
     _from_producers,
     _percentile,
     _summary,
 )
-from agent_radar.workflows.tools.simulator import SimControl
-from agent_radar.workflows.tools.stack import Stack, free_port
 
 HEALTHY_HOSTS = 3
 SLOW_MS, SLOW_P99_MS = 200, 2000

@@ -5,14 +5,15 @@ import statistics
 from collections.abc import Callable
 from dataclasses import replace
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.tools.bench.baseline import (
+from ...adapters.config import Settings
+from ..stack import Stack, free_port
+from .baseline import (
     baseline_at_rate,
     baseline_throughput,
     baseline_unloaded,
 )
-from agent_radar.workflows.tools.bench.cpu import Components, Phase
-from agent_radar.workflows.tools.bench.goals import (
+from .cpu import Components, Phase
+from .goals import (
     STORM_COPIES,
     duplicate_storm,
     fleet,
@@ -20,11 +21,10 @@ from agent_radar.workflows.tools.bench.goals import (
     goals_at_rate,
     goals_unloaded,
 )
-from agent_radar.workflows.tools.bench.harness import WARM_UP, Bench
-from agent_radar.workflows.tools.bench.hosts import slow_hosts as slow_hosts_phase
-from agent_radar.workflows.tools.bench.stats import SUBMIT_THREADS, _percentile, _summary
-from agent_radar.workflows.tools.bench.sweep import COSTS, settled_costs
-from agent_radar.workflows.tools.stack import Stack, free_port
+from .harness import WARM_UP, Bench
+from .hosts import slow_hosts as slow_hosts_phase
+from .stats import SUBMIT_THREADS, _percentile, _summary
+from .sweep import COSTS, settled_costs
 
 # docs/benchmarks.md on PostgreSQL + Redis: (b)/(a) throughput at least; latency and CPU
 # multiples at most. The embedded backend's throughput target is half, its multiples double.

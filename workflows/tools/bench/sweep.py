@@ -11,14 +11,14 @@ from datetime import timedelta
 
 from sqlalchemy import insert, text
 
-from agent_radar.models.base import utcnow
-from agent_radar.models.db import engine_for, run_transaction
-from agent_radar.models.dialects import dialect_of
-from agent_radar.models.enums import TERMINAL_OPERATION_STATUSES
-from agent_radar.models.tables import GoalOperation as GoalOperationRow
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.operators import counts as operation_counts
-from agent_radar.workflows.operators.retention import BATCH, DEFAULT_RETENTION_DAYS, prune_batch
+from ....models.base import utcnow
+from ....models.db import engine_for, run_transaction
+from ....models.dialects import dialect_of
+from ....models.enums import TERMINAL_OPERATION_STATUSES
+from ....models.tables import GoalOperation as GoalOperationRow
+from ...adapters.config import Settings
+from ...operators import counts as operation_counts
+from ...operators.retention import BATCH, DEFAULT_RETENTION_DAYS, prune_batch
 
 SWEEP_REPEATS = 25
 READ_REPEATS = 25
@@ -44,10 +44,10 @@ def _median_ms(repeats: int, once: Callable[[int], object]) -> float:
 
 def _costs(engine, bench, label: str) -> tuple[dict, dict]:
     """Median wall times, in ms, over the database as it is now; the goals' audit."""
-    from agent_radar.beat.sweeper import sweep_once
-    from agent_radar.workflows.tools.bench.goals import goals_unloaded
-    from agent_radar.workflows.tools.metrics import FleetCollector
-    from agent_radar.workflows.tools.status import fleet_status
+    from ....beat.sweeper import sweep_once
+    from ..metrics import FleetCollector
+    from ..status import fleet_status
+    from .goals import goals_unloaded
 
     # Both times from a vacuumed table: the history is vacuumed once it is added, and the
     # phases before (d) leave dead rows that autovacuum would be clearing while (d) times.

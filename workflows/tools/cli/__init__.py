@@ -1,7 +1,7 @@
 """The `agent-radar` command (docs/operations.md), one module per command group. This package is the
 composition root of the tools: importing it registers every command on `cli`."""
 
-from agent_radar.workflows.tools.cli import (  # noqa: F401
+from . import (  # noqa: F401
     goals,
     health,
     maintenance,
@@ -10,6 +10,6 @@ from agent_radar.workflows.tools.cli import (  # noqa: F401
     sessions,
     status,
 )
-from agent_radar.workflows.tools.cli.common import cli, main
+from .common import cli, main
 
 __all__ = ["cli", "main"]

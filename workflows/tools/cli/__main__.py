@@ -1,3 +1,3 @@
-from agent_radar.workflows.tools.cli import main
+from . import main
 
 main()

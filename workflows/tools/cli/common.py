@@ -17,15 +17,15 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.errors import (
+from ...adapters.config import Settings
+from ...errors import (
     AgentRadarError,
     DatabaseNotReady,
     InvalidArgument,
     NotFound,
 )
-from agent_radar.workflows.escape import escape
-from agent_radar.workflows.validation import MAX_WAIT_S, check_seconds
+from ...escape import escape
+from ...validation import MAX_WAIT_S, check_seconds
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -96,7 +96,7 @@ def session_arguments(fn):
 
 
 def _client():
-    from agent_radar.workflows.client import AgentRadar
+    from ...client import AgentRadar
 
     return AgentRadar.from_env()
 

@@ -2,8 +2,8 @@
 
 import click
 
-from agent_radar.workflows.records import as_dict
-from agent_radar.workflows.tools.cli.common import (
+from ...records import as_dict
+from .common import (
     _client,
     _emit,
     cli,

@@ -5,8 +5,8 @@ import sys
 
 import click
 
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.tools.cli.common import EXIT_FAILED, _emit, cli, json_option
+from ...adapters.config import Settings
+from .common import EXIT_FAILED, _emit, cli, json_option
 
 
 def _report(as_json: bool, ok: bool, what: str, detail: str) -> None:
@@ -24,7 +24,7 @@ def health() -> None:
 @json_option
 def health_db(as_json: bool):
     """The database answers and is migrated to this version's schema."""
-    from agent_radar.models.migrate import current_revision, head_revision
+    from ....models.migrate import current_revision, head_revision
 
     settings = Settings.from_env()
     try:
@@ -40,7 +40,7 @@ def health_db(as_json: bool):
 @json_option
 def health_broker(as_json: bool):
     """The broker accepts a connection."""
-    from agent_radar.workflows.adapters.broker import broker_connection
+    from ...adapters.broker import broker_connection
 
     settings = Settings.from_env()
     try:
@@ -58,10 +58,10 @@ def health_broker(as_json: bool):
 @json_option
 def health_beat(as_json: bool):
     """A sweep finished within the last 5 sweep intervals."""
-    from agent_radar.models.base import utcnow
-    from agent_radar.models.db import engine_for, run_read
-    from agent_radar.workflows import leases
-    from agent_radar.workflows.tools.status import SWEEP_HEARTBEAT, sweeper_problem
+    from ....models.base import utcnow
+    from ....models.db import engine_for, run_read
+    from ... import leases
+    from ..status import SWEEP_HEARTBEAT, sweeper_problem
 
     settings = Settings.from_env()
     age = run_read(
@@ -83,7 +83,7 @@ def health_beat(as_json: bool):
 @json_option
 def health_worker(hostname: str | None, timeout: float, as_json: bool):
     """A worker answers a ping over the broker."""
-    from agent_radar.tasks.app import app
+    from ....tasks.app import app
 
     replies = app.control.ping(timeout=timeout) or []
     nodes = sorted(name for reply in replies for name in reply)

@@ -4,10 +4,10 @@ import re
 
 import click
 
-from agent_radar.workflows.errors import InvalidArgument, NotFound
-from agent_radar.workflows.operators.catalog import KINDS, STATUSES, kind_of
-from agent_radar.workflows.records import as_dict
-from agent_radar.workflows.tools.cli.common import _client, _emit, cli, error_note, json_option
+from ...errors import InvalidArgument, NotFound
+from ...operators.catalog import KINDS, STATUSES, kind_of
+from ...records import as_dict
+from .common import _client, _emit, cli, error_note, json_option
 
 AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from agent_radar.workflows.adapters.broker import WORKER_QUEUES
-from agent_radar.workflows.adapters.config import Settings
-from agent_radar.workflows.tools.cli.common import (
+from ...adapters.broker import WORKER_QUEUES
+from ...adapters.config import Settings
+from .common import (
     EXIT_FAILED,
     _emit,
     _prepare_home,
@@ -51,14 +51,14 @@ def worker(
 ):
     """Run a Celery worker (applies pending migrations first). Options this command does
     not know are passed to `celery worker` as they are."""
-    from agent_radar.models.migrate import upgrade
+    from ....models.migrate import upgrade
 
     settings = Settings.from_env()
     _prepare_home(settings)
     upgrade(settings.database_url)
     if metrics_port is not None:
         _serve_worker_metrics(settings, metrics_address, metrics_port)
-    from agent_radar.tasks.app import app
+    from ....tasks.app import app
 
     node = f"{name or 'radar'}-{os.getpid()}@%h"
     # No mingle or gossip: nothing here uses revokes or worker-to-worker state (the database
@@ -91,7 +91,7 @@ def _quiet_banner() -> list[str]:
     """Celery's start banner is printed, not logged: with JSON logs it is left out, and
     Python's warnings are logged too, so every line of a worker's or beat's output is one
     JSON object."""
-    from agent_radar.workflows.adapters import logs
+    from ...adapters import logs
 
     if not logs.json_logs_wanted():
         return []
@@ -127,14 +127,14 @@ def _serve_worker_metrics(settings: Settings, address: str, port: int) -> None:
 @json_option
 def beat(schedule_file: str | None, loglevel: str, as_json: bool):
     """Run Celery beat (the sweeper's clock). Run one per deployment."""
-    from agent_radar.models.migrate import upgrade
+    from ....models.migrate import upgrade
 
     settings = Settings.from_env()
     _prepare_home(settings)
     upgrade(settings.database_url)
     schedule = schedule_file or str(settings.home / "run" / "celerybeat-schedule")
     Path(schedule).parent.mkdir(parents=True, exist_ok=True)
-    from agent_radar.tasks.app import app
+    from ....tasks.app import app
 
     app.start([*_quiet_banner(), "beat", "-s", schedule, "--loglevel", loglevel])
 
@@ -207,8 +207,8 @@ def flower(port: int, address: str, as_json: bool):
     could otherwise read every task's arguments and call Flower's API. An empty or example
     password is refused."""
     auth = _checked_flower_auth(os.environ.get("FLOWER_BASIC_AUTH", ""))
-    from agent_radar.tasks import flower_view
-    from agent_radar.tasks.app import app
+    from ....tasks import flower_view
+    from ....tasks.app import app
 
     flower_view.install()
     app.start(
@@ -238,8 +238,8 @@ SIM_TOKEN_HELP = "A host's token but `default`'s (AGENT_RADAR_HOST_TOKEN): it si
 @json_option
 def runtime_sim(host: str, port: int, host_id: str, token: str | None, as_json: bool):
     """Run the agent runtime simulator (an HTTP server) in the foreground."""
-    from agent_radar.workflows.adapters.publisher import TaskPublisher
-    from agent_radar.workflows.tools.simulator import SimServer
+    from ...adapters.publisher import TaskPublisher
+    from ..simulator import SimServer
 
     settings = Settings.from_env()
     _prepare_home(settings)
@@ -266,7 +266,7 @@ def db() -> None:
 @json_option
 def db_upgrade(as_json: bool):
     """Apply pending Alembic migrations."""
-    from agent_radar.models.migrate import upgrade
+    from ....models.migrate import upgrade
 
     settings = Settings.from_env()
     _prepare_home(settings)
@@ -282,7 +282,7 @@ def up(with_flower: bool, workers: int, as_json: bool):
     """Run the embedded stack (runtime-sim, worker, beat) in the foreground until Ctrl-C."""
     import signal
 
-    from agent_radar.workflows.tools.stack import Stack
+    from ..stack import Stack
 
     def stop_on_sigterm(_signum, _frame):
         # SIGTERM (a service manager, `kill`) stops the stack as Ctrl-C does: nothing is
@@ -334,7 +334,7 @@ def up(with_flower: bool, workers: int, as_json: bool):
 @json_option
 def demo(home: str | None, as_json: bool):
     """Run the scripted scenario on a fresh embedded stack, print the timeline, stop."""
-    from agent_radar.workflows.tools.demo import run_demo
+    from ..demo import run_demo
 
     ok = run_demo(Path(home) if home else None, as_json=as_json)
     sys.exit(0 if ok else EXIT_FAILED)
@@ -383,7 +383,7 @@ def bench(
     as_json: bool,
 ):
     """Benchmark (docs/benchmarks.md) on the configured database and broker."""
-    from agent_radar.workflows.tools.bench.run import run_bench
+    from ..bench.run import run_bench
 
     result = run_bench(
         Settings.from_env(),

@@ -3,9 +3,9 @@
 
 import click
 
-from agent_radar.workflows.errors import AgentRadarError
-from agent_radar.workflows.records import as_dict
-from agent_radar.workflows.tools.cli.common import (
+from ...errors import AgentRadarError
+from ...records import as_dict
+from .common import (
     _client,
     _emit,
     cli,

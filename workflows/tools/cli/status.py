@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent_radar.workflows.tools.cli.common import EXIT_FAILED, _client, _emit, cli, json_option
+from .common import EXIT_FAILED, _client, _emit, cli, json_option
 
 
 @cli.command()
@@ -21,7 +21,7 @@ from agent_radar.workflows.tools.cli.common import EXIT_FAILED, _client, _emit, 
 def status(as_json: bool, check: bool):
     """The fleet at a glance: counts per status, due and overdue work, sweeper lag and
     heartbeat, and the worst offenders by name."""
-    from agent_radar.workflows.tools.status import fleet_status, problems, render_status
+    from ..status import fleet_status, problems, render_status
 
     client = _client()
     result = fleet_status(client.engine)
@@ -49,7 +49,7 @@ def metrics(address: str, port: int, once: bool, top_workspaces: int):
     """A Prometheus exporter: fleet gauges read from the database on every scrape."""
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-    from agent_radar.workflows.tools.metrics import FleetCollector
+    from ..metrics import FleetCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(_client().engine, top_workspaces))

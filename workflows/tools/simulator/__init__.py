@@ -7,8 +7,8 @@ under `/sim/` take sessions offline or online, inject failures and latency, and 
 session to acknowledging goals (`accepted`) and applying them later.
 """
 
-from agent_radar.workflows.tools.simulator.control import SimControl
-from agent_radar.workflows.tools.simulator.server import SimServer, bearer_matches
-from agent_radar.workflows.tools.simulator.state import Simulator
+from .control import SimControl
+from .server import SimServer, bearer_matches
+from .state import Simulator
 
 __all__ = ["SimControl", "SimServer", "Simulator", "bearer_matches"]

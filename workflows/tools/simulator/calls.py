@@ -6,8 +6,8 @@ import re
 import time
 from urllib.parse import unquote
 
-from agent_radar.workflows.tools.simulator.sessions import SimError, SimRun, SimSession
-from agent_radar.workflows.tools.simulator.turns import Host, cancel_turn, prompt, start_turn
+from .sessions import SimError, SimRun, SimSession
+from .turns import Host, cancel_turn, prompt, start_turn
 
 SESSION_PATH = re.compile(
     r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|state|resume|goal|goal-fences|prompts"

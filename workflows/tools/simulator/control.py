@@ -7,7 +7,7 @@ class SimControl:
     """Client of the simulator's `/sim/` endpoints, for the demo, the tests and the bench."""
 
     def __init__(self, url: str, token: str | None = None) -> None:
-        from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+        from ...adapters.http_runtime import HttpRuntime
 
         self.http = HttpRuntime(url, token, timeout_s=10.0)
 

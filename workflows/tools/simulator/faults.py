@@ -6,7 +6,7 @@ import random
 import threading
 from dataclasses import dataclass
 
-from agent_radar.workflows.tools.simulator.sessions import SimError
+from .sessions import SimError
 
 # How often a held call looks whether it was let go (a reset lets it go without a word).
 HOLD_SLICE_S = 0.05

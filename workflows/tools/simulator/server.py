@@ -10,9 +10,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
 
-from agent_radar.workflows.tools.simulator.calls import SESSION_PATH
-from agent_radar.workflows.tools.simulator.sessions import SimError
-from agent_radar.workflows.tools.simulator.state import Reporter, Simulator
+from .calls import SESSION_PATH
+from .sessions import SimError
+from .state import Reporter, Simulator
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,16 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
-from agent_radar.workflows.adapters import report_auth
-from agent_radar.workflows.tools.simulator.calls import answer_call
-from agent_radar.workflows.tools.simulator.faults import HostFaults
-from agent_radar.workflows.tools.simulator.sessions import (
+from ...adapters import report_auth
+from .calls import answer_call
+from .faults import HostFaults
+from .sessions import (
     SESSION_SETTINGS,
     SimError,
     SimSession,
     SimTurn,
 )
-from agent_radar.workflows.tools.simulator.turns import _settle
+from .turns import _settle
 
 log = logging.getLogger(__name__)
 

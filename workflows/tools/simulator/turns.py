@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent_radar.workflows.tools.simulator.sessions import SimError, SimSession, SimTurn
+from .sessions import SimError, SimSession, SimTurn
 
 
 class Host(Protocol):
