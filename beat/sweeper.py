@@ -13,19 +13,18 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
 from ..models.db import run_transaction
-from ..models.enums import OPEN_OPERATION_STATUSES, CancelStatus, FenceStatus
-from ..models.tables import AgentSession, CancelOperation, GoalFence, GoalOperation
+from ..models.enums import OPEN_OPERATION_STATUSES
+from ..models.tables import AgentSession, GoalOperation
 from ..workflows import leases
 from ..workflows.activity.reconcile import to_reconcile
 from ..workflows.goals.operations import budget_exhausted, due_operations, fail_operation
 from ..workflows.operators import counts as operation_counts
+from ..workflows.operators.kinds import KINDS, Kind, Republish
 from ..workflows.prompts.queue import sessions_with_queued_prompts
 from ..workflows.steps.maintenance_sweep import sweep_maintenance
 from ..workflows.task_names import (
-    CANCEL_APPLY_TASK,
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
-    FENCE_APPLY_TASK,
     PROMPT_TASK,
     RESTORE_TASK,
     Publish,
@@ -82,12 +81,14 @@ def sweep_once(
         return SweepCounts(ran=False)
     counts = SweepCounts()
     try:
-        # Fences first: a revoked target must never replay before its fence.
-        sweep_fences(engine, publish, now, limit, counts)
+        # Fences first (the kinds' order): a revoked target must never replay before its
+        # fence.
+        for kind in KINDS.values():
+            if kind.republish is not None:
+                _republish_due(engine, publish, now, limit, counts, kind, kind.republish)
         sweep_stale_mirrors(engine, now, limit, counts)
         sweep_restores(engine, publish, now, limit, counts)
         sweep_goal_operations(engine, publish, now, limit, counts)
-        sweep_stale_cancels(engine, publish, now, limit, counts)
         run_transaction(engine, lambda s: leases.prune_republish(s, now))
         maintenance = sweep_maintenance(
             engine,
@@ -206,18 +207,17 @@ def _republish_due(
     now: datetime,
     limit: int,
     counts: SweepCounts,
-    table,
-    key,
-    task: str,
-    kwarg: str,
-    statuses: tuple,
-    grace_first_attempt: bool,
+    kind: Kind,
+    spec: Republish,
 ) -> None:
-    """Re-publish rows of `table` that are due and unleased, reserving each for
-    REPUBLISH_INTERVAL_S with a conditional update so two sweeps never both publish it."""
+    """Re-publish rows of a kind that are due and unleased (Kind.republish: pending fences
+    whose publish was lost or whose retry is due, cancels whose lease expired, ...),
+    reserving each for REPUBLISH_INTERVAL_S with a conditional update so two sweeps never
+    both publish it."""
+    table, key = kind.table, kind.key
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
-    due = [table.status.in_(statuses), table.next_attempt_at <= now, leases.unheld(table, now)]
-    if grace_first_attempt:
+    due = [table.status.in_(spec.statuses), table.next_attempt_at <= now, leases.unheld(table, now)]
+    if spec.grace_first_attempt:
         due.append(or_(table.attempt > 0, table.next_attempt_at <= cutoff))
     ids_due = run_transaction(
         engine,
@@ -241,51 +241,11 @@ def _republish_due(
                 ),
             )
             if reserved:
-                publish(task, {kwarg: row_id})
+                publish(spec.task, {spec.kwarg: row_id})
                 counts.republished += 1
         except Exception:  # noqa: BLE001 - one bad row must not stop the sweep
             counts.errors += 1
             log.exception("sweeper: %s %s", table.__tablename__, row_id)
-
-
-def sweep_fences(
-    engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
-) -> None:
-    """Pending fences whose publish was lost or whose retry is due, fences waiting on a
-    turn past their recheck time, and fences whose worker died mid-delivery."""
-    _republish_due(
-        engine,
-        publish,
-        now,
-        limit,
-        counts,
-        GoalFence,
-        GoalFence.fence_id,
-        FENCE_APPLY_TASK,
-        "fence_id",
-        (FenceStatus.PENDING, FenceStatus.PROCESSING),
-        grace_first_attempt=True,
-    )
-
-
-def sweep_stale_cancels(
-    engine: Engine, publish: Publish, now: datetime, limit: int, counts: SweepCounts
-) -> None:
-    """Cancels whose lease expired or that waited past their deadline: the worker settles
-    them locally when the session is offline, or retries them with backoff."""
-    _republish_due(
-        engine,
-        publish,
-        now,
-        limit,
-        counts,
-        CancelOperation,
-        CancelOperation.operation_id,
-        CANCEL_APPLY_TASK,
-        "operation_id",
-        (CancelStatus.PREPARED, CancelStatus.LEASED),
-        grace_first_attempt=False,
-    )
 
 
 def sweep_stale_mirrors(engine: Engine, now: datetime, limit: int, counts: SweepCounts) -> None:

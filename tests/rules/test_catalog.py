@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalFence
+from agent_radar.models.tables import CancelOperation, GoalFence
 from agent_radar.workflows import records
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.fences import cancels
@@ -136,3 +136,28 @@ def test_bad_list_filters_are_refused(client, kwargs):
 def test_bad_find_arguments_are_refused(client, args):
     with pytest.raises(InvalidArgument):
         client.find_operations(*args)
+
+
+def test_wait_takes_a_record_of_every_kind(client):
+    """`wait` reads each kind through its declaration (workflows/operators/kinds.py): a
+    settled record of any kind comes back at once, an open one times out naming it, and
+    anything that is no operation's record is refused."""
+    goal, fence, prompt, run, stop, cancel_row, _other = seed(client)
+    cancel = client.get_operation(cancel_row.operation_id)
+    assert stop.settled  # a session with no turn and no run stops at once
+    assert client.wait(stop, timeout=0).stop_id == stop.stop_id
+    assert client.wait(goal, timeout=0).status == "superseded"  # the fence cleared the goal
+    for record in (fence, prompt, run, cancel):
+        with pytest.raises(TimeoutError, match=f"is still {record.status} after 0"):
+            client.wait(record, timeout=0)
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(CancelOperation)
+            .where(CancelOperation.operation_id == cancel.operation_id)
+            .values(status="completed")
+        ),
+    )
+    assert client.wait(cancel, timeout=0).status == "completed"
+    with pytest.raises(InvalidArgument, match="cannot wait on dict"):
+        client.wait({"operation_id": goal.operation_id})

@@ -28,7 +28,8 @@ def every_row(engine) -> counts.Counts:
 
     def read(s):
         found = {}
-        for kind, (table, _key, _settled) in counts.COUNTED.items():
+        for kind, declared in counts.COUNTED.items():
+            table = declared.table
             for status, workspace_id, n in s.execute(
                 select(table.status, table.workspace_id, func.count()).group_by(
                     table.status, table.workspace_id

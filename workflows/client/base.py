@@ -1,19 +1,19 @@
 """What every part of the client shares: its settings, engine, publisher and runtime port;
 the accept of a submit (commit, then publish); loading a record; waiting for one to settle."""
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Self
 
 from ...models import error_hooks
 from ...models.db import engine_for, run_transaction
-from .. import records
 from ..adapters import logs
 from ..adapters.config import Settings
 from ..adapters.http_runtime import HostRouter
 from ..adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
 from ..adapters.runtime import RuntimePort
 from ..errors import DatabaseNotReady, NotFound
+from ..operators import catalog
+from ..operators.kinds import KINDS
 from ..sessions import hosts
 from ..validation import check_id, check_seconds
 
@@ -104,29 +104,21 @@ class ClientBase:
             self.publisher.publish_after_commit(task, message(record), _label(record))
         return record
 
-    def _load(
-        self,
-        row_type,
-        record_type,
-        key,
-        what: str,
-        workspace_id: str | None = None,
-        build: Callable[[Any, Any], Any] | None = None,
-        **error_attrs,
-    ) -> Any:
-        """Load a record by id. With `workspace_id` (docs/operations.md), a record of another
-        workspace is NotFound, exactly as a missing one. `build(session, row)` makes a record
-        that needs more than its row."""
+    def _load(self, kind: str, key: str, workspace_id: str | None = None) -> Any:
+        """Load a record of a kind (workflows/operators/kinds.py) by id. With `workspace_id`
+        (docs/operations.md), a record of another workspace is NotFound, exactly as a missing
+        one."""
+        declared = KINDS[kind]
+        field = declared.key.key
+        check_id(field, key)
         if workspace_id is not None:
             check_id("workspace_id", workspace_id)
 
         def load(s):
-            row = s.get(row_type, key)
-            if row is None or workspace_id is not None and row.workspace_id != workspace_id:
-                raise NotFound(f"no {what} {key}", **error_attrs)
-            if build is not None:
-                return build(s, row)
-            return records.record_of(record_type, row)
+            found = catalog.get(s, declared, key, workspace_id)
+            if found is None:
+                raise NotFound(f"no {declared.noun} {key}", **{field: key})
+            return found
 
         return run_transaction(self.engine, load)
 

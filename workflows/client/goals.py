@@ -7,7 +7,6 @@ from sqlalchemy import select
 from ...models.base import utcnow
 from ...models.db import run_transaction
 from ...models.dialects import dialect_of
-from ...models.tables import GoalFence as GoalFenceRow
 from ...models.tables import GoalOperation as GoalOperationRow
 from ...models.tables import GoalState as GoalStateRow
 from .. import ids, records
@@ -132,14 +131,7 @@ class GoalCalls(ClientBase):
     def get_goal_operation(
         self, operation_id: str, *, workspace_id: str | None = None
     ) -> GoalOperation:
-        return self._load(
-            GoalOperationRow,
-            GoalOperation,
-            check_id("operation_id", operation_id),
-            "goal operation",
-            workspace_id,
-            operation_id=operation_id,
-        )
+        return self._load("goal", operation_id, workspace_id)
 
     def goal_state(self, workspace_id: str, session_id: str) -> GoalState:
         key = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
@@ -197,11 +189,4 @@ class GoalCalls(ClientBase):
         return self._accept(accept, FENCE_APPLY_TASK, lambda f: {"fence_id": f.fence_id})
 
     def get_fence(self, fence_id: str, *, workspace_id: str | None = None) -> Fence:
-        return self._load(
-            GoalFenceRow,
-            Fence,
-            check_id("fence_id", fence_id),
-            "fence",
-            workspace_id,
-            fence_id=fence_id,
-        )
+        return self._load("fence", fence_id, workspace_id)

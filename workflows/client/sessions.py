@@ -5,9 +5,6 @@ from typing import Any
 
 from ...models.base import utcnow
 from ...models.db import run_read, run_transaction
-from ...models.tables import MaintenanceRun as MaintenanceRunRow
-from ...models.tables import Prompt as PromptRow
-from ...models.tables import SessionStop as SessionStopRow
 from .. import records
 from ..activity import stops
 from ..activity.activity import apply_report, parse_report
@@ -64,14 +61,7 @@ class SessionCalls(ClientBase):
         )
 
     def get_prompt(self, prompt_id: str, *, workspace_id: str | None = None) -> PromptRecord:
-        return self._load(
-            PromptRow,
-            PromptRecord,
-            check_id("prompt_id", prompt_id),
-            "prompt",
-            workspace_id,
-            prompt_id=prompt_id,
-        )
+        return self._load("prompt", prompt_id, workspace_id)
 
     def drain_session(
         self, workspace_id: str, session_id: str, *, reason: str = "drained"
@@ -141,14 +131,7 @@ class SessionCalls(ClientBase):
         return run_transaction(self.engine, cancel)
 
     def get_maintenance(self, run_id: str, *, workspace_id: str | None = None) -> MaintenanceRun:
-        return self._load(
-            MaintenanceRunRow,
-            MaintenanceRun,
-            check_id("run_id", run_id),
-            "maintenance run",
-            workspace_id,
-            run_id=run_id,
-        )
+        return self._load("maintenance", run_id, workspace_id)
 
     def history(self, workspace_id: str, session_id: str, limit: int = 50) -> list[HistoryRow]:
         check_id("workspace_id", workspace_id)
@@ -227,15 +210,7 @@ class SessionCalls(ClientBase):
     def get_session_stop(
         self, stop_id: str, *, workspace_id: str | None = None
     ) -> SessionStopRecord:
-        return self._load(
-            SessionStopRow,
-            SessionStopRecord,
-            check_id("stop_id", stop_id),
-            "session stop",
-            workspace_id,
-            build=stops.record,
-            stop_id=stop_id,
-        )
+        return self._load("stop", stop_id, workspace_id)
 
     # -- agent hosts (docs/lifecycles.md: sessions) ----------------------------------------
     def add_host(

@@ -1,12 +1,11 @@
 """Every kind of operation found by id, by (workspace, session, client submit ID), and listed by
 kind, status, workspace, session and age (docs/operations.md), for the client and `agent-radar op`.
 
-The kinds: goal operations (fence-made clears included), fences, turn cancels, maintenance runs,
-prompts and session stops. A session stop's status is derived from the turn and the run it
-named (`stopping` until both ended, then `completed`).
+The kinds (kinds.py): goal operations (fence-made clears included), fences, turn cancels,
+maintenance runs, prompts and session stops. A session stop's status is derived from the turn
+and the run it named (`stopping` until both ended, then `completed`).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,115 +13,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ...models.enums import (
-    CancelStatus,
-    FenceStatus,
-    MaintenanceStatus,
-    OperationStatus,
-    PromptStatus,
-)
-from ...models.tables import (
-    CancelOperation,
-    GoalFence,
-    GoalOperation,
-    MaintenanceRun,
-    Prompt,
-    SessionStop,
-)
 from .. import records
 from ..activity import stops
 from ..errors import InvalidArgument, NotFound
 from ..validation import check_choice, check_id, check_limit
-
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    table: Any
-    key: Any  # the id column
-    created: Any  # when it was accepted
-    error: Any  # why it failed, if it did (None: the kind keeps no error)
-    record: Callable[[Session, Any], Any]
-    statuses: tuple[str, ...]  # every status its records can have
-
-
-def _plain(record_type) -> Callable[[Session, Any], Any]:
-    return lambda _s, row: records.record_of(record_type, row)
-
-
-KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind(
-            "goal",
-            GoalOperation,
-            GoalOperation.operation_id,
-            GoalOperation.created_at,
-            GoalOperation.last_error,
-            _plain(records.GoalOperation),
-            tuple(OperationStatus),
-        ),
-        Kind(
-            "fence",
-            GoalFence,
-            GoalFence.fence_id,
-            GoalFence.created_at,
-            GoalFence.last_error,
-            _plain(records.Fence),
-            tuple(FenceStatus),
-        ),
-        Kind(
-            "cancel",
-            CancelOperation,
-            CancelOperation.operation_id,
-            CancelOperation.created_at,
-            CancelOperation.last_error,
-            _plain(records.TurnCancel),
-            tuple(CancelStatus),
-        ),
-        Kind(
-            "maintenance",
-            MaintenanceRun,
-            MaintenanceRun.run_id,
-            MaintenanceRun.started_at,
-            MaintenanceRun.detail,
-            _plain(records.MaintenanceRun),
-            tuple(MaintenanceStatus),
-        ),
-        Kind(
-            "prompt",
-            Prompt,
-            Prompt.prompt_id,
-            Prompt.created_at,
-            Prompt.last_error,
-            _plain(records.Prompt),
-            tuple(PromptStatus),
-        ),
-        Kind(
-            "stop",
-            SessionStop,
-            SessionStop.stop_id,
-            SessionStop.created_at,
-            None,
-            stops.record,
-            # Stops have no status column: their status is derived (see stops.record).
-            ("stopping", "completed"),
-        ),
-    )
-}
-RECORD_KINDS = {
-    records.GoalOperation: "goal",
-    records.Fence: "fence",
-    records.TurnCancel: "cancel",
-    records.MaintenanceRun: "maintenance",
-    records.Prompt: "prompt",
-    records.SessionStop: "stop",
-}
+from .kinds import KINDS, Kind, kind_of_record
 
 
 def kind_of(record: Any) -> str:
     """The kind of an operation's record (as `op show` and `op find` print it)."""
-    return RECORD_KINDS[type(record)]
+    kind = kind_of_record(record)
+    if kind is None:
+        raise InvalidArgument(f"{type(record).__name__} is no operation's record")
+    return kind.name
 
 
 # Every status an operation of some kind can have: a filter on any other finds nothing, so
@@ -138,10 +41,19 @@ def show(session: Session, op_id: str, workspace_id: str | None) -> tuple[str, A
     """(kind, record) of the operation with this id, of any kind; NotFound if none (or if
     it belongs to another workspace than `workspace_id`)."""
     for kind in KINDS.values():
-        row = session.get(kind.table, op_id)
-        if row is not None and (workspace_id is None or row.workspace_id == workspace_id):
-            return kind.name, kind.record(session, row)
+        found = get(session, kind, op_id, workspace_id)
+        if found is not None:
+            return kind.name, found
     raise NotFound(f"no operation {op_id}", operation_id=op_id)
+
+
+def get(session: Session, kind: Kind, op_id: str, workspace_id: str | None = None) -> Any:
+    """The record of this kind with this id, or None (also if it belongs to another
+    workspace than `workspace_id`)."""
+    row = session.get(kind.table, op_id)
+    if row is None or workspace_id is not None and row.workspace_id != workspace_id:
+        return None
+    return kind.record(session, row)
 
 
 def find(

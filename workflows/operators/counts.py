@@ -17,28 +17,9 @@ from sqlalchemy import func, literal_column, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
 from ...models.dialects import dialect_of
-from ...models.enums import (
-    TERMINAL_MAINTENANCE_STATUSES,
-    TERMINAL_OPERATION_STATUSES,
-    CancelStatus,
-    FenceStatus,
-    PromptStatus,
-)
 from ...models.tables import SettledCount
-from .catalog import KINDS
+from .kinds import COUNTED
 
-# The statuses each counted kind (as the operation catalog names it) settles in.
-SETTLED: dict[str, tuple[str, ...]] = {
-    "goal": tuple(TERMINAL_OPERATION_STATUSES),
-    "fence": (FenceStatus.COMPLETED, FenceStatus.FAILED),
-    "cancel": (CancelStatus.COMPLETED, CancelStatus.FAILED),
-    "maintenance": tuple(TERMINAL_MAINTENANCE_STATUSES),
-    "prompt": (PromptStatus.COMPLETED, PromptStatus.FAILED),
-}
-# Each counted kind's table, id column and settled statuses.
-COUNTED: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
-    kind: (KINDS[kind].table, KINDS[kind].key, settled) for kind, settled in SETTLED.items()
-}
 # Rows per kind per transaction of `count_settled`.
 COUNT_BATCH = 1000
 
@@ -58,7 +39,8 @@ def count_settled(session: Session, limit: int = COUNT_BATCH) -> int:
     deltas: Counter[tuple[str, str, str]] = Counter()
     moved = 0
     locks_rows = dialect_of(session).locks_rows
-    for kind, (table, key, settled) in COUNTED.items():
+    for kind, declared in COUNTED.items():
+        table, key, settled = declared.table, declared.key, declared.settled
         query = (
             select(key, table.workspace_id, table.status, table.counted_as)
             .where(uncounted(table), or_(table.status.in_(settled), table.counted_as.is_not(None)))
@@ -120,7 +102,8 @@ def operation_counts(session: Session) -> Counts:
             SettledCount.count,
         )
     ]
-    for kind, (table, _key, _settled) in COUNTED.items():
+    for kind, declared in COUNTED.items():
+        table = declared.table
         columns = (table.status, table.workspace_id, table.counted_as)  # the index's
         parts.append(
             select(

@@ -12,26 +12,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, literal, not_, or_, select
+from sqlalchemy import ColumnElement, and_, literal, select
 from sqlalchemy.orm import Session
 
 from ...models.dialects import dialect_of
-from ...models.enums import (
-    LIVE_MAINTENANCE_STATUSES,
-    TurnPhase,
-)
-from ...models.tables import (
-    CancelOperation,
-    GoalOperation,
-    GoalState,
-    MaintenanceRun,
-    Prompt,
-    SessionEvent,
-    SessionStop,
-    Turn,
-)
+from ...models.enums import LIVE_MAINTENANCE_STATUSES, TurnPhase
+from ...models.tables import MaintenanceRun, SessionEvent, Turn
 from ..errors import InvalidArgument
-from .counts import SETTLED, add_counts
+from .counts import add_counts
+from .kinds import KINDS
 
 DEFAULT_RETENTION_DAYS = 30.0
 MIN_RETENTION_DAYS = 1.0
@@ -69,76 +58,20 @@ def _live_run_records() -> Any:
     )
 
 
+# Each kind's settled rows (fences never: they forbid their generation for ever), then the rows
+# of no kind: settled turns, and the session events of no live maintenance run.
 RULES = (
-    Rule(
-        "goal_operations",
-        GoalOperation,
-        lambda cutoff: and_(
-            GoalOperation.created_at < cutoff,  # what the index on age finds
-            GoalOperation.status.in_(SETTLED["goal"]),
-            or_(
-                GoalOperation.completed_at < cutoff,
-                and_(GoalOperation.completed_at.is_(None), GoalOperation.created_at < cutoff),
-            ),
-            # the operation a goal state still points at stays (its session's state, found
-            # by its key: one lookup per row, however many sessions there are)
-            ~select(GoalState.pending_operation_id)
-            .where(
-                GoalState.workspace_id == GoalOperation.workspace_id,
-                GoalState.session_id == GoalOperation.session_id,
-                GoalState.pending_operation_id == GoalOperation.operation_id,
-            )
-            .exists(),
-        ),
-        counted="goal",
-    ),
-    Rule(
-        "cancel_operations",
-        CancelOperation,
-        lambda cutoff: and_(
-            CancelOperation.status.in_(SETTLED["cancel"]),
-            CancelOperation.created_at < cutoff,
-        ),
-        counted="cancel",
+    *(
+        Rule(
+            kind.table.__tablename__, kind.table, kind.prunable, kind.name if kind.settled else None
+        )
+        for kind in KINDS.values()
+        if kind.prunable is not None
     ),
     Rule(
         "turns",
         Turn,
         lambda cutoff: and_(Turn.phase == TurnPhase.SETTLED, Turn.settled_at < cutoff),
-    ),
-    Rule(
-        "maintenance_runs",
-        MaintenanceRun,
-        lambda cutoff: and_(
-            MaintenanceRun.started_at < cutoff,  # what the index on age finds
-            MaintenanceRun.status.in_(SETTLED["maintenance"]),
-            MaintenanceRun.finished_at < cutoff,
-        ),
-        counted="maintenance",
-    ),
-    Rule(
-        "prompts",
-        Prompt,
-        lambda cutoff: and_(
-            Prompt.status.in_(SETTLED["prompt"]),
-            Prompt.created_at < cutoff,
-        ),
-        counted="prompt",
-    ),
-    Rule(
-        "session_stops",
-        SessionStop,
-        lambda cutoff: and_(
-            SessionStop.created_at < cutoff,
-            not_(
-                select(MaintenanceRun.run_id)
-                .where(
-                    MaintenanceRun.run_id == SessionStop.run_id,
-                    MaintenanceRun.status.in_(LIVE_MAINTENANCE_STATUSES),
-                )
-                .exists()
-            ),
-        ),
     ),
     Rule(
         "session_events",

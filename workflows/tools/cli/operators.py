@@ -5,7 +5,8 @@ import re
 import click
 
 from ...errors import InvalidArgument, NotFound
-from ...operators.catalog import KINDS, STATUSES, kind_of
+from ...operators.catalog import STATUSES, kind_of
+from ...operators.kinds import KINDS
 from ...records import as_dict
 from .common import _client, _emit, cli, error_note, json_option
 
