@@ -1,7 +1,9 @@
 """Durable turn cancels (docs/lifecycles.md: cancels).
 
 The cancel row is written before the runtime is called; the runtime's answer, a turn-settled
-report, or (when the host is gone) local settlement completes it together with the turn.
+report, or (when the host is gone) local settlement completes it together with the turn. Its
+states are one table (`CANCEL`): `prepared`, then `leased` by a worker's attempt (taken over
+once its lease runs out), and `completed` or, past its budget, `failed`.
 """
 
 from datetime import datetime, timedelta
@@ -16,8 +18,18 @@ from .. import ids, leases
 from ..errors import CancelConflict
 from ..prompts import queue as prompts
 from ..sessions.rows import lock_session
+from ..transitions import Machine
 
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
+CANCEL = Machine(
+    CancelOperation,
+    CancelOperation.operation_id,
+    CancelOperation.status,
+    {
+        status: frozenset({CancelStatus.LEASED, CancelStatus.COMPLETED, CancelStatus.FAILED})
+        for status in OPEN_CANCEL_STATUSES
+    },
+)
 # How often a cancel of an offline session looks whether the session is back (a liveness
 # call, never a resume).
 OFFLINE_RECHECK_S = 10.0
@@ -137,16 +149,14 @@ def cancel_if_fenced(
 def claim(
     session: Session, cancel: CancelOperation, owner: str, lease_s: float, now: datetime
 ) -> str | None:
-    return leases.claim_row(
+    """A worker's attempt begins: `leased` under its lease, one attempt more."""
+    return CANCEL.claim(
         session,
-        CancelOperation,
-        CancelOperation.operation_id,
         cancel.operation_id,
+        CancelStatus.LEASED,
         owner,
         lease_s,
         now,
-        CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
-        status=CancelStatus.LEASED,
         attempt=CancelOperation.attempt + 1,
     )
 
@@ -179,23 +189,17 @@ def complete(
 ) -> bool:
     """Complete the cancel and settle its turn in one transaction (the turn is already
     settled when a report ended it: `settle_turn=False`)."""
-    conditions = [
-        CancelOperation.operation_id == cancel.operation_id,
-        CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
-    ]
-    if token is not None:
-        conditions.append(CancelOperation.lease_token == token)
-    done = session.execute(
-        update(CancelOperation)
-        .where(*conditions)
-        .values(
-            status=CancelStatus.COMPLETED,
-            result=result,
-            completed_at=now,
-            **leases.RELEASED,
-        )
+    held = () if token is None else (CancelOperation.lease_token == token,)
+    done = CANCEL.move(
+        session,
+        cancel.operation_id,
+        CancelStatus.COMPLETED,
+        *held,
+        result=result,
+        completed_at=now,
+        **leases.RELEASED,
     )
-    if rowcount(done) != 1:
+    if not done:
         return False
     if not settle_turn:
         return True
@@ -290,11 +294,11 @@ def wait_offline(session: Session, cancel: CancelOperation, token: str, now: dat
 
 def fail(session: Session, cancel: CancelOperation, token: str, error: str, now: datetime) -> bool:
     """Past the budget: the cancel ends `failed` with a stable code (status shows it)."""
-    return _holder_update(
+    return CANCEL.move(
         session,
-        cancel,
-        token,
-        status=CancelStatus.FAILED,
+        cancel.operation_id,
+        CancelStatus.FAILED,
+        CancelOperation.lease_token == token,
         last_error=error,
         completed_at=now,
         **leases.RELEASED,

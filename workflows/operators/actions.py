@@ -28,6 +28,7 @@ from ...models.tables import (
 )
 from .. import leases
 from ..errors import Conflict, InvalidArgument, NotFound
+from ..fences import lifecycle
 from ..maintenance import runs
 from ..sessions.rows import append_event, lock_session
 from ..validation import MAX_REASON_BYTES, check_choice, check_text
@@ -88,19 +89,7 @@ def retry(
         lock_session(session, fence.workspace_id, fence.session_id)
         if fence.status != FenceStatus.FAILED:
             raise Conflict(f"fence {operation_id} is {fence.status}: only a failed one is retried")
-        session.execute(
-            update(GoalFence)
-            .where(GoalFence.fence_id == operation_id, GoalFence.status == FenceStatus.FAILED)
-            .values(
-                status=FenceStatus.PENDING,
-                attempt=0,
-                failing_since=None,
-                last_error=None,
-                completed_at=None,
-                next_attempt_at=now,
-                **leases.RELEASED,
-            )
-        )
+        lifecycle.retry(session, operation_id, now)
         if fence.clear_operation_id:
             clear = session.get(GoalOperation, fence.clear_operation_id, populate_existing=True)
             if clear is not None and clear.status == OperationStatus.FAILED:

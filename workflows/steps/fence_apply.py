@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
 
-from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
-from ...models.db import rowcount, run_read, run_transaction
+from ...models.db import run_read, run_transaction
 from ...models.enums import (
     OPEN_OPERATION_STATUSES,
     FenceStatus,
@@ -25,7 +24,7 @@ from .. import budgets, ids, leases
 from ..adapters.host_state import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND
 from ..errors import RuntimeDisconnected, RuntimeFault
-from ..fences import cancels
+from ..fences import cancels, lifecycle
 from ..fences.settle import settle_clear_locally
 from ..goals import outcomes
 from ..goals.claims import Claim
@@ -138,17 +137,8 @@ class FenceApplier(Step):
         if lane_token is None:
             return "lane_busy"  # still due: the sweeper publishes it again shortly
         token = leases.new_token()
-        s.execute(
-            update(GoalFence)
-            .where(GoalFence.fence_id == fence_id)
-            .values(
-                status=FenceStatus.PROCESSING,
-                attempt=GoalFence.attempt + 1,
-                lease_owner=self.worker_id,
-                lease_token=token,
-                lease_expires_at=now + timedelta(seconds=self.lease_s),
-            )
-        )
+        if not lifecycle.claim(s, fence_id, self.worker_id, token, self.lease_s, now):
+            return "skipped"  # failed or completed meanwhile
         return FenceClaim(
             fence_id=fence.fence_id,
             workspace_id=fence.workspace_id,
@@ -269,26 +259,10 @@ class FenceApplier(Step):
         op = run_transaction(self.engine, lambda s: s.get(GoalOperation, claim.clear_operation_id))
         return op is None or op.status not in OPEN_OPERATION_STATUSES
 
-    # -- fence transitions, each conditional on the fence's lease token -------------------
-    def _finish_fence(self, s: Session, claim: FenceClaim, **values) -> bool:
-        result = s.execute(
-            update(GoalFence)
-            .where(GoalFence.fence_id == claim.fence_id, GoalFence.lease_token == claim.token)
-            .values(lease_owner=None, lease_token=None, lease_expires_at=None, **values)
-        )
-        leases.release(s, claim.lane, claim.lane_token)
-        return rowcount(result) == 1
-
+    # -- the attempt's end (workflows/fences/lifecycle.py), and the lane let go -----------
     def _complete(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
-        values = {"cancel_operation_id": cancel_id} if cancel_id else {}  # keep a recorded one
-        ok = self._finish_fence(
-            s,
-            claim,
-            status=FenceStatus.COMPLETED,
-            completed_at=self.clock(),
-            last_error=None,
-            **values,
-        )
+        ok = lifecycle.complete(s, claim.fence_id, claim.token, self.clock(), cancel_id)
+        leases.release(s, claim.lane, claim.lane_token)
         return "completed" if ok else "skipped"
 
     def _back_to_pending(
@@ -299,19 +273,13 @@ class FenceApplier(Step):
         delay_s: float,
         cancel_id: str | None = None,
     ) -> str:
-        values = {
-            "status": FenceStatus.PENDING,
-            "last_error": error,
-            "next_attempt_at": self.clock() + timedelta(seconds=delay_s),
-        }
-        if error in WAITS:  # a wait uses no budget
-            values.update(attempt=GoalFence.attempt - 1, failing_since=None)
-        else:
-            values["failing_since"] = func.coalesce(GoalFence.failing_since, self.clock())
-        if cancel_id is not None:
-            values["cancel_operation_id"] = cancel_id
-        ok = self._finish_fence(s, claim, **values)
-        return ("waiting" if error in WAITS else "retry") if ok else "skipped"
+        now, wait = self.clock(), error in WAITS
+        due_at = now + timedelta(seconds=delay_s)
+        ok = lifecycle.back_to_pending(
+            s, claim.fence_id, claim.token, error, due_at, now, wait=wait, cancel_id=cancel_id
+        )
+        leases.release(s, claim.lane, claim.lane_token)
+        return ("waiting" if wait else "retry") if ok else "skipped"
 
     def _offline(self, s: Session, claim: FenceClaim) -> str:
         """The session is offline (docs/lifecycles.md: fences). For each of the fenced
@@ -364,10 +332,8 @@ class FenceApplier(Step):
                 claim.session_id,
                 now,
             )
-        values = {"cancel_operation_id": cancel_id} if cancel_id else {}  # keep a recorded one
-        ok = self._finish_fence(
-            s, claim, status=FenceStatus.COMPLETED, completed_at=now, last_error=None, **values
-        )
+        ok = lifecycle.complete(s, claim.fence_id, claim.token, now, cancel_id)
+        leases.release(s, claim.lane, claim.lane_token)
         return "completed_offline" if ok else "skipped"
 
     def _refused(self, s: Session, claim: FenceClaim, refusal: str) -> str:
@@ -382,19 +348,10 @@ class FenceApplier(Step):
         and its clear (if it is still open) fails with it. The row still forbids its
         generation; every resume still preloads it."""
         error = error or budgets.exhausted(why, fence.last_error)
-        result = s.execute(
-            update(GoalFence)
-            .where(GoalFence.fence_id == fence.fence_id, GoalFence.status != FenceStatus.COMPLETED)
-            .values(
-                status=FenceStatus.FAILED,
-                last_error=error,
-                completed_at=now,
-                **leases.RELEASED,
-            )
-        )
+        failed = lifecycle.fail(s, fence.fence_id, error, now)
         if fence.clear_operation_id:
             clear = s.get(GoalOperation, fence.clear_operation_id)
             if clear is not None:
                 fail_operation(s, clear, f"the fence's delivery failed: {why}", now)
         log.warning("fence %s failed: %s", fence.fence_id, error)
-        return "failed" if rowcount(result) == 1 else "skipped"
+        return "failed" if failed else "skipped"
