@@ -9,17 +9,23 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 
 from ..models.db import run_transaction
-from ..models.enums import OPEN_OPERATION_STATUSES
-from ..models.tables import AgentSession, GoalOperation
+from ..models.tables import GoalOperation
 from ..workflows import leases
 from ..workflows.activity.reconcile import to_reconcile
-from ..workflows.goals.operations import budget_exhausted, due_operations, fail_operation
+from ..workflows.fences import restores
+from ..workflows.goals.operations import due_operations, settle_or_reserve
 from ..workflows.operators import counts as operation_counts
-from ..workflows.operators.kinds import KINDS, Kind, Republish
+from ..workflows.operators.kinds import (
+    KINDS,
+    Kind,
+    Republish,
+    due_to_republish,
+    reserve_republish,
+)
 from ..workflows.prompts.queue import sessions_with_queued_prompts
 from ..workflows.steps.maintenance_sweep import sweep_maintenance
 from ..workflows.task_names import (
@@ -155,10 +161,11 @@ def sweep_goal_operations(
     """Re-publish due prepared/dispatched work (the operation row is the outbox), take over
     expired leases, and fail operations whose budget ran out even if no worker runs them."""
     reserved: list[str] = []
+    until = now + timedelta(seconds=REPUBLISH_INTERVAL_S)
     for operation_id in due_goal_operations(engine, now, limit):
         try:
             action = run_transaction(
-                engine, lambda s, op_id=operation_id: _settle_or_reserve(s, op_id, now)
+                engine, lambda s, op_id=operation_id: settle_or_reserve(s, op_id, now, until)
             )
             if action == "republish":
                 reserved.append(operation_id)
@@ -182,25 +189,6 @@ def sweep_goal_operations(
             log.exception("sweeper: publishing dispatch for %s", ", ".join(chunk))
 
 
-def _settle_or_reserve(session, operation_id: str, now: datetime) -> str:
-    op = session.get(GoalOperation, operation_id, populate_existing=True)
-    if op is None or op.status not in OPEN_OPERATION_STATUSES:
-        return "skip"
-    reason = budget_exhausted(op, now)
-    if reason:
-        return "failed" if fail_operation(session, op, reason, now) else "skip"
-    result = session.execute(
-        update(GoalOperation)
-        .where(
-            GoalOperation.operation_id == operation_id,
-            GoalOperation.next_attempt_at == op.next_attempt_at,
-            leases.unheld(GoalOperation, now),
-        )
-        .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
-    )
-    return "republish" if result.rowcount == 1 else "skip"
-
-
 def _republish_due(
     engine: Engine,
     publish: Publish,
@@ -214,30 +202,15 @@ def _republish_due(
     whose publish was lost or whose retry is due, cancels whose lease expired, ...),
     reserving each for REPUBLISH_INTERVAL_S with a conditional update so two sweeps never
     both publish it."""
-    table, key = kind.table, kind.key
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
-    due = [table.status.in_(spec.statuses), table.next_attempt_at <= now, leases.unheld(table, now)]
-    if spec.grace_first_attempt:
-        due.append(or_(table.attempt > 0, table.next_attempt_at <= cutoff))
-    ids_due = run_transaction(
-        engine,
-        lambda s: list(
-            s.execute(
-                select(key).where(*due).order_by(table.next_attempt_at).limit(limit)
-            ).scalars()
-        ),
-    )
+    until = now + timedelta(seconds=REPUBLISH_INTERVAL_S)
+    ids_due = run_transaction(engine, lambda s: due_to_republish(s, kind, spec, now, cutoff, limit))
     for row_id in ids_due:
         try:
             reserved = run_transaction(
                 engine,
-                lambda s, row_id=row_id: (
-                    s.execute(
-                        update(table)
-                        .where(key == row_id, *due)
-                        .values(next_attempt_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
-                    ).rowcount
-                    == 1
+                lambda s, row_id=row_id: reserve_republish(
+                    s, kind, spec, row_id, now, cutoff, until
                 ),
             )
             if reserved:
@@ -245,7 +218,7 @@ def _republish_due(
                 counts.republished += 1
         except Exception:  # noqa: BLE001 - one bad row must not stop the sweep
             counts.errors += 1
-            log.exception("sweeper: %s %s", table.__tablename__, row_id)
+            log.exception("sweeper: %s %s", kind.noun, row_id)
 
 
 def sweep_stale_mirrors(engine: Engine, now: datetime, limit: int, counts: SweepCounts) -> None:
@@ -255,17 +228,7 @@ def sweep_stale_mirrors(engine: Engine, now: datetime, limit: int, counts: Sweep
 
     def request(s) -> int:
         keys = s.execute(to_reconcile(now).limit(limit)).all()
-        for workspace_id, session_id in keys:
-            s.execute(
-                update(AgentSession)
-                .where(
-                    AgentSession.workspace_id == workspace_id,
-                    AgentSession.session_id == session_id,
-                    AgentSession.restore_due_at.is_(None),
-                )
-                .values(restore_due_at=now - timedelta(seconds=OUTBOX_GRACE_S), reconciled_at=now)
-            )
-        return len(keys)
+        return restores.request_reconcile(s, keys, now - timedelta(seconds=OUTBOX_GRACE_S), now)
 
     try:
         counts.details["reconcile"] = run_transaction(engine, request)
@@ -281,30 +244,14 @@ def sweep_restores(
     lost, whose restore met a fault, or whose restoring worker died: published again, each
     reserved for REPUBLISH_INTERVAL_S first so two sweeps never both publish it."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
-    due = run_transaction(
-        engine,
-        lambda s: s.execute(
-            select(AgentSession.workspace_id, AgentSession.session_id, AgentSession.restore_due_at)
-            .where(AgentSession.restore_due_at <= cutoff)
-            .order_by(AgentSession.restore_due_at)
-            .limit(limit)
-        ).all(),
-    )
+    due = run_transaction(engine, lambda s: restores.due(s, cutoff, limit))
+    until = now + timedelta(seconds=REPUBLISH_INTERVAL_S)
     for workspace_id, session_id, due_at in due:
         try:
             reserved = run_transaction(
                 engine,
-                lambda s, key=(workspace_id, session_id), due_at=due_at: (
-                    s.execute(
-                        update(AgentSession)
-                        .where(
-                            AgentSession.workspace_id == key[0],
-                            AgentSession.session_id == key[1],
-                            AgentSession.restore_due_at == due_at,
-                        )
-                        .values(restore_due_at=now + timedelta(seconds=REPUBLISH_INTERVAL_S))
-                    ).rowcount
-                    == 1
+                lambda s, key=(workspace_id, session_id), due_at=due_at: restores.reserve(
+                    s, *key, due_at, until
                 ),
             )
             if reserved:

@@ -259,6 +259,26 @@ def claim_row(
     return token if rowcount(result) == 1 else None
 
 
+def renew_row(
+    session: Session, model, key_column, key: str, token: str, ttl_s: float, now: datetime
+) -> bool:
+    """The holder (`token`) keeps its row's lease for `ttl_s` more; False if it lost it."""
+    result = session.execute(
+        update(model)
+        .where(key_column == key, model.lease_token == token)
+        .values(lease_expires_at=now + timedelta(seconds=ttl_s))
+    )
+    return rowcount(result) == 1
+
+
+def release_row(session: Session, model, key_column, key: str, token: str) -> bool:
+    """The holder (`token`) lets its row's lease go; False if it had lost it."""
+    result = session.execute(
+        update(model).where(key_column == key, model.lease_token == token).values(**RELEASED)
+    )
+    return rowcount(result) == 1
+
+
 def reserve_republish(
     session: Session, kind: str, keys: list[tuple[str, ...]], ttl_s: float, now: datetime
 ) -> list[tuple[str, ...]]:

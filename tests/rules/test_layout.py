@@ -183,6 +183,49 @@ def test_the_check_catches_a_wrong_import(module, source):
     assert violations({module: source}), f"{source!r} in {module} passed"
 
 
+# What a state machine's rows hold (workflows/transitions.py): only rules write them.
+STATE_COLUMNS = {"status", "phase", "provider_phase", "sync_status"}
+SQL_WRITES = {"update", "insert", "delete"}
+
+
+def role_violations(name: str, source: str) -> list[str]:
+    """A step (or the sweeper) that writes by itself: an UPDATE, INSERT or DELETE of its own,
+    or a state column set on a row. Rules own every write and every transition; steps act."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            found += [f"{name} imports {a.name}" for a in node.names if a.name in SQL_WRITES]
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            for one in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(one, ast.Attribute) and one.attr in STATE_COLUMNS:
+                    found.append(f"{name} sets .{one.attr}")
+    return found
+
+
+def test_steps_and_the_sweeper_leave_writes_to_the_rules():
+    acting = ("agent_radar.workflows.steps", "agent_radar.beat")
+    found = [
+        violation
+        for name, source in project_modules().items()
+        if within(name, acting)
+        for violation in role_violations(name, source)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from sqlalchemy import update",
+        "def f(row):\n    row.status = 'completed'",
+        "def f(state):\n    state.observed, state.sync_status = 1, 2",
+    ],
+)
+def test_the_role_check_catches_a_step_that_writes(source):
+    assert role_violations("agent_radar.workflows.steps.x", source)
+
+
 def test_no_module_is_over_400_lines():
     """A module a reader can hold in their head; past that, it is two concepts."""
     long = {

@@ -116,7 +116,7 @@ def test_a_restore_meeting_faults_stops_at_its_budget_and_shows(client, sim_cont
     nothing showed it. Each fault uses one attempt of the budget; past it the restore
     stops, its error stays on the session, and the next restore that succeeds clears it."""
     from agent_radar.workflows import budgets
-    from agent_radar.workflows.fences.reinstall import request_restore
+    from agent_radar.workflows.fences.restores import request as request_restore
 
     client.ensure_session(WS, SID)
     sim_control.fault("liveness", status=500, count=budgets.MAX_ATTEMPTS + 5, session_id=SID)

@@ -11,9 +11,9 @@ from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import AgentSession, GoalFence
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-from agent_radar.workflows.fences.reinstall import request_restore
+from agent_radar.workflows.fences.restores import OFFLINE_RECHECK_S
+from agent_radar.workflows.fences.restores import request as request_restore
 from agent_radar.workflows.steps.fence_apply import FenceApplier
-from agent_radar.workflows.steps.restore import OFFLINE_RECHECK_S
 from agent_radar.workflows.task_names import RESTORE_TASK
 from tests.helpers import restorer
 

@@ -20,8 +20,8 @@ from ...models.enums import (
 from ...models.tables import GoalFence, GoalOperation, Turn
 from ..adapters import report_auth
 from ..errors import InvalidArgument
-from ..fences import cancels
-from ..fences.reinstall import needs_restore, request_restore
+from ..fences import cancels, restores
+from ..fences.reinstall import needs_restore
 from ..maintenance import runs
 from ..prompts import queue as prompts
 from ..sessions import hosts, turns
@@ -258,7 +258,7 @@ def apply_report(
     restore = (
         not said_offline
         and (confirm or applied or epoch.goal_owed or needs_restore(session, row))
-        and request_restore(row, now)
+        and restores.request(row, now)
     )
     return ReportEffects(
         restore=restore,

@@ -12,8 +12,6 @@ ones known before the call, so a restart or a move during it leaves a record tha
 matches, and the fence is installed once more.
 """
 
-from datetime import datetime
-
 from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
@@ -85,12 +83,3 @@ def needs_restore(session: Session, row: AgentSession) -> bool:
             )
         ).scalar_one()
     )
-
-
-def request_restore(row: AgentSession, now: datetime) -> bool:
-    """Make the session's restore due now (the row is locked). True when the caller should
-    publish it; False when one is already due (its message is out, or the sweeper's is)."""
-    if row.restore_due_at is not None and row.restore_due_at <= now:
-        return False
-    row.restore_due_at = now
-    return True

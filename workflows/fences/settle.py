@@ -1,6 +1,6 @@
 """A fence settled without the agent's word (docs/lifecycles.md: fences): the session was offline
 or gone, so its clear completes with phase and sync `unknown` and waits to be delivered when the
-session is live again (workflows/steps/restore.py)."""
+session is live again (workflows/steps/restore.py), which `clear_delivered` records."""
 
 from datetime import datetime
 
@@ -15,7 +15,7 @@ from ...models.enums import (
     SyncStatus,
 )
 from ...models.tables import GoalFence, GoalOperation, GoalState
-from .. import leases
+from .. import leases, records
 
 
 def settle_clear_locally(
@@ -56,3 +56,37 @@ def settle_clear_locally(
         .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
     )
     return True
+
+
+def clear_delivered(
+    session: Session, fence_id: str, clear: records.GoalOperation, answer: dict | None
+) -> None:
+    """The clear reached the agent (or the agent already had something newer): the fence has
+    nothing left to deliver. An applied answer is the evidence the local settlement lacked."""
+    session.execute(
+        update(GoalFence).where(GoalFence.fence_id == fence_id).values(clear_undelivered=False)
+    )
+    if answer is None or answer.get("phase") != ProviderPhase.APPLIED:
+        return
+    session.execute(
+        update(GoalOperation)
+        .where(
+            GoalOperation.operation_id == clear.operation_id,
+            GoalOperation.provider_phase == ProviderPhase.UNKNOWN,
+        )
+        .values(provider_phase=ProviderPhase.APPLIED, evidence=answer.get("evidence"))
+    )
+    goal = answer.get("goal")
+    session.execute(
+        update(GoalState)
+        .where(
+            GoalState.workspace_id == clear.workspace_id,
+            GoalState.session_id == clear.session_id,
+            GoalState.revision == clear.goal_revision,
+            GoalState.pending_operation_id.is_(None),
+        )
+        .values(
+            observed=goal,
+            sync_status=SyncStatus.SYNCED if goal is None else SyncStatus.DIVERGED,
+        )
+    )

@@ -71,6 +71,17 @@ def open_client_operations(session: Session, workspace_id: str, session_id: str)
     )
 
 
+def due_now(session: Session, operation_ids: list[str], now: datetime) -> list[str]:
+    """These operations' next attempt is due now (a release woke them); the same ids."""
+    if operation_ids:
+        session.execute(
+            update(GoalOperation)
+            .where(GoalOperation.operation_id.in_(operation_ids))
+            .values(next_attempt_at=now)
+        )
+    return operation_ids
+
+
 def backoff_s(attempt: int) -> float:
     return float(min(2 ** max(attempt - 1, 0), BACKOFF_CAP_S))
 
@@ -335,3 +346,25 @@ def complete_applied(
 ) -> bool:
     """Record authoritative evidence that the agent applied this operation's revision."""
     return op.operation_id in complete_applied_many(session, [(op, goal, evidence)], now, token)
+
+
+def settle_or_reserve(session: Session, operation_id: str, now: datetime, until: datetime) -> str:
+    """The sweeper's look at a due operation: "failed" once its budget ran out, "republish"
+    when it is reserved for the sweeper's message until `until` (nobody publishes it again
+    meanwhile), else "skip" (settled, or taken meanwhile)."""
+    op = session.get(GoalOperation, operation_id, populate_existing=True)
+    if op is None or op.status not in OPEN_OPERATION_STATUSES:
+        return "skip"
+    reason = budget_exhausted(op, now)
+    if reason:
+        return "failed" if fail_operation(session, op, reason, now) else "skip"
+    result = session.execute(
+        update(GoalOperation)
+        .where(
+            GoalOperation.operation_id == operation_id,
+            GoalOperation.next_attempt_at == op.next_attempt_at,
+            leases.unheld(GoalOperation, now),
+        )
+        .values(next_attempt_at=until)
+    )
+    return "republish" if rowcount(result) == 1 else "skip"

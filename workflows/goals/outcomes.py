@@ -4,14 +4,15 @@ the caller's transaction and, for an attempt, only under its claim's lease token
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
 from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
 from ...models.tables import GoalOperation, GoalState
+from .. import records
 from ..adapters import logs
 from ..adapters.runtime import STALE_REVISION
 from ..errors import RuntimeFault
@@ -217,3 +218,40 @@ def fault_outcome(
         )
     )
     return StepResult(op.operation_id, "retry" if rowcount(result) == 1 else "skipped")
+
+
+def _still_unknown(state: GoalState | None) -> TypeGuard[GoalState]:
+    return (
+        state is not None
+        and state.sync_status == SyncStatus.UNKNOWN
+        and state.pending_operation_id is None
+        and state.revision > 0
+    )
+
+
+def unknown_current_goal(
+    session: Session, workspace_id: str, session_id: str
+) -> records.GoalOperation | None:
+    """The completed operation of the session's current goal revision, when the host's goal is
+    not known (a move: the new host never received it; a clear settled offline)."""
+    state = session.get(GoalState, (workspace_id, session_id), populate_existing=True)
+    if not _still_unknown(state):
+        return None
+    op = session.execute(
+        select(GoalOperation).where(
+            GoalOperation.workspace_id == workspace_id,
+            GoalOperation.session_id == session_id,
+            GoalOperation.goal_revision == state.revision,
+            GoalOperation.status == OperationStatus.COMPLETED,
+        )
+    ).scalar_one_or_none()
+    return None if op is None else records.from_row(records.GoalOperation, op)
+
+
+def observe_delivered(session: Session, op: records.GoalOperation, goal: Any) -> None:
+    """The host applied the current goal delivered again (unknown_current_goal): what it
+    answered is what the goal state observes, unless something newer came meanwhile."""
+    state = session.get(GoalState, (op.workspace_id, op.session_id), populate_existing=True)
+    if _still_unknown(state) and state.revision == op.goal_revision:
+        state.observed = goal
+        state.sync_status = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED

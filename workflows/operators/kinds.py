@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, not_, or_, select
+from sqlalchemy import ColumnElement, and_, not_, or_, select, update
 from sqlalchemy.orm import Session
 
+from ...models.db import rowcount
 from ...models.enums import (
     LIVE_MAINTENANCE_STATUSES,
     TERMINAL_MAINTENANCE_STATUSES,
@@ -35,7 +36,7 @@ from ...models.tables import (
     Prompt,
     SessionStop,
 )
-from .. import records
+from .. import leases, records
 from ..activity import stops
 from ..task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK
 
@@ -232,3 +233,40 @@ _BY_RECORD = {kind.record_type: kind for kind in KINDS.values()}
 def kind_of_record(record: Any) -> Kind | None:
     """The kind whose record this is, or None."""
     return _BY_RECORD.get(type(record))
+
+
+def _republish_due(kind: Kind, spec: Republish, now: datetime, cutoff: datetime) -> list[Any]:
+    table = kind.table
+    due = [table.status.in_(spec.statuses), table.next_attempt_at <= now, leases.unheld(table, now)]
+    if spec.grace_first_attempt:
+        due.append(or_(table.attempt > 0, table.next_attempt_at <= cutoff))
+    return due
+
+
+def due_to_republish(
+    session: Session, kind: Kind, spec: Republish, now: datetime, cutoff: datetime, limit: int
+) -> list[str]:
+    """Ids of a kind's rows that are due and no live lease holds (a row never attempted only
+    once due before `cutoff`, with `grace_first_attempt`), oldest due first."""
+    due = _republish_due(kind, spec, now, cutoff)
+    query = select(kind.key).where(*due).order_by(kind.table.next_attempt_at).limit(limit)
+    return list(session.execute(query).scalars())
+
+
+def reserve_republish(
+    session: Session,
+    kind: Kind,
+    spec: Republish,
+    row_id: str,
+    now: datetime,
+    cutoff: datetime,
+    until: datetime,
+) -> bool:
+    """The sweeper publishes this row again: reserved until `until` if it is still due, so
+    two sweeps never both publish it."""
+    result = session.execute(
+        update(kind.table)
+        .where(kind.key == row_id, *_republish_due(kind, spec, now, cutoff))
+        .values(next_attempt_at=until)
+    )
+    return rowcount(result) == 1

@@ -108,6 +108,11 @@ def take_next(session: Session, workspace_id: str, session_id: str, now: datetim
     return prompt
 
 
+def sent(session: Session, prompt_id: str, turn_id: Any) -> None:
+    """The host took the prompt: the turn it answered with is the prompt's."""
+    session.execute(update(Prompt).where(Prompt.prompt_id == prompt_id).values(turn_id=turn_id))
+
+
 def not_sent(
     session: Session, prompt: Prompt, exc: RuntimeFault | RuntimeDisconnected, now: datetime
 ) -> str:

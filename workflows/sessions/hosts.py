@@ -7,16 +7,18 @@ addresses: a message can name a host, never supply one.
 """
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.base import table_of
-from ...models.db import run_read
+from ...models.coordination import HostCircuit
+from ...models.db import insert_ignore, run_read
 from ...models.tables import AgentSession, RuntimeHost
 from ..errors import Conflict, InvalidArgument, NotFound
 from ..records import Host
@@ -166,3 +168,35 @@ def locator(engine: Engine) -> Callable[[str, str], tuple[str, str | None, str |
         return run_read(engine, read)
 
     return locate
+
+
+@dataclass
+class CircuitChange:
+    """A host's circuit that a worker process opened (`open_until` set) or closed
+    (docs/dispatch.md: circuit breakers), to be recorded for `status`."""
+
+    host_id: str
+    open_until: datetime | None
+    failures: int = 0
+    error: str | None = None
+
+
+def record_circuits(s: Session, changes: Iterable[CircuitChange], worker_id: str) -> None:
+    """Record circuits that opened or closed (for `status` and the metrics)."""
+    for t in changes:
+        if t.open_until is None:
+            # Only this process's opening: another's circuit may still be open.
+            s.execute(
+                delete(HostCircuit).where(
+                    HostCircuit.host_id == t.host_id, HostCircuit.opened_by == worker_id
+                )
+            )
+            continue
+        values = {
+            "open_until": t.open_until,
+            "failures": t.failures,
+            "last_error": (t.error or "")[:512],
+            "opened_by": worker_id,
+        }
+        if not insert_ignore(s, table_of(HostCircuit), {"host_id": t.host_id, **values}):
+            s.execute(update(HostCircuit).where(HostCircuit.host_id == t.host_id).values(values))

@@ -13,8 +13,8 @@ from .. import budgets
 from ..activity.epochs import EpochEffects, observe_epoch
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
-from ..fences import cancels
-from ..fences.reinstall import needs_restore, request_restore
+from ..fences import cancels, restores
+from ..fences.reinstall import needs_restore
 from ..goals.operations import backoff_s
 from ..sessions import hosts, turns
 from ..sessions.rows import lock_session
@@ -74,7 +74,7 @@ class CancelRunner(Step):
             effects = EpochEffects()
             if epoch and epoch > (row.runtime_epoch or 0):
                 effects = observe_epoch(s, row, epoch, now)
-            wanted = restore and needs_restore(s, row) and request_restore(row, now)
+            wanted = restore and needs_restore(s, row) and restores.request(row, now)
             return effects, wanted
 
         effects, wanted = run_transaction(self.engine, observe)

@@ -6,15 +6,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
-from ...models.db import rowcount, run_transaction
+from ...models.db import run_transaction
 from ...models.enums import MaintenanceError, MaintenanceStatus
 from ...models.tables import MaintenanceRun
 from .. import leases
@@ -234,23 +233,15 @@ class MaintenanceExecutor(Step):
         )
 
     def _heartbeat(self, s: Session, claim: RunClaim) -> MaintenanceRun | None:
-        now = self.clock()
-        result = s.execute(
-            update(MaintenanceRun)
-            .where(MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
-            .values(lease_expires_at=now + timedelta(seconds=self.lease_s))
-        )
-        if rowcount(result) != 1:
+        key = (MaintenanceRun, MaintenanceRun.run_id, claim.run_id, claim.token)
+        if not leases.renew_row(s, *key, self.lease_s, self.clock()):
             return None
         return s.get(MaintenanceRun, claim.run_id, populate_existing=True)
 
     def _release(self, s: Session, claim: RunClaim) -> bool:
-        result = s.execute(
-            update(MaintenanceRun)
-            .where(MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token)
-            .values(lease_owner=None, lease_token=None, lease_expires_at=None)
+        return leases.release_row(
+            s, MaintenanceRun, MaintenanceRun.run_id, claim.run_id, claim.token
         )
-        return rowcount(result) == 1
 
     def _poll(self, claim: RunClaim) -> dict | None:
         """The run's final state; None if the lease was lost; HAND_BACK when this worker is
@@ -334,13 +325,7 @@ class MaintenanceExecutor(Step):
                 token=claim.token,
                 error_code=MaintenanceError.OPERATION_PERSIST_FAILED,
             )
-            s.execute(
-                update(MaintenanceRun)
-                .where(
-                    MaintenanceRun.run_id == claim.run_id, MaintenanceRun.lease_token == claim.token
-                )
-                .values(lease_owner=None, lease_token=None, lease_expires_at=None)
-            )
+            self._release(s, claim)
             return ok
 
         deadline = time.monotonic() + PERSIST_RETRY_S

@@ -4,12 +4,10 @@ may go."""
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
-from ...models.tables import Prompt
 from ..adapters.runtime import RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..prompts import queue as prompts
@@ -41,12 +39,5 @@ def dispatch_next(
     except (RuntimeFault, RuntimeDisconnected) as exc:
         fault = exc
         return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
-    run_transaction(
-        engine,
-        lambda s: s.execute(
-            update(Prompt)
-            .where(Prompt.prompt_id == taken.prompt_id)
-            .values(turn_id=answer.get("turn_id"))
-        ),
-    )
+    run_transaction(engine, lambda s: prompts.sent(s, taken.prompt_id, answer.get("turn_id")))
     return "dispatched"

@@ -14,24 +14,24 @@ nobody asked again meanwhile; the sweeper publishes what is due.
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TypeGuard
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
-from ...models.db import rowcount, run_read, run_transaction
-from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
-from ...models.tables import AgentSession, GoalFence, GoalOperation, GoalState
-from .. import budgets, records
+from ...models.db import run_read, run_transaction
+from ...models.enums import ProviderPhase
+from ...models.tables import GoalFence, GoalOperation
+from .. import records
 from ..activity.reconcile import Reconciled, apply_state
 from ..adapters.host_state import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
-from ..fences.reinstall import needs_restore
+from ..fences import restores
+from ..fences.settle import clear_delivered
+from ..goals import outcomes
 from ..sessions import hosts
-from ..sessions.rows import lock_session
 from ..task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
@@ -43,13 +43,6 @@ from .goals.dispatch import apply_goal
 from .wake import release_session
 
 log = logging.getLogger(__name__)
-
-# A restore that met a runtime fault (not a disconnect) is due again after this long, within
-# its budget (workflows/budgets.py).
-RESTORE_RETRY_S = 10.0
-# An offline session with a fence or a clear still to deliver is asked again this often: it may
-# come back without a report.
-OFFLINE_RECHECK_S = 30.0
 
 
 def restore_fences(
@@ -86,7 +79,9 @@ def deliver_current_goal(
     the session was offline when it settled) goes there again, after the fences: the operation
     of the current revision, which the host applies once by its id. Its answer is what the
     goal state observes."""
-    op = run_transaction(engine, lambda s: _unknown_current_goal(s, workspace_id, session_id))
+    op = run_transaction(
+        engine, lambda s: outcomes.unknown_current_goal(s, workspace_id, session_id)
+    )
     if op is None:
         return
     try:
@@ -97,41 +92,7 @@ def deliver_current_goal(
         return  # the host holds a newer revision: the state answer tells which
     if answer.get("phase") != ProviderPhase.APPLIED:
         return
-    goal = answer.get("goal")
-
-    def observe(s: Session) -> None:
-        state = s.get(GoalState, (workspace_id, session_id), populate_existing=True)
-        if _still_unknown(state) and state.revision == op.goal_revision:
-            state.observed = goal
-            state.sync_status = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
-
-    run_transaction(engine, observe)
-
-
-def _still_unknown(state: GoalState | None) -> TypeGuard[GoalState]:
-    return (
-        state is not None
-        and state.sync_status == SyncStatus.UNKNOWN
-        and state.pending_operation_id is None
-        and state.revision > 0
-    )
-
-
-def _unknown_current_goal(
-    session: Session, workspace_id: str, session_id: str
-) -> records.GoalOperation | None:
-    state = session.get(GoalState, (workspace_id, session_id), populate_existing=True)
-    if not _still_unknown(state):
-        return None
-    op = session.execute(
-        select(GoalOperation).where(
-            GoalOperation.workspace_id == workspace_id,
-            GoalOperation.session_id == session_id,
-            GoalOperation.goal_revision == state.revision,
-            GoalOperation.status == OperationStatus.COMPLETED,
-        )
-    ).scalar_one_or_none()
-    return None if op is None else records.from_row(records.GoalOperation, op)
+    run_transaction(engine, lambda s: outcomes.observe_delivered(s, op, answer.get("goal")))
 
 
 def _undelivered_clears(
@@ -156,44 +117,7 @@ def _record_delivery(
     clear: records.GoalOperation,
     answer: dict | None,
 ) -> None:
-    run_transaction(engine, lambda s: _delivered(s, fence_id, clear, answer))
-
-
-def _delivered(
-    session: Session,
-    fence_id: str,
-    clear: records.GoalOperation,
-    answer: dict | None,
-) -> None:
-    """The clear reached the agent (or the agent already had something newer): the fence has
-    nothing left to deliver. An applied answer is the evidence the local settlement lacked."""
-    session.execute(
-        update(GoalFence).where(GoalFence.fence_id == fence_id).values(clear_undelivered=False)
-    )
-    if answer is None or answer.get("phase") != ProviderPhase.APPLIED:
-        return
-    session.execute(
-        update(GoalOperation)
-        .where(
-            GoalOperation.operation_id == clear.operation_id,
-            GoalOperation.provider_phase == ProviderPhase.UNKNOWN,
-        )
-        .values(provider_phase=ProviderPhase.APPLIED, evidence=answer.get("evidence"))
-    )
-    goal = answer.get("goal")
-    session.execute(
-        update(GoalState)
-        .where(
-            GoalState.workspace_id == clear.workspace_id,
-            GoalState.session_id == clear.session_id,
-            GoalState.revision == clear.goal_revision,
-            GoalState.pending_operation_id.is_(None),
-        )
-        .values(
-            observed=goal,
-            sync_status=SyncStatus.SYNCED if goal is None else SyncStatus.DIVERGED,
-        )
-    )
+    run_transaction(engine, lambda s: clear_delivered(s, fence_id, clear, answer))
 
 
 def reconcile_session(
@@ -256,7 +180,10 @@ class Restorer:
         self.lease_s = cancels.lease_s
 
     def restore(self, workspace_id: str, session_id: str) -> str:
-        stamp = run_transaction(self.engine, lambda s: self._claim(s, workspace_id, session_id))
+        until = self.clock() + timedelta(seconds=2 * self.lease_s)
+        stamp = run_transaction(
+            self.engine, lambda s: restores.claim(s, workspace_id, session_id, until)
+        )
         if stamp is None:
             return "skipped"
         error: str | None = None
@@ -285,7 +212,9 @@ class Restorer:
                 outcome = "retry"
         run_transaction(
             self.engine,
-            lambda s: self._finish(s, workspace_id, session_id, stamp, outcome, error),
+            lambda s: restores.finish(
+                s, workspace_id, session_id, stamp, outcome, error, self.clock()
+            ),
         )
         return outcome
 
@@ -293,65 +222,3 @@ class Restorer:
         return reconcile_session(
             self.engine, self.runtime, self.cancels.publish, workspace_id, session_id, self.clock
         )[1]
-
-    def _claim(self, s: Session, workspace_id: str, session_id: str) -> datetime | None:
-        """Stamp the due restore as ours (a lease on it: the sweeper leaves it alone until
-        it runs out). None when no restore is due."""
-        row = s.get(AgentSession, (workspace_id, session_id), populate_existing=True)
-        if row is None or row.restore_due_at is None:
-            return None
-        stamp = self.clock() + timedelta(seconds=2 * self.lease_s)
-        done = s.execute(
-            update(AgentSession)
-            .where(
-                AgentSession.workspace_id == workspace_id,
-                AgentSession.session_id == session_id,
-                AgentSession.restore_due_at == row.restore_due_at,
-            )
-            .values(restore_due_at=stamp)
-        )
-        return stamp if rowcount(done) == 1 else None
-
-    def _finish(
-        self,
-        s: Session,
-        workspace_id: str,
-        session_id: str,
-        stamp: datetime,
-        outcome: str,
-        error: str | None,
-    ) -> None:
-        """Clear the due restore, unless someone asked again while this one ran (they set
-        it to their now) — or what it was for is still there. A fault uses one attempt of
-        the restore's budget (workflows/budgets.py) and is tried again after
-        RESTORE_RETRY_S; past the budget it stops, and `status` shows it until the next
-        restore someone asks for succeeds. An offline session is a wait."""
-        now = self.clock()
-        row = lock_session(s, workspace_id, session_id)
-        if outcome == "offline":
-            row.live = False  # background work settles locally until it is back
-        if outcome == "restored" and needs_restore(s, row):
-            # Still due: a fence came meanwhile, or the host's epoch moved on while it ran.
-            # Again, as an attempt: a host whose epoch moves every time runs out of budget.
-            outcome, error = "retry", "still due after a restore (the host's epoch moved on?)"
-        if outcome == "retry":
-            row.restore_attempt = (row.restore_attempt or 0) + 1
-            row.restore_failing_since = row.restore_failing_since or now
-            row.restore_error = error
-        elif outcome != "offline":
-            row.restore_attempt, row.restore_failing_since, row.restore_error = 0, None, None
-        if row.restore_due_at != stamp:
-            return
-        retry_at: datetime | None = None
-        if outcome == "retry":
-            why = budgets.spent(row.restore_attempt, row.restore_failing_since, now)
-            if why is None:
-                retry_at = now + timedelta(seconds=RESTORE_RETRY_S)
-            else:
-                row.restore_error = budgets.exhausted(why, error)
-                log.error(
-                    "restore of session %s/%s: %s", workspace_id, session_id, row.restore_error
-                )
-        elif outcome == "offline" and needs_restore(s, row):
-            retry_at = now + timedelta(seconds=OFFLINE_RECHECK_S)
-        row.restore_due_at = retry_at

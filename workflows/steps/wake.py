@@ -4,15 +4,13 @@ fence clears and prompts it held are woken, in submission order."""
 
 from datetime import datetime
 
-from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.db import run_transaction
-from ...models.tables import GoalOperation
 from ..activity.epochs import EpochEffects
 from ..fences import cancels
-from ..goals.operations import open_client_operations
+from ..goals.operations import due_now, open_client_operations
 from ..task_names import (
     CANCEL_APPLY_TASK,
     DISPATCH_TASK,
@@ -29,14 +27,7 @@ def release_session(
     the next queued prompt may go (docs/lifecycles.md: prompts)."""
 
     def wake(s: Session) -> list[str]:
-        ops = open_client_operations(s, workspace_id, session_id)
-        if ops:
-            s.execute(
-                update(GoalOperation)
-                .where(GoalOperation.operation_id.in_(ops))
-                .values(next_attempt_at=now)
-            )
-        return ops
+        return due_now(s, open_client_operations(s, workspace_id, session_id), now)
 
     operations = run_transaction(engine, wake)
     if operations:

@@ -37,12 +37,12 @@ from ....models.db import run_transaction
 from ...adapters import logs, metrics
 from ...goals.claims import Attempt, Claim, Lane, StepResult
 from ...goals.statements import MAX_LANES_PER_STEP
+from ...sessions.hosts import record_circuits
 from .host_gate import (
     FULL,
     GO,
     MAX_IN_FLIGHT,
     gate,
-    write_transitions,
 )
 
 log = logging.getLogger(__name__)
@@ -352,7 +352,7 @@ class Drain:
             if not released:
                 self.d.release(s, lanes)
             if transitions:
-                write_transitions(s, transitions, self.d.worker_id)
+                record_circuits(s, transitions, self.d.worker_id)
             # Look for more only after the release, in the same transaction (see
             # Dispatcher._next: a worker that found one of these lanes held had committed its
             # operation before, so this statement sees it).

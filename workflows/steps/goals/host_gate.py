@@ -5,19 +5,14 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, update
-from sqlalchemy.orm import Session
-
-from ....models.base import table_of, utcnow
-from ....models.coordination import HostCircuit
-from ....models.db import insert_ignore
+from ....models.base import utcnow
 from ...adapters import metrics
 from ...adapters.config import DEFAULT_HOST_CONCURRENCY
+from ...sessions.hosts import CircuitChange
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +46,6 @@ class _Host:
     call_s: float = FULL_RETRY_S  # its calls' duration, smoothed
 
 
-@dataclass
-class Transition:
-    """A circuit that opened (`open_until` set) or closed, to be written for `status`."""
-
-    host_id: str
-    open_until: datetime | None
-    failures: int = 0
-    error: str | None = None
-
-
 class HostGate:
     """Per-process admission of calls to each host: its concurrency limit and its circuit
     breaker. Thread-safe."""
@@ -69,7 +54,7 @@ class HostGate:
         self.limit = limit
         self._hosts: dict[str, _Host] = {}
         self._lock = threading.Lock()
-        self._transitions: list[Transition] = []
+        self._transitions: list[CircuitChange] = []
         self.total = 0  # calls in flight to every host: at most MAX_IN_FLIGHT (the pool)
 
     def admit(self, host_id: str) -> tuple[str, float, bool]:
@@ -120,7 +105,7 @@ class HostGate:
                 return
             if not failed:
                 if host.open_until:
-                    self._transitions.append(Transition(host_id, None))
+                    self._transitions.append(CircuitChange(host_id, None))
                     metrics.HOST_CIRCUIT_OPEN.labels(host_id).set(0)
                 host.failures, host.open_until, host.open_for = 0, 0.0, 0.0
                 return
@@ -130,7 +115,7 @@ class HostGate:
             host.open_for = min(BREAKER_MAX_OPEN_S, max(BREAKER_OPEN_S, host.open_for * 2))
             host.open_until = time.monotonic() + host.open_for
             until = utcnow() + timedelta(seconds=host.open_for)
-            self._transitions.append(Transition(host_id, until, host.failures, str(fault)))
+            self._transitions.append(CircuitChange(host_id, until, host.failures, str(fault)))
         metrics.HOST_CIRCUIT_OPEN.labels(host_id).set(1)
         metrics.HOST_CIRCUIT_OPENS.labels(host_id).inc()
         log.warning(
@@ -141,7 +126,7 @@ class HostGate:
             host.open_for,
         )
 
-    def put_back(self, transitions: list[Transition]) -> None:
+    def put_back(self, transitions: list[CircuitChange]) -> None:
         """Transitions whose write failed, to be written with the next."""
         with self._lock:
             self._transitions[:0] = transitions
@@ -150,31 +135,10 @@ class HostGate:
         with self._lock:
             return self.total
 
-    def take_transitions(self) -> list[Transition]:
+    def take_transitions(self) -> list[CircuitChange]:
         with self._lock:
             taken, self._transitions = self._transitions, []
         return taken
-
-
-def write_transitions(s: Session, transitions: Iterable[Transition], worker_id: str) -> None:
-    """Record circuits that opened or closed (for `status` and the metrics)."""
-    for t in transitions:
-        if t.open_until is None:
-            # Only this process's opening: another's circuit may still be open.
-            s.execute(
-                delete(HostCircuit).where(
-                    HostCircuit.host_id == t.host_id, HostCircuit.opened_by == worker_id
-                )
-            )
-            continue
-        values = {
-            "open_until": t.open_until,
-            "failures": t.failures,
-            "last_error": (t.error or "")[:512],
-            "opened_by": worker_id,
-        }
-        if not insert_ignore(s, table_of(HostCircuit), {"host_id": t.host_id, **values}):
-            s.execute(update(HostCircuit).where(HostCircuit.host_id == t.host_id).values(values))
 
 
 # One gate per runtime port (a worker process has one; each test its own), so one port's
