@@ -35,12 +35,16 @@ class Machine:
     def move(self, session: Session, row_id: str, to: str, *conditions: Any, **values: Any) -> bool:
         """Move one row to `to` (with `values`), from a state allowed to move there and where
         `conditions` hold; False, with nothing written, otherwise."""
+        return self.move_all(session, to, self.key == row_id, *conditions, **values) == 1
+
+    def move_all(self, session: Session, to: str, *conditions: Any, **values: Any) -> int:
+        """`move` every row where `conditions` hold; how many moved."""
         result = session.execute(
             update(self.table)
-            .where(self.key == row_id, self.state.in_(self.sources(to)), *conditions)
+            .where(self.state.in_(self.sources(to)), *conditions)
             .values({self.state.key: to, **values})
         )
-        return rowcount(result) == 1
+        return rowcount(result)
 
     def claim(
         self,

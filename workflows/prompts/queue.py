@@ -18,9 +18,25 @@ from .. import accept, budgets, ids, leases
 from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from ..maintenance.runs import holds, session_held
 from ..sessions.rows import lock_session, prompt_in_flight, same_session
+from ..transitions import Machine
 from ..validation import check_id, check_submit_id, check_text
 
 log = logging.getLogger(__name__)
+
+# A prompt's states, one table: queued, dispatched when it goes, back to the queue when its
+# send failed (or its worker died before a turn was recorded), and completed or failed when its
+# turn settles (or its send failed for good).
+PROMPT = Machine(
+    Prompt,
+    Prompt.prompt_id,
+    Prompt.status,
+    {
+        PromptStatus.QUEUED: frozenset({PromptStatus.DISPATCHED}),
+        PromptStatus.DISPATCHED: frozenset(
+            {PromptStatus.QUEUED, PromptStatus.COMPLETED, PromptStatus.FAILED}
+        ),
+    },
+)
 
 # Prompt text is user input for the agent; 64 KiB keeps rows and messages small.
 MAX_PROMPT_BYTES = 64 * 1024
@@ -103,8 +119,7 @@ def take_next(session: Session, workspace_id: str, session_id: str, now: datetim
     ).scalar_one_or_none()
     if prompt is None:
         return "idle"
-    prompt.status, prompt.dispatched_at = PromptStatus.DISPATCHED, now
-    session.flush()
+    PROMPT.move(session, prompt.prompt_id, PromptStatus.DISPATCHED, dispatched_at=now)
     return prompt
 
 
@@ -123,31 +138,20 @@ def not_sent(
     the prompt `failed` and the queue moves on."""
     error = str(exc)
     values: dict[str, Any] = {"dispatched_at": None, "last_error": error}
+    to, outcome = PromptStatus.QUEUED, f"retry: {exc.code}"
     if isinstance(exc, RuntimeDisconnected):
-        values.update(status=PromptStatus.QUEUED, failing_since=None)
-        outcome = f"retry: {exc.code}"
+        values["failing_since"] = None
     else:
         values["attempt"] = Prompt.attempt + 1
         why = budgets.spent(prompt.attempt + 1, prompt.failing_since or now, now)
         if not exc.retryable:
-            values["status"], outcome = PromptStatus.FAILED, "failed"
+            to, outcome = PromptStatus.FAILED, "failed"
         elif why is not None:
-            values.update(status=PromptStatus.FAILED, last_error=budgets.exhausted(why, error))
-            outcome = "failed"
+            to, outcome = PromptStatus.FAILED, "failed"
+            values["last_error"] = budgets.exhausted(why, error)
         else:
-            values.update(
-                status=PromptStatus.QUEUED, failing_since=func.coalesce(Prompt.failing_since, now)
-            )
-            outcome = f"retry: {exc.code}"
-    session.execute(
-        update(Prompt)
-        .where(
-            Prompt.prompt_id == prompt.prompt_id,
-            Prompt.status == PromptStatus.DISPATCHED,
-            Prompt.turn_id.is_(None),
-        )
-        .values(**values)
-    )
+            values["failing_since"] = func.coalesce(Prompt.failing_since, now)
+    PROMPT.move(session, prompt.prompt_id, to, Prompt.turn_id.is_(None), **values)
     log.warning(
         "prompt %s: send failed (%s): %s",
         prompt.prompt_id,
@@ -171,15 +175,12 @@ def on_turn_settled(
     if prompt_id is None:
         return False
     status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED
-    session.execute(
-        update(Prompt)
-        .where(
-            Prompt.prompt_id == prompt_id,
-            Prompt.workspace_id == workspace_id,
-            Prompt.session_id == session_id,
-            Prompt.status == PromptStatus.DISPATCHED,
-        )
-        .values(status=status)
+    PROMPT.move(
+        session,
+        prompt_id,
+        status,
+        Prompt.workspace_id == workspace_id,
+        Prompt.session_id == session_id,
     )
     return True
 
@@ -196,14 +197,12 @@ def sessions_with_queued_prompts(
     in_flight = aliased(Prompt)
 
     def find(s: Session):
-        s.execute(
-            update(Prompt)
-            .where(
-                Prompt.status == PromptStatus.DISPATCHED,
-                Prompt.turn_id.is_(None),
-                Prompt.dispatched_at <= now - timedelta(seconds=stale_s),
-            )
-            .values(status=PromptStatus.QUEUED, dispatched_at=None)
+        PROMPT.move_all(
+            s,
+            PromptStatus.QUEUED,
+            Prompt.turn_id.is_(None),
+            Prompt.dispatched_at <= now - timedelta(seconds=stale_s),
+            dispatched_at=None,
         )
         waiting = [
             tuple(r)
