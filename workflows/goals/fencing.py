@@ -1,22 +1,33 @@
-"""Goal generation fences (docs/lifecycles.md: fences): submit.
+"""Goal generation fences (docs/lifecycles.md: fences): submit, and the fence's clear settled
+without the agent's word.
 
 A fence row is permanent: it forbids one exact (operation, revision) forever; its status only
-tracks delivery to the agent host.
+tracks delivery to the agent host (workflows/fences/lifecycle.py). When the session was offline
+or gone, its clear completes with phase and sync `unknown` and waits to be delivered when the
+session is live again (workflows/steps/restore.py), which `clear_delivered` records.
 """
 
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ...models.enums import FenceStatus, GoalAction, Origin
+from ...models.enums import (
+    FenceStatus,
+    GoalAction,
+    OperationStatus,
+    Origin,
+    ProviderPhase,
+    SyncStatus,
+)
 from ...models.tables import GoalFence, GoalOperation, GoalState
-from .. import accept, ids
+from .. import accept, ids, leases, records
 from ..errors import FenceConflict, NotFound
 from ..sessions.rows import append_event, lock_session
 from ..validation import check_id, check_reason, check_submit_id
+from .lifecycle import GOAL
 from .submit import GoalRequest, submit
 
 
@@ -142,3 +153,73 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tupl
         now=now,
     )
     return fence, True
+
+
+# -- a fence's clear settled without the agent's word, and delivered later ---------------
+def settle_clear_locally(
+    session: Session,
+    fence_id: str,
+    clear_operation_id: str,
+    workspace_id: str,
+    session_id: str,
+    now: datetime,
+) -> bool:
+    """The fence's clear completes `unknown` (observed kept) and is marked undelivered; the
+    goal state is `unknown`. True if the clear was still open."""
+    done = GOAL.move(
+        session,
+        clear_operation_id,
+        OperationStatus.COMPLETED,
+        provider_phase=ProviderPhase.UNKNOWN,
+        completed_at=now,
+        **leases.RELEASED,
+    )
+    if not done:
+        return False
+    session.execute(
+        update(GoalFence).where(GoalFence.fence_id == fence_id).values(clear_undelivered=True)
+    )
+    session.execute(
+        update(GoalState)
+        .where(
+            GoalState.workspace_id == workspace_id,
+            GoalState.session_id == session_id,
+            GoalState.pending_operation_id == clear_operation_id,
+        )
+        .values(sync_status=SyncStatus.UNKNOWN, pending_operation_id=None)
+    )
+    return True
+
+
+def clear_delivered(
+    session: Session, fence_id: str, clear: records.GoalOperation, answer: dict | None
+) -> None:
+    """The clear reached the agent (or the agent already had something newer): the fence has
+    nothing left to deliver. An applied answer is the evidence the local settlement lacked."""
+    session.execute(
+        update(GoalFence).where(GoalFence.fence_id == fence_id).values(clear_undelivered=False)
+    )
+    if answer is None or answer.get("phase") != ProviderPhase.APPLIED:
+        return
+    session.execute(
+        update(GoalOperation)
+        .where(
+            GoalOperation.operation_id == clear.operation_id,
+            GoalOperation.provider_phase == ProviderPhase.UNKNOWN,
+        )
+        .values(provider_phase=ProviderPhase.APPLIED, evidence=answer.get("evidence"))
+    )
+    goal = answer.get("goal")
+    session.execute(
+        update(GoalState)
+        .where(
+            GoalState.workspace_id == clear.workspace_id,
+            GoalState.session_id == clear.session_id,
+            GoalState.revision == clear.goal_revision,
+            GoalState.pending_operation_id.is_(None),
+        )
+        .values(
+            observed=goal,
+            sync_status=SyncStatus.SYNCED if goal is None else SyncStatus.DIVERGED,
+        )
+    )

@@ -21,6 +21,7 @@ from ...models.enums import (
 from ...models.tables import GoalOperation, GoalState
 from .. import budgets, leases, records
 from ..sessions.rows import SESSIONS, lock_session, same_session
+from .lifecycle import GOAL
 from .tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
 
 # Budgets of docs/lifecycles.md: goals: past these an operation fails instead of retrying forever.
@@ -121,30 +122,22 @@ def fail_operation(
         },
     )
     lock_session(session, op.workspace_id, op.session_id)
-    conditions = [
-        GoalOperation.operation_id == op.operation_id,
-        GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
-    ]
-    if token is not None:
-        conditions.append(GoalOperation.lease_token == token)
-    result = session.execute(
-        update(GoalOperation)
-        .where(*conditions)
-        .values(
-            status=OperationStatus.FAILED,
-            last_error=error,
-            completed_at=now,
-            provider_phase=(
-                ProviderPhase.UNKNOWN
-                if op.provider_phase != ProviderPhase.PREPARED
-                else ProviderPhase.PREPARED
-            ),
-            lease_owner=None,
-            lease_token=None,
-            lease_expires_at=None,
-        )
+    held = () if token is None else (GoalOperation.lease_token == token,)
+    failed = GOAL.move(
+        session,
+        op.operation_id,
+        OperationStatus.FAILED,
+        *held,
+        last_error=error,
+        completed_at=now,
+        provider_phase=(
+            ProviderPhase.UNKNOWN
+            if op.provider_phase != ProviderPhase.PREPARED
+            else ProviderPhase.PREPARED
+        ),
+        **leases.RELEASED,
     )
-    if rowcount(result) != 1:
+    if not failed:
         return False
     session.execute(
         update(GoalState)

@@ -12,12 +12,13 @@ from sqlalchemy.orm import Session
 from ...models.db import rowcount
 from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
 from ...models.tables import GoalOperation, GoalState
-from .. import records
+from .. import leases, records
 from ..adapters import logs
 from ..adapters.runtime import STALE_REVISION
 from ..errors import RuntimeFault
 from ..sessions.rows import lock_session
 from .claims import Attempt, Claim, Lane, StepResult
+from .lifecycle import GOAL
 from .operations import (
     ACCEPTED_BUDGET_S,
     backoff_s,
@@ -165,19 +166,16 @@ def fault_outcome(
     )
     if getattr(exc, "code", None) == STALE_REVISION:
         lock_session(s, op.workspace_id, op.session_id)
-        result = s.execute(
-            update(GoalOperation)
-            .where(*held)
-            .values(
-                status=OperationStatus.SUPERSEDED,
-                last_error=error,
-                completed_at=now,
-                lease_owner=None,
-                lease_token=None,
-                lease_expires_at=None,
-            )
+        superseded = GOAL.move(
+            s,
+            op.operation_id,
+            OperationStatus.SUPERSEDED,
+            *held,
+            last_error=error,
+            completed_at=now,
+            **leases.RELEASED,
         )
-        if rowcount(result) != 1:
+        if not superseded:
             return StepResult(op.operation_id, "skipped")
         s.execute(
             update(GoalState)

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from ...models.db import bound, execute_writes, insert_bound, rowcount
 from ...models.dialects import dialect_of
 from ...models.enums import (
-    OPEN_OPERATION_STATUSES,
     GoalAction,
     OperationStatus,
     Origin,
@@ -43,6 +42,7 @@ from ..validation import (
     check_optional_int,
     check_submit_id,
 )
+from .lifecycle import GOAL
 from .tables import OPS, STATES, key_params
 
 
@@ -146,7 +146,7 @@ _SUPERSEDE = (
     update(OPS)
     .where(
         OPS.c.operation_id == bindparam("b_superseded"),
-        OPS.c.status.in_(OPEN_OPERATION_STATUSES),
+        OPS.c.status.in_(GOAL.sources(OperationStatus.SUPERSEDED)),
     )
     .values(
         status=OperationStatus.SUPERSEDED,

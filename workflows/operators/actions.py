@@ -29,6 +29,7 @@ from ...models.tables import (
 from .. import leases
 from ..errors import Conflict, InvalidArgument, NotFound
 from ..fences import lifecycle
+from ..goals.lifecycle import GOAL
 from ..maintenance import runs
 from ..sessions.rows import append_event, lock_session
 from ..validation import MAX_REASON_BYTES, check_choice, check_text
@@ -127,23 +128,19 @@ def _reopen(session: Session, op: GoalOperation, now: datetime, must_be_current:
                 f"is at revision {state.revision if state else 0}: submit a new one instead"
             )
         return
-    session.execute(
-        update(GoalOperation)
-        .where(
-            GoalOperation.operation_id == op.operation_id,
-            GoalOperation.status == OperationStatus.FAILED,
-        )
-        .values(
-            status=OperationStatus.PREPARED,
-            provider_phase=ProviderPhase.PREPARED,
-            attempt=0,
-            first_dispatched_at=None,
-            accepted_at=None,
-            completed_at=None,
-            last_error=None,
-            next_attempt_at=now,
-            **leases.RELEASED,
-        )
+    GOAL.move(
+        session,
+        op.operation_id,
+        OperationStatus.PREPARED,
+        GoalOperation.status == OperationStatus.FAILED,
+        provider_phase=ProviderPhase.PREPARED,
+        attempt=0,
+        first_dispatched_at=None,
+        accepted_at=None,
+        completed_at=None,
+        last_error=None,
+        next_attempt_at=now,
+        **leases.RELEASED,
     )
     session.execute(
         update(GoalState)
