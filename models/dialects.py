@@ -151,7 +151,7 @@ class Postgres(Dialect):
             # No JIT: it compiles a statement whose estimated cost passes jit_above_cost, and
             # the planner cannot tell how few rows are not yet counted (docs/operations.md:
             # counts), so it estimates the counts' read over a long history at millions of
-            # rows and spends ~50 ms compiling a read that takes under one.
+            # rows and spends far longer compiling a read than the read takes.
             with dbapi_conn.cursor() as cur:
                 cur.execute("SET jit = off")
             dbapi_conn.commit()

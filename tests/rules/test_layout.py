@@ -4,6 +4,7 @@ import only downward; `workflows/` never imports Celery; `tasks/` and `beat/` po
 `workflows/`, `tasks/` at `beat/`, never the reverse; and no module is over 400 lines."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,24 @@ def test_steps_and_the_sweeper_leave_writes_to_the_rules():
 )
 def test_the_role_check_catches_a_step_that_writes(source):
     assert role_violations("agent_radar.workflows.steps.x", source)
+
+
+# A measurement's before and after, or a rate: what docs/benchmarks.md holds, not a comment.
+MEASURED = re.compile(r"\d ?(→|->) ?\d|\d+ ?(ops|operations|tasks|no-ops)/s")
+
+
+def test_comments_hold_no_measurements():
+    """Figures go stale where nobody measures them again: a comment or docstring cites
+    docs/benchmarks.md (its section of figures the code rests on) instead. The bench, which
+    prints what it measures, is the exception."""
+    found = [
+        f"{name}:{number}: {line.strip()}"
+        for name, source in project_modules().items()
+        if not within(name, ("agent_radar.workflows.tools.bench",))
+        for number, line in enumerate(source.splitlines(), 1)
+        if MEASURED.search(line)
+    ]
+    assert found == []
 
 
 def test_no_module_is_over_400_lines():

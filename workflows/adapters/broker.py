@@ -35,8 +35,8 @@ QUEUES = (DEFAULT_QUEUE, MAINTENANCE_QUEUE, CELERY_DEFAULT_QUEUE)
 AMQP_EXCHANGE_PREFIX = "agent_radar."
 WORKER_QUEUES = ",".join(QUEUES)
 # The filesystem transport polls its folder, and also sleeps this long whenever the worker
-# is at its prefetch limit, so the interval caps throughput: 10 ms gave 337 no-ops/s (50 ms:
-# 69/s) for 0.9 % of a core while idle.
+# is at its prefetch limit, so the interval caps throughput (docs/benchmarks.md: figures the
+# code rests on).
 FILESYSTEM_POLL_S = 0.01
 # The longest one wait for a message lasts on the filesystem transport (see Transport).
 FILESYSTEM_DRAIN_SLICE_S = 0.2

@@ -52,7 +52,7 @@ class TaskPublisher:
         _LIVE.add(self)
         # On kombu's emulated transports (Redis, the filesystem) a publish through a named
         # exchange first reads the exchange's bindings from the broker (one more round trip,
-        # 0.2 ms of a 0.5 ms publish); the default exchange names the queue directly. On
+        # docs/benchmarks.md); the default exchange names the queue directly. On
         # RabbitMQ the exchange routes (and Celery's delayed delivery needs it).
         self._by_queue_name = not settings.is_amqp_broker
 

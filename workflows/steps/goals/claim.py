@@ -39,13 +39,11 @@ from ...goals.statements import (
 # A step's end takes other sessions' due work (PostgreSQL, a dispatch that steals) only once
 # it has been due this long: work due for less has its message on the way, most often to
 # the other pool process, idle. Taking it at the step's end then only made the two collide
-# (its message's dispatch waited for the lane the step was creating, to find its work taken:
-# one submit at a time, 300 each, three alternating runs: CPU of the whole machine 14.2 →
-# 11.1 ms an operation, p50 8.1 → 7.0 ms). Under load the messages queue for longer than
-# this, and their work is taken along as before. A dispatch whose message came after its work
-# was taken knows they queue: its steps take all due work, however young (`eager`: at 285
-# submits/s, where each submit's message costs a task and the messages fall behind, p50 at
-# the agent 8.6–10.3 → 5.9–6.8 ms, p99 19–20 → 17–18, two rounds each of two alternating runs).
+# (its message's dispatch waited for the lane the step was creating, to find its work taken).
+# Under load the messages queue for longer than this, and their work is taken along as
+# before. A dispatch whose message came after its work was taken knows they queue: its steps
+# take all due work, however young (`eager`: where each submit's message costs a task and the
+# messages fall behind). The figures: docs/benchmarks.md, figures the code rests on.
 STEAL_AFTER = timedelta(milliseconds=10)
 
 
@@ -123,8 +121,8 @@ class GoalClaims:
         # operations already taken, and at the end of each step. On PostgreSQL it skips the
         # lanes others are taking (SKIP LOCKED). On SQLite every write transaction waits
         # for the one write lock, so such a dispatch queues behind the one already draining
-        # the backlog to find its work taken (embedded, 400 operations: 282 → 167 ops/s and
-        # CPU ×1.9); there it takes other due work only along its own.
+        # the backlog to find its work taken (docs/benchmarks.md: figures the code rests on);
+        # there it takes other due work only along its own.
         self.steals_anywhere = dialect_of(engine).locks_rows
 
     def _take_lanes(

@@ -88,9 +88,8 @@ class Dispatcher(GoalClaims):
         self.releases_in_record = dialect_of(engine).writes_together
         # Whether a message that names its operation's session skips the lanes read (see
         # _dispatch_named). On SQLite the read is no round trip, and taking the write lock at
-        # once, instead of after it, made the paced phases' tail worse (embedded, alternating
-        # runs, medians: p99 at half rate 250 and 285 → 390 ms, at the common rate 71 and
-        # 68 → 122 ms).
+        # once, instead of after it, made the paced phases' tail worse (docs/benchmarks.md:
+        # figures the code rests on).
         self.takes_named_lanes = dialect_of(engine).server_functions
 
     def dispatch(self, operation_id: str) -> list[StepResult]:
