@@ -17,7 +17,7 @@ from ..workflows.adapters.config import Settings
 from ..workflows.errors import InvalidArgument
 from ..workflows.task_names import BASELINE_TASK
 from ..workflows.validation import check_int
-from .strict import strict_task
+from .strict import NONE, strict_task
 
 RUN_ID = re.compile(r"[0-9a-f]{1,32}")
 
@@ -37,7 +37,8 @@ def _key(settings: Settings, run_id: str) -> str:
     return f"{settings.broker_key_prefix}agent-radar:bench:{run_id}"
 
 
-@strict_task(BASELINE_TASK)
+# The standard baseline is Celery without task events (docs/benchmarks.md: the phases).
+@strict_task(BASELINE_TASK, events=NONE)
 def noop(ctx, run_id: str, index: int):
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidArgument("run_id must be 1-32 lowercase hex digits", field="run_id")

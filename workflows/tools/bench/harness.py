@@ -65,8 +65,10 @@ class Bench:
         self.client = AgentRadar(settings=settings)
         self.sim = SimControl(settings.runtime_url, settings.runtime_token)
         self.feed = EffectFeed(self.sim)
-        # The baseline producer is Celery's own, configured as the workers are.
+        # The baseline producer is Celery's own, configured as the workers are, but without
+        # task events (the standard baseline: no `task-sent` here, and the no-op sends none).
         self.celery = create_app(settings)
+        self.celery.conf.task_send_sent_event = False
         self._tallies: list = []
         self.components = components or Components(None, None)
 
