@@ -54,3 +54,50 @@ def test_the_default_host_is_the_configured_url_and_unknown_hosts_are_never_call
     with pytest.raises(RuntimeFault) as fault:
         goal_call(gone, "s1")
     assert fault.value.code == "unknown_host" and fault.value.retryable
+
+
+def test_every_call_to_a_host_passes_its_bulkhead(host, silent):
+    """A fence, a cancel, a prompt: not only goal calls pass the host's bulkhead (docs/
+    dispatch.md). Once calls to a host failed in a row, its circuit is open and no call of
+    any kind reaches it, each failing retryably at once; and a host whose every slot is busy
+    holds a call back until its wait runs out."""
+    from agent_radar.workflows.adapters import bulkhead
+
+    host.answers["s1"] = (500, b'{"error": "server_error"}')
+    router = HostRouter("http://127.0.0.1:9", lambda ws, sid: ("host-a", host.url))
+    for _ in range(bulkhead.BREAKER_FAILURES):
+        with pytest.raises(RuntimeFault) as fault:
+            goal_call(router, "s1")
+        assert fault.value.code == "server_error"
+    reached = len(host.seen)
+    calls = [
+        lambda: router.install_fence(
+            WS, "s1", target_operation_id="op-1", target_revision=1, require_live=True
+        ),
+        lambda: router.cancel_turn(
+            WS, "s1", "t1", operation_id="c1", reason="r", require_live=True
+        ),
+        lambda: router.submit_prompt(WS, "s1", prompt_id="p1", text="hello"),
+        lambda: router.liveness(WS, "s1"),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeFault) as fault:
+            call()
+        assert fault.value.code == "circuit_open" and fault.value.retryable
+    assert len(host.seen) == reached  # none of them was sent
+
+    # One slot, held by a call that hangs: another call waits for it, then gives up.
+    busy = HostRouter(
+        "http://127.0.0.1:9",
+        lambda ws, sid: ("host-b", silent.url),
+        timeout_s=1.0,
+        host_concurrency=1,
+    )
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(goal_call, busy, "s2")
+        assert silent.accepted.acquire(timeout=30)
+        with pytest.raises(RuntimeFault) as fault:
+            busy.liveness(WS, "s3")
+        assert fault.value.code == "host_busy" and fault.value.retryable
+        assert stuck.exception(timeout=30).code == "timeout"
+    assert silent.accepted.acquire(timeout=0.1) is False  # the held-back call never went

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from agent_radar.workflows.adapters.host_state import HostState
+from agent_radar.workflows.adapters.answers import HostState
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.errors import AgentRadarError, RuntimeDisconnected, RuntimeFault
 from agent_radar.workflows.maintenance import runs

@@ -7,13 +7,8 @@ from datetime import timedelta
 import pytest
 
 from agent_radar.models.db import run_transaction
-from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-from agent_radar.workflows.errors import RuntimeFault
-from agent_radar.workflows.goals.claims import StepResult
-from agent_radar.workflows.steps.goals import flight, host_gate
-from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-from agent_radar.workflows.steps.goals.flight import Drain
-from agent_radar.workflows.steps.goals.host_gate import (
+from agent_radar.workflows.adapters import bulkhead as host_gate
+from agent_radar.workflows.adapters.bulkhead import (
     BREAKER_FAILURES,
     FULL,
     FULL_RETRY_MIN_S,
@@ -22,6 +17,12 @@ from agent_radar.workflows.steps.goals.host_gate import (
     OPEN,
     HostGate,
 )
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.errors import RuntimeFault
+from agent_radar.workflows.goals.claims import StepResult
+from agent_radar.workflows.steps.goals import flight
+from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+from agent_radar.workflows.steps.goals.flight import Drain
 from tests.helpers import Clock
 
 WS = "ws-flight"

@@ -111,11 +111,15 @@ def test_a_turn_the_host_runs_stays_and_one_it_started_unseen_is_recorded(client
         client.start_maintenance(WS, SID, client_submit_id="m1")
 
 
-def test_a_restore_meeting_faults_stops_at_its_budget_and_shows(client, sim_control):
+def test_a_restore_meeting_faults_stops_at_its_budget_and_shows(client, sim_control, monkeypatch):
     """Row 14: a restore that met a runtime fault was retried every 10 s for ever, and
     nothing showed it. Each fault uses one attempt of the budget; past it the restore
-    stops, its error stays on the session, and the next restore that succeeds clears it."""
+    stops, its error stays on the session, and the next restore that succeeds clears it.
+    (The host's circuit, open after the failures, lets its trial through at once here.)"""
     from agent_radar.workflows import budgets
+    from agent_radar.workflows.adapters import bulkhead
+
+    monkeypatch.setattr(bulkhead, "BREAKER_OPEN_S", 0.0)
     from agent_radar.workflows.fences.restores import request as request_restore
 
     client.ensure_session(WS, SID)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from ...models.enums import OperationStatus, SyncStatus, TurnPhase
 from ...models.tables import AgentSession, GoalOperation, GoalState, Turn
-from ..adapters.host_state import HostState, HostTurn
+from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
 from ..goals.operations import complete_applied
 from ..sessions import turns

@@ -17,17 +17,19 @@ from .answers import (
     ERROR_CODE,
     JSON_TYPE_NAMES,
     MAX_ANSWER_BYTES,
+    HostState,
     bad_response,
     is_bool,
     is_epoch,
     is_id,
     json_object_or_none,
     one_of,
+    parse_state,
     printable,
     shaped,
 )
+from .bulkhead import HostGate, gate
 from .config import DEFAULT_HOST_CONCURRENCY
-from .host_state import HostState, parse_state
 from .http_transport import HostConnections
 from .runtime import RETRYABLE_CODES, metric_code, session_path
 
@@ -42,9 +44,13 @@ class HttpRuntime:
         timeout_s: float = 10.0,
         pool_size: int = 32,
         host_id: str = "default",
+        bulkhead: HostGate | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.host_id = host_id  # the metrics' host label
+        self.host_id = host_id  # the metrics' host label, and its bulkhead's
+        # Every call passes the host's bulkhead (bulkhead.py): the router's, shared by its
+        # hosts, or this adapter's own when it is used alone.
+        self.bulkhead = bulkhead or gate(self)
         self.timeout_s = timeout_s  # a whole call
         self.http = HostConnections(self.base_url, min(timeout_s, 3.0), timeout_s, pool_size)
         self.headers = {"Content-Type": "application/json"}
@@ -62,7 +68,8 @@ class HttpRuntime:
         """One call, timed and counted by host and call (`call` is the protocol call's name)."""
         started = time.perf_counter()
         try:
-            return self._request(method, path, body)
+            with self.bulkhead.call(self.host_id, self.timeout_s):
+                return self._request(method, path, body)
         except (RuntimeFault, RuntimeDisconnected) as exc:
             metrics.RUNTIME_CALL_ERRORS.labels(self.host_id, call, metric_code(exc.code)).inc()
             raise
@@ -277,7 +284,9 @@ class HostRouter:
         self.host_concurrency = host_concurrency
         self.token = token
         self.timeout_s = timeout_s
-        self.default = HttpRuntime(default_url, token, timeout_s, host_id="default")
+        self.default = HttpRuntime(
+            default_url, token, timeout_s, host_id="default", bulkhead=gate(self)
+        )
         self._hosts: dict[tuple[str, str | None], HttpRuntime] = {}
         self._lock = threading.Lock()
 
@@ -296,7 +305,7 @@ class HostRouter:
             runtime = self._hosts.get((url, token))
             if runtime is None:
                 runtime = self._hosts[(url, token)] = HttpRuntime(
-                    url, token, self.timeout_s, host_id=host_id
+                    url, token, self.timeout_s, host_id=host_id, bulkhead=gate(self)
                 )
             return runtime
 

@@ -14,7 +14,7 @@ that the rules store are checked again where they are stored (validation.check_j
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from .host_state import HostState
+from .answers import HostState
 
 # Error codes of the protocol (docs/protocol.md) that callers act on by name.
 SESSION_NOT_FOUND = "session_not_found"  # the host no longer has the session: it is gone

@@ -8,7 +8,6 @@ addresses: a message can name a host, never supply one.
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +19,7 @@ from ...models.base import table_of
 from ...models.coordination import HostCircuit
 from ...models.db import insert_ignore, run_read
 from ...models.tables import AgentSession, RuntimeHost
+from ..adapters.bulkhead import CircuitChange
 from ..errors import Conflict, InvalidArgument, NotFound
 from ..records import Host
 from ..validation import check_id
@@ -168,17 +168,6 @@ def locator(engine: Engine) -> Callable[[str, str], tuple[str, str | None, str |
         return run_read(engine, read)
 
     return locate
-
-
-@dataclass
-class CircuitChange:
-    """A host's circuit that a worker process opened (`open_until` set) or closed
-    (docs/dispatch.md: circuit breakers), to be recorded for `status`."""
-
-    host_id: str
-    open_until: datetime | None
-    failures: int = 0
-    error: str | None = None
 
 
 def record_circuits(s: Session, changes: Iterable[CircuitChange], worker_id: str) -> None:

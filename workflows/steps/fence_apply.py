@@ -21,7 +21,7 @@ from ...models.enums import (
 )
 from ...models.tables import AgentSession, GoalFence, GoalOperation
 from .. import budgets, ids, leases
-from ..adapters.host_state import HostState
+from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, lifecycle

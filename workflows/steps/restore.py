@@ -25,7 +25,7 @@ from ...models.enums import ProviderPhase
 from ...models.tables import GoalFence, GoalOperation
 from .. import records
 from ..activity.reconcile import Reconciled, apply_state
-from ..adapters.host_state import HostState
+from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import restores

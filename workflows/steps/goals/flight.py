@@ -35,15 +35,15 @@ from sqlalchemy.orm import Session
 
 from ....models.db import run_transaction
 from ...adapters import logs, metrics
-from ...goals.claims import Attempt, Claim, Lane, StepResult
-from ...goals.statements import MAX_LANES_PER_STEP
-from ...sessions.hosts import record_circuits
-from .host_gate import (
+from ...adapters.bulkhead import (
     FULL,
     GO,
     MAX_IN_FLIGHT,
     gate,
 )
+from ...goals.claims import Attempt, Claim, Lane, StepResult
+from ...goals.statements import MAX_LANES_PER_STEP
+from ...sessions.hosts import record_circuits
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class Drain:
         attempt, began = None, time.monotonic()
         try:
             if self._lease_ok(claim):
-                with logs.task_context(**claim.log_context):
+                with logs.task_context(**claim.log_context), self.gate.held(claim.host[0]):
                     attempt = self.d.attempt(claim)
             return attempt
         finally:

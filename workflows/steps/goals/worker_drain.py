@@ -10,9 +10,9 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
+from ...adapters.bulkhead import MAX_IN_FLIGHT
 from ...goals.claims import Claim, Lane, StepResult
 from .flight import ROOM_AT, Drain, Steps
-from .host_gate import MAX_IN_FLIGHT
 from .pull import Notified, Puller
 
 log = logging.getLogger(__name__)

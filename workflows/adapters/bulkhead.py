@@ -1,18 +1,29 @@
 """Per-host bulkheads (docs/dispatch.md): each host's concurrency limit and circuit breaker
-in one worker process, and the record of the circuits that open and close (for `status`)."""
+in one process, and the circuits that open and close (recorded for `status`).
 
+Every call to a host passes its bulkhead. The goal drain admits its calls itself, without
+waiting (workflows/steps/goals/flight.py: a claim whose host is full waits in the drain's own
+queue, or is given back), and makes each call inside `held`; any other call (a fence, a
+cancel, a restore, a prompt, a maintenance run) is admitted by the runtime adapter itself
+(`call`): it waits a while for a slot, and fails retryably, without reaching the host, while
+the host's circuit is open or no slot came.
+"""
+
+import contextvars
 import logging
 import threading
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from ....models.base import utcnow
-from ...adapters import metrics
-from ...adapters.config import DEFAULT_HOST_CONCURRENCY
-from ...sessions.hosts import CircuitChange
+from ...models.base import utcnow
+from ..errors import RuntimeFault
+from . import metrics
+from .config import DEFAULT_HOST_CONCURRENCY
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +48,25 @@ GO, FULL, OPEN = "go", "full", "open"
 
 
 @dataclass
+class CircuitChange:
+    """A host's circuit that this process opened (`open_until` set) or closed, to be recorded
+    for `status` (workflows/sessions/hosts.py: record_circuits)."""
+
+    host_id: str
+    open_until: datetime | None
+    failures: int = 0
+    error: str | None = None
+
+
+# The (gate, host) whose slot this thread's call holds already (see `held`).
+_HELD: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
+    "agent_radar_bulkhead_held", default=None
+)
+# How often a call waiting for a slot looks again (a call's end also wakes it).
+SLOT_POLL_S = 0.05
+
+
+@dataclass
 class _Host:
     in_flight: int = 0
     failures: int = 0
@@ -54,6 +84,7 @@ class HostGate:
         self.limit = limit
         self._hosts: dict[str, _Host] = {}
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a slot was given back
         self._transitions: list[CircuitChange] = []
         self.total = 0  # calls in flight to every host: at most MAX_IN_FLIGHT (the pool)
 
@@ -97,6 +128,7 @@ class HostGate:
             host = self._hosts[host_id]
             host.in_flight -= 1
             self.total -= 1
+            self._freed.notify_all()
             if called:
                 host.call_s += (took_s - host.call_s) * CALL_S_WEIGHT
             if trial:
@@ -125,6 +157,59 @@ class HostGate:
             fault,
             host.open_for,
         )
+
+    @contextmanager
+    def held(self, host_id: str) -> Iterator[None]:
+        """The caller admitted this call (`admit`) and gives its slot back (`done`): calls to
+        this host made inside pass the adapter's `call` without taking another slot."""
+        token = _HELD.set((id(self), host_id))
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+
+    @contextmanager
+    def call(self, host_id: str, wait_s: float) -> Iterator[None]:
+        """One synchronous call to this host inside its bulkhead: a slot, waited for up to
+        `wait_s` while the host (or this process) is full, given back when the call ends,
+        its fault counted by the circuit breaker. A RuntimeFault (retryable, nothing sent)
+        while the host's circuit is open, or if no slot came in time."""
+        if _HELD.get() == (id(self), host_id):
+            yield
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            verdict, retry_s, trial = self.admit(host_id)
+            if verdict == GO:
+                break
+            if verdict == OPEN:
+                raise RuntimeFault(
+                    f"host {host_id}: its calls have stopped for {retry_s:.1f} s more, after "
+                    "failing in a row (its circuit is open)",
+                    code="circuit_open",
+                    retryable=True,
+                    http_status=None,
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeFault(
+                    f"host {host_id}: every one of its {self.limit} slots stayed busy",
+                    code="host_busy",
+                    retryable=True,
+                    http_status=None,
+                )
+            with self._freed:
+                self._freed.wait(min(left, SLOT_POLL_S))
+        fault: Exception | None = None
+        began = time.monotonic()
+        try:
+            with self.held(host_id):
+                yield
+        except Exception as exc:
+            fault = exc
+            raise
+        finally:
+            self.done(host_id, fault, trial, True, time.monotonic() - began)
 
     def put_back(self, transitions: list[CircuitChange]) -> None:
         """Transitions whose write failed, to be written with the next."""
