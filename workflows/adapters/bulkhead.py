@@ -13,12 +13,10 @@ import contextvars
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from ...models.base import utcnow
 from ..errors import RuntimeFault
@@ -224,22 +222,3 @@ class HostGate:
         with self._lock:
             taken, self._transitions = self._transitions, []
         return taken
-
-
-# One gate per runtime port (a worker process has one; each test its own), so one port's
-# hosts, their slots and circuits, are nobody else's.
-_gates: "weakref.WeakKeyDictionary[Any, HostGate]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def gate(runtime: Any) -> HostGate:
-    """The host gate of this runtime port."""
-    with _lock:
-        found = _gates.get(runtime)
-        if found is None:
-            # Calls in flight to one host from one worker process (AGENT_RADAR_HOST_CONCURRENCY);
-            # past it, claims for that host wait in its own queue (as long again), and past
-            # that they are given back, due again shortly.
-            limit = getattr(runtime, "host_concurrency", DEFAULT_HOST_CONCURRENCY)
-            found = _gates[runtime] = HostGate(limit)
-        return found

@@ -28,7 +28,7 @@ from .answers import (
     printable,
     shaped,
 )
-from .bulkhead import HostGate, gate
+from .bulkhead import HostGate
 from .config import DEFAULT_HOST_CONCURRENCY
 from .http_transport import HostConnections
 from .runtime import RETRYABLE_CODES, metric_code, session_path
@@ -50,7 +50,7 @@ class HttpRuntime:
         self.host_id = host_id  # the metrics' host label, and its bulkhead's
         # Every call passes the host's bulkhead (bulkhead.py): the router's, shared by its
         # hosts, or this adapter's own when it is used alone.
-        self.bulkhead = bulkhead or gate(self)
+        self.bulkhead = bulkhead or HostGate()
         self.timeout_s = timeout_s  # a whole call
         self.http = HostConnections(self.base_url, min(timeout_s, 3.0), timeout_s, pool_size)
         self.headers = {"Content-Type": "application/json"}
@@ -280,12 +280,12 @@ class HostRouter:
         host_concurrency: int = DEFAULT_HOST_CONCURRENCY,
     ) -> None:
         self.locate = locate
-        # Calls at once to one host from this process (workflows/steps/goals/flight.py).
-        self.host_concurrency = host_concurrency
         self.token = token
         self.timeout_s = timeout_s
+        # This port's bulkhead: every host's slots and circuit in this process (bulkhead.py).
+        self.bulkhead = HostGate(host_concurrency)
         self.default = HttpRuntime(
-            default_url, token, timeout_s, host_id="default", bulkhead=gate(self)
+            default_url, token, timeout_s, host_id="default", bulkhead=self.bulkhead
         )
         self._hosts: dict[tuple[str, str | None], HttpRuntime] = {}
         self._lock = threading.Lock()
@@ -305,7 +305,7 @@ class HostRouter:
             runtime = self._hosts.get((url, token))
             if runtime is None:
                 runtime = self._hosts[(url, token)] = HttpRuntime(
-                    url, token, self.timeout_s, host_id=host_id, bulkhead=gate(self)
+                    url, token, self.timeout_s, host_id=host_id, bulkhead=self.bulkhead
                 )
             return runtime
 

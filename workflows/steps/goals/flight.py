@@ -39,7 +39,6 @@ from ...adapters.bulkhead import (
     FULL,
     GO,
     MAX_IN_FLIGHT,
-    gate,
 )
 from ...goals.claims import Attempt, Claim, Lane, StepResult
 from ...goals.statements import MAX_LANES_PER_STEP
@@ -114,7 +113,7 @@ class Drain:
     def __init__(self, dispatcher: Steps, steal: bool = False, eager: bool = False):
         self.d = dispatcher
         self.steal, self.eager, self.always_eager = steal, eager, eager
-        self.gate = gate(dispatcher.runtime)
+        self.gate = dispatcher.runtime.bulkhead  # the port's (adapters/bulkhead.py)
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.in_flight: dict[Future, tuple[Lane, Claim]] = {}
         self.waiting: dict[str, deque[tuple[Lane, Claim]]] = {}
