@@ -35,6 +35,7 @@ from .cancel import CancelRunner, mark_offline
 from .fence_install import ensure_fences_installed
 from .goals.dispatch import Dispatcher, apply_goal
 from .restore import reconcile_session
+from .wake import wake_lane
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,8 @@ class FenceApplier(Step):
                     self.engine,
                     lambda s: self._back_to_pending(s, claim, error, backoff_s(claim.attempt)),
                 )
-        # The lane is free again: goal operations that found it busy are drained now.
-        self.dispatcher.drain_lane(claim.workspace_id, claim.session_id)
+        # The lane is free again: goal operations that found it busy go on.
+        wake_lane(self.engine, self.publish, claim.workspace_id, claim.session_id)
         return outcome
 
     def _claim(self, s: Session, fence_id: str) -> FenceClaim | str:

@@ -41,6 +41,15 @@ def release_session(
     publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
 
 
+def wake_lane(engine: Engine, publish: Publish, workspace_id: str, session_id: str) -> None:
+    """The session's lane is free again (a fence let it go): the dispatch of its open goal
+    operations is published, which claims what is due in revision order, as any wake-up
+    does, its calls inside the worker's drain and its hosts' bulkheads."""
+    ops = run_transaction(engine, lambda s: open_client_operations(s, workspace_id, session_id))
+    if ops:
+        publish(DISPATCH_TASK, {"operation_id": ops[0]})
+
+
 def publish_epoch_effects(
     engine: Engine,
     publish: Publish,

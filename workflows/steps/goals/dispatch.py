@@ -183,16 +183,6 @@ class Dispatcher(GoalClaims):
         claim = self._claim_of(op, row, params["b_token"], now, params["b_expires"])
         return self._drain({lane: claim}, steal)
 
-    def drain_lane(self, workspace_id: str, session_id: str) -> list[StepResult]:
-        """Drain whatever is due on a session's lane (a wake-up without a given operation)."""
-        return self._drain(
-            run_transaction(
-                self.engine,
-                lambda s: self.next_work(s, [(workspace_id, session_id)]),
-                direct=True,
-            )
-        )
-
     def _drain(
         self, work: dict[Lane, Claim | StepResult], steal: bool = False, eager: bool = False
     ) -> list[StepResult]:
