@@ -139,3 +139,45 @@ def test_a_restore_redis_refused_is_made_once_it_takes_writes(tmp_path):
             )
         assert not REFUSED_RESTORES
         admin.close()
+
+
+def test_a_worker_s_loop_keeps_one_poll_callback_however_often_its_broker_came_back(tmp_path):
+    """kombu's Redis transport adds a callback to the worker's event loop each time a
+    connection registers with it (once per reconnect) and never removed the last one: after
+    the broker-fault campaign's 24,000 reconnects the worker ran as many on every turn of its
+    loop and consumed 5 messages a second. The loop keeps the newest only, and it still
+    polls: a message published after the last reconnect is read."""
+    from kombu import Connection, Exchange, Queue
+    from kombu.asynchronous import Hub
+
+    from agent_radar.tasks.envelope import GuardedRedisTransport
+    from tests.faults.test_broker_restart import running_redis
+
+    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+    with running_redis(tmp_path) as server:
+        hub = Hub()
+        got = []
+        connections = []
+        try:
+            for _ in range(50):  # as many reconnects, each a connection of its own
+                conn = Connection(server.url, transport=GuardedRedisTransport)
+                connections.append(conn)
+                conn.transport.register_with_event_loop(conn.connection, hub)
+            assert len(hub.on_tick) == 1
+            conn = connections[-1]
+            consumer = conn.Consumer([queue], callbacks=[lambda body, m: got.append(body)])
+            consumer.consume()
+            with Connection(server.url) as producer:
+                producer.Producer().publish(
+                    {"x": 1}, exchange=queue.exchange, routing_key="q", declare=[queue]
+                )
+            loop = hub.create_loop()
+            for _ in range(200):
+                next(loop)
+                if got:
+                    break
+            assert got == [{"x": 1}]
+        finally:
+            hub.close()
+            for conn in connections:
+                conn.release()
