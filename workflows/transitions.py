@@ -32,9 +32,20 @@ class Machine:
             raise ValueError(f"{self.table.__tablename__}: nothing moves to {to}")
         return found
 
-    def move(self, session: Session, row_id: str, to: str, *conditions: Any, **values: Any) -> bool:
+    def move(
+        self,
+        session: Session,
+        row_id: str,
+        to: str,
+        *conditions: Any,
+        token: str | None = None,
+        **values: Any,
+    ) -> bool:
         """Move one row to `to` (with `values`), from a state allowed to move there and where
-        `conditions` hold; False, with nothing written, otherwise."""
+        `conditions` hold (and, given `token`, only while that lease holds it); False, with
+        nothing written, otherwise."""
+        if token is not None:
+            conditions = (*conditions, self.table.lease_token == token)
         return self.move_all(session, to, self.key == row_id, *conditions, **values) == 1
 
     def move_all(self, session: Session, to: str, *conditions: Any, **values: Any) -> int:

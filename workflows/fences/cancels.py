@@ -189,12 +189,11 @@ def complete(
 ) -> bool:
     """Complete the cancel and settle its turn in one transaction (the turn is already
     settled when a report ended it: `settle_turn=False`)."""
-    held = () if token is None else (CancelOperation.lease_token == token,)
     done = CANCEL.move(
         session,
         cancel.operation_id,
         CancelStatus.COMPLETED,
-        *held,
+        token=token,
         result=result,
         completed_at=now,
         **leases.RELEASED,
@@ -298,7 +297,7 @@ def fail(session: Session, cancel: CancelOperation, token: str, error: str, now:
         session,
         cancel.operation_id,
         CancelStatus.FAILED,
-        CancelOperation.lease_token == token,
+        token=token,
         last_error=error,
         completed_at=now,
         **leases.RELEASED,

@@ -48,9 +48,7 @@ def claim(
 
 
 def _end_attempt(session: Session, fence_id: str, token: str, to: str, **values) -> bool:
-    return FENCE.move(
-        session, fence_id, to, GoalFence.lease_token == token, **leases.RELEASED, **values
-    )
+    return FENCE.move(session, fence_id, to, token=token, **leases.RELEASED, **values)
 
 
 def complete(

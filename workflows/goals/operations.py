@@ -122,12 +122,11 @@ def fail_operation(
         },
     )
     lock_session(session, op.workspace_id, op.session_id)
-    held = () if token is None else (GoalOperation.lease_token == token,)
     failed = GOAL.move(
         session,
         op.operation_id,
         OperationStatus.FAILED,
-        *held,
+        token=token,
         last_error=error,
         completed_at=now,
         provider_phase=(
