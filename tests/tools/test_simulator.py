@@ -135,3 +135,22 @@ def test_a_simulator_with_a_token_signs_its_reports_and_numbers_turns_if_asked()
         assert report_auth.signature_ok(report, "gpu-2-secret")
         assert not report_auth.signature_ok(report, "another")
     sim.close()
+
+
+def test_a_long_run_s_effects_come_a_page_at_a_time_and_all_arrive(settings, quiet_sim):
+    """The broker-fault campaign's 10,000 goals made one answer of /sim/effects larger than
+    a client takes (1 MiB): an answer holds EFFECTS_PAGE effects at most, and the feed asks
+    again from where it is until it has them all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agent_radar.workflows.tools.simulator.state import EFFECTS_PAGE
+
+    count = EFFECTS_PAGE + 5
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: _apply(settings, f"s{i}"), range(count)))
+    first = quiet_sim.http.request("GET", "/sim/effects?since=0")
+    assert (len(first["effects"]), first["total"]) == (EFFECTS_PAGE, count)
+    assert sorted(e["operation_id"] for e in quiet_sim.effects(kind=None)) == sorted(
+        f"op-s{i}" for i in range(count)
+    )
+    assert len(quiet_sim.effects(kind=None, since=count - 3)) == 3

@@ -74,7 +74,13 @@ class SimControl:
         """The effects applied so far (after the first `since` of them, of every kind); with
         `wait_s`, the simulator first waits up to that long for one more."""
         query = f"since={since}" + (f"&wait_s={wait_s}" if wait_s else "")
-        effects = self.http.request("GET", f"/sim/effects?{query}")["effects"]
+        answer = self.http.request("GET", f"/sim/effects?{query}")
+        effects = answer["effects"]
+        while since + len(effects) < answer["total"]:  # the rest, a page at a time
+            answer = self.http.request("GET", f"/sim/effects?since={since + len(effects)}")
+            if not answer["effects"]:
+                break
+            effects += answer["effects"]
         return [e for e in effects if kind is None or e["kind"] == kind]
 
     def calls(self, call: str | None = None) -> list[dict]:

@@ -35,6 +35,8 @@ Reporter = Callable[[dict[str, Any]], Any]
 # The longest an effects poller may wait for a new effect, and how often it looks anyway.
 MAX_WAIT_S = 5.0
 WAIT_SLICE_S = 0.05
+# Effects in one answer of /sim/effects: well under a client's answer limit (1 MiB).
+EFFECTS_PAGE = 1000
 
 
 class Simulator:
@@ -234,7 +236,9 @@ class Simulator:
 
     def snapshot(self, path: str, since: int = 0, wait_s: float = 0.0) -> dict:
         """`since`: only the effects after the first `since` (a poller that has seen them
-        asks for the rest); `total` counts them all. `wait_s` (at most MAX_WAIT_S): wait
+        asks for the rest), at most EFFECTS_PAGE of them (an answer stays under a client's
+        limit however long the run; ask again from there); `total` counts them all. `wait_s`
+        (at most MAX_WAIT_S): wait
         that long for more than `since` effects before answering, so a poller that wants
         the next effect at once need not ask over and over (each ask costs this process
         the time it would spend answering the calls under test)."""
@@ -247,7 +251,9 @@ class Simulator:
                     # In slices: effects made outside a protocol call (a delayed apply or
                     # report) notify nobody.
                     self.changed.wait(min(left, WAIT_SLICE_S))
-                return {"effects": self.effects[max(since, 0) :], "total": len(self.effects)}
+                start = max(since, 0)
+                page = self.effects[start : start + EFFECTS_PAGE]
+                return {"effects": page, "total": len(self.effects)}
             if path == "/sim/calls":
                 return {"calls": list(self.calls), "holding": self.faults.holding}
             if path == "/sim/health":
