@@ -8,7 +8,7 @@ never write a state column themselves (tests/rules/test_layout.py checks it).
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import update
@@ -68,19 +68,19 @@ class Machine:
         *conditions: Any,
         **values: Any,
     ) -> str | None:
-        """`move` a row no live lease holds, taking its lease columns for `owner`: the lease
-        token, which every later write of the holder names, or None."""
-        token = leases.new_token()
-        expires = now + timedelta(seconds=lease_s)
-        taken = self.move(
+        """`move` a row no live lease holds, taking its lease columns for `owner`
+        (leases.claim_row): the lease token, which every later write of the holder names, or
+        None."""
+        return leases.claim_row(
             session,
+            self.table,
+            self.key,
             row_id,
-            to,
-            leases.unheld(self.table, now),
+            owner,
+            lease_s,
+            now,
+            self.state.in_(self.sources(to)),
             *conditions,
-            lease_owner=owner,
-            lease_token=token,
-            lease_expires_at=expires,
+            **{self.state.key: to},
             **values,
         )
-        return token if taken else None
