@@ -204,14 +204,12 @@ def _republish_due(
     both publish it."""
     cutoff = now - timedelta(seconds=OUTBOX_GRACE_S)
     until = now + timedelta(seconds=REPUBLISH_INTERVAL_S)
-    ids_due = run_transaction(engine, lambda s: due_to_republish(s, kind, spec, now, cutoff, limit))
+    ids_due = run_transaction(engine, lambda s: due_to_republish(s, kind, now, cutoff, limit))
     for row_id in ids_due:
         try:
             reserved = run_transaction(
                 engine,
-                lambda s, row_id=row_id: reserve_republish(
-                    s, kind, spec, row_id, now, cutoff, until
-                ),
+                lambda s, row_id=row_id: reserve_republish(s, kind, row_id, now, cutoff, until),
             )
             if reserved:
                 publish(spec.task, {spec.kwarg: row_id})

@@ -235,7 +235,10 @@ def kind_of_record(record: Any) -> Kind | None:
     return _BY_RECORD.get(type(record))
 
 
-def _republish_due(kind: Kind, spec: Republish, now: datetime, cutoff: datetime) -> list[Any]:
+def _republish_due(kind: Kind, now: datetime, cutoff: datetime) -> list[Any]:
+    spec = kind.republish
+    if spec is None:
+        raise ValueError(f"the sweeper does not republish {kind.noun}s")
     table = kind.table
     due = [table.status.in_(spec.statuses), table.next_attempt_at <= now, leases.unheld(table, now)]
     if spec.grace_first_attempt:
@@ -244,29 +247,23 @@ def _republish_due(kind: Kind, spec: Republish, now: datetime, cutoff: datetime)
 
 
 def due_to_republish(
-    session: Session, kind: Kind, spec: Republish, now: datetime, cutoff: datetime, limit: int
+    session: Session, kind: Kind, now: datetime, cutoff: datetime, limit: int
 ) -> list[str]:
     """Ids of a kind's rows that are due and no live lease holds (a row never attempted only
     once due before `cutoff`, with `grace_first_attempt`), oldest due first."""
-    due = _republish_due(kind, spec, now, cutoff)
+    due = _republish_due(kind, now, cutoff)
     query = select(kind.key).where(*due).order_by(kind.table.next_attempt_at).limit(limit)
     return list(session.execute(query).scalars())
 
 
 def reserve_republish(
-    session: Session,
-    kind: Kind,
-    spec: Republish,
-    row_id: str,
-    now: datetime,
-    cutoff: datetime,
-    until: datetime,
+    session: Session, kind: Kind, row_id: str, now: datetime, cutoff: datetime, until: datetime
 ) -> bool:
     """The sweeper publishes this row again: reserved until `until` if it is still due, so
     two sweeps never both publish it."""
     result = session.execute(
         update(kind.table)
-        .where(kind.key == row_id, *_republish_due(kind, spec, now, cutoff))
+        .where(kind.key == row_id, *_republish_due(kind, now, cutoff))
         .values(next_attempt_at=until)
     )
     return rowcount(result) == 1
