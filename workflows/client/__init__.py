@@ -3,9 +3,7 @@
 import time
 from typing import Any
 
-from ...models.db import run_transaction
-from ..errors import InvalidArgument, NotFound
-from ..operators.catalog import get
+from ..errors import InvalidArgument
 from ..operators.kinds import kind_of_record
 from ..validation import MAX_WAIT_S, check_seconds
 from .base import WAIT_POLL_S
@@ -27,9 +25,7 @@ class AgentRadar(GoalCalls, OperatorCalls):
         name = f"{kind.noun} {kind.id_of(record)}"
         deadline = time.monotonic() + timeout
         while True:
-            current = run_transaction(self.engine, lambda s: get(s, kind, kind.id_of(record)))
-            if current is None:  # pruned, or another database
-                raise NotFound(f"no {name}", operation_id=kind.id_of(record))
+            current = self._load(kind.name, kind.id_of(record))  # NotFound once pruned
             if current.settled:
                 return current
             if time.monotonic() >= deadline:
