@@ -287,7 +287,8 @@ class HostRouter:
         self.default = HttpRuntime(
             default_url, token, timeout_s, host_id="default", bulkhead=self.bulkhead
         )
-        self._hosts: dict[tuple[str, str | None], HttpRuntime] = {}
+        # Per host id (its bulkhead's and its metrics' name), URL and token.
+        self._hosts: dict[tuple[str, str, str | None], HttpRuntime] = {}
         self._lock = threading.Lock()
 
     def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "HttpRuntime":
@@ -302,9 +303,9 @@ class HostRouter:
             return self.default
         url = url.rstrip("/")
         with self._lock:
-            runtime = self._hosts.get((url, token))
+            runtime = self._hosts.get((host_id, url, token))
             if runtime is None:
-                runtime = self._hosts[(url, token)] = HttpRuntime(
+                runtime = self._hosts[(host_id, url, token)] = HttpRuntime(
                     url, token, self.timeout_s, host_id=host_id, bulkhead=self.bulkhead
                 )
             return runtime
