@@ -124,10 +124,10 @@ def create_app(settings: Settings | None = None) -> Celery:
 def _after_fork(**_kwargs) -> None:
     # A forked pool process must not reuse its parent's database connections.
     forget_engines()
-    from .goal_tasks import start_pulling
+    from . import worker_process
 
     try:
-        start_pulling(Settings.from_env())
+        worker_process.of(Settings.from_env()).start()
     except Exception:  # noqa: BLE001 - then the first dispatch message starts its drain
         log.exception("goal drain: not started with the process")
 
@@ -136,10 +136,10 @@ def _after_fork(**_kwargs) -> None:
 def _finish_calls(**_kwargs) -> None:
     # Calls in flight in this process's goal drain end (each within the runtime timeout) and
     # are recorded; what it had not called goes back, due at once.
-    from ..workflows.steps.goals import worker_drain
+    from . import worker_process
 
     # An attempt may make a few calls (fences first, a resume): twice the timeout, and more.
-    worker_drain.stop(2 * Settings.from_env().runtime_timeout_s + 2)
+    worker_process.stop_all(2 * Settings.from_env().runtime_timeout_s + 2)
 
 
 @worker_init.connect

@@ -10,13 +10,12 @@ from ..workflows.task_names import (
     RESTORE_TASK,
 )
 from ..workflows.validation import check_id
-from .goal_tasks import _client
-from .runtime_context import TaskContext
 from .strict import strict_task
 from .worker_id import worker_name
+from .worker_process import WorkerProcess
 
 
-def _collaborators(ctx: TaskContext) -> dict:
+def _collaborators(ctx: WorkerProcess) -> dict:
     return {
         "worker_id": worker_name(),
         "lease_s": ctx.settings.lease_s,
@@ -28,7 +27,7 @@ def _collaborators(ctx: TaskContext) -> dict:
 def fence_goal_generation(
     ctx, workspace_id, session_id, target_operation_id, *, client_submit_id, reason=""
 ):
-    fence = _client(ctx).fence_goal_generation(
+    fence = ctx.client.fence_goal_generation(
         workspace_id,
         session_id,
         target_operation_id,

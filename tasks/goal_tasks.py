@@ -1,12 +1,8 @@
 """Goal control tasks: thin wrappers over the goal and activity rules."""
 
-from ..workflows.adapters.config import Settings
-from ..workflows.client import AgentRadar
 from ..workflows.errors import InvalidArgument
 from ..workflows.operators.catalog import kind_of
 from ..workflows.records import as_dict
-from ..workflows.steps.goals import worker_drain
-from ..workflows.steps.goals.dispatch import Dispatcher
 from ..workflows.task_names import (
     COALESCE_MAX_ITEMS,
     DISPATCH_TASK,
@@ -15,39 +11,11 @@ from ..workflows.task_names import (
     REPORT_ACTIVITY_TASK,
 )
 from ..workflows.validation import check_id, check_ids
-from .runtime_context import TaskContext
 from .strict import Routine, strict_task
-from .worker_id import worker_name
 
 # A dispatch's outcome for an operation of its own it did not take: another dispatch had
 # taken it, it had settled, or there is no such operation.
 NOT_TAKEN = "not_taken"
-
-
-def _client(ctx: TaskContext) -> AgentRadar:
-    return AgentRadar(settings=ctx.settings, runtime=ctx.runtime, publisher=ctx.publisher)
-
-
-def _dispatcher(ctx: TaskContext) -> Dispatcher:
-    # The client is only needed for the rare resume of an offline session.
-    return Dispatcher(
-        ctx.engine,
-        ctx.runtime,
-        worker_id=worker_name(),
-        lease_s=ctx.settings.lease_s,
-        resume_session=lambda ws, sid: _client(ctx).ensure_session(ws, sid),
-        hand_off=True,
-        pull=ctx.settings.pull,
-    )
-
-
-def start_pulling(settings: Settings) -> None:
-    """A pool process's start: where its drain pulls (PostgreSQL, AGENT_RADAR_PULL), the
-    drain and its promise start now, so that submits spread over every process from the
-    first (docs/dispatch.md: pulling); elsewhere the first dispatch message starts it."""
-    dispatcher = _dispatcher(TaskContext(settings))
-    if dispatcher.pulls:
-        worker_drain.running(dispatcher)
 
 
 @strict_task(GOAL_CONTROL_TASK, public=True)
@@ -61,7 +29,7 @@ def goal_control(
     client_submit_id,
     expected_revision=None,
 ):
-    op = _client(ctx).goal_control(
+    op = ctx.client.goal_control(
         workspace_id,
         session_id,
         action,
@@ -100,12 +68,11 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
                 field="workspace_id",
             )
         session_of = (check_id("workspace_id", workspace_id), check_id("session_id", session_id))
-    dispatcher = _dispatcher(ctx)
-    # The calls go on in this process's drain (workflows/steps/goals/flight.py); this task only
+    # The calls go on in this process's drain (tasks/worker_process.py); this task only
     # claims, and waits first while the process has as many calls in flight as it takes.
-    worker_drain.wait_for_room(ctx.settings.lease_s / 2)
+    ctx.wait_for_room(ctx.settings.lease_s / 2)
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
-    results = dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
+    results = ctx.dispatcher.dispatch_many(wanted, steal=True, session_of=session_of)
     outcomes = {r.operation_id: r.outcome for r in results}
     # Its own operations it did not take (most often another dispatch took them along) say
     # so, rather than nothing.
@@ -122,7 +89,7 @@ def get_operation(ctx, operation_id, workspace_id=None):
     """The record of the operation with this id, of any kind, as `op show --json` prints it
     (`kind` and the kind's fields, times as ISO 8601): with a result backend, a producer in
     any language polls this until `status` is terminal. Unknown: FAILURE not_found."""
-    record = _client(ctx).get_operation(operation_id, workspace_id=workspace_id)
+    record = ctx.client.get_operation(operation_id, workspace_id=workspace_id)
     return {"kind": kind_of(record), **as_dict(record)}
 
 
@@ -131,5 +98,5 @@ def get_operation(ctx, operation_id, workspace_id=None):
 # idle. A report is received as sent: signed by the session's host, or refused.
 @strict_task(REPORT_ACTIVITY_TASK, public=True)
 def report_activity(ctx, report):
-    asked = _client(ctx).receive_report(report)
+    asked = ctx.client.receive_report(report)
     return {"reconcile": True} if asked else Routine({"reconcile": False})

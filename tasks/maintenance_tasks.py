@@ -13,7 +13,6 @@ from ..workflows.task_names import (
 from ..workflows.validation import check_id
 from . import shutdown
 from .fence_tasks import _collaborators
-from .goal_tasks import _client
 from .strict import Routine, strict_task
 
 
@@ -28,7 +27,7 @@ def start_maintenance(
     args=None,
     expected_runtime_epoch=None,
 ):
-    run = _client(ctx).start_maintenance(
+    run = ctx.client.start_maintenance(
         workspace_id,
         session_id,
         kind,
@@ -42,9 +41,7 @@ def start_maintenance(
 @strict_task(CANCEL_MAINTENANCE_TASK, public=True)
 def cancel_maintenance(ctx, workspace_id, run_id):
     """Scoped to the caller's workspace (docs/operations.md): a run of another one is NotFound."""
-    run = _client(ctx).cancel_maintenance(
-        run_id, workspace_id=check_id("workspace_id", workspace_id)
-    )
+    run = ctx.client.cancel_maintenance(run_id, workspace_id=check_id("workspace_id", workspace_id))
     return {"run_id": run.run_id, "status": run.status}
 
 
@@ -58,7 +55,7 @@ def execute(ctx, run_id):
 
 @strict_task(SUBMIT_PROMPT_TASK, public=True)
 def submit_prompt(ctx, workspace_id, session_id, text, *, client_submit_id):
-    prompt = _client(ctx).submit_prompt(
+    prompt = ctx.client.submit_prompt(
         workspace_id, session_id, text, client_submit_id=client_submit_id
     )
     return {"prompt_id": prompt.prompt_id, "status": prompt.status}

@@ -27,7 +27,7 @@ from ..workflows.adapters import logs
 from ..workflows.adapters.broker import DEFAULT_QUEUE
 from ..workflows.errors import AgentRadarError, InvalidArgument
 from ..workflows.task_names import SHOWN_WHEN_EFFECTIVE
-from .runtime_context import TaskContext
+from . import worker_process
 
 log = logging.getLogger("agent_radar.tasks")
 
@@ -157,7 +157,8 @@ def _shown_when_effective(task, call):
 
 
 def strict_task(name: str, *, public: bool = False, events: str = ALL):
-    """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's TaskContext.
+    """Register `fn(ctx, **kwargs)` as task `name`; `ctx` is the worker's WorkerProcess
+    (tasks/worker_process.py).
     `events` (ALL or NONE) says what Flower sees of it: housekeeping that runs every few
     seconds would otherwise push real work out of Flower's task list. The tasks named in
     SHOWN_WHEN_EFFECTIVE send theirs only when they did something: they return
@@ -182,7 +183,7 @@ def strict_task(name: str, *, public: bool = False, events: str = ALL):
         )
         @functools.wraps(fn)
         def run(self, *args, **kwargs):
-            ctx = TaskContext(self.app.agent_radar_settings)
+            ctx = worker_process.of(self.app.agent_radar_settings)
             ids = logs.ids_of_arguments(kwargs)
             with logs.task_context(task=name, task_id=self.request.id, **ids):
                 if events == WHEN_EFFECTIVE:

@@ -30,13 +30,7 @@ def sweep(ctx):
 def prune(ctx):
     """Retention (docs/operations.md): bounded batches until nothing old is left or the run's
     time is spent; the next run goes on."""
-    return _client_prune(ctx)
-
-
-def _client_prune(ctx) -> dict:
-    from .goal_tasks import _client
-
-    return _client(ctx).prune(max_batches=MAX_PRUNE_BATCHES, budget_s=PRUNE_BUDGET_S)
+    return ctx.client.prune(max_batches=MAX_PRUNE_BATCHES, budget_s=PRUNE_BUDGET_S)
 
 
 # A run goes on while there is something to delete, for up to a fifth of the interval between

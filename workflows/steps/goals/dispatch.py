@@ -29,7 +29,7 @@ from ...goals.statements import (
     OPS_LANES_AND_DUE,
 )
 from ..fence_install import ensure_fences_installed
-from . import flight, named_claim, worker_drain
+from . import flight, named_claim
 from .claim import GoalClaims, first_per_session, with_due_along
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,15 @@ class Dispatcher(GoalClaims):
         lease_s: float,
         clock: Callable[[], datetime] = utcnow,
         resume_session: Callable[[str, str], Any] | None = None,
-        hand_off: bool = False,
+        hand_to: Callable[[dict[Lane, Claim | StepResult], bool], None] | None = None,
         pull: bool = False,
     ) -> None:
         super().__init__(engine, worker_id=worker_id, lease_s=lease_s, clock=clock)
-        # A worker's dispatch hands its claims to the process's drain and returns (flight.py).
-        self.hand_off = hand_off
+        # A worker's dispatch hands its claims to the process's drain and returns
+        # (tasks/worker_process.py); elsewhere it drains them itself (flight.py).
+        self.hand_to = hand_to
         # Whether its drain pulls, where the database notifies (worker_drain.py, pull.py).
-        self.pulls = hand_off and pull and dialect_of(engine).notifies
+        self.pulls = hand_to is not None and pull and dialect_of(engine).notifies
         self.runtime = runtime
         # Client operations may bring an offline session back (user-triggered, fences
         # preloaded); fence-made operations never do.
@@ -191,9 +192,9 @@ class Dispatcher(GoalClaims):
         lanes, takes back those that have due work and claims it (with `steal`, other due
         work too). Handing off (a worker), the calls go on in this process's drain and the
         claims are reported `in_flight`."""
-        if self.hand_off:
+        if self.hand_to is not None:
             if work:
-                worker_drain.hand_off(self, work, eager)
+                self.hand_to(work, eager)
             return [
                 current
                 if isinstance(current, StepResult)

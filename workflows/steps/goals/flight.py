@@ -7,7 +7,7 @@ slots, so calls to other hosts never wait behind it. A call's outcome is recorde
 finishes, together with whatever else finished meanwhile, and its lane takes its next due
 operation in the same transaction; nothing waits for the slowest call of a batch.
 
-In a worker (`hand_off`) the drain runs in a thread of the pool process, and the Celery task
+In a worker (`hand_to`) the drain runs in a thread of the pool process, and the Celery task
 that claimed the work starts the calls whose hosts have a slot itself (`start_now`: the
 drain's thread may be busy recording) and returns at once, so a slow host holds no pool
 process: the task waits only when the process already has MAX_IN_FLIGHT calls

@@ -1,9 +1,9 @@
 """A worker pool process's drain (docs/dispatch.md): a thread that keeps the process's goal
 calls in flight, so the dispatch task that claimed them returns at once and a slow host holds
-no pool process; the task waits only while the process has MAX_IN_FLIGHT calls."""
+no pool process; the task waits only while the process has MAX_IN_FLIGHT calls. The process
+holds it (tasks/worker_process.py)."""
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ...adapters.bulkhead import MAX_IN_FLIGHT
-from ...goals.claims import Claim, Lane, StepResult
+from ...goals.claims import StepResult
 from .flight import ROOM_AT, Drain, Steps
 from .pull import Notified, Puller
 
@@ -20,17 +20,17 @@ log = logging.getLogger(__name__)
 # A worker's background drain stops (its thread ends) after this long with nothing to do,
 # unless it pulls (it then runs as long as its process).
 IDLE_EXIT_S = 5.0
-_lock = threading.RLock()
 
 
 class WorkerDrain(Drain):
     """A worker process's drain, in a thread of its own (see the module's note)."""
 
-    def __init__(self, dispatcher: Steps) -> None:
+    def __init__(self, dispatcher: Steps, lock: threading.RLock, room: threading.Condition) -> None:
         super().__init__(dispatcher, steal=True)
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
-        self.room = threading.Condition(_lock)
+        # The process's: it says under `lock` that it ended, and notifies `room` as calls end.
+        self.lock, self.room = lock, room
         # Where the database notifies, the drain pulls while it runs and has room (pull.py):
         # submits notify it instead of publishing a message. What notifications name waits
         # in `_notified` for the drain's thread; `_woken`: a "due" event is on its way.
@@ -55,10 +55,8 @@ class WorkerDrain(Drain):
         finally:
             if self.puller is not None:
                 self.puller.stop()
-            with _lock:
+            with self.lock:
                 self.alive = False
-                if _drains.get(os.getpid()) is self:
-                    del _drains[os.getpid()]
                 self.room.notify_all()
 
     def _take(self, event: tuple[Any, ...]) -> None:
@@ -108,7 +106,7 @@ class WorkerDrain(Drain):
         # A pulling drain runs as long as its process: submits may notify it at any time.
         if self.puller is not None:
             return False
-        with _lock:
+        with self.lock:
             if not self.events.empty():
                 return False
             self.alive = False
@@ -116,52 +114,18 @@ class WorkerDrain(Drain):
 
     def _finished(self, future: Future) -> None:
         super()._finished(future)
-        with _lock:
+        with self.lock:
             self.room.notify_all()
 
     def _keep(self, results: list[StepResult]) -> None:
         pass  # nobody waits for them: the database has them
 
-
-_drains: dict[int, WorkerDrain] = {}
-
-
-def running(dispatcher: Steps) -> WorkerDrain:
-    """This process's drain, started if none runs. A pulling one (pull.py) starts with the
-    process, and holds its promise from then on."""
-    with _lock:
-        drain = _drains.get(os.getpid())
-        if drain is None or not drain.alive:
-            drain = _drains[os.getpid()] = WorkerDrain(dispatcher)
-            drain.thread.start()
-        return drain
-
-
-def hand_off(dispatcher: Steps, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
-    """Give claimed lanes to this process's drain (started if none runs), starting at once
-    the calls whose hosts have a slot (Drain.start_now)."""
-    drain = running(dispatcher)
-    drain.events.put(("work", drain.start_now(work), eager))
-
-
-def wait_for_room(timeout_s: float) -> None:
-    """Back-pressure: wait (up to timeout_s) while this process has MAX_IN_FLIGHT calls."""
-    end = time.monotonic() + timeout_s
-    with _lock:
-        drain = _drains.get(os.getpid())
-        while drain is not None and drain.alive and drain.gate.in_flight() >= MAX_IN_FLIGHT:
+    def wait_for_room(self, timeout_s: float) -> None:
+        """Back-pressure (under `lock`): wait up to timeout_s while this drain has
+        MAX_IN_FLIGHT calls."""
+        end = time.monotonic() + timeout_s
+        while self.alive and self.gate.in_flight() >= MAX_IN_FLIGHT:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            drain.room.wait(left)
-
-
-def stop(timeout_s: float) -> None:
-    """A worker process ending: its drain finishes the calls in flight (up to timeout_s),
-    records them and gives back what it had not called."""
-    with _lock:
-        drain = _drains.get(os.getpid())
-    if drain is None or not drain.alive:
-        return
-    drain.events.put(("stop",))
-    drain.thread.join(timeout_s)
+            self.room.wait(left)
