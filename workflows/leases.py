@@ -96,23 +96,6 @@ _CLAIM_OR_CREATE = select(_TAKEN.c.name).union_all(select(_CREATED.c.name))
 CLAIMED = _CLAIM_OR_CREATE.cte("claimed")
 
 
-def claim_or_create_one_if(condition: Any) -> Any:
-    """_CLAIM_OR_CREATE for the one name `b_name` (PostgreSQL), taken only while `condition`
-    (an SQL expression, read at the statement's snapshot) holds: where it does not, nothing
-    is written. A CTE of the name taken, for a statement built on it (the named claim of
-    workflows.steps.goals.named_claim)."""
-    name = bindparam("b_name", type_=LEASES.c.name.type)
-    waited = (
-        update(LEASES)
-        .where(LEASES.c.name == name, _FREE, condition)
-        .values(_TAKEN_BY)
-        .returning(LEASES.c.name)
-        .cte("named_waited")
-    )
-    created = _created(name, "named_existing", "named_created", condition)
-    return select(waited.c.name).union_all(select(created.c.name)).cte("named_claimed")
-
-
 _RENEW = (
     update(LEASES)
     .where(

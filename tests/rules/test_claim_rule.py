@@ -1,7 +1,8 @@
 """The claim rule has one source of truth (workflows/goals/claim_rule.py); on PostgreSQL the
-claim's read and claim are one statement (LOOKUP_AND_CLAIM) whose conditions say the same.
-This proves the two equal, state by state: for every combination of the states the rule
-looks at, the statement takes exactly the operations the rule lets go."""
+claim's read and claim are one statement (LOOKUP_AND_CLAIM) whose conditions say the same, and
+so is a named message's claim (NAMED_CLAIM, the function of migration 0016). This proves the
+three equal, state by state: for every combination of the states the rule looks at, each
+takes exactly the operations the rule lets go."""
 
 import itertools
 import uuid
@@ -19,7 +20,12 @@ from agent_radar.workflows.goals.operations import (
     DISPATCH_BUDGET_S,
     DISPATCH_MAX_ATTEMPTS,
 )
-from agent_radar.workflows.goals.statements import LOOKUP_AND_CLAIM, lookup_and_claim_params
+from agent_radar.workflows.goals.statements import (
+    LOOKUP_AND_CLAIM,
+    NAMED_CLAIM,
+    lookup_and_claim_params,
+    named_claim_params,
+)
 
 WS = "ws-claim-rule"
 
@@ -114,3 +120,19 @@ def test_the_claim_statement_takes_exactly_what_the_claim_rule_lets_go(client):
     # Both verdicts occur: the grid reaches the cases that go and the cases that do not.
     taken = sum(bool(row.taken) for row in rows.values())
     assert 0 < taken < len(ops)
+    # The named claim takes the same, one operation at a time, and returns the row as the
+    # statement read it (before the claim).
+    with Session(client.engine) as s, s.begin():
+        conn = s.connection()
+        for op, state in ops:
+            claim = lookup_and_claim_params([op], now, "worker", "token", now)
+            key = (WS, rows[op].session_id)
+            named = conn.execute(
+                NAMED_CLAIM, named_claim_params(op, key, f"lane-{op}", "lane-token", claim)
+            ).all()
+            assert bool(named) == bool(rows[op].taken), state
+            if named:
+                read = rows[op]._asdict()
+                del read["taken"]
+                assert named[0]._asdict() == read
+        s.rollback()

@@ -1,7 +1,6 @@
 """docs/lifecycles.md: accept, goals, rule by rule, on both backends: the workflow functions against
 the real database and the simulator over real HTTP, with a clock the test controls."""
 
-import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ WS, SID = "ws-rules", "session-1"
 # state with the lanes' release, the look for more work).
 LANES_READ = ["SELECT"]
 CLAIM = ["WITH", "WITH"]
-# A named message's claim: one call, in autocommit (workflows.steps.goals.named_claim).
+# A named message's claim: one call of migration 0016's function, in autocommit.
 NAMED_CLAIM = ["SELECT"]
 RECORD = ["SELECT", "WITH", "SELECT"]
 DISPATCH_STEP_STATEMENTS = LANES_READ + CLAIM + RECORD
@@ -250,9 +249,10 @@ def test_a_message_that_names_the_session_skips_the_lanes_read(
 
 
 @pytest.mark.parametrize("backend", ["production"])
-def test_a_named_claim_is_made_on_each_new_connection(client, dispatcher, sim_control):
-    """The named claim's function lives in the connection's own schema (`pg_temp`): a new
-    connection (a new pool, a reconnect) makes it again before its first call."""
+def test_a_named_claim_needs_nothing_of_a_new_connection(client, dispatcher, sim_control):
+    """The named claim's function is the database's (migration 0016), not a connection's:
+    the first call on a new connection (a new pool, a reconnect) claims as any other, and
+    nothing is rolled back."""
     first = client.set_goal(WS, SID, "one", client_submit_id="s-1")
     d = dispatcher()
     assert [r.outcome for r in d.dispatch_many([first.operation_id], session_of=(WS, SID))] == [
@@ -275,13 +275,11 @@ def test_a_named_claim_is_made_on_each_new_connection(client, dispatcher, sim_co
 
 
 @pytest.mark.parametrize("backend", ["production"])
-def test_a_role_without_the_temp_privilege_dispatches_named_messages_as_unnamed(
-    settings, sim_control, caplog
-):
-    """The named claim's function needs the right to make temporary objects. A database
-    role without it (TEMP revoked from PUBLIC, as some hardened databases do) gets the
-    dispatch as if nothing were named: applied once, the refusal logged once, and not
-    tried again on every message."""
+def test_a_role_with_table_rights_only_claims_named_messages_in_one_call(settings, sim_control):
+    """A database role that may only read and write the tables (TEMP revoked from PUBLIC,
+    as some hardened databases do; no right to make anything) still claims a named message
+    in one call: the function is the schema's (migration 0016), run with the caller's
+    rights."""
     role = f"radar_no_temp_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -315,16 +313,11 @@ def test_a_role_without_the_temp_privilege_dispatches_named_messages_as_unnamed(
                     client.set_goal(WS, sid, "ship it", client_submit_id="s-1")
                     for sid in (SID, "s-2")
                 ]
-                with caplog.at_level(
-                    logging.WARNING, logger="agent_radar.workflows.steps.goals.named_claim"
-                ):
-                    first = d.dispatch_many([ops[0].operation_id], session_of=(WS, SID))
-                    with statements_sent(client.engine) as statements:
-                        second = d.dispatch_many([ops[1].operation_id], session_of=(WS, "s-2"))
+                first = d.dispatch_many([ops[0].operation_id], session_of=(WS, SID))
+                with statements_sent(client.engine) as statements:
+                    second = d.dispatch_many([ops[1].operation_id], session_of=(WS, "s-2"))
                 assert [r.outcome for r in first + second] == ["applied", "applied"]
-                assert statements == DISPATCH_STEP_STATEMENTS  # the unnamed path, no call
-                refusals = [r for r in caplog.records if "named claims are off" in r.message]
-                assert len(refusals) == 1
+                assert statements == NAMED_CLAIM + RECORD
                 assert [e["operation_id"] for e in sim_control.effects()] == [
                     op.operation_id for op in ops
                 ]

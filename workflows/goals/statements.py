@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Integer,
     String,
     bindparam,
     exists,
@@ -13,17 +14,18 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     tuple_,
     union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql
 
-from ...models.base import table_of
+from ...models.base import UTCDateTime, table_of
 from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
 from ...models.tables import GoalFence
 from ..fences.reinstall import not_installed_at
-from ..leases import CLAIMED, claim_or_create_one_if
+from ..leases import CLAIMED
 from ..maintenance.runs import holds
 from ..sessions.hosts import HOSTS
 from ..sessions.rows import SESSIONS, same_session
@@ -130,31 +132,40 @@ _LOCKED = (
 TAKE_LANES_AND_LOCK = select(CLAIMED.c.name, literal(True).label("lease")).union_all(
     select(_LOCKED.c.workspace_id, literal(False))
 )
-# For a message that names the session of its one operation (Dispatcher._dispatch_named, the
-# first statement of workflows.steps.goals.named_claim): the named session's lane, taken only if
-# the operation is open and unleased in that very session, and that session's row locked
-# once the lane is taken — else nothing is written, and nothing has to be rolled back
-# (psycopg forgets every statement it had prepared on a connection that rolls back, and
-# they are planned anew afterwards).
-_NAMED_OPEN = (
-    select(OPS.c.operation_id)
-    .where(
-        OPS.c.operation_id == bindparam("b_op"),
-        *key_params(OPS),
-        *open_unheld(bindparam("b_now")),
-    )
-    .exists()
+# A named message's claim as one call (Dispatcher._dispatch_named): the function that
+# migration 0016 makes (PostgreSQL) takes the named session's lane, locks the session, then
+# reads and claims the operation, each a statement of its own; it returns the claimed row
+# as LOOKUP_AND_CLAIM reads it, or nothing, with nothing left written.
+NAMED_CLAIM = text(
+    "SELECT * FROM agent_radar_named_claim(:b_op, :b_ws, :b_sid, :b_lane, :b_lane_token, "
+    ":b_owner, :b_token, :b_now, :b_expires, :b_budget_since, :b_max_attempts)"
+).bindparams(
+    *(bindparam(name, type_=String) for name in ("b_op", "b_ws", "b_sid", "b_lane")),
+    *(bindparam(name, type_=String) for name in ("b_lane_token", "b_owner", "b_token")),
+    *(bindparam(name, type_=UTCDateTime()) for name in ("b_now", "b_expires", "b_budget_since")),
+    bindparam("b_max_attempts", type_=Integer),
 )
-_NAMED_LANE = claim_or_create_one_if(_NAMED_OPEN)
-_NAMED_LOCKED = (
-    select(SESSIONS.c.workspace_id)
-    .where(*key_params(SESSIONS), select(_NAMED_LANE.c.name).exists())
-    .with_for_update()
-    .cte("named_locked")
-)
-NAMED_LANE_AND_LOCK = select(_NAMED_LANE.c.name, literal(True).label("lease")).union_all(
-    select(_NAMED_LOCKED.c.workspace_id, literal(False))
-)
+
+
+def named_claim_params(
+    op: str, key: tuple[str, str], lane: str, lane_token: str, claim: dict[str, Any]
+) -> dict[str, Any]:
+    """NAMED_CLAIM's parameters: `claim` is lookup_and_claim_params' for this operation."""
+    return {
+        "b_op": op,
+        "b_ws": key[0],
+        "b_sid": key[1],
+        "b_lane": lane,
+        "b_lane_token": lane_token,
+        "b_owner": claim["b_owner"],
+        "b_token": claim["b_token"],
+        "b_now": claim["b_now"],
+        "b_expires": claim["b_expires"],
+        "b_budget_since": claim["b_budget_since"],
+        "b_max_attempts": DISPATCH_MAX_ATTEMPTS,
+    }
+
+
 # A claim's read: the operations, goal states, and whether a maintenance run holds each
 # session (their session rows locked by LOCK_SESSIONS_OF_OPS).
 CLAIM_LOOKUP = (

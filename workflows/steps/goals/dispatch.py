@@ -8,7 +8,7 @@ drain that calls the hosts, each within its bulkhead (flight.py), and records th
 import functools
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -18,18 +18,21 @@ from ....models.base import utcnow
 from ....models.db import run_read, run_transaction
 from ....models.dialects import dialect_of
 from ....models.enums import Origin
-from ... import ids, records
+from ... import leases, records
 from ...adapters.runtime import RuntimePort
 from ...errors import RuntimeDisconnected, RuntimeFault
 from ...goals import outcomes
 from ...goals.claims import Attempt, Claim, Lane, StepResult
 from ...goals.statements import (
     MAX_LANES_PER_STEP,
+    NAMED_CLAIM,
     OPS_LANES,
     OPS_LANES_AND_DUE,
+    lookup_and_claim_params,
+    named_claim_params,
 )
 from ..fence_install import ensure_fences_installed
-from . import flight, named_claim
+from . import flight
 from .claim import GoalClaims, first_per_session, with_due_along
 
 log = logging.getLogger(__name__)
@@ -163,26 +166,29 @@ class Dispatcher(GoalClaims):
         self, operation_id: str, key: tuple[str, str], steal: bool
     ) -> list[StepResult] | None:
         """Take the lane of the session a message names and claim the operation in one
-        call (named_claim.py: the lane with the session lock, then the claim's read and
-        claim, as one PL/pgSQL function in autocommit), without the read that finds its
-        session (a lone submit's message: the lone path's round trips are most of its time,
-        docs/benchmarks.md); None if this dispatch is then to go on as if nothing were
-        named. The name is the message's word: the lane is taken only if the operation is
-        open and unleased in that very session (NAMED_LANE_AND_LOCK), and let go again in
-        the same call if the claim then does not take it: nothing is left written but the
-        claim of that very operation."""
+        call (goals/statements.py: NAMED_CLAIM, the function of migration 0016), without
+        the read that finds its session (a lone submit's message: the lone path's round
+        trips are most of its time, docs/benchmarks.md); None if this dispatch is then to go
+        on as if nothing were named. The name is the message's word: the lane is taken only
+        if the operation is open and unleased in that very session, and let go again in the
+        same call if the claim then does not take it: nothing is left written but the claim
+        of that very operation."""
         now = self.clock()
-        params = named_claim.claim_params(
-            operation_id, key, ids.lane_name(*key), self.worker_id, self.lease_s, now
+        lane = Lane(*key, leases.new_token())
+        expires = now + timedelta(seconds=self.lease_s)
+        claim = lookup_and_claim_params(
+            [operation_id], now, self.worker_id, leases.new_token(), expires
         )
-        rows = run_read(self.engine, lambda s: named_claim.named_claim(s, params), direct=True)
+        params = named_claim_params(operation_id, key, lane.name, lane.token, claim)
+        rows = run_read(
+            self.engine, lambda s: s.connection().execute(NAMED_CLAIM, params).all(), direct=True
+        )
         if not rows:
             return None
-        row = rows[0]
-        lane = Lane(*key, params["b_lane_token"])
-        op = records.from_row(records.GoalOperation, row)
-        claim = self._claim_of(op, row, params["b_token"], now, params["b_expires"])
-        return self._drain({lane: claim}, steal)
+        op = records.from_row(records.GoalOperation, rows[0])
+        return self._drain(
+            {lane: self._claim_of(op, rows[0], claim["b_token"], now, expires)}, steal
+        )
 
     def _drain(
         self, work: dict[Lane, Claim | StepResult], steal: bool = False, eager: bool = False
