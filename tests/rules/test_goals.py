@@ -186,8 +186,8 @@ def test_work_the_claim_statement_left_is_claimed_on_its_own(
     nothing) is claimed by a statement of its own, and applied once."""
     from sqlalchemy import false
 
+    from agent_radar.workflows.goals import lanes as claim_module
     from agent_radar.workflows.goals.statements import CLAIM_LOOKUP
-    from agent_radar.workflows.steps.goals import claim as claim_module
 
     took_nothing = CLAIM_LOOKUP.add_columns(false().label("taken"))
     monkeypatch.setattr(claim_module, "LOOKUP_AND_CLAIM", took_nothing)
@@ -1012,7 +1012,7 @@ def test_a_steps_end_leaves_work_just_come_due_to_its_message(
     been due for STEAL_AFTER: work due for less has its message on the way (most often to
     an idle process), which would otherwise wait for the lane this step creates only to
     find its work taken."""
-    from agent_radar.workflows.steps.goals.claim import STEAL_AFTER
+    from agent_radar.workflows.goals.lanes import STEAL_AFTER
 
     own = client.set_goal(WS, "own", "x", client_submit_id="1")
     fresh = client.set_goal(WS, "fresh", "x", client_submit_id="1")
@@ -1051,7 +1051,7 @@ def test_a_late_messages_steps_take_work_however_young(client, dispatcher, sim_c
     starts take every due operation at their ends, however young, rather than leave it
     STEAL_AFTER for a message that is itself late. A message that finds its own work leaves
     such work alone (test_a_steps_end_leaves_work_just_come_due_to_its_message)."""
-    from agent_radar.workflows.steps.goals.claim import STEAL_AFTER
+    from agent_radar.workflows.goals.lanes import STEAL_AFTER
 
     taken = client.set_goal(WS, "taken", "x", client_submit_id="1")
     other = client.set_goal(WS, "other", "x", client_submit_id="1")

@@ -224,29 +224,30 @@ def test_a_client_cannot_squat_a_fences_clear(client):
 def test_public_tasks_retry_only_connection_level_database_errors(backend, monkeypatch):
     from celery.exceptions import Reject
 
-    import agent_radar.tasks.goal_tasks as goal_tasks
+    import agent_radar.tasks.goal_tasks  # noqa: F401 - registers the task
     from agent_radar.tasks.app import app
+    from agent_radar.tasks.worker_process import WorkerProcess
 
     def failing(error):
         class Client:
             def goal_control(self, *args, **kwargs):
                 raise error
 
-        return lambda ctx: Client()
+        return property(lambda process: Client())
 
     task = app.tasks["agent_radar.goal_control"]
     kwargs = dict(
         workspace_id=WS, session_id=SID, action="set", objective="x", client_submit_id="1"
     )
     permanent = DataError("INSERT …", {}, Exception("invalid byte sequence"))
-    monkeypatch.setattr(goal_tasks, "_client", failing(permanent))
+    monkeypatch.setattr(WorkerProcess, "client", failing(permanent))
     with pytest.raises(Reject):
         task(**kwargs)
     down = OperationalError("SELECT 1", {}, Exception("connection refused"))
-    monkeypatch.setattr(goal_tasks, "_client", failing(down))
+    monkeypatch.setattr(WorkerProcess, "client", failing(down))
     # Called directly, Celery's retry re-raises the cause instead of publishing a retry.
     with pytest.raises(OperationalError):
         task(**kwargs)
-    monkeypatch.setattr(goal_tasks, "_client", failing(ZeroDivisionError("bug")))
+    monkeypatch.setattr(WorkerProcess, "client", failing(ZeroDivisionError("bug")))
     with pytest.raises(Reject):
         task(**kwargs)

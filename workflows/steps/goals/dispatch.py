@@ -1,6 +1,6 @@
 """Goal dispatch (docs/lifecycles.md: goals dispatch, 4.8 lanes): the batched step a worker runs.
 
-A dispatch reads which lanes to open, claims them (goal_claim.py), and hands the claims to a
+A dispatch reads which lanes to open, claims them (goals/lanes.py), and hands the claims to a
 drain that calls the hosts, each within its bulkhead (flight.py), and records the outcomes
 (goals/outcomes.py) as the calls finish.
 """
@@ -23,6 +23,7 @@ from ...adapters.runtime import RuntimePort
 from ...errors import RuntimeDisconnected, RuntimeFault
 from ...goals import outcomes
 from ...goals.claims import Attempt, Claim, Lane, StepResult
+from ...goals.lanes import GoalClaims, first_per_session, with_due_along
 from ...goals.statements import (
     MAX_LANES_PER_STEP,
     NAMED_CLAIM,
@@ -33,7 +34,6 @@ from ...goals.statements import (
 )
 from ..fence_install import ensure_fences_installed
 from . import flight
-from .claim import GoalClaims, first_per_session, with_due_along
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""The claim side of goal dispatch (docs/lifecycles.md: goals, leases): a dispatch's lanes taken,
-their operations read under the session locks, judged by the claim rule (goals/claim_rule.py) and
-claimed under a lease; a claim given back unattempted; the lanes released and taken again for their
-next due work. Every method runs in its caller's transaction."""
+"""Lanes and claims, the claim side of goal dispatch (docs/lifecycles.md: goals, leases): a
+dispatch's lanes taken, their operations read under the session locks, judged by the claim rule
+(claim_rule.py) and claimed under a lease; a claim given back unattempted; the lanes released
+and taken again for their next due work. Every method runs in its caller's transaction; the
+steps (workflows/steps/goals/) call them and write nothing themselves."""
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterable
@@ -11,15 +12,15 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from ....models.base import utcnow
-from ....models.db import rowcount
-from ....models.dialects import dialect_of
-from ....models.enums import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
-from ... import ids, leases, records
-from ...adapters import logs
-from ...goals import claim_rule, outcomes
-from ...goals.claims import Claim, Lane, StepResult
-from ...goals.statements import (
+from ...models.base import utcnow
+from ...models.db import rowcount
+from ...models.dialects import dialect_of
+from ...models.enums import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
+from .. import ids, leases, records
+from ..adapters import logs
+from . import claim_rule, outcomes
+from .claims import Claim, Lane, StepResult
+from .statements import (
     CLAIM,
     CLAIM_AND_APPLYING,
     CLAIM_LOOKUP,
