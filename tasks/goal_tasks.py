@@ -40,7 +40,7 @@ def goal_control(
     # A pool process runs one task at a time, so its submits share no message; the message
     # goes out before the task is acknowledged, as it would without the sender thread (a
     # recycled pool process may not run its exit handlers).
-    ctx.publisher.flush()
+    ctx.client.flush()
     return {"operation_id": op.operation_id, "status": op.status}
 
 

@@ -1,6 +1,7 @@
-"""Coalesced publishing: the submits of one process hand their items to a sender thread and
-return; the sender gives a burst of them a few messages, and every item is in exactly one
-message (or reported unpublished, for the sweeper). A lone submit, with nothing to share its
+"""Coalesced publishing (workflows/client/coalescing.py, in front of the task publisher): the
+submits of one process hand their items to a sender thread and return; the sender gives a
+burst of them a few messages, and every item is in exactly one message (or reported
+unpublished, for the sweeper). A lone submit, with nothing to share its
 message with, publishes it itself. The tests of the sender's own workings turn that off
 (`lone_publishes`), so that back-to-back submits queue behind the sender as concurrent ones
 do."""
@@ -15,19 +16,40 @@ import time
 import pytest
 
 from agent_radar.workflows.adapters.publisher import TaskPublisher
+from agent_radar.workflows.client.coalescing import Coalescer
 from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS
 from tests.helpers import eventually
 
 TASK = "agent_radar.goal.dispatch"
 
 
-class RecordingPublisher(TaskPublisher):
-    """Records instead of talking to a broker; slow, so concurrent callers pile up. Besides
-    the messages that went out, it records the thread of every publish attempt, failed ones
-    too (`attempt_threads`), and sets `began` when the first one starts."""
+class _Recorder(TaskPublisher):
+    """A task publisher that records into its RecordingPublisher instead of publishing."""
+
+    def __init__(self, settings, owner):
+        super().__init__(settings)
+        self.owner = owner
+
+    def publish(self, task_name, kwargs=None, queue=None, label=None):
+        owner = self.owner
+        owner.attempt_threads.append(threading.current_thread())
+        owner.began.set()
+        time.sleep(owner.delay_s)
+        if owner.fail:
+            raise ConnectionError("broker unreachable")
+        owner.messages.append((task_name, kwargs))
+        owner.labels.append(label)
+        return "task-id"
+
+
+class RecordingPublisher(Coalescer):
+    """A coalescer whose publisher records instead of talking to a broker; slow, so
+    concurrent callers pile up. Besides the messages that went out, it records the thread of
+    every publish attempt, failed ones too (`attempt_threads`), and sets `began` when the
+    first one starts."""
 
     def __init__(self, settings, fail=False, delay_s=0.05, lone_publishes=False):
-        super().__init__(settings)
+        super().__init__(_Recorder(settings, self))
         self.lone_publishes = lone_publishes
         self.messages = []
         self.labels = []
@@ -35,16 +57,6 @@ class RecordingPublisher(TaskPublisher):
         self.began = threading.Event()
         self.fail = fail
         self.delay_s = delay_s
-
-    def publish(self, task_name, kwargs=None, queue=None, label=None):
-        self.attempt_threads.append(threading.current_thread())
-        self.began.set()
-        time.sleep(self.delay_s)
-        if self.fail:
-            raise ConnectionError("broker unreachable")
-        self.messages.append((task_name, kwargs))
-        self.labels.append(label)
-        return "task-id"
 
 
 def _publish_concurrently(publisher, count):
@@ -379,7 +391,7 @@ def test_a_sender_killed_by_an_unexpected_error_leaves_nothing_waiting(settings)
     unpublished (the sweeper's), `flush` does not wait for them, and the next item starts
     a new sender."""
 
-    class Broken(RecordingPublisher):
+    class Broken(_Recorder):
         broken = True
 
         def publish_after_commit(self, task_name, kwargs, label=None):
@@ -387,10 +399,11 @@ def test_a_sender_killed_by_an_unexpected_error_leaves_nothing_waiting(settings)
                 raise SystemError("a bug")
             return super().publish_after_commit(task_name, kwargs, label)
 
-    publisher = Broken(settings, delay_s=0)
+    publisher = RecordingPublisher(settings, delay_s=0)
+    publisher.publisher = Broken(settings, publisher)
     assert publisher.publish_coalesced(TASK, "operation_ids", "op-1") is False
     assert publisher.flush(1)
-    publisher.broken = False
+    publisher.publisher.broken = False
     assert publisher.publish_coalesced(TASK, "operation_ids", "op-2") is True
     assert publisher.messages == [(TASK, {"operation_ids": ["op-2"]})]
 
@@ -451,17 +464,18 @@ def test_a_process_that_ends_without_close_publishes_its_items(settings):
         import time
         from agent_radar.workflows.adapters.publisher import TaskPublisher
         from agent_radar.workflows.adapters.config import Settings
+        from agent_radar.workflows.client.coalescing import Coalescer
 
-        publisher = TaskPublisher(Settings.from_env())
-        original = publisher.publish
+        coalescer = Coalescer(TaskPublisher(Settings.from_env()))
+        original = coalescer.publisher.publish
 
         def slow(*args, **kwargs):
             time.sleep(0.3)  # still on its way when the script ends
             return original(*args, **kwargs)
 
-        publisher.publish = slow
+        coalescer.publisher.publish = slow
         for i in range(3):
-            with publisher.coalescing("agent_radar.goal.dispatch", "operation_ids") as add:
+            with coalescer.coalescing("agent_radar.goal.dispatch", "operation_ids") as add:
                 add(f"op-{i}")
         """
     )

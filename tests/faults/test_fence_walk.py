@@ -213,13 +213,13 @@ class Fleet:
                 self.client.start_maintenance(WS, sid, client_submit_id=f"m{self.submits}")
             except AgentRadarError:
                 pass  # busy, held, draining: refused, nothing written
-            self.publisher.flush()
+            self.client.flush()
         elif kind == "set":
             self.submits += 1
             self.client.set_goal(
                 WS, sid, f"goal {self.submits}", client_submit_id=f"g{self.submits}"
             )
-            self.publisher.flush()
+            self.client.flush()
         elif kind == "fence":
             targets = self.unfenced_sets(sid)
             if targets:

@@ -219,7 +219,8 @@ def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
     from tests.adapters.test_publisher import RecordingPublisher
 
     publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
-    c = AgentRadar(settings=settings, publisher=publisher)
+    # (The client's own coalescer, in front of the recording publisher.)
+    c = AgentRadar(settings=settings, publisher=publisher.publisher)
     op = c.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     c.close()
     assert publisher.messages == [

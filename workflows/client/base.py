@@ -9,13 +9,14 @@ from ...models.db import engine_for, run_transaction
 from ..adapters import logs
 from ..adapters.config import Settings
 from ..adapters.http_runtime import HostRouter
-from ..adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
+from ..adapters.publisher import TaskPublisher
 from ..adapters.runtime import RuntimePort
 from ..errors import DatabaseNotReady, NotFound
 from ..operators import catalog
 from ..operators.kinds import KINDS
 from ..sessions import hosts
 from ..validation import check_id, check_seconds
+from .coalescing import FLUSH_TIMEOUT_S, Coalescer
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05
@@ -70,6 +71,8 @@ class ClientBase:
             self.settings.home.mkdir(parents=True, exist_ok=True)
         self.engine = engine_for(self.settings.database_url)
         self.publisher = publisher or TaskPublisher(self.settings)
+        # Goal submits share their messages (coalescing.py).
+        self.coalescer = Coalescer(self.publisher)
         self.runtime = runtime or HostRouter(
             self.settings.runtime_url,
             hosts.locator(self.engine),
@@ -92,9 +95,9 @@ class ClientBase:
         submits of this process; the call returns after the commit (`flush` waits for the
         message, and `close` or the end of the process publishes what is left). `alone(record)`
         gives the more arguments of a message that carries this item alone; `divert` may
-        take items out of a message before it is sent (see `TaskPublisher.coalescing`)."""
+        take items out of a message before it is sent (see `Coalescer.coalescing`)."""
         if coalesce_into:
-            with self.publisher.coalescing(task, coalesce_into, divert) as publish:
+            with self.coalescer.coalescing(task, coalesce_into, divert) as publish:
                 record, created = run_transaction(self.engine, work, direct=True)
                 if created:
                     publish(message(record), _label(record), alone and alone(record))
@@ -126,7 +129,7 @@ class ClientBase:
         """Wait until the messages of this process's goal submits are at the broker (a goal
         submit returns once its intent is committed); False if some still wait after
         `timeout_s`: the sweeper publishes those."""
-        return self.publisher.flush(check_seconds("timeout_s", timeout_s, maximum=MAX_FLUSH_S))
+        return self.coalescer.flush(check_seconds("timeout_s", timeout_s, maximum=MAX_FLUSH_S))
 
     def close(self) -> None:
-        self.publisher.close()
+        self.coalescer.close()
