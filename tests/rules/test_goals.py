@@ -706,8 +706,14 @@ def test_an_expired_lease_holder_cannot_write(client, dispatcher, clock, setting
     b = dispatcher("worker-b")
     assert [r.outcome for r in b.dispatch(op.operation_id)] == ["applied"]
     row_after_b = client.get_goal_operation(op.operation_id)
-    assert a.record_answer(claim, answer).outcome == "skipped"
-    assert a.record_fault(claim, RuntimeError("late"), True).outcome == "skipped"
+    from agent_radar.workflows.goals import outcomes
+
+    def late(record):
+        return run_transaction(client.engine, record).outcome
+
+    assert late(lambda s: outcomes.answer_outcome(s, claim, answer, clock())) == "skipped"
+    fault = RuntimeError("late")
+    assert late(lambda s: outcomes.fault_outcome(s, claim, fault, True, clock())) == "skipped"
     assert client.get_goal_operation(op.operation_id) == row_after_b
     assert row_after_b.attempt == 2
     assert len(sim_control.effects()) == 1  # the runtime deduped by operation id

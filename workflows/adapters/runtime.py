@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from .answers import HostState
+from .bulkhead import HostGate
 
 # Error codes of the protocol (docs/protocol.md) that callers act on by name.
 SESSION_NOT_FOUND = "session_not_found"  # the host no longer has the session: it is gone
@@ -46,6 +47,9 @@ def metric_code(code: str) -> str:
 
 
 class RuntimePort(Protocol):
+    # Every host's slots and circuit in this process: every call passes it (bulkhead.py).
+    bulkhead: HostGate
+
     def on_host(self, host_id: str, url: str | None, token: str | None = None) -> "RuntimePort":
         """The port for one host (docs/lifecycles.md: sessions), for a caller that already knows the
         session's host (url None: the host `default`) and its token."""

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
+from ...models.dialects import dialect_of
 from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
 from ...models.tables import GoalOperation, GoalState
 from .. import leases, records
@@ -72,8 +73,6 @@ def record(
     attempts: list[Attempt],
     lanes: list[Lane],
     now: datetime,
-    *,
-    releases_in_record: bool,
 ) -> tuple[list[StepResult], bool]:
     """Record every attempt's outcome in the caller's transaction. Applied answers, the
     common case, are recorded together; any other outcome one by one. Where every
@@ -88,7 +87,7 @@ def record(
     tokens = {a.claim.token for a in applied}
     lane_tokens = {lane.token for lane in lanes}
     release = None
-    if releases_in_record and not others and len(tokens) == 1 == len(lane_tokens):
+    if dialect_of(s).writes_together and not others and len(tokens) == 1 == len(lane_tokens):
         release = ([lane.name for lane in lanes], lane_tokens.pop())
     results = []
     for token in tokens:

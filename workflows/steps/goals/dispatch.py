@@ -87,14 +87,6 @@ class Dispatcher(GoalClaims):
         # Client operations may bring an offline session back (user-triggered, fences
         # preloaded); fence-made operations never do.
         self.resume_session = resume_session
-        # Whether a step's record releases its lanes in its own statement (PostgreSQL:
-        # data-modifying CTEs), one round trip less on every step.
-        self.releases_in_record = dialect_of(engine).writes_together
-        # Whether a message that names its operation's session skips the lanes read (see
-        # _dispatch_named). On SQLite the read is no round trip, and taking the write lock at
-        # once, instead of after it, made the paced phases' tail worse (docs/benchmarks.md:
-        # figures the code rests on).
-        self.takes_named_lanes = dialect_of(engine).server_functions
 
     def dispatch(self, operation_id: str) -> list[StepResult]:
         return self.dispatch_many([operation_id])
@@ -114,7 +106,10 @@ class Dispatcher(GoalClaims):
 
         `session_of` names the session of the one given operation, as its message says (see
         `_dispatch_named`; where the database runs functions of its own)."""
-        if session_of is not None and len(operation_ids) == 1 and self.takes_named_lanes:
+        # Where the database holds the named claim's function: on SQLite the lanes read is no
+        # round trip, and taking the write lock at once, instead of after it, made the paced
+        # phases' tail worse (docs/benchmarks.md: figures the code rests on).
+        if session_of and len(operation_ids) == 1 and dialect_of(self.engine).server_functions:
             named = self._dispatch_named(operation_ids[0], session_of, steal)
             if named is not None:
                 return named
@@ -216,9 +211,7 @@ class Dispatcher(GoalClaims):
     ) -> tuple[list[StepResult], bool]:
         """Record the attempts' outcomes (goals.outcomes.record) in the caller's transaction;
         where it can, the lanes are released in the same statement."""
-        return outcomes.record(
-            s, attempts, lanes, self.clock(), releases_in_record=self.releases_in_record
-        )
+        return outcomes.record(s, attempts, lanes, self.clock())
 
     def attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""
@@ -251,15 +244,3 @@ class Dispatcher(GoalClaims):
                 raise
             self.resume_session(op.workspace_id, op.session_id)
             return apply_goal(runtime, op)
-
-    # For tests that drive an attempt by hand, each in its own transaction.
-    def record_answer(self, claim: Claim, answer: dict[str, Any]) -> StepResult:
-        return run_transaction(
-            self.engine, lambda s: outcomes.answer_outcome(s, claim, answer, self.clock())
-        )
-
-    def record_fault(self, claim: Claim, exc: Exception, retryable: bool) -> StepResult:
-        return run_transaction(
-            self.engine,
-            lambda s: outcomes.fault_outcome(s, claim, exc, retryable, self.clock()),
-        )

@@ -8,11 +8,14 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...adapters.bulkhead import MAX_IN_FLIGHT
 from ...goals.claims import StepResult
-from .flight import ROOM_AT, Drain, Steps
+from .flight import ROOM_AT, Drain
+
+if TYPE_CHECKING:  # (dispatch.py imports flight.py)
+    from .dispatch import Dispatcher
 from .pull import Notified, Puller
 
 log = logging.getLogger(__name__)
@@ -25,7 +28,9 @@ IDLE_EXIT_S = 5.0
 class WorkerDrain(Drain):
     """A worker process's drain, in a thread of its own (see the module's note)."""
 
-    def __init__(self, dispatcher: Steps, lock: threading.RLock, room: threading.Condition) -> None:
+    def __init__(
+        self, dispatcher: "Dispatcher", lock: threading.RLock, room: threading.Condition
+    ) -> None:
         super().__init__(dispatcher, steal=True)
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
