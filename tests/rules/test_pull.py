@@ -11,7 +11,7 @@ from agent_radar.models.coordination import GoalPuller
 from agent_radar.models.db import run_transaction
 from agent_radar.models.dialects import dialect_of
 from agent_radar.workflows.goals import pullers
-from agent_radar.workflows.steps.goals.pull import Puller, notified
+from agent_radar.workflows.goals.pullers import Puller, notified
 from agent_radar.workflows.validation import MAX_ID_CHARS
 from tests.helpers import eventually
 

@@ -16,7 +16,7 @@ from .flight import ROOM_AT, Drain
 
 if TYPE_CHECKING:  # (dispatch.py imports flight.py)
     from .dispatch import Dispatcher
-from .pull import Notified, Puller
+from ...goals.pullers import Notified, Puller
 
 log = logging.getLogger(__name__)
 
