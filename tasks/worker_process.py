@@ -13,6 +13,7 @@ import threading
 from functools import cached_property
 
 from ..models.db import engine_for
+from ..models.dialects import dialect_of
 from ..workflows.adapters.config import Settings
 from ..workflows.adapters.http_runtime import HostRouter
 from ..workflows.adapters.publisher import TaskPublisher
@@ -46,8 +47,9 @@ class WorkerProcess:
             # Client operations may bring an offline session back (the rare resume).
             resume_session=lambda ws, sid: self.client.ensure_session(ws, sid),
             hand_to=self.hand_off,
-            pull=settings.pull,
         )
+        # Whether its drain pulls (docs/dispatch.md: pulling; PostgreSQL, AGENT_RADAR_PULL).
+        self.pulls = settings.pull and dialect_of(self.engine).notifies
         # The drain's thread ends when it has had nothing to do for a while (unless it
         # pulls); the next hand-off starts another. `room`: its calls ended (see wait_for_room).
         self.drain_lock = threading.RLock()
@@ -62,7 +64,7 @@ class WorkerProcess:
         """The process's start: where its drain pulls (PostgreSQL, AGENT_RADAR_PULL), the
         drain and its promise start now, so that submits spread over every process from the
         first (docs/dispatch.md: pulling); elsewhere the first dispatch message starts it."""
-        if self.dispatcher.pulls:
+        if self.pulls:
             with self.drain_lock:
                 self._running()
 
@@ -70,7 +72,7 @@ class WorkerProcess:
         # (Under drain_lock: a drain that ends says so under it, so work handed to a live
         # drain is never left to one that has just ended.)
         if self._drain is None or not self._drain.alive:
-            self._drain = WorkerDrain(self.dispatcher, self.drain_lock, self.room)
+            self._drain = WorkerDrain(self.dispatcher, self.drain_lock, self.room, self.pulls)
             self._drain.thread.start()
         return self._drain
 

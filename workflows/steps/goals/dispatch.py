@@ -75,14 +75,11 @@ class Dispatcher(GoalClaims):
         clock: Callable[[], datetime] = utcnow,
         resume_session: Callable[[str, str], Any] | None = None,
         hand_to: Callable[[dict[Lane, Claim | StepResult], bool], None] | None = None,
-        pull: bool = False,
     ) -> None:
         super().__init__(engine, worker_id=worker_id, lease_s=lease_s, clock=clock)
         # A worker's dispatch hands its claims to the process's drain and returns
         # (tasks/worker_process.py); elsewhere it drains them itself (flight.py).
         self.hand_to = hand_to
-        # Whether its drain pulls, where the database notifies (worker_drain.py, pull.py).
-        self.pulls = hand_to is not None and pull and dialect_of(engine).notifies
         self.runtime = runtime
         # Client operations may bring an offline session back (user-triggered, fences
         # preloaded); fence-made operations never do.

@@ -84,7 +84,7 @@ class Drain:
 
     def __init__(self, dispatcher: "Dispatcher", steal: bool = False, eager: bool = False):
         self.d = dispatcher
-        self.steal, self.eager, self.always_eager = steal, eager, eager
+        self.steal, self.eager = steal, eager
         self.gate = dispatcher.runtime.bulkhead  # the port's (adapters/bulkhead.py)
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.in_flight: dict[Future, tuple[Lane, Claim]] = {}
@@ -348,7 +348,7 @@ class Drain:
                 self.recheck[(lane.workspace_id, lane.session_id)] = time.monotonic() + retry_s
         self.pulled = False
         if steal:  # what was due is taken (or taken by others); a full process waits
-            self.eager = self.always_eager
+            self.eager = False
         if attempts:
             metrics.DISPATCH_BATCH_SIZE.observe(len(attempts))
         for result in recorded:

@@ -29,17 +29,22 @@ class WorkerDrain(Drain):
     """A worker process's drain, in a thread of its own (see the module's note)."""
 
     def __init__(
-        self, dispatcher: "Dispatcher", lock: threading.RLock, room: threading.Condition
+        self,
+        dispatcher: "Dispatcher",
+        lock: threading.RLock,
+        room: threading.Condition,
+        pulls: bool = False,
     ) -> None:
         super().__init__(dispatcher, steal=True)
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
         # The process's: it says under `lock` that it ended, and notifies `room` as calls end.
         self.lock, self.room = lock, room
-        # Where the database notifies, the drain pulls while it runs and has room (pull.py):
-        # submits notify it instead of publishing a message. What notifications name waits
-        # in `_notified` for the drain's thread; `_woken`: a "due" event is on its way.
-        self.puller = Puller(dispatcher.engine, self._wake) if dispatcher.pulls else None
+        # Where the database notifies (`pulls`), the drain pulls while it runs and has room
+        # (goals/pullers.py): submits notify it instead of publishing a message. What
+        # notifications name waits in `_notified` for the drain's thread; `_woken`: a "due"
+        # event is on its way.
+        self.puller = Puller(dispatcher.engine, self._wake) if pulls else None
         self._notified: deque[Notified] = deque()
         self._woken = False
 
