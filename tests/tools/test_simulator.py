@@ -154,3 +154,37 @@ def test_a_long_run_s_effects_come_a_page_at_a_time_and_all_arrive(settings, qui
         f"op-s{i}" for i in range(count)
     )
     assert len(quiet_sim.effects(kind=None, since=count - 3)) == 3
+
+
+def test_a_caller_that_gives_up_before_its_answer_costs_no_traceback(capsys):
+    """A worker whose call reached its deadline closes the connection; the simulator's late
+    answer then meets a reset. That is one debug line, not a traceback on stderr per call
+    (a 10,000-fault campaign printed 65 of them), and the simulator serves on."""
+    import socket
+    import struct
+
+    from agent_radar.workflows.tools.simulator.control import SimControl
+    from tests.helpers import QuickStopSimServer
+
+    server = QuickStopSimServer(port=0).start()
+    try:
+        control = SimControl(server.url)
+        control.hold("*")
+        host, port = server.httpd.server_address[:2]
+        caller = socket.create_connection((host, port))
+        body = b'{"action": "set"}'
+        caller.sendall(
+            b"POST /v1/workspaces/ws/sessions/s1/goal HTTP/1.1\r\nHost: sim\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        eventually(lambda: control.holding() == 1, what="the call to be held")
+        # Gone at once, with a reset: the answer's write fails.
+        caller.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        caller.close()
+        control.hold("*", hold=False)
+        eventually(lambda: control.holding() == 0, what="the held call to end")
+        time.sleep(0.2)  # its answer's write, and what the server does with its failure
+        assert control.effects(kind=None) is not None  # still serving
+    finally:
+        server.stop()
+    assert "Traceback" not in capsys.readouterr().err

@@ -5,6 +5,7 @@ import hmac
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -118,6 +119,14 @@ class _Server(ThreadingHTTPServer):
     # per worker process); socketserver's default listen backlog of 5 would reset some.
     request_queue_size = 256
     daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        # A caller that gave up (its deadline passed) before its answer went out: one debug
+        # line, where socketserver would print a traceback for every such call.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("runtime-sim: a caller at %s left before its answer", client_address[0])
+            return
+        super().handle_error(request, client_address)
 
 
 class SimServer:
