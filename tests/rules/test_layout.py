@@ -15,8 +15,8 @@ CONCEPTS = (
     "agent_radar.workflows.sessions",
     "agent_radar.workflows.maintenance",
     "agent_radar.workflows.prompts",
-    "agent_radar.workflows.fences",
     "agent_radar.workflows.goals",
+    "agent_radar.workflows.fences",
     "agent_radar.workflows.activity",
     "agent_radar.workflows.operators",
 )

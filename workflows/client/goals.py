@@ -11,8 +11,8 @@ from ...models.tables import GoalOperation as GoalOperationRow
 from ...models.tables import GoalState as GoalStateRow
 from .. import ids, records
 from ..errors import NotFound
+from ..fences.fencing import FenceRequest, submit_fence
 from ..goals import pullers
-from ..goals.fencing import FenceRequest, submit_fence
 from ..goals.submit import GoalRequest, load_operation, submit
 from ..records import (
     Fence,

@@ -16,14 +16,7 @@ from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from ...models.tables import AgentSession, GoalFence
-
-
-def not_installed_at(fences, host_id, epoch):
-    """SQL: a fence (columns of `fences`) not known to be installed at (host_id, epoch)."""
-    return or_(
-        fences.installed_host.is_distinct_from(host_id),
-        fences.installed_epoch.is_distinct_from(epoch),
-    )
+from ..goals.tables import not_installed_at
 
 
 def session_fences(

@@ -24,7 +24,6 @@ from sqlalchemy.dialects import postgresql
 from ...models.base import UTCDateTime, table_of
 from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
 from ...models.tables import GoalFence
-from ..fences.reinstall import not_installed_at
 from ..leases import CLAIMED
 from ..maintenance.runs import holds
 from ..sessions.hosts import HOSTS
@@ -41,6 +40,7 @@ from .tables import (
     STATES,
     key_params,
     keys_in,
+    not_installed_at,
     sessions_of_ops,
 )
 

@@ -1,7 +1,7 @@
 """The goal tables as SQLAlchemy Core objects, and the conditions the prebuilt statements of
 goal control share: hot paths execute statements built once, with bound parameters."""
 
-from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy import bindparam, or_, select, tuple_
 
 from ...models.base import table_of
 from ...models.tables import GoalOperation, GoalState
@@ -34,4 +34,13 @@ def sessions_of_ops(column_owner):
     statement against 0.2 ms)."""
     return tuple_(column_owner.c.workspace_id, column_owner.c.session_id).in_(
         select(OPS.c.workspace_id, OPS.c.session_id).where(OPS_IN)
+    )
+
+
+def not_installed_at(fences, host_id, epoch):
+    """SQL: a fence (columns of `fences`) not known to be installed at (host_id, epoch): the
+    fences go there before a goal call (fences/reinstall.py)."""
+    return or_(
+        fences.installed_host.is_distinct_from(host_id),
+        fences.installed_epoch.is_distinct_from(epoch),
     )

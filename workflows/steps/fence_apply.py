@@ -25,9 +25,9 @@ from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, lifecycle
+from ..fences.fencing import settle_clear_locally
 from ..goals import outcomes
 from ..goals.claims import Claim
-from ..goals.fencing import settle_clear_locally
 from ..goals.operations import backoff_s, fail_operation
 from ..sessions import turns
 from . import Step

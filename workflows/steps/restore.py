@@ -29,8 +29,8 @@ from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import restores
+from ..fences.fencing import clear_delivered
 from ..goals import outcomes
-from ..goals.fencing import clear_delivered
 from ..sessions import hosts
 from ..task_names import (
     CANCEL_APPLY_TASK,

@@ -25,10 +25,10 @@ from ...models.enums import (
 from ...models.tables import GoalFence, GoalOperation, GoalState
 from .. import accept, ids, leases, records
 from ..errors import FenceConflict, NotFound
+from ..goals.lifecycle import GOAL
+from ..goals.submit import GoalRequest, submit
 from ..sessions.rows import append_event, lock_session
 from ..validation import check_id, check_reason, check_submit_id
-from .lifecycle import GOAL
-from .submit import GoalRequest, submit
 
 
 @dataclass(frozen=True)
