@@ -38,6 +38,7 @@ TASK_MODULES = [
     "agent_radar.tasks.goal_tasks",
     "agent_radar.tasks.fence_tasks",
     "agent_radar.tasks.maintenance_tasks",
+    "agent_radar.tasks.session_tasks",
     "agent_radar.tasks.sweep_tasks",
 ]
 # The benchmark's baseline task is registered only in the benchmark's own workers, which

@@ -21,6 +21,11 @@ REPORT_ACTIVITY_TASK = "agent_radar.report_activity"
 # Reads an operation of any kind by id: with a result backend, a producer in any language
 # learns an outcome through Celery's own results (README.md, producers).
 GET_OPERATION_TASK = "agent_radar.get_operation"
+# What a user's or an operator's own hand does, for producers that are not Python
+# (docs/producers.md): resume a session, stop one, retry a failed operation.
+ENSURE_SESSION_TASK = "agent_radar.ensure_session"
+STOP_SESSION_TASK = "agent_radar.stop_session"
+RETRY_OPERATION_TASK = "agent_radar.retry_operation"
 # The tasks whose results a producer may read (stored when a result backend is configured).
 RESULT_TASKS = (
     GOAL_CONTROL_TASK,
@@ -29,6 +34,9 @@ RESULT_TASKS = (
     CANCEL_MAINTENANCE_TASK,
     SUBMIT_PROMPT_TASK,
     GET_OPERATION_TASK,
+    ENSURE_SESSION_TASK,
+    STOP_SESSION_TASK,
+    RETRY_OPERATION_TASK,
 )
 
 # Internal: the product's own steps, published after a commit (the rows are the outbox).

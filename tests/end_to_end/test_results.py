@@ -107,6 +107,59 @@ def test_a_plain_celery_producer_reads_outcomes_and_refusals(settings, stack, si
         producer.close()
 
 
+def test_a_plain_celery_producer_resumes_stops_and_retries(settings, stack, sim_control):
+    """What the Python client's ensure_session, stop_session and retry_operation do, a
+    producer in any language does with a task of each, with the client's checks, and reads
+    the outcome as the other tasks' (issue: every action a producer needs is a task)."""
+    stack.start_worker(concurrency=1)
+    producer = Celery("producer", broker=RESULTS_REDIS, backend=RESULTS_REDIS)
+    try:
+
+        def send(task, kwargs):
+            return producer.send_task(task, kwargs=kwargs).get(timeout=60)
+
+        def refused(task, kwargs, code):
+            result = producer.send_task(task, kwargs=kwargs)
+            with pytest.raises(Exception, match=code):
+                result.get(timeout=60)
+            assert result.state == "FAILURE"
+
+        # A goal the host rejects for good fails; the operator's retry applies it.
+        sim_control.fault("goal", status=422, error="rejected", count=1, session_id="s2")
+        goal = {"workspace_id": WS, "session_id": "s2", "action": "set", "objective": "x"}
+        submitted = send("agent_radar.goal_control", {**goal, "client_submit_id": "g-2"})
+        assert _follow(send, submitted["operation_id"])["status"] == "failed"
+        retry = {"operation_id": submitted["operation_id"], "reason": "the host is fixed"}
+        refused("agent_radar.retry_operation", {**retry, "workspace_id": "other"}, "not_found")
+        refused(
+            "agent_radar.retry_operation", {**retry, "workspace_id": WS, "reason": ""}, "reason"
+        )
+        again = send("agent_radar.retry_operation", {**retry, "workspace_id": WS})
+        assert (again["kind"], again["operation_id"]) == ("goal", submitted["operation_id"])
+        assert again["status"] in ("prepared", "dispatched", "completed")
+        assert _follow(send, submitted["operation_id"])["status"] == "completed"
+        assert [e["operation_id"] for e in sim_control.effects()] == [submitted["operation_id"]]
+
+        # A session resumed: as the record has it after.
+        ensured = send("agent_radar.ensure_session", {"workspace_id": WS, "session_id": "s3"})
+        assert (ensured["workspace_id"], ensured["session_id"], ensured["live"]) == (
+            WS,
+            "s3",
+            True,
+        )
+        refused("agent_radar.ensure_session", {"workspace_id": WS, "session_id": ""}, "session_id")
+
+        # A session stopped: idempotent by its submit ID, followed to its end.
+        stop = {"workspace_id": WS, "session_id": "s3", "client_submit_id": "stop-1"}
+        stopped = send("agent_radar.stop_session", stop)
+        assert set(stopped) == {"stop_id", "status"}
+        assert send("agent_radar.stop_session", stop)["stop_id"] == stopped["stop_id"]
+        record = _follow(send, stopped["stop_id"], settled=("completed",))
+        assert (record["kind"], record["status"]) == ("stop", "completed")
+    finally:
+        producer.close()
+
+
 NODE_PRODUCER = """
 const celery = require("celery-node");
 const client = celery.createClient(process.argv[2], process.argv[3]);
