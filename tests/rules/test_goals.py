@@ -1,6 +1,7 @@
 """docs/lifecycles.md: accept, goals, rule by rule, on both backends: the workflow functions against
 the real database and the simulator over real HTTP, with a clock the test controls."""
 
+import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,9 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     """The submit's writes (session row or its event counter, a superseded operation, the
     goal state, the operation, its event) go together: one statement on PostgreSQL, after
     the session lock and (for a session that exists) the read of its goal state."""
+    # Each submit counts as lone, however soon after the other (a loaded machine may make
+    # them close or not): its notification goes from its own thread, before it returns.
+    client.coalescer.linger_s = 0
     with statements_sent(client.engine) as statements:
         first = client.set_goal(WS, SID, "one", client_submit_id="s-1")  # a new session
         new_session = list(statements)
@@ -479,6 +483,28 @@ def test_observed_that_differs_from_desired_is_diverged(client, dispatcher, sim)
     op = client.pause_goal(WS, SID, client_submit_id="p-1")
     dispatcher().dispatch(op.operation_id)
     assert client.goal_state(WS, SID).sync_status == "diverged"
+
+
+def test_a_goal_answer_of_another_shape_is_diverged_and_said(client, dispatcher, sim, caplog):
+    """The goal a host answers must be exactly `{"objective", "status"}` (docs/protocol.md):
+    one key more and the goal is diverged. The worker log says so, with what the host held
+    (escaped), so a host team learns it from the log and not only from `status`."""
+    host = sim.sim
+    original = host.handle
+
+    def with_a_key_more(call, ws, sid, body):
+        answer = original(call, ws, sid, body)
+        if call == "goal" and answer.get("goal"):
+            answer = {**answer, "goal": {**answer["goal"], "note\n": "extra"}}
+        return answer
+
+    host.handle = with_a_key_more
+    op = client.set_goal(WS, SID, "x", client_submit_id="s-1")
+    with caplog.at_level(logging.WARNING, logger="agent_radar.workflows.goals.operations"):
+        assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    assert client.goal_state(WS, SID).sync_status == "diverged"
+    (line,) = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
+    assert op.operation_id in line and "note\\n" in line and "\n" not in line
 
 
 def test_a_batch_is_recorded_in_one_statement_on_postgresql(client, dispatcher, sim, backend):

@@ -23,7 +23,7 @@ from ...models.enums import OperationStatus, SyncStatus, TurnPhase
 from ...models.tables import AgentSession, GoalOperation, GoalState, Turn
 from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
-from ..goals.operations import complete_applied
+from ..goals.operations import complete_applied, sync_of
 from ..sessions import turns
 from ..sessions.rows import lock_session, same_session
 from .epochs import EpochEffects, observe_epoch
@@ -165,8 +165,8 @@ def _reconcile_goal(
         and goal_state.revision == applied.revision
     ):
         goal_state.observed = goal
-        goal_state.sync_status = (
-            SyncStatus.SYNCED if goal == goal_state.desired else SyncStatus.DIVERGED
+        goal_state.sync_status = sync_of(
+            goal, goal_state.desired, f"session {workspace_id}/{session_id}"
         )
 
 

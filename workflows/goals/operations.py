@@ -1,6 +1,7 @@
 """What a goal operation may do next (docs/lifecycles.md: goals): when it is due, its budgets and
 backoff, and its terminal outcomes (failed; applied, with the goal state synced or diverged)."""
 
+import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,12 +21,33 @@ from ...models.enums import (
 )
 from ...models.tables import GoalOperation, GoalState
 from .. import budgets, leases, records
+from ..escape import escape
 from ..sessions.rows import SESSIONS, lock_session, same_session
 from .lifecycle import GOAL
 from .tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
 
 # Budgets of docs/lifecycles.md: goals: past these an operation fails instead of retrying forever.
 log = logging.getLogger(__name__)
+# At most this much of a host's goal is shown in the line that says it diverged.
+SHOWN_GOAL_CHARS = 300
+
+
+def sync_of(goal: Any, desired: Any, where: str) -> SyncStatus:
+    """A goal state's sync once its host holds `goal`: synced only if that is exactly the goal
+    asked for, `{"objective", "status"}` or null (docs/protocol.md: the goal call). Diverged
+    is said in one line (`where`: the operation or session), so a host that answers another
+    shape — a key more, too — learns it from the log, not only from `status`."""
+    if goal == desired:
+        return SyncStatus.SYNCED
+    log.warning(
+        "%s: the host holds the goal %s where %s was asked for; the goal is diverged "
+        "(docs/protocol.md: the goal call)",
+        escape(where),
+        escape(json.dumps(goal, default=str)[:SHOWN_GOAL_CHARS]),
+        escape(json.dumps(desired, default=str)[:SHOWN_GOAL_CHARS]),
+    )
+    return SyncStatus.DIVERGED
+
 
 DISPATCH_BUDGET_S = budgets.MAX_FAILING_S  # since the first dispatch
 DISPATCH_MAX_ATTEMPTS = budgets.MAX_ATTEMPTS
@@ -284,7 +306,7 @@ def complete_applied_many(
     for op, goal, _proof in applied:
         state = states.get((op.workspace_id, op.session_id))
         if state is not None and state.pending_operation_id == op.operation_id:
-            sync = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+            sync = sync_of(goal, state.desired, f"goal operation {op.operation_id}")
             synced[op.operation_id] = {
                 "b_ws": op.workspace_id,
                 "b_sid": op.session_id,

@@ -27,6 +27,7 @@ from .operations import (
     complete_applied,
     complete_applied_many,
     fail_operation,
+    sync_of,
 )
 from .statements import RESCHEDULE
 from .submit import supersede
@@ -251,4 +252,4 @@ def observe_delivered(session: Session, op: records.GoalOperation, goal: Any) ->
     state = session.get(GoalState, (op.workspace_id, op.session_id), populate_existing=True)
     if _still_unknown(state) and state.revision == op.goal_revision:
         state.observed = goal
-        state.sync_status = SyncStatus.SYNCED if goal == state.desired else SyncStatus.DIVERGED
+        state.sync_status = sync_of(goal, state.desired, f"goal operation {op.operation_id}")
