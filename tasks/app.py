@@ -150,6 +150,17 @@ def _watch_for_shutdown(sender=None, **_kwargs) -> None:
     shutdown.watch(sender.app.agent_radar_settings if sender is not None else Settings.from_env())
 
 
+@worker_init.connect
+def _warn_of_unprefixed_producers(sender=None, **_kwargs) -> None:
+    # Messages no worker reads, from producers that cannot set the key prefix: one line each
+    # at the start, saying what to do.
+    from ..workflows.adapters.broker import warn_of_unprefixed
+
+    warn_of_unprefixed(
+        sender.app.agent_radar_settings if sender is not None else Settings.from_env()
+    )
+
+
 @beat_init.connect
 def _beat_sends_no_sent_events(sender=None, **_kwargs) -> None:
     # Beat publishes only housekeeping (the sweep every few seconds, retention), whose

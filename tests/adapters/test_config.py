@@ -1,6 +1,8 @@
 """Settings from the environment: every numeric setting is a finite number within its bounds,
 and a bad one is refused with one line naming the variable (docs/configuration.md)."""
 
+from dataclasses import replace
+
 import pytest
 
 from agent_radar.workflows.adapters import config
@@ -165,3 +167,31 @@ def test_the_log_format_is_text_or_json_in_any_case():
     assert Settings.from_env({"AGENT_RADAR_LOG_FORMAT": ""}).log_format == "text"
     settings = Settings.from_env({"AGENT_RADAR_LOG_FORMAT": "JSON"})
     assert settings.log_format == "json" and Settings.from_env(settings.to_env()) == settings
+
+
+@pytest.mark.parametrize("backend", ["production"])
+def test_a_worker_says_when_producers_publish_without_its_key_prefix(settings, caplog):
+    """With AGENT_RADAR_BROKER_KEY_PREFIX on Redis, a producer that cannot set the prefix
+    (celery-node) leaves its messages under the bare queue name, where no worker reads them:
+    a worker's start says so, one line per such queue, with what to do."""
+    import logging
+
+    import redis
+
+    from agent_radar.workflows.adapters.broker import unprefixed_backlog, warn_of_unprefixed
+
+    assert settings.broker_key_prefix  # the test settings' own
+    assert unprefixed_backlog(replace(settings, broker_key_prefix="")) == {}
+    client = redis.Redis.from_url(settings.broker_url)
+    name = "celery"
+    before = client.llen(name)
+    client.lpush(name, b'{"a celery-node message": true}')
+    try:
+        with caplog.at_level(logging.WARNING, logger="agent_radar.workflows.adapters.broker"):
+            found = warn_of_unprefixed(settings)
+    finally:
+        client.lrem(name, 1, b'{"a celery-node message": true}')
+        client.close()
+    assert found[name] == before + 1
+    (line,) = [r.getMessage() for r in caplog.records if repr(name) in r.getMessage()]
+    assert "AGENT_RADAR_BROKER_KEY_PREFIX" in line and settings.broker_key_prefix in line

@@ -302,6 +302,48 @@ def transport_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+# Where a producer that cannot set kombu's key prefix (celery-node, most non-Python Celery
+# clients) leaves its messages: the queues' own names, without the prefix.
+UNPREFIXED_QUEUES = ("celery", "default", "maintenance")
+
+
+def unprefixed_backlog(settings: Settings) -> dict[str, int]:
+    """On Redis with AGENT_RADAR_BROKER_KEY_PREFIX: the messages waiting under a queue's
+    name without the prefix, which no worker of this deployment reads (docs/producers.md:
+    the key prefix). Empty elsewhere, or when there are none."""
+    if not (settings.is_redis_broker and settings.broker_key_prefix):
+        return {}
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(settings.broker_url, socket_timeout=5)
+    try:
+        lengths = {name: int(client.llen(name)) for name in UNPREFIXED_QUEUES}
+    finally:
+        client.close()
+    return {name: n for name, n in lengths.items() if n}
+
+
+def warn_of_unprefixed(settings: Settings) -> dict[str, int]:
+    """One line at a worker's start for every unread unprefixed queue (unprefixed_backlog),
+    saying what to do; what it found."""
+    try:
+        found = unprefixed_backlog(settings)
+    except Exception as exc:  # noqa: BLE001 - the broker is away: the worker finds out itself
+        log.debug("unprefixed queues not looked at: %s", escape(exc))
+        return {}
+    for name, count in found.items():
+        log.warning(
+            "%d message(s) wait in the Redis list %r, without this deployment's key prefix "
+            "%r: no worker reads them. Producers that cannot set the prefix (celery-node) "
+            "publish there; unset AGENT_RADAR_BROKER_KEY_PREFIX, or give every producer "
+            "the prefix (docs/producers.md: the key prefix)",
+            count,
+            name,
+            escape(settings.broker_key_prefix),
+        )
+    return found
+
+
 def clean_embedded_broker(settings: Settings) -> None:
     """Remove what a stopped monitor or an earlier run left: stale event bindings, and
     already-processed message files (kept only so that a move decides the consumer)."""
