@@ -1,11 +1,14 @@
 """`prompt`, `history`, `session ensure|drain|show|stop` (docs/lifecycles.md: prompts, sessions) and
-`host add|remove|list` (4.9)."""
+`host add|remove|list` (4.9), `host-check` (docs/host-check.md)."""
+
+import sys
 
 import click
 
 from ...errors import AgentRadarError
 from ...records import as_dict
 from .common import (
+    EXIT_FAILED,
     _client,
     _emit,
     cli,
@@ -197,3 +200,41 @@ def host_list(as_json: bool):
     """Every host, with the sessions bound to it."""
     found = _client().list_hosts()
     _emit(as_json, [as_dict(h) for h in found], [_host_line(h) for h in found])
+
+
+@cli.command("host-check")
+@click.argument("url")
+@click.option(
+    "--token",
+    envvar="AGENT_RADAR_HOST_TOKEN",
+    default=None,
+    help="The host's bearer token (or AGENT_RADAR_HOST_TOKEN).",
+)
+@click.option(
+    "--deadline-s",
+    type=click.FloatRange(0.1, 600),
+    default=10.0,
+    show_default=True,
+    help="How long a whole call may take (the workers' AGENT_RADAR_RUNTIME_TIMEOUT_S).",
+)
+@click.option(
+    "--test-hooks",
+    is_flag=True,
+    help="Take a check session offline and restart it through the simulator's control calls,"
+    " which the host under test offers (docs/host-check.md).",
+)
+@json_option
+def host_check(url: str, token: str | None, deadline_s: float, test_hooks: bool, as_json: bool):
+    """Check an agent host at URL against the protocol's promises (docs/protocol.md), in any
+    language: one line per promise, pass or fail with the evidence; exits 1 on a failure. It
+    works in a workspace of its own; point it at a host under test, not one in use."""
+    from urllib.parse import urlsplit
+
+    from ..host_check import FAIL, check_host
+
+    if urlsplit(url).scheme not in ("http", "https"):
+        raise click.BadParameter("an http:// or https:// URL", param_hint="URL")
+    lines = check_host(url, token, deadline_s, test_hooks)
+    _emit(as_json, [as_dict(line) for line in lines], [str(line) for line in lines])
+    if any(line.verdict == FAIL for line in lines):
+        sys.exit(EXIT_FAILED)

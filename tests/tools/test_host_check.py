@@ -1,0 +1,161 @@
+"""`agent-radar host-check` (docs/host-check.md): the simulator keeps every promise, and a host
+that breaks one fails on that promise's line, with the evidence. The broken hosts are the
+simulator with one behaviour changed, on a real socket."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_radar.workflows.tools.host_check import FAIL, PASS, SKIP, check_host
+from tests.helpers import QuickStopSimServer
+
+TOKEN = "check-token"
+SHAPES = "answers have their documented shapes"
+IDEMPOTENT = "idempotent by operation_id"
+FORWARD = "revisions only move forward"
+FENCE = "a fence holds"
+REQUIRE_LIVE = "require_live never wakes a session"
+RESTART = "a fence holds across a restart, or the epoch moves"
+AUTH = "calls need the host's token"
+DEADLINE = "every answer within the deadline"
+
+
+@pytest.fixture
+def backend():
+    return "embedded"  # no database or broker: the check talks to a host only
+
+
+@pytest.fixture
+def host():
+    server = QuickStopSimServer(port=0, token=TOKEN).start()
+    yield server
+    server.stop()
+
+
+def verdicts(server, token=TOKEN, deadline_s=2.0, hooks=True) -> dict[str, tuple[str, str]]:
+    lines = check_host(server.url, token, deadline_s, hooks)
+    return {line.promise: (line.verdict, line.evidence) for line in lines}
+
+
+def broken(server, change):
+    """The host's calls with one behaviour changed: `change(sim, call, ws, sid, body)` runs
+    before the simulator answers (and may answer instead, by returning an answer)."""
+    sim = server.sim
+    original = sim.handle
+
+    def handle(call, ws, sid, body):
+        answer = change(sim, call, ws, sid, body)
+        return original(call, ws, sid, body) if answer is None else answer
+
+    sim.handle = handle
+
+
+def only_failure(found: dict, promise: str) -> str:
+    failed = {name for name, (verdict, _) in found.items() if verdict == FAIL}
+    assert failed == {promise}, found
+    return found[promise][1]
+
+
+def test_the_simulator_keeps_every_promise(host):
+    found = verdicts(host)
+    assert {name: verdict for name, (verdict, _) in found.items()} == dict.fromkeys(
+        (SHAPES, IDEMPOTENT, FORWARD, FENCE, REQUIRE_LIVE, RESTART, AUTH, DEADLINE), PASS
+    )
+    # Without the test hooks, the two promises that need them say so instead.
+    quiet = verdicts(host, hooks=False)
+    assert quiet[REQUIRE_LIVE][0] == quiet[RESTART][0] == SKIP
+    assert "--test-hooks" in quiet[REQUIRE_LIVE][1]
+
+
+def test_a_host_that_is_not_idempotent_fails_that_line(host):
+    def forgets_answers(sim, call, ws, sid, body):
+        if call == "goal":
+            sim.answers.clear()  # the same operation_id is applied anew
+
+    broken(host, forgets_answers)
+    assert "refused" in only_failure(verdicts(host), IDEMPOTENT)
+
+
+def test_a_host_that_takes_revisions_backwards_fails_that_line(host):
+    def forgets_revisions(sim, call, ws, sid, body):
+        if call == "goal":
+            sim.session(ws, sid).applied_revision = 0
+
+    broken(host, forgets_revisions)
+    assert "revision 1 after 2 was applied" in only_failure(verdicts(host), FORWARD)
+
+
+def test_a_host_that_forgets_a_fence_at_a_restart_without_a_new_epoch_fails_that_line(host):
+    sim = host.sim
+    control = sim.control
+
+    def restart_at_the_same_epoch(path, body):
+        answer = control(path, body)
+        if body.get("restart"):
+            sim.session(*path.split("/")[3:5]).epoch -= 1  # the fences went, the epoch stays
+        return answer
+
+    sim.control = restart_at_the_same_epoch
+    assert "the fenced generation was applied" in only_failure(verdicts(host), RESTART)
+
+
+def test_a_host_that_ignores_require_live_fails_that_line(host):
+    def wakes_sessions(sim, call, ws, sid, body):
+        if call == "goal" and body.get("require_live"):
+            sim.session(ws, sid).live = True
+
+    broken(host, wakes_sessions)
+    assert "applied" in only_failure(verdicts(host), REQUIRE_LIVE)
+
+
+def test_a_host_slow_past_the_deadline_fails_that_line(host):
+    def slow(sim, call, ws, sid, body):
+        if call == "goal" and sid == "forward":
+            time.sleep(0.8)
+
+    broken(host, slow)
+    found = verdicts(host, deadline_s=0.5)
+    assert found[DEADLINE][0] == FAIL and "of 0.5 s" in found[DEADLINE][1]
+    assert found[FORWARD][0] == FAIL and "timed out" in found[FORWARD][1]
+
+
+def test_a_host_whose_goal_answer_has_another_shape_fails_that_line(host):
+    original = host.sim.handle
+
+    def a_key_more(sim, call, ws, sid, body):
+        if call == "goal":
+            answer = original(call, ws, sid, body)
+            return {**answer, "goal": {**(answer["goal"] or {}), "mood": "fine"}}
+
+    broken(host, a_key_more)
+    assert "exactly {objective, status}" in only_failure(verdicts(host), SHAPES)
+
+
+def test_a_host_that_takes_calls_without_its_token_fails_that_line():
+    server = QuickStopSimServer(port=0, token=None).start()
+    try:
+        assert "a call with no token was answered" in only_failure(verdicts(server), AUTH)
+    finally:
+        server.stop()
+
+
+def test_the_command_prints_a_line_per_promise_and_exits_1_on_a_failure(host):
+    env = {**os.environ, "AGENT_RADAR_HOST_TOKEN": TOKEN}
+    command = [sys.executable, "-m", "agent_radar.workflows.tools.cli", "host-check", host.url]
+    ok = subprocess.run(
+        [*command, "--test-hooks"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert [line.split()[0] for line in ok.stdout.splitlines()] == ["PASS"] * 8
+    wrong = subprocess.run(
+        [*command, "--token", "not-it"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert wrong.returncode == 1
+    assert wrong.stdout.splitlines()[0].startswith("FAIL answers have their documented shapes")
+    bad = subprocess.run(
+        [*command[:-1], "ftp://host"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "http:// or https://" in bad.stderr

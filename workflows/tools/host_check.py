@@ -1,0 +1,225 @@
+"""`agent-radar host-check URL`: the agent-host protocol's promises (docs/protocol.md: what a
+host must guarantee), checked against a running host in any language, one line per promise,
+pass or fail with the evidence (docs/host-check.md).
+
+Every call goes to sessions of a workspace of the check's own (`host-check-<run>`), so a host
+in use is not disturbed. Two promises need the session's state changed under the host — an
+offline session, a restart — which only the host itself can do: with `--test-hooks` the
+check asks for them through the simulator's control calls (`POST /sim/sessions/{ws}/{sid}`
+with `{"live": false}` or `{"restart": true}`), which a host under test may offer; without,
+those lines say what was not checked.
+"""
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapters.http_runtime import HttpRuntime
+from ..errors import RuntimeDisconnected, RuntimeFault
+from ..escape import escape
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+@dataclass
+class Line:
+    promise: str
+    verdict: str
+    evidence: str
+
+    def __str__(self) -> str:
+        return f"{self.verdict.upper():4} {self.promise}: {escape(self.evidence)}"
+
+
+class Failed(Exception):
+    """A promise broken, with the evidence."""
+
+
+@dataclass
+class HostCheck:
+    url: str
+    token: str | None = None
+    deadline_s: float = 10.0
+    test_hooks: bool = False
+    workspace: str = field(default_factory=lambda: f"host-check-{uuid.uuid4().hex[:8]}")
+    slowest_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.host = HttpRuntime(self.url, self.token, timeout_s=self.deadline_s)
+        self._next_op = 0
+
+    # -- calls --------------------------------------------------------------------------
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        try:
+            return call()
+        finally:
+            self.slowest_s = max(self.slowest_s, time.monotonic() - started)
+
+    def goal(self, sid: str, revision: int, op: str | None = None, **more: Any) -> dict:
+        op = op or self.op_id()
+        call = {"action": "set", "objective": f"goal {revision}", "require_live": True} | more
+        return self._timed(
+            lambda: self.host.apply_goal(
+                self.workspace,
+                sid,
+                operation_id=op,
+                revision=revision,
+                client_submit_id=op,
+                **call,
+            )
+        )
+
+    def refused(self, call: Callable[[], Any]) -> RuntimeFault | RuntimeDisconnected | None:
+        try:
+            self._timed(call)
+        except (RuntimeFault, RuntimeDisconnected) as exc:
+            return exc
+        return None
+
+    def op_id(self) -> str:
+        self._next_op += 1
+        return f"{self.workspace}-op-{self._next_op}"
+
+    def hook(self, sid: str, **change: Any) -> dict:
+        return self.host.request("POST", f"/sim/sessions/{self.workspace}/{sid}", change)
+
+    # -- the promises ---------------------------------------------------------------------
+    def answers_shapes(self) -> str:
+        live = self._timed(lambda: self.host.liveness(self.workspace, "shapes"))
+        state = self._timed(lambda: self.host.session_state(self.workspace, "shapes"))
+        answer = self.goal("shapes", 1)
+        goal = answer.get("goal")
+        if answer["phase"] == "applied" and goal != {"objective": "goal 1", "status": "active"}:
+            raise Failed(f"a set answered goal {goal!r}; exactly {{objective, status}} is due")
+        return f"liveness {live}, state live={state.live}, goal answer {answer['phase']}"
+
+    def idempotent(self) -> str:
+        op = self.op_id()
+        first = self.goal("idempotent", 1, op)
+        try:
+            second = self.goal("idempotent", 1, op)
+        except (RuntimeFault, RuntimeDisconnected) as exc:
+            raise Failed(f"the same operation_id again was refused: {exc}") from None
+        if second != first:
+            raise Failed(f"the same operation_id answered {second!r}, first {first!r}")
+        return "the same operation_id twice: the same answer"
+
+    def forward_only(self) -> str:
+        self.goal("forward", 2)
+        fault = self.refused(lambda: self.goal("forward", 1))
+        if not isinstance(fault, RuntimeFault) or fault.code != "stale_revision":
+            raise Failed(f"revision 1 after 2 was {fault or 'applied'}; 409 stale_revision due")
+        if fault.current_revision != 2:
+            raise Failed(f"stale_revision said current_revision {fault.current_revision}, not 2")
+        return "revision 1 after 2: 409 stale_revision, current_revision 2"
+
+    def fence_holds(self) -> str:
+        fenced = self.op_id()
+        self._fence("fence", fenced, 3)
+        fault = self.refused(lambda: self.goal("fence", 3, fenced))
+        if not isinstance(fault, RuntimeFault) or fault.code != "rejected":
+            raise Failed(f"the fenced generation was {fault or 'applied'}; 422 rejected due")
+        return "the fenced generation: 422 rejected"
+
+    def _fence(self, sid: str, op: str, revision: int) -> dict:
+        return self._timed(
+            lambda: self.host.install_fence(
+                self.workspace,
+                sid,
+                target_operation_id=op,
+                target_revision=revision,
+                require_live=True,
+            )
+        )
+
+    def require_live(self) -> str:
+        self.goal("offline", 1)
+        self.hook("offline", live=False)
+        fault = self.refused(lambda: self.goal("offline", 2))
+        if not isinstance(fault, RuntimeDisconnected):
+            raise Failed(f"a require_live goal call to an offline session was {fault or 'applied'}")
+        live = self._timed(lambda: self.host.liveness(self.workspace, "offline"))
+        if live.get("live"):
+            raise Failed("the session was woken by a require_live call")
+        return "an offline session: 409 disconnected, and it stays offline"
+
+    def fence_across_restart(self) -> str:
+        fenced = self.op_id()
+        before = self._timed(lambda: self.host.liveness(self.workspace, "restart"))
+        self._fence("restart", fenced, 4)
+        self.hook("restart", restart=True)
+        after = self._timed(lambda: self.host.liveness(self.workspace, "restart"))
+        if after["runtime_epoch"] > before["runtime_epoch"]:
+            # The host may forget what it held, if it says so: at a new epoch agent-radar
+            # installs every fence again before anything else reaches the session.
+            epoch = after["runtime_epoch"]
+            return f"a restart moved the epoch ({before['runtime_epoch']} -> {epoch})"
+        fault = self.refused(lambda: self.goal("restart", 4, fenced))
+        if isinstance(fault, RuntimeFault) and fault.code == "rejected":
+            return "after a restart at the same epoch the fence still holds"
+        raise Failed(
+            f"after a restart at the same epoch ({after['runtime_epoch']}) the fenced "
+            f"generation was {fault or 'applied'}"
+        )
+
+    def auth(self) -> str:
+        if not self.token:
+            raise Skipped("no --token given: a host must refuse calls without its token")
+        anonymous = HttpRuntime(self.url, None, timeout_s=self.deadline_s)
+        fault = self.refused(lambda: anonymous.liveness(self.workspace, "auth"))
+        wrong = HttpRuntime(self.url, self.token + "-wrong", timeout_s=self.deadline_s)
+        forged = self.refused(lambda: wrong.liveness(self.workspace, "auth"))
+        for name, got in (("no token", fault), ("a wrong token", forged)):
+            if not isinstance(got, RuntimeFault) or got.http_status not in (401, 403):
+                raise Failed(f"a call with {name} was {got or 'answered'}; 401 or 403 due")
+        return "no token and a wrong one: refused"
+
+    def run(self) -> list[Line]:
+        lines = []
+        promises: list[tuple[str, Callable[[], str], bool]] = [
+            ("answers have their documented shapes", self.answers_shapes, False),
+            ("idempotent by operation_id", self.idempotent, False),
+            ("revisions only move forward", self.forward_only, False),
+            ("a fence holds", self.fence_holds, False),
+            ("require_live never wakes a session", self.require_live, True),
+            ("a fence holds across a restart, or the epoch moves", self.fence_across_restart, True),
+            ("calls need the host's token", self.auth, False),
+        ]
+        for promise, check, needs_hooks in promises:
+            if needs_hooks and not self.test_hooks:
+                lines.append(Line(promise, SKIP, "needs --test-hooks (docs/host-check.md)"))
+                continue
+            lines.append(self._one(promise, check))
+        within = self.slowest_s <= self.deadline_s
+        lines.append(
+            Line(
+                "every answer within the deadline",
+                PASS if within else FAIL,
+                f"slowest {self.slowest_s * 1000:.0f} ms of {self.deadline_s:g} s",
+            )
+        )
+        return lines
+
+    @staticmethod
+    def _one(promise: str, check: Callable[[], str]) -> Line:
+        try:
+            return Line(promise, PASS, check())
+        except Skipped as exc:
+            return Line(promise, SKIP, str(exc))
+        except Failed as exc:
+            return Line(promise, FAIL, str(exc))
+        except (RuntimeFault, RuntimeDisconnected) as exc:
+            return Line(promise, FAIL, f"a call failed: {exc}")
+
+
+class Skipped(Exception):
+    """A promise this run cannot check, and why."""
+
+
+def check_host(
+    url: str, token: str | None = None, deadline_s: float = 10.0, test_hooks: bool = False
+) -> list[Line]:
+    return HostCheck(url, token, deadline_s, test_hooks).run()
