@@ -167,11 +167,22 @@ def check_json_object(name: str, value: Any, *, optional: bool = True) -> dict |
     return check_json(name, value)
 
 
+# A report's time is in milliseconds: one before this (2001-09-09) is a host's time in
+# seconds, or none at all, and would be taken as 1970 and ignored behind any later report.
+EARLIEST_REPORT_MS = 1_000_000_000_000
+
+
 def check_report_time(name: str, value_ms: Any, now: datetime) -> datetime:
     """A report's timestamp (ms since the epoch): in range, and not dated ahead of `now`
     by more than MAX_REPORT_SKEW_S."""
     latest_ms = int((now + timedelta(seconds=MAX_REPORT_SKEW_S)).timestamp() * 1000)
     ms = check_int(name, value_ms, maximum=2**63 - 1)
+    if ms < EARLIEST_REPORT_MS:
+        raise InvalidArgument(
+            f"{name} must be milliseconds since the Unix epoch; {ms} is before 2001"
+            " (a time in seconds?)",
+            field=name,
+        )
     if ms > latest_ms:
         raise InvalidArgument(
             f"{name} is more than {MAX_REPORT_SKEW_S} s ahead of the control plane's clock",

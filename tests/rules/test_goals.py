@@ -30,6 +30,8 @@ from tests.conftest import PG_ADMIN_URL, throwaway_pg_database
 from tests.helpers import Clock, row_counts, statements_sent
 
 WS, SID = "ws-rules", "session-1"
+# Reports are timed in milliseconds since the epoch; the tests order theirs from here.
+REPORT_EPOCH_MS = 1_764_770_000_000
 # A dispatch step on PostgreSQL, for one operation or many: the lanes read; the claim (lanes
 # taken or created with the session locks, the claim read with the claim and its goal
 # states); the record (session lock, every applied operation with its evidence and goal
@@ -573,7 +575,7 @@ def test_accepted_then_an_exact_goal_applied_report_has_the_host_asked(
     report = {
         "workspace_id": WS,
         "session_id": SID,
-        "occurred_at_ms": 1,
+        "occurred_at_ms": 1_764_770_000_000,
         "goal_applied": {"operation_id": op.operation_id, "revision": 2, "goal": goal},
     }
     assert client.report_activity(report) is False  # wrong revision: asks nothing
@@ -813,7 +815,7 @@ def test_session_fields_from_an_older_report_are_ignored(client):
         return {
             "workspace_id": WS,
             "session_id": SID,
-            "occurred_at_ms": at_ms,
+            "occurred_at_ms": REPORT_EPOCH_MS + at_ms,
             "session": {
                 "provider": "claude-code",
                 "provider_session_id": "p-1",
@@ -838,12 +840,17 @@ def test_session_fields_from_an_older_report_are_ignored(client):
     [
         "not a dict",
         {"workspace_id": WS, "session_id": SID},
-        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "extra": 1},
-        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "session": {"live": "yes"}},
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1_764_770_000_000, "extra": 1},
         {
             "workspace_id": WS,
             "session_id": SID,
-            "occurred_at_ms": 1,
+            "occurred_at_ms": 1_764_770_000_000,
+            "session": {"live": "yes"},
+        },
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": 1_764_770_000_000,
             "goal_applied": {"operation_id": "x", "revision": 0},
         },
     ],
@@ -852,6 +859,17 @@ def test_malformed_reports_write_nothing(client, report):
     before = row_counts(client.engine)
     with pytest.raises(InvalidArgument):
         client.report_activity(report)
+    assert row_counts(client.engine) == before
+
+
+def test_a_report_timed_in_seconds_is_refused_and_says_so(client):
+    """A host that sends its time in seconds would have its reports taken as of 1970 and
+    ignored behind any later one: refused instead, saying what is wrong."""
+    before = row_counts(client.engine)
+    turn = {"turn_id": "t1", "phase": "running"}
+    report = {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1_764_770_000}
+    with pytest.raises(InvalidArgument, match="milliseconds since the Unix epoch"):
+        client.report_activity({**report, "turn": turn})
     assert row_counts(client.engine) == before
 
 
@@ -893,7 +911,7 @@ def _turn_report(turn_id, phase, at_ms, outcome=None, **provenance):
     return {
         "workspace_id": WS,
         "session_id": SID,
-        "occurred_at_ms": at_ms,
+        "occurred_at_ms": REPORT_EPOCH_MS + at_ms,
         "turn": {
             "turn_id": turn_id,
             "phase": phase,
@@ -934,7 +952,12 @@ def test_malformed_turn_reports_write_nothing(client, turn):
     before = row_counts(client.engine)
     with pytest.raises(InvalidArgument):
         client.report_activity(
-            {"workspace_id": WS, "session_id": SID, "occurred_at_ms": 1, "turn": turn}
+            {
+                "workspace_id": WS,
+                "session_id": SID,
+                "occurred_at_ms": 1_764_770_000_000,
+                "turn": turn,
+            }
         )
     assert row_counts(client.engine) == before
 

@@ -111,7 +111,7 @@ def test_admission_recovery_draining_and_busy_turn(client):
         {
             "workspace_id": WS,
             "session_id": "busy",
-            "occurred_at_ms": 1,
+            "occurred_at_ms": 1_764_770_000_000,
             "turn": {"turn_id": "t1", "phase": "running"},
         }
     )
@@ -293,7 +293,7 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
         {
             "workspace_id": WS,
             "session_id": SID,
-            "occurred_at_ms": 10,
+            "occurred_at_ms": 1_764_770_000_010,
             "turn": {
                 "turn_id": turn_id,
                 "phase": "settled",
@@ -326,7 +326,7 @@ def test_the_sweeper_pushes_a_prompt_queue_only_when_it_could_move(
             {
                 "workspace_id": WS,
                 "session_id": SID,
-                "occurred_at_ms": at_ms,
+                "occurred_at_ms": 1_764_770_000_000 + at_ms,
                 "turn": {"turn_id": turn_id, "phase": phase, **fields},
             }
         )
