@@ -217,6 +217,38 @@ def test_a_session_its_host_reported_for_is_not_taken_by_another_host_s_report(c
     assert session_row(client, "s-plain").host_id == "default"
 
 
+def test_refused_reports_are_counted_by_the_registered_host_they_name(client, sim_b):
+    """A host that sends bad reports learns it from the worker's metrics, not only its log:
+    each refusal counts under the registered host the report names, and its code; a report
+    naming a host nobody registered counts as `unregistered`, so a forged name makes no
+    series of its own."""
+    from prometheus_client import REGISTRY
+
+    def refused(host_id):
+        labels = {"host": host_id, "code": "invalid_argument"}
+        return REGISTRY.get_sample_value("agent_radar_reports_refused_total", labels) or 0.0
+
+    client.add_host("host-b", sim_b.url, token="b-token")
+    before = {h: refused(h) for h in ("host-b", "unregistered", "default")}
+    unsigned = {
+        "workspace_id": WS,
+        "session_id": "s-counted",
+        "occurred_at_ms": int(time.time() * 1000),
+        "session": {"live": True, "host_id": "host-b"},
+    }
+    with pytest.raises(InvalidArgument):
+        client.receive_report(unsigned)  # host-b has a token: unsigned is refused
+    with pytest.raises(InvalidArgument):
+        client.receive_report({**unsigned, "session": {"live": True, "host_id": "forged\n1"}})
+    with pytest.raises(InvalidArgument):
+        # No host named: its session's (a session not known yet: `default`).
+        client.receive_report({"workspace_id": WS, "session_id": "s-counted", "x": 1})
+    assert refused("host-b") == before["host-b"] + 1
+    assert refused("unregistered") == before["unregistered"] + 1
+    assert refused("default") == before["default"] + 1
+    assert session_row(client, "s-counted") is None
+
+
 def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):
     client.add_host("host-b", sim_b.url)
     client.ensure_session(WS, "s1", host_id="host-b")

@@ -33,6 +33,14 @@ RUNTIME_CALL_SECONDS = Histogram(
     ["host", "call"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+# Reports refused before anything was written (docs/protocol.md: reports): by the host the
+# report names, as a label only if it is registered (else `unregistered`), and the refusal's
+# code, so a host that sends bad reports shows in the worker's metrics.
+REPORTS_REFUSED = Counter(
+    "agent_radar_reports_refused",
+    "Activity reports refused, by the registered host they name and the refusal's code",
+    ["host", "code"],
+)
 RUNTIME_CALL_ERRORS = Counter(
     "agent_radar_runtime_call_errors",
     "Runtime (agent host) calls that failed, by error code",

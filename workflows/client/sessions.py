@@ -10,8 +10,8 @@ from ..activity import stops
 from ..activity.activity import apply_report, parse_report
 from ..activity.control import durable_fences, load_session, record_live
 from ..activity.epochs import EpochEffects, bind_host
-from ..adapters import report_auth
-from ..errors import InvalidArgument, NotFound
+from ..adapters import metrics, report_auth
+from ..errors import AgentRadarError, InvalidArgument, NotFound
 from ..maintenance import runs
 from ..operators import actions
 from ..prompts import queue as prompts
@@ -273,15 +273,26 @@ class SessionCalls(ClientBase):
         token = hosts.token_of(s, host_id, self.settings.runtime_token)
         return report if token is None else report_auth.sign(report, host_id, token)
 
+    def _refused_from(self, report: Any) -> str:
+        """The refused report's host, as its metric's label (hosts.named_by_report)."""
+        try:
+            return run_read(self.engine, lambda s: hosts.named_by_report(s, report))
+        except Exception:  # noqa: BLE001 - the database is away: the refusal still counts
+            return hosts.UNREGISTERED
+
     def receive_report(self, report: Any) -> bool:
         """Apply a report as `agent_radar.report_activity` receives it from a host: refused
         (InvalidArgument, nothing written) unless it is signed by the session's host
         (docs/protocol.md: reports). True when it asked for the host's state."""
-        parsed = parse_report(report, utcnow())
-        effects = run_transaction(
-            self.engine,
-            lambda s: apply_report(s, parsed, utcnow(), self.settings.runtime_token),
-        )
+        try:
+            parsed = parse_report(report, utcnow())
+            effects = run_transaction(
+                self.engine,
+                lambda s: apply_report(s, parsed, utcnow(), self.settings.runtime_token),
+            )
+        except AgentRadarError as exc:
+            metrics.REPORTS_REFUSED.labels(self._refused_from(report), exc.code).inc()
+            raise
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})
         for operation_id in effects.cancels:

@@ -142,6 +142,30 @@ def session_host(session: Session, workspace_id: Any, session_id: Any) -> str:
     return DEFAULT_HOST if found is None else found
 
 
+# The label of a refused report whose host is none of the registered ones: a forged name must
+# not make a metric series of its own.
+UNREGISTERED = "unregistered"
+
+
+def named_by_report(session: Session, report: Any) -> str:
+    """The registered host a report (any shape: it may be refused) names — `signed_by`, else
+    `session.host_id`, else its session's own — or UNREGISTERED."""
+    named: Any = None
+    if isinstance(report, dict):
+        block = report.get("session")
+        named = report.get("signed_by") or (
+            block.get("host_id") if isinstance(block, dict) else None
+        )
+        key = (report.get("workspace_id"), report.get("session_id"))
+        if named is None and all(isinstance(v, str) and 0 < len(v) <= 255 for v in key):
+            named = session_host(session, *key)
+    if named == DEFAULT_HOST:
+        return DEFAULT_HOST
+    if not isinstance(named, str) or len(named) > 255:
+        return UNREGISTERED
+    return named if session.get(RuntimeHost, named) is not None else UNREGISTERED
+
+
 def _bound(session: Session, host_id: str) -> int:
     return session.execute(
         select(func.count()).select_from(AgentSession).where(AgentSession.host_id == host_id)
