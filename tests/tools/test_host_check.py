@@ -15,6 +15,7 @@ from tests.helpers import QuickStopSimServer
 TOKEN = "check-token"
 SHAPES = "answers have their documented shapes"
 IDEMPOTENT = "idempotent by operation_id"
+KEYED = "prompts, cancels and runs idempotent by their keys"
 FORWARD = "revisions only move forward"
 FENCE = "a fence holds"
 REQUIRE_LIVE = "require_live never wakes a session"
@@ -62,7 +63,8 @@ def only_failure(found: dict, promise: str) -> str:
 def test_the_simulator_keeps_every_promise(host):
     found = verdicts(host)
     assert {name: verdict for name, (verdict, _) in found.items()} == dict.fromkeys(
-        (SHAPES, IDEMPOTENT, FORWARD, FENCE, REQUIRE_LIVE, RESTART, AUTH, DEADLINE), PASS
+        (SHAPES, IDEMPOTENT, KEYED, FORWARD, FENCE, REQUIRE_LIVE, RESTART, AUTH, DEADLINE),
+        PASS,
     )
     # Without the test hooks, the two promises that need them say so instead.
     quiet = verdicts(host, hooks=False)
@@ -77,6 +79,15 @@ def test_a_host_that_is_not_idempotent_fails_that_line(host):
 
     broken(host, forgets_answers)
     assert "refused" in only_failure(verdicts(host), IDEMPOTENT)
+
+
+def test_a_host_that_starts_a_prompt_twice_fails_that_line(host):
+    def forgets_prompts(sim, call, ws, sid, body):
+        if call == "prompts":
+            sim.session(ws, sid).prompt_turns.clear()  # the same prompt_id: a new turn
+
+    broken(host, forgets_prompts)
+    assert "the same prompt_id twice" in only_failure(verdicts(host), KEYED)
 
 
 def test_a_host_that_takes_revisions_backwards_fails_that_line(host):
@@ -149,7 +160,7 @@ def test_the_command_prints_a_line_per_promise_and_exits_1_on_a_failure(host):
         [*command, "--test-hooks"], env=env, capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert [line.split()[0] for line in ok.stdout.splitlines()] == ["PASS"] * 8
+    assert [line.split()[0] for line in ok.stdout.splitlines()] == ["PASS"] * 9
     wrong = subprocess.run(
         [*command, "--token", "not-it"], env=env, capture_output=True, text=True, timeout=60
     )

@@ -107,6 +107,33 @@ class HostCheck:
             raise Failed(f"the same operation_id answered {second!r}, first {first!r}")
         return "the same operation_id twice: the same answer"
 
+    def keyed_calls(self) -> str:
+        """A prompt, a turn's cancel and a maintenance run, each sent twice with its key."""
+        ws, prompt = self.workspace, self.op_id()
+        turns = [
+            self._timed(lambda: self.host.submit_prompt(ws, "keyed", prompt_id=prompt, text="hi"))
+            for _ in range(2)
+        ]
+        if turns[0] != turns[1]:
+            raise Failed(f"the same prompt_id twice answered {turns[0]!r} and {turns[1]!r}")
+        cancel, turn_id = self.op_id(), turns[0]["turn_id"]
+        call = {"operation_id": cancel, "reason": "host-check", "require_live": True}
+        cancels = [
+            self._timed(lambda: self.host.cancel_turn(ws, "keyed", turn_id, **call))
+            for _ in range(2)
+        ]
+        if cancels[0] != cancels[1]:
+            raise Failed(f"the same cancel twice answered {cancels[0]!r} and {cancels[1]!r}")
+        run = self.op_id()
+        for _ in range(2):
+            self._timed(
+                lambda: self.host.start_maintenance(
+                    ws, "keyed-run", run_id=run, kind="compact", args={}
+                )
+            )
+        state = self._timed(lambda: self.host.maintenance_status(ws, "keyed-run", run))
+        return f"prompt, cancel and maintenance run twice each: one turn, {state['state']} run"
+
     def forward_only(self) -> str:
         self.goal("forward", 2)
         fault = self.refused(lambda: self.goal("forward", 1))
@@ -182,6 +209,7 @@ class HostCheck:
         promises: list[tuple[str, Callable[[], str], bool]] = [
             ("answers have their documented shapes", self.answers_shapes, False),
             ("idempotent by operation_id", self.idempotent, False),
+            ("prompts, cancels and runs idempotent by their keys", self.keyed_calls, False),
             ("revisions only move forward", self.forward_only, False),
             ("a fence holds", self.fence_holds, False),
             ("require_live never wakes a session", self.require_live, True),
