@@ -25,10 +25,12 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ....models.db import run_transaction
@@ -38,6 +40,7 @@ from ...adapters.bulkhead import (
     GO,
     MAX_IN_FLIGHT,
 )
+from ...adapters.runtime import RuntimePort
 from ...goals.claims import Attempt, Claim, Lane, StepResult
 from ...goals.statements import MAX_LANES_PER_STEP
 from ...sessions.hosts import record_circuits
@@ -45,8 +48,34 @@ from ...sessions.hosts import record_circuits
 log = logging.getLogger(__name__)
 
 
-if TYPE_CHECKING:  # (dispatch.py imports this module)
-    from .dispatch import Dispatcher
+class Steps(Protocol):
+    """What a drain needs of its dispatcher (dispatch.Dispatcher, which imports this
+    module): the claim's, the record's and the release's steps, each in the caller's
+    transaction."""
+
+    engine: Engine
+    runtime: RuntimePort
+    worker_id: str
+    lease_s: float
+    clock: Callable[[], datetime]
+
+    def dispatch_many(
+        self, operation_ids: list[str], steal: bool = False, session_of: Any = None
+    ) -> list[StepResult]: ...
+
+    def attempt(self, claim: Claim) -> Attempt: ...
+
+    def record(
+        self, s: Session, attempts: list[Attempt], lanes: list[Lane]
+    ) -> tuple[list[StepResult], bool]: ...
+
+    def release(self, s: Session, lanes: list[Lane]) -> None: ...
+
+    def next_work(
+        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False
+    ) -> dict[Lane, Claim | StepResult]: ...
+
+    def unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
 
 
 # A lane takes at most this many operations in a row before it lets go (others take the
@@ -82,7 +111,7 @@ class Drain:
     runs `run` (its transactions are short and never span a call); a call's pool thread
     only makes the call and gives its host slot back."""
 
-    def __init__(self, dispatcher: "Dispatcher", steal: bool = False, eager: bool = False):
+    def __init__(self, dispatcher: Steps, steal: bool = False, eager: bool = False):
         self.d = dispatcher
         self.steal, self.eager = steal, eager
         self.gate = dispatcher.runtime.bulkhead  # the port's (adapters/bulkhead.py)

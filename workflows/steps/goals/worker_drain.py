@@ -8,15 +8,12 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...adapters.bulkhead import MAX_IN_FLIGHT
 from ...goals.claims import StepResult
-from .flight import ROOM_AT, Drain
-
-if TYPE_CHECKING:  # (dispatch.py imports flight.py)
-    from .dispatch import Dispatcher
 from ...goals.pullers import Notified, Puller
+from .flight import ROOM_AT, Drain, Steps
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ class WorkerDrain(Drain):
 
     def __init__(
         self,
-        dispatcher: "Dispatcher",
+        dispatcher: Steps,
         lock: threading.RLock,
         room: threading.Condition,
         pulls: bool = False,
