@@ -128,7 +128,8 @@ def _after_fork(**_kwargs) -> None:
     from . import worker_process
 
     try:
-        worker_process.of(Settings.from_env()).start()
+        # The app's own settings, as its tasks' (strict.py): one WorkerProcess, one drain.
+        worker_process.of(app.agent_radar_settings).start()
     except Exception:  # noqa: BLE001 - then the first dispatch message starts its drain
         log.exception("goal drain: not started with the process")
 
