@@ -186,11 +186,17 @@ def test_a_worker_says_when_producers_publish_without_its_key_prefix(settings, c
     name = "celery"
     before = client.llen(name)
     client.lpush(name, b'{"a celery-node message": true}')
+    # A bare name that is no list (another program's key) is passed over, not the end.
+    had_maintenance = client.exists("maintenance")
+    if not had_maintenance:
+        client.set("maintenance", "not a queue")
     try:
         with caplog.at_level(logging.WARNING, logger="agent_radar.workflows.adapters.broker"):
             found = warn_of_unprefixed(settings)
     finally:
         client.lrem(name, 1, b'{"a celery-node message": true}')
+        if not had_maintenance:
+            client.delete("maintenance")
         client.close()
     assert found[name] == before + 1
     (line,) = [r.getMessage() for r in caplog.records if repr(name) in r.getMessage()]

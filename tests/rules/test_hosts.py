@@ -247,6 +247,18 @@ def test_refused_reports_are_counted_by_the_registered_host_they_name(client, si
     assert refused("unregistered") == before["unregistered"] + 1
     assert refused("default") == before["default"] + 1
     assert session_row(client, "s-counted") is None
+    # Names no id may have go to no query at all (NUL, a lone surrogate, not a string).
+    from agent_radar.workflows.sessions import hosts
+
+    for odd in (
+        {"signed_by": "h\x00"},
+        {"session": {"host_id": "h\udc80"}},
+        {"workspace_id": "w\x00", "session_id": "s"},
+        {"workspace_id": ["w"], "session_id": {"s": 1}},
+        ["not", "a", "report"],
+    ):
+        named = run_transaction(client.engine, lambda s, odd=odd: hosts.named_by_report(s, odd))
+        assert named in ("unregistered", "default"), odd
 
 
 def test_a_session_on_a_removed_host_waits_for_it(client, sim_b):

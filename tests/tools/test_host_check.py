@@ -170,3 +170,36 @@ def test_the_command_prints_a_line_per_promise_and_exits_1_on_a_failure(host):
         [*command[:-1], "ftp://host"], env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "http:// or https://" in bad.stderr
+
+
+def test_a_hostile_host_gets_fail_lines_of_bounded_size_and_no_traceback(host):
+    """A host may answer anything: answers that differ every time and are large (quoted in
+    the evidence), a state with no epoch. Each promise it breaks fails on its own line, cut
+    short; the check never ends in a traceback."""
+    original = host.sim.handle
+    calls = []
+
+    def hostile(sim, call, ws, sid, body):
+        calls.append(call)
+        answer = original(call, ws, sid, body)
+        if call == "goal":
+            return {**answer, "evidence": {"noise": "x" * 200_000 + str(len(calls))}}
+        if call == "state":
+            return {**answer, "runtime_epoch": None}
+        return answer
+
+    broken(host, hostile)
+    found = verdicts(host)
+    assert found[IDEMPOTENT][0] == FAIL and found[RESTART][0] == FAIL
+    assert all(len(evidence) <= 401 for _, evidence in found.values())
+
+
+def test_a_host_that_answers_nothing_fails_every_line():
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    lines = check_host(f"http://127.0.0.1:{port}", TOKEN, 1.0, True)
+    assert {line.verdict for line in lines} == {FAIL}
+    assert lines[-1].evidence == "no call was answered at all"

@@ -316,8 +316,13 @@ def unprefixed_backlog(settings: Settings) -> dict[str, int]:
     import redis as redis_py
 
     client = redis_py.Redis.from_url(settings.broker_url, socket_timeout=5)
+    lengths = {}
     try:
-        lengths = {name: int(client.llen(name)) for name in UNPREFIXED_QUEUES}
+        for name in UNPREFIXED_QUEUES:
+            try:
+                lengths[name] = int(client.llen(name))
+            except redis_py.ResponseError:  # not a list (WRONGTYPE): no producer's queue
+                continue
     finally:
         client.close()
     return {name: n for name, n in lengths.items() if n}
@@ -329,7 +334,7 @@ def warn_of_unprefixed(settings: Settings) -> dict[str, int]:
     try:
         found = unprefixed_backlog(settings)
     except Exception as exc:  # noqa: BLE001 - the broker is away: the worker finds out itself
-        log.debug("unprefixed queues not looked at: %s", escape(exc))
+        log.info("queues without the key prefix not looked at: %s", escape(exc))
         return {}
     for name, count in found.items():
         log.warning(

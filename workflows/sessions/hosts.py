@@ -147,9 +147,19 @@ def session_host(session: Session, workspace_id: Any, session_id: Any) -> str:
 UNREGISTERED = "unregistered"
 
 
+def _an_id(value: Any) -> bool:
+    try:
+        check_id("id", value)
+    except InvalidArgument:
+        return False
+    return True
+
+
 def named_by_report(session: Session, report: Any) -> str:
     """The registered host a report (any shape: it may be refused) names — `signed_by`, else
-    `session.host_id`, else its session's own — or UNREGISTERED."""
+    `session.host_id`, else its session's own — or UNREGISTERED. The name is the report's
+    word, unchecked: a metric of refusals it labels says which host a report named, not who
+    sent it. Only well-formed ids reach the database."""
     named: Any = None
     if isinstance(report, dict):
         block = report.get("session")
@@ -157,11 +167,11 @@ def named_by_report(session: Session, report: Any) -> str:
             block.get("host_id") if isinstance(block, dict) else None
         )
         key = (report.get("workspace_id"), report.get("session_id"))
-        if named is None and all(isinstance(v, str) and 0 < len(v) <= 255 for v in key):
+        if named is None and all(_an_id(v) for v in key):
             named = session_host(session, *key)
     if named == DEFAULT_HOST:
         return DEFAULT_HOST
-    if not isinstance(named, str) or len(named) > 255:
+    if not _an_id(named):
         return UNREGISTERED
     return named if session.get(RuntimeHost, named) is not None else UNREGISTERED
 

@@ -232,7 +232,12 @@ def host_check(url: str, token: str | None, deadline_s: float, test_hooks: bool,
 
     from ..host_check import FAIL, check_host
 
-    if urlsplit(url).scheme not in ("http", "https"):
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise click.BadParameter("an http:// or https:// URL", param_hint="URL")
     lines = check_host(url, token, deadline_s, test_hooks)
     _emit(as_json, [as_dict(line) for line in lines], [str(line) for line in lines])
