@@ -91,8 +91,9 @@ class HostCheck:
         )
 
     def refused(self, call: Callable[[], Any]) -> RuntimeFault | RuntimeDisconnected | None:
+        """The refusal a call (timed by the caller: `goal`, `_timed`) got, or None."""
         try:
-            self._timed(call)
+            call()
         except (RuntimeFault, RuntimeDisconnected) as exc:
             return exc
         return None
@@ -214,9 +215,11 @@ class HostCheck:
         if not self.token:
             raise Skipped("no --token given: a host must refuse calls without its token")
         anonymous = HttpRuntime(self.url, None, timeout_s=self.deadline_s)
-        fault = self.refused(lambda: anonymous.liveness(self.workspace, "auth"))
+        fault = self.refused(
+            lambda: self._timed(lambda: anonymous.liveness(self.workspace, "auth"))
+        )
         wrong = HttpRuntime(self.url, self.token + "-wrong", timeout_s=self.deadline_s)
-        forged = self.refused(lambda: wrong.liveness(self.workspace, "auth"))
+        forged = self.refused(lambda: self._timed(lambda: wrong.liveness(self.workspace, "auth")))
         for name, got in (("no token", fault), ("a wrong token", forged)):
             if not isinstance(got, RuntimeFault) or got.http_status not in (401, 403):
                 raise Failed(f"a call with {name} was {got or 'answered'}; 401 or 403 due")
