@@ -423,6 +423,14 @@ def good_kwargs(task: str, n: int) -> dict:
             "operation_id": str(uuid.uuid4()),
             "workspace_id": "w-broker",
         },
+        # (No optional field: a bad value drawn for one may be a valid one, "" or None.)
+        "agent_radar.ensure_session": {"workspace_id": "w-broker", "session_id": f"b-{n}"},
+        "agent_radar.stop_session": base,
+        "agent_radar.retry_operation": {
+            "workspace_id": "w-broker",
+            "operation_id": str(uuid.uuid4()),
+            "reason": "fixed",
+        },
         "agent_radar.report_activity": {
             "report": {
                 "workspace_id": "w-broker",
@@ -482,6 +490,9 @@ def broker_messages(draw, serial=count()):
                     "agent_radar.cancel_maintenance",
                     "agent_radar.submit_prompt",
                     "agent_radar.get_operation",
+                    "agent_radar.ensure_session",
+                    "agent_radar.stop_session",
+                    "agent_radar.retry_operation",
                     "agent_radar.report_activity",
                     "agent_radar.goal.dispatch",
                     "agent_radar.fence.apply",
