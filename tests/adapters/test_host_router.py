@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agent_radar.workflows.adapters.http_runtime import HostRouter
+from agent_radar.workflows.adapters.http_runtime import HostRouter, HttpRuntime
 from agent_radar.workflows.errors import RuntimeFault
 from tests import helpers
 from tests.hostile import HANG, ScriptedHost, applied
@@ -86,18 +86,21 @@ def test_every_call_to_a_host_passes_its_bulkhead(host, silent):
         assert fault.value.code == "circuit_open" and fault.value.retryable
     assert len(host.seen) == reached  # none of them was sent
 
-    # One slot, held by a call that hangs: another call waits for it, then gives up.
+    # One slot, held by a call that hangs: another call waits for it, then gives up. The
+    # waiting call's deadline (its wait) is well inside the hanging one's, so the slot is
+    # still held when the wait runs out, however loaded the machine.
     busy = HostRouter(
         "http://127.0.0.1:9",
         lambda ws, sid: ("host-b", silent.url),
-        timeout_s=1.0,
+        timeout_s=3.0,
         host_concurrency=1,
     )
+    waiting = HttpRuntime(silent.url, timeout_s=0.5, host_id="host-b", bulkhead=busy.bulkhead)
     with ThreadPoolExecutor(1) as pool:
         stuck = pool.submit(goal_call, busy, "s2")
         assert silent.accepted.acquire(timeout=30)
         with pytest.raises(RuntimeFault) as fault:
-            busy.liveness(WS, "s3")
+            waiting.liveness(WS, "s3")
         assert fault.value.code == "host_busy" and fault.value.retryable
         assert stuck.exception(timeout=30).code == "timeout"
     assert silent.accepted.acquire(timeout=0.1) is False  # the held-back call never went
