@@ -11,7 +11,7 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import Turn
 from agent_radar.workflows import budgets, ids
 from agent_radar.workflows.errors import FenceConflict, InvalidArgument, NotFound
-from tests.helpers import row_counts
+from tests.helpers import eventually, row_counts
 
 WS, SID = "ws-fence", "shared"
 
@@ -613,6 +613,118 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     assert _cancel_row(client, live_cancel).result == "canceled"
     assert client.get_fence(fence.fence_id).status == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]
+
+
+def test_a_turn_that_settles_while_the_fence_asks_its_cancel_wakes_the_fence(client, sim_control):
+    """CI, once: the fenced turn's settled report was recorded while the fence's attempt
+    ran, so it found the fence claimed, not waiting, and woke nothing; the attempt then
+    parked the fence on that turn until its deadline, and with no sweeper running it
+    stayed pending. The turn settles here between the fence's cancel and its wait: the
+    fence is due at once and published again, and its next attempt completes."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.tables import GoalFence
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    # The host's turn runs until cancelled; a cancel is accepted, and the turn ends later.
+    sim_control.session(WS, SID, turn_duration_ms=0, cancel_mode="accepted", cancel_delay_ms=200)
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    runtime = HttpRuntime(sim_control.http.base_url)
+    Dispatcher(client.engine, runtime, worker_id="d", lease_s=5).dispatch_many(
+        [target.operation_id]
+    )
+    assert client.wait(client.get_goal_operation(target.operation_id), 5).status == "completed"
+    (turn_id,) = sim_control.session(WS, SID)["turns"]
+    cancel_id = _fenced_turn_running(client, target, turn_id=turn_id)
+    client.set_goal(WS, SID, "owner goal", client_submit_id="owner-2")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    published = []
+    applier = FenceApplier(
+        client.engine,
+        runtime,
+        worker_id="a",
+        lease_s=5,
+        publish=lambda *a: published.append(a) or True,
+    )
+    asked = applier.cancels.request
+
+    def ask_then_settle(*args, **kwargs):
+        state = asked(*args, **kwargs)
+        assert state == "waiting"  # the host accepted the cancel; the turn ends later
+        eventually(
+            lambda: sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled",
+            what="the turn's end at the host",
+        )
+        client.report_activity(
+            {
+                "workspace_id": WS,
+                "session_id": SID,
+                "occurred_at_ms": int(time.time() * 1000),
+                "turn": {"turn_id": turn_id, "phase": "settled", "outcome": "canceled"},
+            }
+        )
+        return state
+
+    applier.cancels.request = ask_then_settle
+    assert applier.apply(fence.fence_id) == "woken"
+    assert ("agent_radar.fence.apply", {"fence_id": fence.fence_id}) in published
+    row = run_transaction(client.engine, lambda s: s.get(GoalFence, fence.fence_id))
+    assert (row.status, row.cancel_operation_id, row.attempt) == ("pending", cancel_id, 0)
+    assert row.next_attempt_at <= utcnow()  # due now, not at the cancel's deadline
+    applier.cancels.request = asked
+    assert applier.apply(fence.fence_id) == "completed"
+    assert _cancel_row(client, cancel_id).result == "canceled"
+    assert [e["action"] for e in sim_control.effects()] == ["set"]  # a newer goal: no clear
+
+
+def test_a_state_answer_older_than_the_turn_s_end_is_asked_again(client, sim_control, monkeypatch):
+    """CI, once: the fence's state answer listed the fenced turn running; the turn then
+    ended at the host and its report settled it on record before the fence read its turns.
+    The fence found a running turn no cancel reached and parked until its deadline, with no
+    sweeper to publish it again. It asks the host once more: the turn has ended there, and
+    the fence completes in the same attempt."""
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps import fence_apply
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    sim_control.session(WS, SID, turn_duration_ms=300)
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    runtime = HttpRuntime(sim_control.http.base_url)
+    Dispatcher(client.engine, runtime, worker_id="d", lease_s=5).dispatch_many(
+        [target.operation_id]
+    )
+    assert client.wait(client.get_goal_operation(target.operation_id), 5).status == "completed"
+    (turn_id,) = sim_control.session(WS, SID)["turns"]
+    _fenced_turn_running(client, target, turn_id=turn_id)
+    client.set_goal(WS, SID, "owner goal", client_submit_id="owner-2")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    looks = []
+    reconcile = fence_apply.reconcile_session
+
+    def then_the_turn_ends(*args, **kwargs):
+        answer = reconcile(*args, **kwargs)
+        looks.append([t.turn_id for t in answer[0].turns])
+        if len(looks) == 1:
+            eventually(
+                lambda: sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled",
+                what="the turn's end at the host",
+            )
+            client.report_activity(
+                {
+                    "workspace_id": WS,
+                    "session_id": SID,
+                    "occurred_at_ms": int(time.time() * 1000),
+                    "turn": {"turn_id": turn_id, "phase": "settled", "outcome": "completed"},
+                }
+            )
+        return answer
+
+    monkeypatch.setattr(fence_apply, "reconcile_session", then_the_turn_ends)
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
+    assert looks == [[turn_id], []]
+    assert client.get_fence(fence.fence_id).status == "completed"
+    assert not [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
 
 
 def test_a_final_refusal_of_the_fence_install_fails_the_fence_with_it(client, host):

@@ -30,6 +30,8 @@ from ..goals import outcomes
 from ..goals.claims import Claim
 from ..goals.operations import backoff_s, fail_operation
 from ..sessions import turns
+from ..sessions.rows import lock_session
+from ..task_names import FENCE_APPLY_TASK
 from . import Step
 from .cancel import CancelRunner, mark_offline
 from .fence_install import ensure_fences_installed
@@ -114,6 +116,8 @@ class FenceApplier(Step):
                 )
         # The lane is free again: goal operations that found it busy go on.
         wake_lane(self.engine, self.publish, claim.workspace_id, claim.session_id)
+        if outcome == "woken":
+            self.publish(FENCE_APPLY_TASK, {"fence_id": claim.fence_id})
         return outcome
 
     def _claim(self, s: Session, fence_id: str) -> FenceClaim | str:
@@ -161,30 +165,17 @@ class FenceApplier(Step):
         # This fence, and every durable fence not known to be at the session's (host,
         # epoch), is installed there (and recorded) before this one's clear.
         ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
-        # What runs there is the host's word (docs/lifecycles.md: reconcile): the record is made
-        # to agree with its state answer, so a turn of the generation no report told of is
-        # cancelled too, and the fence completes only once the host shows none running.
-        state, _done = reconcile_session(
-            self.engine,
-            self.runtime,
-            self.publish,
-            claim.workspace_id,
-            claim.session_id,
-            self.clock,
-        )
-        turn_ids = run_transaction(self.engine, lambda s: self._fenced_turns(s, claim))
-        # Every turn of exactly this provenance (the active turn is never a stand-in), as any
-        # may be the one still running; one the host does not know ends by its `not_found`.
-        cause = ids.fence_cause(claim.fence_id)
-        states = {
-            ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id): (
-                self.cancels.request(claim.workspace_id, claim.session_id, turn_id, reason=cause)
-            )
-            for turn_id in turn_ids
-        }
+        state, turn_ids, states = self._look(claim)
         waiting = [cancel_id for cancel_id, state in states.items() if state == "waiting"]
+        if not waiting and self._runs_unasked(claim, state, turn_ids):
+            # The state answer may predate a turn's end that its report recorded since (the
+            # host ended the turn, then reported it): a second look asks the host again.
+            state, turn_ids, states = self._look(claim)
+            waiting = [cancel_id for cancel_id, state in states.items() if state == "waiting"]
         cancel_id = next(iter(waiting or states), None)
-        if waiting or self._runs_unasked(claim, state, turn_ids):
+        if waiting:
+            return run_transaction(self.engine, lambda s: self._wait_for_turn(s, claim, cancel_id))
+        if self._runs_unasked(claim, state, turn_ids):
             return run_transaction(
                 self.engine,
                 lambda s: self._back_to_pending(
@@ -205,6 +196,32 @@ class FenceApplier(Step):
                 ),
             )
         return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
+
+    def _look(self, claim: FenceClaim) -> tuple[HostState, list[str], dict[str, str]]:
+        """What runs there is the host's word (docs/lifecycles.md: reconcile): the record is
+        made to agree with its state answer, so a turn of the generation no report told of is
+        cancelled too, and the fence completes only once the host shows none running. Every
+        unsettled turn of exactly this provenance on record (the active turn is never a
+        stand-in) gets a cancel, as any may be the one still running; one the host does not
+        know ends by its `not_found`. Returns the state answer, those turns, and each one's
+        cancel: "settled" or "waiting"."""
+        state, _done = reconcile_session(
+            self.engine,
+            self.runtime,
+            self.publish,
+            claim.workspace_id,
+            claim.session_id,
+            self.clock,
+        )
+        turn_ids = run_transaction(self.engine, lambda s: self._fenced_turns(s, claim))
+        cause = ids.fence_cause(claim.fence_id)
+        states = {
+            ids.cancel_operation_id(claim.workspace_id, claim.session_id, turn_id): (
+                self.cancels.request(claim.workspace_id, claim.session_id, turn_id, reason=cause)
+            )
+            for turn_id in turn_ids
+        }
+        return state, turn_ids, states
 
     def _runs_unasked(self, claim: FenceClaim, state: HostState, turn_ids: list[str]) -> bool:
         """The host lists a running turn of the generation no cancel on record reaches (a
@@ -282,6 +299,21 @@ class FenceApplier(Step):
         leases.release(s, claim.lane, claim.lane_token)
         return ("waiting" if wait else "retry") if ok else "skipped"
 
+    def _wait_for_turn(self, s: Session, claim: FenceClaim, cancel_id: str) -> str:
+        """The fence waits, using no budget, for the turn of `cancel_id` to settle: the
+        transaction that settles it makes the fence due and publishes it
+        (cancels.waiting_fences). A turn that settled while this attempt ran found the fence
+        claimed, not waiting, and woke nothing; so under the session's lock, which that
+        transaction takes first too, a settled turn leaves the fence due now: "woken", and
+        `apply` publishes it again."""
+        lock_session(s, claim.workspace_id, claim.session_id)
+        if cancels.still_waited_for(s, cancel_id):
+            return self._back_to_pending(
+                s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
+            )
+        waited = self._back_to_pending(s, claim, WAITING_FOR_TURN, 0.0, cancel_id)
+        return "woken" if waited == "waiting" else waited
+
     def _offline(self, s: Session, claim: FenceClaim) -> str:
         """The session is offline (docs/lifecycles.md: fences). For each of the fenced
         generation's turns that may be running, its durable cancel is written (delivered
@@ -291,9 +323,7 @@ class FenceApplier(Step):
         cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
         if not cancel_ids:
             return self._settle_locally(s, claim)
-        return self._back_to_pending(
-            s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_ids[0]
-        )
+        return self._wait_for_turn(s, claim, cancel_ids[0])
 
     def _gone(self, claim: FenceClaim) -> str:
         """The host answered session_not_found: the session is gone. Its turns end
