@@ -166,15 +166,15 @@ class FenceApplier(Step):
         # epoch), is installed there (and recorded) before this one's clear.
         ensure_fences_installed(self.engine, self.runtime, claim.workspace_id, claim.session_id)
         state, turn_ids, states = self._look(claim)
-        waiting = [cancel_id for cancel_id, state in states.items() if state == "waiting"]
+        waiting = [cancel_id for cancel_id, how in states.items() if how == "waiting"]
         if not waiting and self._runs_unasked(claim, state, turn_ids):
             # The state answer may predate a turn's end that its report recorded since (the
             # host ended the turn, then reported it): a second look asks the host again.
             state, turn_ids, states = self._look(claim)
-            waiting = [cancel_id for cancel_id, state in states.items() if state == "waiting"]
-        cancel_id = next(iter(waiting or states), None)
+            waiting = [cancel_id for cancel_id, how in states.items() if how == "waiting"]
         if waiting:
-            return run_transaction(self.engine, lambda s: self._wait_for_turn(s, claim, cancel_id))
+            return run_transaction(self.engine, lambda s: self._wait_for_turn(s, claim, waiting[0]))
+        cancel_id = next(iter(states), None)
         if self._runs_unasked(claim, state, turn_ids):
             return run_transaction(
                 self.engine,
