@@ -1,0 +1,235 @@
+"""A host in another language (docs/hosts.md): the Node.js host of docs/examples/node-host,
+written from the docs alone, behind real workers and beat, driven by the celery-node producer
+beside it through every action — a goal set, the same submit again, a clear, a fence, a
+compaction, a prompt, a session ensure and a stop — on Redis and on RabbitMQ. Effects are
+counted at the host, from its own log. The same host passes `agent-radar host-check`, and
+keeps its goals and fences across a restart of its process."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.tools.stack import Stack
+from tests.conftest import free_port, skip_or_fail
+from tests.end_to_end.test_results import CELERY_NODE, RESULTS_REDIS, clean_results
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "node-host"
+WS = "ws-node"
+TOKEN = "node-host-secret"
+
+
+@pytest.fixture(scope="module")
+def node_dir(tmp_path_factory) -> Path:
+    """The example's files beside celery-node, installed with npm (the registry is
+    reachable; a test that cannot install it skips, or fails under CI)."""
+    if not (shutil.which("node") and shutil.which("npm")):
+        skip_or_fail("Node.js and npm are not installed")
+    where = tmp_path_factory.mktemp("node-host")
+    install = subprocess.run(
+        ["npm", "install", "--silent", "--no-audit", "--no-fund", CELERY_NODE],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if install.returncode != 0:
+        skip_or_fail(f"npm could not install {CELERY_NODE}: {install.stderr[-500:]}")
+    for name in ("host.js", "producer.js"):
+        shutil.copy(EXAMPLE / name, where / name)
+    return where
+
+
+class NodeHost:
+    """The example host as its own process, on a port of its own."""
+
+    def __init__(self, node_dir: Path, home: Path, broker_url: str | None) -> None:
+        self.dir, self.home, self.broker_url = node_dir, home, broker_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.effects_file = home / "host-effects.jsonl"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "NodeHost":
+        env = {
+            **os.environ,
+            "HOST_PORT": str(self.port),
+            "HOST_ID": "default",
+            "HOST_TOKEN": TOKEN,
+            "HOST_STATE": str(self.home / "host-state.json"),
+            "HOST_EFFECTS": str(self.effects_file),
+            "HOST_TEST_HOOKS": "1",
+            "TURN_MS": "300",
+            "MAINTENANCE_MS": "300",
+        }
+        if self.broker_url:
+            env["BROKER_URL"] = self.broker_url
+        self.log = open(self.home / "node-host.log", "ab")
+        self.proc = subprocess.Popen(
+            ["node", "host.js"], cwd=self.dir, env=env, stdout=subprocess.PIPE, stderr=self.log
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        assert line.startswith("listening on"), line + self.logged()
+        return self
+
+    def logged(self) -> str:
+        return (self.home / "node-host.log").read_text()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+    def effects(self) -> list[dict]:
+        if not self.effects_file.exists():
+            return []
+        return [json.loads(line) for line in self.effects_file.read_text().splitlines()]
+
+
+@pytest.fixture(params=["production", "rabbitmq"])
+def backend(request):
+    """Redis (celery-node's messages carry no key prefix: a database of this module's own) and
+    RabbitMQ (celery-node reaches the classic queue `celery`)."""
+    return request.param
+
+
+@pytest.fixture
+def settings(settings, backend, tmp_path):
+    clean_results()
+    port = free_port()
+    more = {"runtime_url": f"http://127.0.0.1:{port}", "runtime_token": TOKEN}
+    if backend == "production":
+        more |= {"broker_url": RESULTS_REDIS, "broker_key_prefix": ""}
+    yield replace(settings, result_backend=RESULTS_REDIS, **more)
+    clean_results()
+
+
+@pytest.fixture
+def node_host(settings, node_dir, tmp_path):
+    port = int(settings.runtime_url.rsplit(":", 1)[1])
+    host = NodeHost(node_dir, tmp_path, settings.broker_url)
+    host.port, host.url = port, settings.runtime_url
+    yield host.start()
+    host.stop()
+
+
+def run_producer(node_dir: Path, settings) -> dict:
+    run = subprocess.run(
+        ["node", "producer.js", settings.broker_url, settings.result_backend, WS, "s1"],
+        cwd=node_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_every_action_from_node_reaches_a_node_host_once(settings, node_dir, node_host):
+    stack = Stack(settings)
+    stack.prepare()
+    try:
+        stack.start_worker(concurrency=2)
+        stack.start_beat()
+        out = run_producer(node_dir, settings)
+        worker_log = "".join(p.read_text() for p in stack.log_dir.glob("worker*.log"))
+    finally:
+        stack.kill()
+
+    # The host's signed reports were taken, none refused: its turns' starts and ends.
+    reports = re.findall(r"report_activity\[[^\]]+\] (\w+)", worker_log)
+    assert reports.count("succeeded") >= 6, reports
+    assert reports.count("received") == reports.count("succeeded") == len(reports) / 2, reports
+
+    assert out["set"]["status"] == "completed" and out["set"]["action"] == "set"
+    assert out["duplicate"]["operation_id"] == out["set"]["operation_id"]
+    assert (out["clear"]["status"], out["clear"]["action"]) == ("completed", "clear")
+    assert out["shared"]["status"] == "completed"
+    fence = out["fence"]
+    assert (fence["status"], fence["target_operation_id"]) == (
+        "completed",
+        out["shared"]["operation_id"],
+    )
+    assert out["compaction"]["status"] == "completed"
+    assert out["prompt"]["status"] == "completed"
+    assert out["ensure"]["live"] is True
+    assert out["stop"]["status"] == "completed"
+
+    # Counted at the host: each goal operation applied once (the duplicate submit made
+    # none), the fence installed once, one compaction, one prompt's turn.
+    effects = node_host.effects()
+    goals = [e for e in effects if e["kind"] == "goal"]
+    assert [(e["action"], e["revision"]) for e in goals] == [
+        ("set", 1),
+        ("clear", 2),
+        ("set", 3),
+        ("clear", 4),
+    ]
+    assert goals[0]["operation_id"] == out["set"]["operation_id"]
+    assert goals[3]["operation_id"] == fence["clear_operation_id"]
+    assert len({e["operation_id"] for e in goals}) == 4
+    kinds = Counter(e["kind"] for e in effects)
+    assert (kinds["fence"], kinds["maintenance"], kinds["prompt"]) == (1, 1, 1)
+    (fenced,) = [e for e in effects if e["kind"] == "fence"]
+    assert (fenced["target_operation_id"], fenced["target_revision"]) == (
+        out["shared"]["operation_id"],
+        3,
+    )
+
+    # The host's process restarts: its goal, revision, fences and answers are kept, and
+    # the epoch moves.
+    node_host.stop()
+    node_host.start()
+    runtime = HttpRuntime(node_host.url, token=TOKEN)
+    state = runtime.session_state(WS, "s1")
+    assert state.runtime_epoch >= 2 and state.goal is not None and state.goal.revision == 4
+    assert state.fences == frozenset({(out["shared"]["operation_id"], 3)})
+    # A worker's retry of the fenced generation's call, after the restart: the answer it
+    # had, and no second effect.
+    runtime.apply_goal(
+        WS,
+        "s1",
+        operation_id=out["shared"]["operation_id"],
+        action="set",
+        objective="shared goal",
+        revision=3,
+        client_submit_id="set-2",
+        require_live=True,
+    )
+    assert [e for e in node_host.effects() if e["kind"] == "goal"] == goals
+
+
+def test_the_node_host_passes_host_check(node_dir, tmp_path):
+    """The host written from the docs keeps every promise host-check asks about."""
+    host = NodeHost(node_dir, tmp_path, broker_url=None).start()
+    try:
+        check = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("agent-radar")),
+                "host-check",
+                host.url,
+                "--token",
+                TOKEN,
+                "--test-hooks",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        host.stop()
+    lines = check.stdout.strip().splitlines()
+    assert check.returncode == 0, check.stdout + check.stderr + host.logged()
+    assert len(lines) >= 9 and all(line.startswith("PASS ") for line in lines), check.stdout
