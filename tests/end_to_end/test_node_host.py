@@ -212,8 +212,10 @@ def test_every_action_from_node_reaches_a_node_host_once(settings, node_dir, nod
 
 
 def test_the_node_host_passes_host_check(node_dir, tmp_path):
-    """The host written from the docs keeps every promise host-check asks about."""
-    host = NodeHost(node_dir, tmp_path, broker_url=None).start()
+    """The host written from the docs keeps every promise host-check asks about, its reports
+    included (read from a Redis database no worker reads)."""
+    clean_results()
+    host = NodeHost(node_dir, tmp_path, broker_url=RESULTS_REDIS).start()
     try:
         check = subprocess.run(
             [
@@ -223,6 +225,8 @@ def test_the_node_host_passes_host_check(node_dir, tmp_path):
                 "--token",
                 TOKEN,
                 "--test-hooks",
+                "--reports-from",
+                RESULTS_REDIS,
             ],
             capture_output=True,
             text=True,
@@ -230,6 +234,7 @@ def test_the_node_host_passes_host_check(node_dir, tmp_path):
         )
     finally:
         host.stop()
+        clean_results()
     lines = check.stdout.strip().splitlines()
     assert check.returncode == 0, check.stdout + check.stderr + host.logged()
-    assert len(lines) >= 9 and all(line.startswith("PASS ") for line in lines), check.stdout
+    assert len(lines) == 10 and all(line.startswith("PASS ") for line in lines), check.stdout

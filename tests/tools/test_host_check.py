@@ -22,6 +22,7 @@ REQUIRE_LIVE = "require_live never wakes a session"
 RESTART = "a fence holds across a restart, or the epoch moves"
 AUTH = "calls need the host's token"
 DEADLINE = "every answer within the deadline"
+REPORTS = "reports are signed, well formed and sent"
 
 
 @pytest.fixture
@@ -65,7 +66,8 @@ def test_the_simulator_keeps_every_promise(host):
     assert {name: verdict for name, (verdict, _) in found.items()} == dict.fromkeys(
         (SHAPES, IDEMPOTENT, KEYED, FORWARD, FENCE, REQUIRE_LIVE, RESTART, AUTH, DEADLINE),
         PASS,
-    )
+    ) | {REPORTS: SKIP}
+    assert "--reports-from" in found[REPORTS][1]
     # Without the test hooks, the two promises that need them say so instead.
     quiet = verdicts(host, hooks=False)
     assert quiet[REQUIRE_LIVE][0] == quiet[RESTART][0] == SKIP
@@ -160,7 +162,8 @@ def test_the_command_prints_a_line_per_promise_and_exits_1_on_a_failure(host):
         [*command, "--test-hooks"], env=env, capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert [line.split()[0] for line in ok.stdout.splitlines()] == ["PASS"] * 9
+    verdicts_printed = [line.split()[0] for line in ok.stdout.splitlines()]
+    assert verdicts_printed == ["PASS"] * 8 + ["SKIP", "PASS"]  # reports: no --reports-from
     wrong = subprocess.run(
         [*command, "--token", "not-it"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -170,6 +173,10 @@ def test_the_command_prints_a_line_per_promise_and_exits_1_on_a_failure(host):
         [*command[:-1], "ftp://host"], env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "http:// or https://" in bad.stderr
+    not_a_broker = subprocess.run(
+        [*command, "--reports-from", "http://host"], env=env, capture_output=True, text=True
+    )
+    assert not_a_broker.returncode == 2 and "a broker URL" in not_a_broker.stderr
 
 
 def test_a_hostile_host_gets_fail_lines_of_bounded_size_and_no_traceback(host):
@@ -201,5 +208,95 @@ def test_a_host_that_answers_nothing_fails_every_line():
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     lines = check_host(f"http://127.0.0.1:{port}", TOKEN, 1.0, True)
+    assert {line.verdict for line in lines if line.promise != REPORTS} == {FAIL}
+    # With a broker to read, the reports line fails too: no call made a report due.
+    lines = check_host(
+        f"http://127.0.0.1:{port}", TOKEN, 1.0, True, reports_from="redis://127.0.0.1:1/0"
+    )
     assert {line.verdict for line in lines} == {FAIL}
     assert lines[-1].evidence == "no call was answered at all"
+
+
+# -- reports (docs/host-check.md: reports) -----------------------------------------------------
+@pytest.fixture
+def reports_broker():
+    """A Redis database no worker reads (the module of unprefixed producers'), emptied before
+    and after: where the host's reports go, as celery-node publishes them (queue `celery`)."""
+    from tests.end_to_end.test_results import RESULTS_REDIS, clean_results
+
+    clean_results()
+    yield RESULTS_REDIS
+    clean_results()
+
+
+def reporting_host(broker_url: str, change=None):
+    """The simulator, publishing its signed reports as a Celery client would; `change(report)`
+    alters each one (None: dropped)."""
+    from celery import Celery
+
+    producer = Celery("host", broker=broker_url)
+
+    def publish(report):
+        report = report if change is None else change(report)
+        if report is not None:
+            producer.send_task("agent_radar.report_activity", kwargs={"report": report})
+
+    server = QuickStopSimServer(port=0, token=TOKEN, reporter=publish).start()
+    return server, producer
+
+
+def report_verdict(broker_url, change=None, wait_s=3.0) -> tuple[str, str]:
+    server, producer = reporting_host(broker_url, change)
+    try:
+        lines = check_host(
+            server.url, TOKEN, 2.0, True, reports_from=broker_url, reports_wait_s=wait_s
+        )
+    finally:
+        server.stop()
+        producer.close()
+    found = {line.promise: (line.verdict, line.evidence) for line in lines}
+    others = {name for name, (verdict, _) in found.items() if verdict != PASS} - {REPORTS}
+    assert not others, found
+    return found[REPORTS]
+
+
+def test_the_simulator_s_reports_pass(reports_broker):
+    verdict, evidence = report_verdict(reports_broker)
+    assert verdict == PASS, evidence
+    assert "signed by default" in evidence and "a session gone offline" in evidence
+    assert "the new epoch 2" in evidence and "its end (canceled)" in evidence
+
+
+def test_unsigned_reports_fail_the_reports_line(reports_broker):
+    def unsigned(report):
+        return {k: v for k, v in report.items() if k not in ("signature", "signed_by")}
+
+    verdict, evidence = report_verdict(reports_broker, unsigned)
+    assert verdict == FAIL and "not signed by default" in evidence, evidence
+
+
+def test_reports_signed_with_another_token_fail(reports_broker):
+    from agent_radar.workflows.adapters.report_auth import sign
+
+    verdict, evidence = report_verdict(
+        reports_broker, lambda report: sign(report, "default", "another-token")
+    )
+    assert verdict == FAIL and "not signed by default" in evidence, evidence
+
+
+def test_reports_dated_in_seconds_fail(reports_broker):
+    from agent_radar.workflows.adapters.report_auth import sign
+
+    def in_seconds(report):
+        return sign({**report, "occurred_at_ms": int(time.time())}, "default", TOKEN)
+
+    verdict, evidence = report_verdict(reports_broker, in_seconds)
+    assert verdict == FAIL and "refuses" in evidence and "occurred_at_ms" in evidence, evidence
+
+
+def test_a_host_that_never_reports_a_turn_s_end_fails(reports_broker):
+    def no_ends(report):
+        return None if (report.get("turn") or {}).get("phase") == "settled" else report
+
+    verdict, evidence = report_verdict(reports_broker, no_ends, wait_s=1.0)
+    assert verdict == FAIL and "none of its end" in evidence, evidence

@@ -19,6 +19,7 @@ from typing import Any
 from ..adapters.http_runtime import HttpRuntime
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..escape import escape
+from .host_reports import ReportFault, check_reports
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 # A line's evidence is cut here: a host's answers (up to 1 MiB each) are quoted in it.
@@ -50,8 +51,13 @@ class HostCheck:
     deadline_s: float = 10.0
     test_hooks: bool = False
     workspace: str = field(default_factory=lambda: f"host-check-{uuid.uuid4().hex[:8]}")
+    reports_from: str | None = None  # a broker the host reports to that no worker reads
+    host_id: str = "default"  # the id the host signs its reports with
+    reports_wait_s: float = 10.0
     slowest_s: float = 0.0
     answered: int = 0
+    # What the host must have reported of the calls so far (host_reports.check_reports).
+    due: dict[str, Callable[[list[dict]], bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.host = self._port()
@@ -143,6 +149,12 @@ class HostCheck:
         ]
         if cancels[0] != cancels[1]:
             raise Failed(f"the same cancel twice answered {cancels[0]!r} and {cancels[1]!r}")
+        self.due[f"the prompt's turn {turn_id}: its start"] = _turn_reported(
+            "keyed", turn_id, ("submitted", "running")
+        )
+        self.due[f"its end ({cancels[0].get('result')})"] = _turn_reported(
+            "keyed", turn_id, ("settled",)
+        )
         run = self.op_id()
         for _ in range(2):
             self._timed(
@@ -183,13 +195,17 @@ class HostCheck:
 
     def require_live(self) -> str:
         self.goal("offline", 1)
-        self.hook("offline", live=False)
+        self.hook("offline", live=False, report=True)
         fault = self.refused(lambda: self.goal("offline", 2))
         if not isinstance(fault, RuntimeDisconnected):
             raise Failed(f"a require_live goal call to an offline session was {fault or 'applied'}")
         live = self._timed(lambda: self.host.liveness(self.workspace, "offline"))
         if live.get("live"):
             raise Failed("the session was woken by a require_live call")
+        self.due["a session gone offline"] = lambda reports: any(
+            r["session_id"] == "offline" and (r.get("session") or {}).get("live") is False
+            for r in reports
+        )
         return "an offline session: 409 disconnected, and it stays offline"
 
     def fence_across_restart(self) -> str:
@@ -197,9 +213,15 @@ class HostCheck:
         # The state call's epoch (required there; the liveness answer may leave it out).
         before = self._timed(lambda: self.host.session_state(self.workspace, "restart"))
         self._fence("restart", fenced, 4)
-        self.hook("restart", restart=True)
+        self.hook("restart", restart=True, report=True)
         after = self._timed(lambda: self.host.session_state(self.workspace, "restart"))
         if after.runtime_epoch > before.runtime_epoch:
+            epoch = after.runtime_epoch
+            self.due[f"the new epoch {epoch}"] = lambda reports: any(
+                r["session_id"] == "restart"
+                and (r.get("session") or {}).get("runtime_epoch") == epoch
+                for r in reports
+            )
             # The host may forget what it held, if it says so: at a new epoch agent-radar
             # installs every fence again before anything else reaches the session.
             return f"a restart moved the epoch ({before.runtime_epoch} -> {after.runtime_epoch})"
@@ -225,6 +247,28 @@ class HostCheck:
                 raise Failed(f"a call with {name} was {got or 'answered'}; 401 or 403 due")
         return "no token and a wrong one: refused"
 
+    def reports(self) -> str:
+        if not self.reports_from:
+            raise Skipped(
+                "needs --reports-from BROKER_URL, a broker the host reports to and no worker "
+                "reads (docs/host-check.md)"
+            )
+        if not self.token:
+            raise Skipped("no --token given: a report is signed with the host's token")
+        if not self.due:
+            raise Failed("no call that a host must report on was answered")
+        try:
+            return check_reports(
+                self.reports_from,
+                self.workspace,
+                self.host_id,
+                self.token,
+                self.due,
+                self.reports_wait_s,
+            )
+        except ReportFault as exc:
+            raise Failed(str(exc)) from None
+
     def run(self) -> list[Line]:
         lines = []
         promises: list[tuple[str, Callable[[], str], bool]] = [
@@ -236,6 +280,7 @@ class HostCheck:
             ("require_live never wakes a session", self.require_live, True),
             ("a fence holds across a restart, or the epoch moves", self.fence_across_restart, True),
             ("calls need the host's token", self.auth, False),
+            ("reports are signed, well formed and sent", self.reports, False),
         ]
         for promise, check, needs_hooks in promises:
             if needs_hooks and not self.test_hooks:
@@ -272,7 +317,33 @@ class Skipped(Exception):
     """A promise this run cannot check, and why."""
 
 
+def _turn_reported(sid: str, turn_id: str, phases: tuple[str, ...]):
+    def met(reports: list[dict]) -> bool:
+        return any(
+            r["session_id"] == sid
+            and (r.get("turn") or {}).get("turn_id") == turn_id
+            and (r.get("turn") or {}).get("phase") in phases
+            for r in reports
+        )
+
+    return met
+
+
 def check_host(
-    url: str, token: str | None = None, deadline_s: float = 10.0, test_hooks: bool = False
+    url: str,
+    token: str | None = None,
+    deadline_s: float = 10.0,
+    test_hooks: bool = False,
+    reports_from: str | None = None,
+    host_id: str = "default",
+    reports_wait_s: float = 10.0,
 ) -> list[Line]:
-    return HostCheck(url, token, deadline_s, test_hooks).run()
+    return HostCheck(
+        url,
+        token,
+        deadline_s,
+        test_hooks,
+        reports_from=reports_from,
+        host_id=host_id,
+        reports_wait_s=reports_wait_s,
+    ).run()

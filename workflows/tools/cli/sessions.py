@@ -202,6 +202,10 @@ def host_list(as_json: bool):
     _emit(as_json, [as_dict(h) for h in found], [_host_line(h) for h in found])
 
 
+# The brokers a host's reports are read from by `host-check --reports-from`.
+REPORT_BROKERS = ("redis", "rediss", "amqp", "amqps")
+
+
 @cli.command("host-check")
 @click.argument("url")
 @click.option(
@@ -223,8 +227,36 @@ def host_list(as_json: bool):
     help="Take a check session offline and restart it through the simulator's control calls,"
     " which the host under test offers (docs/host-check.md).",
 )
+@click.option(
+    "--reports-from",
+    default=None,
+    help="A broker URL (redis:// or amqp://) the host publishes its reports to and no worker"
+    " reads: its reports are checked too (docs/host-check.md).",
+)
+@click.option(
+    "--host-id",
+    default="default",
+    show_default=True,
+    help="The id the host signs its reports with (`agent-radar host add ID …`).",
+)
+@click.option(
+    "--reports-wait-s",
+    type=click.FloatRange(0.5, 600),
+    default=10.0,
+    show_default=True,
+    help="How long to wait for the reports a host must send.",
+)
 @json_option
-def host_check(url: str, token: str | None, deadline_s: float, test_hooks: bool, as_json: bool):
+def host_check(
+    url: str,
+    token: str | None,
+    deadline_s: float,
+    test_hooks: bool,
+    reports_from: str | None,
+    host_id: str,
+    reports_wait_s: float,
+    as_json: bool,
+):
     """Check an agent host at URL against the protocol's promises (docs/protocol.md), in any
     language: one line per promise, pass or fail with the evidence; exits 1 on a failure. It
     works in a workspace of its own; point it at a host under test, not one in use."""
@@ -239,7 +271,11 @@ def host_check(url: str, token: str | None, deadline_s: float, test_hooks: bool,
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise click.BadParameter("an http:// or https:// URL", param_hint="URL")
-    lines = check_host(url, token, deadline_s, test_hooks)
+    if reports_from is not None and urlsplit(reports_from).scheme not in REPORT_BROKERS:
+        raise click.BadParameter(
+            f"a broker URL ({', '.join(REPORT_BROKERS)})", param_hint="--reports-from"
+        )
+    lines = check_host(url, token, deadline_s, test_hooks, reports_from, host_id, reports_wait_s)
     _emit(as_json, [as_dict(line) for line in lines], [str(line) for line in lines])
     if any(line.verdict == FAIL for line in lines):
         sys.exit(EXIT_FAILED)

@@ -184,6 +184,25 @@ class Simulator:
                 for key in SESSION_SETTINGS:
                     if key in body:
                         setattr(sess, key, body[key])
+                if body.get("report") and (body.get("restart") or "live" in body):
+                    # The change as a host in production makes it: reported (a session gone
+                    # offline, a new epoch). Without `report` it is silent, as the faults
+                    # tests make are (docs/host-check.md: test hooks).
+                    facts = {
+                        "host_id": self.host_id,
+                        "live": sess.live,
+                        "runtime_epoch": sess.epoch,
+                    }
+                    self.later(
+                        0,
+                        self.report,
+                        {
+                            "workspace_id": unquote(match[1]),
+                            "session_id": unquote(match[2]),
+                            "occurred_at_ms": int(time.time() * 1000),
+                            "session": facts,
+                        },
+                    )
                 if body.get("settle_turn") in sess.turns:
                     # The turn ends on its own now (and its report goes out).
                     ws, sid = unquote(match[1]), unquote(match[2])
