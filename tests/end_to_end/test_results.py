@@ -191,20 +191,26 @@ async function send(task, kwargs) {
 """
 
 
-def run_node_producer(tmp_path, broker_url: str, backend_url: str) -> dict:
-    """NODE_PRODUCER with celery-node's defaults, against this broker and result backend:
-    what it printed."""
+def install_celery_node(where) -> None:
+    """celery-node installed with npm into `where` (the registry is reachable; a test that
+    cannot install it skips, or fails under CI)."""
     if not (shutil.which("node") and shutil.which("npm")):
         skip_or_fail("Node.js and npm are not installed")
     install = subprocess.run(
         ["npm", "install", "--silent", "--no-audit", "--no-fund", CELERY_NODE],
-        cwd=tmp_path,
+        cwd=where,
         capture_output=True,
         text=True,
         timeout=300,
     )
     if install.returncode != 0:
         skip_or_fail(f"npm could not install {CELERY_NODE}: {install.stderr[-500:]}")
+
+
+def run_node_producer(tmp_path, broker_url: str, backend_url: str) -> dict:
+    """NODE_PRODUCER with celery-node's defaults, against this broker and result backend:
+    what it printed."""
+    install_celery_node(tmp_path)
     (tmp_path / "producer.js").write_text(NODE_PRODUCER)
     run = subprocess.run(
         ["node", "producer.js", broker_url, backend_url],

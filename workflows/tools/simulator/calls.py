@@ -2,17 +2,11 @@
 state, resume, goals (applied at once or later), fences, prompts, turn cancels and maintenance
 runs."""
 
-import re
 import time
-from urllib.parse import unquote
 
+from ...host.server import item_of
 from .sessions import SimError, SimRun, SimSession
 from .turns import Host, cancel_turn, prompt, start_turn
-
-SESSION_PATH = re.compile(
-    r"^/v1/workspaces/([^/]+)/sessions/([^/]+)/(liveness|state|resume|goal|goal-fences|prompts"
-    r"|turns/[^/]+/cancel|maintenance|maintenance/[^/]+|maintenance/[^/]+/cancel)$"
-)
 
 
 def answer_call(host: Host, call: str, ws: str, sid: str, body: dict) -> dict:
@@ -29,7 +23,7 @@ def answer_call(host: Host, call: str, ws: str, sid: str, body: dict) -> dict:
         if call == "goal-fences":
             return _install_fence(host, ws, sid, sess, body)
         if call.startswith("turns/"):
-            return cancel_turn(host, ws, sid, sess, unquote(call.split("/")[1]), body)
+            return cancel_turn(host, ws, sid, sess, item_of(call), body)
         if call == "prompts":
             return prompt(host, ws, sid, sess, body)
         if call.startswith("maintenance"):
@@ -168,7 +162,7 @@ def _maintenance(
                 }
             )
         return {"state": "running"}
-    run = sess.runs.get(unquote(parts[1]))
+    run = sess.runs.get(item_of("/".join(parts)))
     if run is None:
         raise SimError(404, "not_found")
     if len(parts) == 3:  # cancel

@@ -2,13 +2,11 @@
 SimError, the error answer a call gets."""
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from ...host.server import HostError
 
-class SimError(Exception):
-    def __init__(self, status: int, code: str, **extra: Any) -> None:
-        super().__init__(code)
-        self.status, self.code, self.extra = status, code, extra
+# The error answer a call gets: the host kit's (host/server.py).
+SimError = HostError
 
 
 @dataclass

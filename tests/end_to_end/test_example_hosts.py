@@ -1,9 +1,10 @@
-"""A host in another language (docs/hosts.md): the Node.js host of docs/examples/node-host,
-written from the docs alone, behind real workers and beat, driven by the celery-node producer
-beside it through every action — a goal set, the same submit again, a clear, a fence, a
-compaction, a prompt, a session ensure and a stop — on Redis and on RabbitMQ. Effects are
-counted at the host, from its own log. The same host passes `agent-radar host-check`, and
-keeps its goals and fences across a restart of its process."""
+"""The example hosts of docs/hosts.md — the Node.js host of docs/examples/node-host, written
+from the docs alone, and the Python host on the host kit (docs/examples/python-host) — behind
+real workers and beat, driven by the celery-node producer through every action: a goal set,
+the same submit again, a clear, a fence, a compaction, a prompt, a session ensure and a
+stop, on Redis and on RabbitMQ. Effects are counted at the host, from its own log. Each host
+passes `agent-radar host-check`, its reports included, and keeps its goals, fences and
+answers across a restart of its process."""
 
 import json
 import os
@@ -19,10 +20,12 @@ import pytest
 
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.tools.stack import Stack
-from tests.conftest import free_port, skip_or_fail
-from tests.end_to_end.test_results import CELERY_NODE, RESULTS_REDIS, clean_results
+from tests.conftest import free_port
+from tests.end_to_end.test_results import RESULTS_REDIS, clean_results, install_celery_node
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "node-host"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+EXAMPLE = EXAMPLES / "node-host"
+PYTHON_HOST = EXAMPLES / "python-host"
 WS = "ws-node"
 TOKEN = "node-host-secret"
 
@@ -31,34 +34,25 @@ TOKEN = "node-host-secret"
 def node_dir(tmp_path_factory) -> Path:
     """The example's files beside celery-node, installed with npm (the registry is
     reachable; a test that cannot install it skips, or fails under CI)."""
-    if not (shutil.which("node") and shutil.which("npm")):
-        skip_or_fail("Node.js and npm are not installed")
     where = tmp_path_factory.mktemp("node-host")
-    install = subprocess.run(
-        ["npm", "install", "--silent", "--no-audit", "--no-fund", CELERY_NODE],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if install.returncode != 0:
-        skip_or_fail(f"npm could not install {CELERY_NODE}: {install.stderr[-500:]}")
+    install_celery_node(where)
     for name in ("host.js", "producer.js"):
         shutil.copy(EXAMPLE / name, where / name)
     return where
 
 
-class NodeHost:
-    """The example host as its own process, on a port of its own."""
+class ExampleHost:
+    """An example host as its own process, on a port of its own: `node` (host.js, beside
+    celery-node) or `python` (the kit's example, with this interpreter)."""
 
-    def __init__(self, node_dir: Path, home: Path, broker_url: str | None) -> None:
-        self.dir, self.home, self.broker_url = node_dir, home, broker_url
+    def __init__(self, kind: str, node_dir: Path, home: Path, broker_url: str | None) -> None:
+        self.kind, self.dir, self.home, self.broker_url = kind, node_dir, home, broker_url
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.effects_file = home / "host-effects.jsonl"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "NodeHost":
+    def start(self) -> "ExampleHost":
         env = {
             **os.environ,
             "HOST_PORT": str(self.port),
@@ -72,9 +66,13 @@ class NodeHost:
         }
         if self.broker_url:
             env["BROKER_URL"] = self.broker_url
-        self.log = open(self.home / "node-host.log", "ab")
+        if self.kind == "node":
+            command, cwd = ["node", "host.js"], self.dir
+        else:
+            command, cwd = [sys.executable, str(PYTHON_HOST / "host.py")], self.home
+        self.log = open(self.home / f"{self.kind}-host.log", "ab")
         self.proc = subprocess.Popen(
-            ["node", "host.js"], cwd=self.dir, env=env, stdout=subprocess.PIPE, stderr=self.log
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=self.log
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
@@ -82,7 +80,7 @@ class NodeHost:
         return self
 
     def logged(self) -> str:
-        return (self.home / "node-host.log").read_text()[-3000:]
+        return (self.home / f"{self.kind}-host.log").read_text()[-3000:]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -116,10 +114,15 @@ def settings(settings, backend, tmp_path):
     clean_results()
 
 
+@pytest.fixture(params=["node", "python"])
+def host_kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def node_host(settings, node_dir, tmp_path):
+def example_host(settings, node_dir, tmp_path, host_kind):
     port = int(settings.runtime_url.rsplit(":", 1)[1])
-    host = NodeHost(node_dir, tmp_path, settings.broker_url)
+    host = ExampleHost(host_kind, node_dir, tmp_path, settings.broker_url)
     host.port, host.url = port, settings.runtime_url
     yield host.start()
     host.stop()
@@ -137,7 +140,8 @@ def run_producer(node_dir: Path, settings) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_every_action_from_node_reaches_a_node_host_once(settings, node_dir, node_host):
+def test_every_action_from_node_reaches_the_host_once(settings, node_dir, example_host):
+    node_host = example_host
     stack = Stack(settings)
     stack.prepare()
     try:
@@ -211,11 +215,11 @@ def test_every_action_from_node_reaches_a_node_host_once(settings, node_dir, nod
     assert [e for e in node_host.effects() if e["kind"] == "goal"] == goals
 
 
-def test_the_node_host_passes_host_check(node_dir, tmp_path):
-    """The host written from the docs keeps every promise host-check asks about, its reports
-    included (read from a Redis database no worker reads)."""
+def test_the_example_hosts_pass_host_check(node_dir, tmp_path, host_kind):
+    """Each example host keeps every promise host-check asks about, its reports included
+    (read from a Redis database no worker reads)."""
     clean_results()
-    host = NodeHost(node_dir, tmp_path, broker_url=RESULTS_REDIS).start()
+    host = ExampleHost(host_kind, node_dir, tmp_path, broker_url=RESULTS_REDIS).start()
     try:
         check = subprocess.run(
             [

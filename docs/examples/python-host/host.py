@@ -1,0 +1,52 @@
+"""A minimal agent host in Python on the host kit (docs/hosts.md): the kit answers every call
+and keeps the protocol's promises; this file is the agent. Its turns and runs are timers:
+replace `start_turn` and `start_run` with your agent's work, and call `host.settle` when a
+turn ends and `host.finish` when a run is done.
+
+    HOST_TOKEN=… BROKER_URL=redis://127.0.0.1:6379/0 python host.py
+
+Settings (environment) as the Node example's: HOST_PORT, HOST_ID, HOST_TOKEN, HOST_STATE,
+BROKER_URL, HOST_EFFECTS, HOST_TEST_HOOKS=1.
+"""
+
+import os
+import threading
+
+from agent_radar.host import AgentHost, HostSession, Run, Turn, celery_reporter
+
+
+class MyAgent:
+    def start_turn(self, host: AgentHost, session: HostSession, turn: Turn) -> None:
+        # Your agent works on the goal or the prompt (turn.text) here; when it is done:
+        ws, sid = session.workspace_id, session.session_id
+        threading.Timer(0.3, host.settle, (ws, sid, turn.turn_id, "completed")).start()
+
+    def cancel_turn(self, host: AgentHost, session: HostSession, turn: Turn) -> bool:
+        # Stop the turn's work; True once it has ended (False: it ends later, settled then).
+        return host.settle(session.workspace_id, session.session_id, turn.turn_id, "canceled")
+
+    def start_run(self, host: AgentHost, session: HostSession, run: Run) -> None:
+        # Maintenance (run.kind, run.args): compact the context, then say how it went.
+        ws, sid = session.workspace_id, session.session_id
+        done = {"applied": True, "input_tokens": 12000, "result_tokens": 800, "summary": "ok"}
+        threading.Timer(0.3, host.finish, (ws, sid, run.run_id), done).start()
+
+    def cancel_run(self, host: AgentHost, session: HostSession, run: Run) -> None:
+        host.finish(session.workspace_id, session.session_id, run.run_id, cancelled=True)
+
+
+env = os.environ
+broker = env.get("BROKER_URL")
+host = AgentHost(
+    MyAgent(),
+    token=env["HOST_TOKEN"],
+    host_id=env.get("HOST_ID", "default"),
+    state_file=env.get("HOST_STATE", "host-state.json"),
+    reporter=celery_reporter(broker) if broker else None,
+    effects_log=env.get("HOST_EFFECTS"),
+)
+server = host.serve(
+    port=int(env.get("HOST_PORT", "8765")), test_hooks=env.get("HOST_TEST_HOOKS") == "1"
+)
+print(f"listening on {server.url.rsplit(':', 1)[1]}", flush=True)
+server.serve_forever()
