@@ -1,9 +1,9 @@
-"""The tables worker processes coordinate through: host circuits, heartbeats of periodic jobs
-and the goal pullers' promises (docs/dispatch.md)."""
+"""The tables worker processes coordinate through: host circuits, heartbeats of periodic jobs,
+the goal pullers' promises (docs/dispatch.md) and the hosts' refused reports."""
 
 from datetime import datetime
 
-from sqlalchemy import Integer, String
+from sqlalchemy import BigInteger, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .base import Base, UTCDateTime
@@ -47,3 +47,17 @@ class GoalPuller(Base):
 
     channel: Mapped[str] = mapped_column(String(63), primary_key=True)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ReportRefusals(Base):
+    """Reports refused, per host they named (docs/protocol.md: reports): one row per
+    registered host, `default` and `unregistered`, whatever the reports said, so a flood of
+    forged reports adds no rows. The workers add their counts at most every
+    REFUSALS_FLUSH_S each (workflows/sessions/hosts.py); `status` shows them."""
+
+    __tablename__ = "report_refusals"
+
+    host_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    refused: Mapped[int] = mapped_column(BigInteger)
+    last_code: Mapped[str] = mapped_column(String(32))
+    last_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -391,3 +391,40 @@ def test_a_bad_host_token_is_refused_and_writes_nothing(client, token):
     with pytest.raises(InvalidArgument):
         client.add_host("host-t", "http://127.0.0.1:9", token=token)
     assert row_counts(client.engine) == before
+
+
+def test_refused_reports_show_in_status_per_host_with_one_write_per_interval(
+    client, sim_b, monkeypatch
+):
+    """A host team sees its refused reports in `status` too: the count per host the reports
+    named, the last code and time. A worker writes them at most every REFUSALS_FLUSH_S: a
+    flood of refused reports is one write, and forged host names make no rows."""
+    from agent_radar.workflows.sessions import hosts
+    from agent_radar.workflows.tools.status import fleet_status, render_status
+
+    client.add_host("host-b", sim_b.url, token="b-token")
+    unsigned = {
+        "workspace_id": WS,
+        "session_id": "s-refused",
+        "occurred_at_ms": int(time.time() * 1000),
+        "session": {"live": True, "host_id": "host-b"},
+    }
+    for i in range(50):
+        forged = {**unsigned, "session": {"live": True, "host_id": f"forged-{i}"}}
+        for report in (unsigned, forged):
+            with pytest.raises(InvalidArgument):
+                client.receive_report(report)
+    # The first refusal was written at once; the rest wait for the interval.
+    first = fleet_status(client.engine)["report_refusals"]
+    assert [(r["host_id"], r["refused"]) for r in first] == [("host-b", 1)]
+    assert first[0]["last_code"] == "invalid_argument"
+    monkeypatch.setattr(hosts, "REFUSALS_FLUSH_S", 0.0)
+    with pytest.raises(InvalidArgument):
+        client.receive_report(unsigned)
+    status = fleet_status(client.engine)
+    counts = {r["host_id"]: r["refused"] for r in status["report_refusals"]}
+    assert counts == {"host-b": 51, "unregistered": 50}
+    assert any(
+        row.startswith("reports refused from host host-b: 51") for row in render_status(status)
+    )
+    assert session_row(client, "s-refused") is None

@@ -73,6 +73,8 @@ class ClientBase:
         self.publisher = publisher or TaskPublisher(self.settings)
         # Goal submits share their messages (coalescing.py).
         self.coalescer = Coalescer(self.publisher)
+        # Refused reports, for `status` (sessions/hosts.py).
+        self.refusals = hosts.RefusalTally()
         self.runtime = runtime or HostRouter(
             self.settings.runtime_url,
             hosts.locator(self.engine),

@@ -291,7 +291,9 @@ class SessionCalls(ClientBase):
                 lambda s: apply_report(s, parsed, utcnow(), self.settings.runtime_token),
             )
         except AgentRadarError as exc:
-            metrics.REPORTS_REFUSED.labels(self._refused_from(report), exc.code).inc()
+            host = self._refused_from(report)
+            metrics.REPORTS_REFUSED.labels(host, exc.code).inc()
+            self.refusals.add(self.engine, host, exc.code, utcnow())  # for `status`
             raise
         for fence_id in effects.wake_fences:
             self.publisher.publish_after_commit(FENCE_APPLY_TASK, {"fence_id": fence_id})

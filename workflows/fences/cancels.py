@@ -369,16 +369,12 @@ def waiting_fences(
     )
 
 
-def still_waited_for(session: Session, cancel_id: str | None) -> bool:
-    """Whether the turn of this cancel is still unsettled: a fence that waits on it is woken by
-    the transaction that settles it (`waiting_fences`). The caller holds the session's lock,
-    which that transaction takes too (docs/lifecycles.md: fences)."""
-    cancel = session.get(CancelOperation, cancel_id, populate_existing=True) if cancel_id else None
-    if cancel is None:
-        return False
-    turn = session.get(
-        Turn, (cancel.workspace_id, cancel.session_id, cancel.turn_id), populate_existing=True
-    )
+def still_waited_for(session: Session, cancel_id: str) -> bool:
+    """Whether this cancel's turn is unsettled (its settling wakes the fences waiting on it,
+    `waiting_fences`; the caller holds the session's lock, which that transaction takes)."""
+    cancel = session.get(CancelOperation, cancel_id, populate_existing=True)
+    key = (cancel.workspace_id, cancel.session_id, cancel.turn_id) if cancel else None
+    turn = session.get(Turn, key, populate_existing=True) if key else None
     return turn is not None and turn.phase != TurnPhase.SETTLED
 
 

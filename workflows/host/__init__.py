@@ -3,16 +3,10 @@ Python. `AgentHost(agent, token=…)` answers every call of docs/protocol.md and
 promises, signs and publishes the reports; `HostServer` serves calls on a real socket (the
 simulator serves through it too). Your code is the `Agent`: it runs turns and maintenance."""
 
-from .agent_host import (
-    Agent,
-    AgentHost,
-    HostSession,
-    Run,
-    TimerAgent,
-    Turn,
-    celery_reporter,
-)
+from .agent_host import Agent, AgentHost
+from .agents import TimerAgent, broker_reporter
 from .server import HostError, HostServer, bearer_matches
+from .sessions import HostSession, Run, Turn
 
 __all__ = [
     "Agent",
@@ -24,5 +18,5 @@ __all__ = [
     "TimerAgent",
     "Turn",
     "bearer_matches",
-    "celery_reporter",
+    "broker_reporter",
 ]

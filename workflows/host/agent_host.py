@@ -14,69 +14,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..adapters import report_auth
 from .server import HostError, HostServer, item_of
+from .sessions import HostSession, Run, Turn, int_of, list_of, text_of
 
 Reporter = Callable[[dict[str, Any]], Any]
 GOAL_ACTIONS = ("set", "clear", "pause", "resume")
-
-
-@dataclass
-class Turn:
-    turn_id: str
-    runtime_epoch: int
-    origin: str
-    source_goal_operation_id: str | None = None
-    source_goal_revision: int | None = None
-    prompt_id: str | None = None
-    phase: str = "running"
-    outcome: str | None = None
-    text: str | None = None  # a prompt's, for the agent
-
-
-@dataclass
-class Run:
-    run_id: str
-    kind: str
-    args: dict
-    state: str = "running"  # or "done"
-    applied: bool = False
-    cancelled: bool = False
-    error: str | None = None
-    input_tokens: int | None = None
-    result_tokens: int | None = None
-    summary: str | None = None
-
-
-@dataclass
-class HostSession:
-    workspace_id: str
-    session_id: str
-    live: bool = True
-    runtime_epoch: int = 1
-    goal: dict | None = None  # exactly {objective, status}, or None
-    revision: int = 0
-    applied_operation_id: str | None = None
-    fences: list[list] = field(default_factory=list)  # [operation_id, revision] pairs
-    # What the session's process runs: gone with it at a new epoch.
-    turns: dict[str, Turn] = field(default_factory=dict)
-    prompts: dict[str, str] = field(default_factory=dict)  # prompt_id -> turn_id
-    runs: dict[str, Run] = field(default_factory=dict)
-
-    def fenced(self, operation_id: str, revision: int) -> bool:
-        return [operation_id, revision] in self.fences
-
-    def kept(self) -> dict[str, Any]:
-        """What survives a restart."""
-        names = ("workspace_id", "session_id", "live", "runtime_epoch", "goal", "revision")
-        return {n: getattr(self, n) for n in names} | {
-            "applied_operation_id": self.applied_operation_id,
-            "fences": self.fences,
-        }
 
 
 class Agent(Protocol):
@@ -270,8 +217,8 @@ class AgentHost:
         }
 
     def _resume(self, s: HostSession, body: dict) -> dict:
-        for fence in _list(body, "fences"):
-            pair = [_text(fence, "target_operation_id"), _int(fence, "target_revision")]
+        for fence in list_of(body, "fences"):
+            pair = [text_of(fence, "target_operation_id"), int_of(fence, "target_revision")]
             if pair not in s.fences:
                 s.fences.append(pair)
         if not s.live:
@@ -280,8 +227,8 @@ class AgentHost:
         return {"live": True, "runtime_epoch": s.runtime_epoch}
 
     def _goal(self, s: HostSession, body: dict) -> dict:
-        op, revision = _text(body, "operation_id"), _int(body, "revision")
-        action = _text(body, "action")
+        op, revision = text_of(body, "operation_id"), int_of(body, "revision")
+        action = text_of(body, "action")
         if action not in GOAL_ACTIONS:
             raise HostError(422, "rejected", detail=f"action must be one of {GOAL_ACTIONS}")
         self._live(s)
@@ -292,7 +239,7 @@ class AgentHost:
         if revision <= s.revision:
             raise HostError(409, "stale_revision", current_revision=s.revision)
         if action == "set":
-            s.goal = {"objective": _text(body, "objective"), "status": "active"}
+            s.goal = {"objective": text_of(body, "objective"), "status": "active"}
         elif action == "clear":
             s.goal = None
         elif s.goal is not None:
@@ -309,7 +256,7 @@ class AgentHost:
         return answer
 
     def _fence(self, s: HostSession, body: dict) -> dict:
-        pair = [_text(body, "target_operation_id"), _int(body, "target_revision")]
+        pair = [text_of(body, "target_operation_id"), int_of(body, "target_revision")]
         if body.get("require_live"):
             self._live(s)
         if pair not in s.fences:
@@ -333,7 +280,7 @@ class AgentHost:
         return turn
 
     def _prompt(self, s: HostSession, body: dict) -> dict:
-        prompt_id, text = _text(body, "prompt_id"), _text(body, "text")
+        prompt_id, text = text_of(body, "prompt_id"), text_of(body, "text")
         self._live(s)
         if prompt_id not in s.prompts:
             turn = self._start_turn(s, "user_prompt", prompt_id=prompt_id, text=text)
@@ -342,7 +289,7 @@ class AgentHost:
         return {"turn_id": s.prompts[prompt_id]}
 
     def _cancel(self, s: HostSession, turn_id: str, body: dict) -> dict:
-        op = _text(body, "operation_id")
+        op = text_of(body, "operation_id")
         if body.get("require_live"):
             self._live(s)
         if op in self.answers:
@@ -361,7 +308,7 @@ class AgentHost:
         return answer
 
     def _start_run(self, s: HostSession, body: dict) -> dict:
-        run_id, kind = _text(body, "run_id"), _text(body, "kind")
+        run_id, kind = text_of(body, "run_id"), text_of(body, "kind")
         args = body.get("args") or {}
         if not isinstance(args, dict):
             raise HostError(422, "rejected", detail="args must be an object")
@@ -409,65 +356,3 @@ class AgentHost:
     ) -> HostServer:
         """This host on a real socket, behind its token (`.start()` serves in a thread)."""
         return HostServer(self.handle, host, port, self.token, self.hook if test_hooks else None)
-
-
-class TimerAgent:
-    """An agent whose turns run `turn_s` and whose runs take `run_s`: for trying a host."""
-
-    def __init__(self, turn_s: float = 0.3, run_s: float = 0.3) -> None:
-        self.turn_s, self.run_s = turn_s, run_s
-
-    def start_turn(self, host: AgentHost, session: HostSession, turn: Turn) -> None:
-        ws, sid = session.workspace_id, session.session_id
-        _later(self.turn_s, host.settle, ws, sid, turn.turn_id, "completed")
-
-    def cancel_turn(self, host: AgentHost, session: HostSession, turn: Turn) -> bool:
-        return host.settle(session.workspace_id, session.session_id, turn.turn_id, "canceled")
-
-    def start_run(self, host: AgentHost, session: HostSession, run: Run) -> None:
-        ws, sid = session.workspace_id, session.session_id
-        done = {"applied": True, "input_tokens": 12000, "result_tokens": 800}
-        _later(self.run_s, host.finish, ws, sid, run.run_id, summary="compacted", **done)
-
-    def cancel_run(self, host: AgentHost, session: HostSession, run: Run) -> None:
-        host.finish(session.workspace_id, session.session_id, run.run_id, cancelled=True)
-
-
-def celery_reporter(broker_url: str) -> Reporter:
-    """Reports published as `agent_radar.report_activity` tasks with Celery's defaults (the
-    queue `celery`, which the workers consume; docs/producers.md for a key prefix)."""
-    from celery import Celery
-
-    app = Celery("agent-host", broker=broker_url)
-
-    def publish(report: dict[str, Any]) -> None:
-        app.send_task("agent_radar.report_activity", kwargs={"report": report})
-
-    return publish
-
-
-def _later(delay_s: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    timer = threading.Timer(delay_s, fn, args, kwargs)
-    timer.daemon = True
-    timer.start()
-
-
-def _text(body: Any, name: str) -> str:
-    value = body.get(name) if isinstance(body, dict) else None
-    if not isinstance(value, str) or not value:
-        raise HostError(422, "rejected", detail=f"{name} must be a non-empty string")
-    return value
-
-
-def _int(body: Any, name: str) -> int:
-    value = body.get(name) if isinstance(body, dict) else None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise HostError(422, "rejected", detail=f"{name} must be a whole number")
-    return value
-
-
-def _list(body: dict, name: str) -> list:
-    value = body.get(name) or []
-    if not isinstance(value, list):
-        raise HostError(422, "rejected", detail=f"{name} must be a list")
-    return value

@@ -6,7 +6,11 @@ activity report or by `ensure_session(host_id=)`. The control plane calls only r
 addresses: a message can name a host, never supply one.
 """
 
+import logging
+import math
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -16,8 +20,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.base import table_of
-from ...models.coordination import HostCircuit
-from ...models.db import insert_ignore, run_read
+from ...models.coordination import HostCircuit, ReportRefusals
+from ...models.db import insert_ignore, run_read, run_transaction
 from ...models.tables import AgentSession, RuntimeHost
 from ..adapters.bulkhead import CircuitChange
 from ..errors import Conflict, InvalidArgument, NotFound
@@ -223,3 +227,67 @@ def record_circuits(s: Session, changes: Iterable[CircuitChange], worker_id: str
         }
         if not insert_ignore(s, table_of(HostCircuit), {"host_id": t.host_id, **values}):
             s.execute(update(HostCircuit).where(HostCircuit.host_id == t.host_id).values(values))
+
+
+# -- refused reports (docs/protocol.md: reports) --------------------------------------------
+log = logging.getLogger(__name__)
+
+# A worker process adds its refusals to the database at most this often: a flood of refused
+# reports costs one small write per interval, not one per report. The first refusal after a
+# quiet interval is written at once.
+REFUSALS_FLUSH_S = 10.0
+
+
+def add_refusals(s: Session, counts: dict[str, tuple[int, str, datetime]]) -> None:
+    """Add refusal counts per host (`named_by_report`: bounded names) to their rows."""
+    for host_id, (refused, code, at) in counts.items():
+        values = {"last_code": code[:32], "last_at": at}
+        row = {"host_id": host_id, "refused": refused, **values}
+        if not insert_ignore(s, table_of(ReportRefusals), row):
+            s.execute(
+                update(ReportRefusals)
+                .where(ReportRefusals.host_id == host_id)
+                .values(refused=ReportRefusals.refused + refused, **values)
+            )
+
+
+def refusals(s: Session, limit: int) -> list[dict[str, Any]]:
+    """Reports refused per host they named, the latest first (for `status`)."""
+    rows = s.execute(
+        select(ReportRefusals).order_by(ReportRefusals.last_at.desc()).limit(limit)
+    ).scalars()
+    return [
+        {
+            "host_id": r.host_id,
+            "refused": r.refused,
+            "last_code": r.last_code,
+            "last_at": r.last_at.isoformat(),
+        }
+        for r in rows
+    ]
+
+
+class RefusalTally:
+    """One process's refused reports, added to the database at most every REFUSALS_FLUSH_S
+    (thread-safe). Counts not yet written go with the next refusal after the interval."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[int, str, datetime]] = {}
+        self._flushed_at = -math.inf
+
+    def add(self, engine: Engine, host_id: str, code: str, at: datetime) -> None:
+        with self._lock:
+            refused = self._pending.get(host_id, (0, code, at))[0] + 1
+            self._pending[host_id] = (refused, code, at)
+            if time.monotonic() - self._flushed_at < REFUSALS_FLUSH_S:
+                return
+            taken, self._pending = self._pending, {}
+            self._flushed_at = time.monotonic()
+        try:
+            run_transaction(engine, lambda s: add_refusals(s, taken))
+        except Exception as exc:  # noqa: BLE001 - the database is away: kept for the next
+            log.debug("refused reports not recorded yet: %s", exc)
+            with self._lock:
+                for host, (n, c, a) in taken.items():
+                    self._pending[host] = (self._pending.get(host, (0, c, a))[0] + n, c, a)

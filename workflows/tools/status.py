@@ -30,6 +30,7 @@ from ...models.tables import (
 from .. import budgets, leases
 from ..activity.reconcile import wedged
 from ..operators.counts import Counts, by_status, operation_counts
+from ..sessions import hosts
 from ..steps.fence_apply import WAITING_FOR_TURN
 
 # The sweep's heartbeat (beat/sweeper.py records it under the sweeper lease's name).
@@ -231,8 +232,7 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
         "due": due,
         "overdue": overdue,
         "in_flight": in_flight,
-        # How far behind the workers and the sweeper are: the age of the oldest
-        # due operation nobody is working on (0 when nothing waits).
+        # How behind workers and sweeper are: the oldest due operation nobody works on.
         "sweeper_lag_s": round((now - oldest).total_seconds(), 3) if oldest else 0.0,
         # Seconds since a sweep last finished (None: never): a dead beat shows here.
         "sweeper_heartbeat_age_s": None if heartbeat is None else round(heartbeat, 3),
@@ -274,6 +274,7 @@ def _host_truth(s: Session, now: datetime) -> dict:
                 .limit(WORST)
             ).scalars()
         ),
+        "report_refusals": hosts.refusals(s, WORST),
         "goals_diverged": unsure.get(SyncStatus.DIVERGED, 0),
         "goals_unknown": unsure.get(SyncStatus.UNKNOWN, 0),
         "restores_retrying": failing - spent,
@@ -352,6 +353,11 @@ def render_status(status: dict) -> list[str]:
             ]
             if status.get("unsigned_report_hosts")
             else []
+        ),
+        *(
+            f"reports refused from host {r['host_id']}: {r['refused']} "
+            f"(the last {r['last_at']}: {r['last_code']})"
+            for r in status.get("report_refusals", [])
         ),
         *(
             f"host {h['host_id']} skipped for {h['for_s']} s: {h['failures']} calls failed"

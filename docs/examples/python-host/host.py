@@ -12,7 +12,8 @@ BROKER_URL, HOST_EFFECTS, HOST_TEST_HOOKS=1.
 import os
 import threading
 
-from agent_radar.host import AgentHost, HostSession, Run, Turn, celery_reporter
+from agent_radar.host import AgentHost, HostSession, Run, Turn, broker_reporter
+from agent_radar.workflows.adapters.config import Settings
 
 
 class MyAgent:
@@ -42,7 +43,10 @@ host = AgentHost(
     token=env["HOST_TOKEN"],
     host_id=env.get("HOST_ID", "default"),
     state_file=env.get("HOST_STATE", "host-state.json"),
-    reporter=celery_reporter(broker) if broker else None,
+    # Published as the workers' own producers publish: their queue, key prefix, confirms.
+    reporter=broker_reporter(Settings.from_env({"AGENT_RADAR_BROKER_URL": broker}))
+    if broker
+    else None,
     effects_log=env.get("HOST_EFFECTS"),
 )
 server = host.serve(
