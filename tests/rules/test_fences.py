@@ -615,20 +615,14 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]
 
 
-def test_a_turn_that_settles_while_the_fence_asks_its_cancel_wakes_the_fence(client, sim_control):
-    """CI, once: the fenced turn's settled report was recorded while the fence's attempt
-    ran, so it found the fence claimed, not waiting, and woke nothing; the attempt then
-    parked the fence on that turn until its deadline, and with no sweeper running it
-    stayed pending. The turn settles here between the fence's cancel and its wait: the
-    fence is due at once and published again, and its next attempt completes."""
-    from agent_radar.models.base import utcnow
-    from agent_radar.models.tables import GoalFence
+def _fenced_while_its_turn_runs(client, sim_control, **sim):
+    """A goal applied at the host, whose turn runs there (and is on record), then a newer
+    goal and a fence of the first generation (it clears nothing): (target, turn_id,
+    cancel_id, fence)."""
     from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-    from agent_radar.workflows.steps.fence_apply import FenceApplier
     from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 
-    # The host's turn runs until cancelled; a cancel is accepted, and the turn ends later.
-    sim_control.session(WS, SID, turn_duration_ms=0, cancel_mode="accepted", cancel_delay_ms=200)
+    sim_control.session(WS, SID, **sim)
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     runtime = HttpRuntime(sim_control.http.base_url)
     Dispatcher(client.engine, runtime, worker_id="d", lease_s=5).dispatch_many(
@@ -639,6 +633,40 @@ def test_a_turn_that_settles_while_the_fence_asks_its_cancel_wakes_the_fence(cli
     cancel_id = _fenced_turn_running(client, target, turn_id=turn_id)
     client.set_goal(WS, SID, "owner goal", client_submit_id="owner-2")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    return target, turn_id, cancel_id, fence
+
+
+def _turn_settled_at_host_and_reported(client, sim_control, turn_id, outcome):
+    eventually(
+        lambda: sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled",
+        what="the turn's end at the host",
+    )
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {"turn_id": turn_id, "phase": "settled", "outcome": outcome},
+        }
+    )
+
+
+def test_a_turn_that_settles_while_the_fence_asks_its_cancel_wakes_the_fence(client, sim_control):
+    """CI, once: the fenced turn's settled report was recorded while the fence's attempt
+    ran, so it found the fence claimed, not waiting, and woke nothing; the attempt then
+    parked the fence on that turn until its deadline, and with no sweeper running it
+    stayed pending. The turn settles here between the fence's cancel and its wait: the
+    fence is due at once and published again, and its next attempt completes."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.tables import GoalFence
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    # The host's turn runs until cancelled; a cancel is accepted, and the turn ends later.
+    _target, turn_id, cancel_id, fence = _fenced_while_its_turn_runs(
+        client, sim_control, turn_duration_ms=0, cancel_mode="accepted", cancel_delay_ms=200
+    )
+    runtime = HttpRuntime(sim_control.http.base_url)
     published = []
     applier = FenceApplier(
         client.engine,
@@ -652,18 +680,7 @@ def test_a_turn_that_settles_while_the_fence_asks_its_cancel_wakes_the_fence(cli
     def ask_then_settle(*args, **kwargs):
         state = asked(*args, **kwargs)
         assert state == "waiting"  # the host accepted the cancel; the turn ends later
-        eventually(
-            lambda: sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled",
-            what="the turn's end at the host",
-        )
-        client.report_activity(
-            {
-                "workspace_id": WS,
-                "session_id": SID,
-                "occurred_at_ms": int(time.time() * 1000),
-                "turn": {"turn_id": turn_id, "phase": "settled", "outcome": "canceled"},
-            }
-        )
+        _turn_settled_at_host_and_reported(client, sim_control, turn_id, "canceled")
         return state
 
     applier.cancels.request = ask_then_settle
@@ -684,44 +701,22 @@ def test_a_state_answer_older_than_the_turn_s_end_is_asked_again(client, sim_con
     The fence found a running turn no cancel reached and parked until its deadline, with no
     sweeper to publish it again. It asks the host once more: the turn has ended there, and
     the fence completes in the same attempt."""
-    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-    from agent_radar.workflows.steps import fence_apply
-    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-
-    sim_control.session(WS, SID, turn_duration_ms=300)
-    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
-    runtime = HttpRuntime(sim_control.http.base_url)
-    Dispatcher(client.engine, runtime, worker_id="d", lease_s=5).dispatch_many(
-        [target.operation_id]
+    target, turn_id, _cancel_id, fence = _fenced_while_its_turn_runs(
+        client, sim_control, turn_duration_ms=300
     )
-    assert client.wait(client.get_goal_operation(target.operation_id), 5).status == "completed"
-    (turn_id,) = sim_control.session(WS, SID)["turns"]
-    _fenced_turn_running(client, target, turn_id=turn_id)
-    client.set_goal(WS, SID, "owner goal", client_submit_id="owner-2")
-    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     looks = []
-    reconcile = fence_apply.reconcile_session
+    applier = _applier(client, sim_control)
+    look = applier.host_state
 
     def then_the_turn_ends(*args, **kwargs):
-        answer = reconcile(*args, **kwargs)
+        answer = look(*args, **kwargs)
         looks.append([t.turn_id for t in answer[0].turns])
         if len(looks) == 1:
-            eventually(
-                lambda: sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled",
-                what="the turn's end at the host",
-            )
-            client.report_activity(
-                {
-                    "workspace_id": WS,
-                    "session_id": SID,
-                    "occurred_at_ms": int(time.time() * 1000),
-                    "turn": {"turn_id": turn_id, "phase": "settled", "outcome": "completed"},
-                }
-            )
+            _turn_settled_at_host_and_reported(client, sim_control, turn_id, "completed")
         return answer
 
-    monkeypatch.setattr(fence_apply, "reconcile_session", then_the_turn_ends)
-    assert _applier(client, sim_control).apply(fence.fence_id) == "completed"
+    applier.host_state = then_the_turn_ends
+    assert applier.apply(fence.fence_id) == "completed"
     assert looks == [[turn_id], []]
     assert client.get_fence(fence.fence_id).status == "completed"
     assert not [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]

@@ -43,3 +43,12 @@ class Step:
             publish=self.publish,
             clock=self.clock,
         )
+
+    def host_state(self, workspace_id: str, session_id: str):
+        """What the host runs for the session, with the record made to agree and what that
+        set in motion published (restore.reconcile_session): (state answer, reconciled)."""
+        from .restore import reconcile_session  # restore's steps are Steps too
+
+        return reconcile_session(
+            self.engine, self.runtime, self.publish, workspace_id, session_id, self.clock
+        )

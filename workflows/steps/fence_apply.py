@@ -36,7 +36,6 @@ from . import Step
 from .cancel import CancelRunner, mark_offline
 from .fence_install import ensure_fences_installed
 from .goals.dispatch import Dispatcher, apply_goal
-from .restore import reconcile_session
 from .wake import wake_lane
 
 log = logging.getLogger(__name__)
@@ -205,14 +204,7 @@ class FenceApplier(Step):
         stand-in) gets a cancel, as any may be the one still running; one the host does not
         know ends by its `not_found`. Returns the state answer, those turns, and each one's
         cancel: "settled" or "waiting"."""
-        state, _done = reconcile_session(
-            self.engine,
-            self.runtime,
-            self.publish,
-            claim.workspace_id,
-            claim.session_id,
-            self.clock,
-        )
+        state, _done = self.host_state(claim.workspace_id, claim.session_id)
         turn_ids = run_transaction(self.engine, lambda s: self._fenced_turns(s, claim))
         cause = ids.fence_cause(claim.fence_id)
         states = {

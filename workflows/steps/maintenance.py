@@ -23,7 +23,6 @@ from ..maintenance import runs
 from ..task_names import EXECUTE_TASK, Publish
 from . import Step
 from .fence_install import ensure_fences_installed
-from .restore import reconcile_session
 from .wake import release_session
 
 log = logging.getLogger(__name__)
@@ -122,14 +121,7 @@ class MaintenanceExecutor(Step):
         the mirror may say idle while a turn runs (its report still in the broker, or lost), or
         lag an epoch the host is already at. Why the run may not start (None: it may; also
         when the host already runs this very run, handed back)."""
-        state, _done = reconcile_session(
-            self.engine,
-            self.runtime,
-            self.publish,
-            claim.workspace_id,
-            claim.session_id,
-            self.clock,
-        )
+        state, _done = self.host_state(claim.workspace_id, claim.session_id)
         run = run_transaction(self.engine, lambda s: runs.reload(s, claim.run_id))
         if run.status in runs.TERMINAL or run.lease_token != claim.token:
             return ENDED  # the answer ended it (a newer epoch), or it moved meanwhile
