@@ -242,3 +242,53 @@ def test_the_example_hosts_pass_host_check(node_dir, tmp_path, host_kind):
     lines = check.stdout.strip().splitlines()
     assert check.returncode == 0, check.stdout + check.stderr + host.logged()
     assert len(lines) == 10 and all(line.startswith("PASS ") for line in lines), check.stdout
+
+
+BAD_CALLS = [
+    ("goal", {"operation_id": "op-x", "action": "set", "objective": "x", "revision": "9"}),
+    ("goal", {"operation_id": "op-x", "action": "set", "objective": "x"}),
+    ("goal", {"action": "set", "objective": "x", "revision": 9}),
+    ("goal", {"operation_id": "op-x", "action": "bogus", "revision": 9}),
+    ("goal", {"operation_id": "op-f", "action": "set", "objective": "x", "revision": "4"}),
+    ("goal", {"operation_id": "constructor", "action": "set", "revision": 9}),
+    ("goal", {"operation_id": "x" * 300, "action": "clear", "revision": 9}),
+    ("goal-fences", {"target_operation_id": "op-y", "target_revision": 0}),
+    ("prompts", {"prompt_id": "toString"}),
+    ("maintenance", {"run_id": "r-1", "kind": "rm -rf", "args": {}}),
+    ("resume", {"fences": [{"target_operation_id": "a", "target_revision": 3}, {"x": 1}]}),
+]
+
+
+def test_the_example_hosts_refuse_bad_calls_and_change_nothing(node_dir, tmp_path, host_kind):
+    """What a hostile caller (with the token) sends: each is refused 4xx, and the host's state
+    and effects are as before; the host still answers. Without the token, a 2 MiB body is
+    refused before it is read."""
+    import http.client
+
+    host = ExampleHost(host_kind, node_dir, tmp_path, broker_url=None).start()
+    runtime = HttpRuntime(host.url, token=TOKEN)
+    try:
+        runtime.install_fence(
+            WS, "s1", target_operation_id="op-f", target_revision=4, require_live=True
+        )
+        before = (runtime.request("GET", f"/v1/workspaces/{WS}/sessions/s1/state"), host.effects())
+        for call, body in BAD_CALLS + [("goal", None), ("prompts", [1])]:
+            conn = http.client.HTTPConnection("127.0.0.1", host.port, timeout=10)
+            conn.request(
+                "POST",
+                f"/v1/workspaces/{WS}/sessions/s1/{call}",
+                json.dumps(body),
+                {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+            )
+            status = conn.getresponse().status
+            conn.close()
+            assert 400 <= status < 500, (call, body, status)
+        after = (runtime.request("GET", f"/v1/workspaces/{WS}/sessions/s1/state"), host.effects())
+        assert after == before
+        conn = http.client.HTTPConnection("127.0.0.1", host.port, timeout=10)
+        conn.request("POST", f"/v1/workspaces/{WS}/sessions/s1/goal", b"x" * (2 << 20))
+        assert conn.getresponse().status == 401
+        conn.close()
+        assert host.proc is not None and host.proc.poll() is None
+    finally:
+        host.stop()

@@ -229,12 +229,13 @@ def reports_broker():
     clean_results()
 
 
-def reporting_host(broker_url: str, change=None):
+def reporting_host(broker_url: str, change=None, **conf):
     """The simulator, publishing its signed reports as a Celery client would; `change(report)`
-    alters each one (None: dropped)."""
+    alters each one (None: dropped); `conf`, the client's Celery settings."""
     from celery import Celery
 
     producer = Celery("host", broker=broker_url)
+    producer.conf.update(conf)
 
     def publish(report):
         report = report if change is None else change(report)
@@ -245,11 +246,17 @@ def reporting_host(broker_url: str, change=None):
     return server, producer
 
 
-def report_verdict(broker_url, change=None, wait_s=3.0) -> tuple[str, str]:
-    server, producer = reporting_host(broker_url, change)
+def report_verdict(broker_url, change=None, wait_s=3.0, prefix="", **conf) -> tuple[str, str]:
+    server, producer = reporting_host(broker_url, change, **conf)
     try:
         lines = check_host(
-            server.url, TOKEN, 2.0, True, reports_from=broker_url, reports_wait_s=wait_s
+            server.url,
+            TOKEN,
+            2.0,
+            True,
+            reports_from=broker_url,
+            reports_wait_s=wait_s,
+            reports_prefix=prefix,
         )
     finally:
         server.stop()
@@ -300,3 +307,37 @@ def test_a_host_that_never_reports_a_turn_s_end_fails(reports_broker):
 
     verdict, evidence = report_verdict(reports_broker, no_ends, wait_s=1.0)
     assert verdict == FAIL and "none of its end" in evidence, evidence
+
+
+def test_reports_in_celery_s_message_protocol_1_fail(reports_broker):
+    """The workers' gate takes protocol 2 only: a host whose client sends protocol 1 has
+    every report refused, and the check says so."""
+    verdict, evidence = report_verdict(reports_broker, task_protocol=1)
+    assert verdict == FAIL and "protocol 1" in evidence, evidence
+
+
+def test_a_host_that_never_reports_its_goal_turns_fails(reports_broker):
+    """The turns a fence waits for: each turn the state call lists must have had its start
+    reported."""
+
+    def no_goal_turns(report):
+        return None if (report.get("turn") or {}).get("origin") == "goal_continuation" else report
+
+    verdict, evidence = report_verdict(reports_broker, no_goal_turns, wait_s=1.0)
+    assert verdict == FAIL and "which the state call listed" in evidence, evidence
+
+
+def test_reports_under_a_key_prefix_are_read_with_the_prefix(reports_broker):
+    import redis
+
+    options = {"broker_transport_options": {"global_keyprefix": "acme-check:"}}
+    try:
+        verdict, evidence = report_verdict(reports_broker, prefix="acme-check:", **options)
+        assert verdict == PASS, evidence
+        verdict, evidence = report_verdict(reports_broker, wait_s=1.0, **options)
+        assert verdict == FAIL and "0 reports came" in evidence, evidence
+    finally:
+        client = redis.Redis.from_url(reports_broker)
+        for key in client.scan_iter("acme-check:*"):
+            client.delete(key)
+        client.close()

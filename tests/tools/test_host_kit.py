@@ -77,7 +77,10 @@ def test_a_restart_keeps_goals_fences_and_answers_and_moves_the_epoch(tmp_path):
         goal(again, "op-0", 1)
     assert (stale.value.code, stale.value.extra) == ("stale_revision", {"current_revision": 1})
     assert [e["kind"] for e in effects(tmp_path)] == ["goal", "fence"]
-    assert any((r.get("session") or {}).get("runtime_epoch") == 2 for r in reports)
+    eventually(
+        lambda: any((r.get("session") or {}).get("runtime_epoch") == 2 for r in reports),
+        what="the new epoch's report",
+    )
 
 
 def test_fences_require_live_and_keys_hold(tmp_path):
@@ -122,6 +125,12 @@ def test_fences_require_live_and_keys_hold(tmp_path):
         ("prompts", {"prompt_id": "p-1", "text": 7}),
         ("maintenance", {"run_id": "r-1", "kind": "compact", "args": [1]}),
         ("resume", {"fences": "all"}),
+        # One good fence and one bad: neither is held.
+        ("resume", {"fences": [{"target_operation_id": "a", "target_revision": 3}, {"x": 1}]}),
+        ("goal-fences", {"target_operation_id": "op-1", "target_revision": 0}),
+        ("goal", {"operation_id": "x" * 256, "action": "clear", "revision": 2}),
+        ("maintenance", {"run_id": "r-1", "kind": "rm -rf", "args": {}}),
+        ("maintenance", {"run_id": "r-1", "kind": "summarize_up_to", "args": {"turn": "all"}}),
         ("turns/t-1/cancel", {"reason": "no operation id"}),
     ],
 )
@@ -129,10 +138,12 @@ def test_a_bad_call_is_refused_and_changes_nothing(tmp_path, call, body):
     host = kit(tmp_path)
     goal(host, "op-0", 1)
     before = (tmp_path / "state.json").read_text(), effects(tmp_path)
+    state = host.handle("state", WS, SID, {})
     with pytest.raises(HostError) as refused:
         host.handle(call, WS, SID, body)
     assert (refused.value.status, refused.value.code) == (422, "rejected")
     assert ((tmp_path / "state.json").read_text(), effects(tmp_path)) == before
+    assert host.handle("state", WS, SID, {}) == state
 
 
 def test_every_report_is_signed_and_taken_as_a_worker_takes_it(tmp_path):
@@ -141,9 +152,122 @@ def test_every_report_is_signed_and_taken_as_a_worker_takes_it(tmp_path):
     goal(host, "op-1", 1)
     eventually(lambda: any(r.get("turn", {}).get("phase") == "settled" for r in reports))
     host.go_offline(WS, SID)
+    eventually(lambda: (reports[-1].get("session") or {}).get("live") is False)
     phases = [r["turn"]["phase"] for r in reports if "turn" in r]
     assert phases == ["running", "settled"]
     for report in reports:
         assert report["signed_by"] == "gpu-1" and signature_ok(report, TOKEN)
         parse_report(report, utcnow())  # refused reports raise
     assert reports[-1]["session"] == {"host_id": "gpu-1", "live": False, "runtime_epoch": 1}
+
+
+def test_prompts_and_runs_keep_their_answers_across_a_resume_and_a_restart(tmp_path):
+    """The same prompt_id or run_id again — a worker's retry across the session's new
+    process — gets the same answer and starts nothing new."""
+    host = kit(tmp_path)
+    turn = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})
+    run = {"run_id": "r-1", "kind": "compact", "args": {}}
+    host.handle("maintenance", WS, SID, run)
+    host.go_offline(WS, SID)
+    host.handle("resume", WS, SID, {"fences": []})
+    assert host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"}) == turn
+    again = kit(tmp_path)
+    assert again.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"}) == turn
+    assert again.handle("maintenance", WS, SID, run) == {"state": "running"}
+    kinds = [e["kind"] for e in effects(tmp_path)]
+    assert (kinds.count("prompt"), kinds.count("maintenance")) == (1, 1)
+    status = again.handle("maintenance/r-1", WS, SID, {})
+    assert status["state"] == "done" and status["applied"] is False  # its process ended
+
+
+def test_an_offline_session_stays_offline_across_a_restart(tmp_path):
+    host = kit(tmp_path)
+    goal(host, "op-1", 1)
+    host.go_offline(WS, SID)
+    again = kit(tmp_path)
+    assert again.handle("liveness", WS, SID, {}) == {"live": False, "runtime_epoch": 1}
+    with pytest.raises(HostError) as offline:
+        again.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})
+    assert offline.value.code == "disconnected"
+
+
+def test_a_failed_save_keeps_nothing_and_answers_a_retryable_error(tmp_path):
+    """The state file cannot be written (a full disk): the call answers 500, nothing of it
+    is kept in memory or reaches the agent, and the worker's retry applies it once."""
+    started = []
+
+    class Agent(TimerAgent):
+        def start_turn(self, host, session, turn):
+            started.append(turn.turn_id)
+
+    host = AgentHost(Agent(), token=TOKEN, state_file=tmp_path / "state.json")
+    goal(host, "op-1", 1)
+    (tmp_path / "state.tmp").mkdir()  # where the file is written first: now it cannot be
+    with pytest.raises(HostError) as failed:
+        goal(host, "op-2", 2)
+    assert (failed.value.status, failed.value.code) == (500, "server_error")
+    assert host.handle("state", WS, SID, {})["goal"]["revision"] == 1
+    assert "op-2" not in host.answers and len(started) == 1
+    (tmp_path / "state.tmp").rmdir()
+    assert goal(host, "op-2", 2)["phase"] == "applied"
+    assert len(started) == 2
+
+
+def test_a_failing_agent_or_reporter_costs_no_promise(tmp_path):
+    """An agent that cannot start a turn ends it `failed` (reported); a reporter that raises
+    loses its report and nothing else; a reporter that stalls holds up no call."""
+    import threading
+
+    class Broken(TimerAgent):
+        def start_turn(self, host, session, turn):
+            raise RuntimeError("no model today")
+
+    stalled = threading.Event()
+    sent: list[dict] = []
+
+    def reporter(report):
+        if not sent:
+            sent.append(report)
+            stalled.wait(30)  # the broker stalls on the first report
+            raise ConnectionError("broker away")
+        sent.append(report)
+
+    host = AgentHost(Broken(), token=TOKEN, reporter=reporter)
+    answer = goal(host, "op-1", 1)
+    assert answer["phase"] == "applied"
+    assert goal(host, "op-1", 1) == answer
+    assert host.handle("state", WS, SID, {})["turns"] == []  # it ended, failed
+    assert host.handle("liveness", "ws-other", "s9", {})["live"] is True  # no call waits
+    stalled.set()
+    eventually(lambda: any(r.get("turn", {}).get("outcome") == "failed" for r in sent))
+
+
+def test_a_host_needs_its_token():
+    with pytest.raises(ValueError):
+        AgentHost(TimerAgent(), token="")
+
+
+def test_bodies_past_the_bound_or_unreadable_are_refused_over_http(tmp_path):
+    import http.client
+
+    server = kit(tmp_path).serve(port=0).start()
+    try:
+        host, port = server.httpd.server_address[:2]
+        path = f"/v1/workspaces/{WS}/sessions/{SID}/goal"
+        for length, body in (("-1", b"{}"), (str(2 << 20), b"{}"), ("40", b"[" * 40)):
+            conn = http.client.HTTPConnection(host, port, timeout=5)
+            conn.putrequest("POST", path)
+            conn.putheader("Authorization", f"Bearer {TOKEN}")
+            conn.putheader("Content-Length", length)
+            conn.endheaders()
+            conn.send(body)
+            status = conn.getresponse().status
+            conn.close()
+            assert status in (413, 422), (length, status)
+        deep = b"[" * 100_000
+        conn = http.client.HTTPConnection(host, port, timeout=5)
+        conn.request("POST", path, deep, {"Authorization": f"Bearer {TOKEN}"})
+        assert conn.getresponse().status == 422  # too deep to read: refused, not a crash
+        conn.close()
+    finally:
+        server.stop()

@@ -9,21 +9,43 @@ agent says when a turn ends (`AgentHost.settle`) and when a run is done (`AgentH
 `TimerAgent` is an agent whose turns and runs are timers, for trying a host out.
 """
 
+import copy
 import json
+import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..adapters import report_auth
+from . import calls
 from .server import HostError, HostServer, item_of
-from .sessions import HostSession, Run, Turn, int_of, list_of, text_of
+from .sessions import (
+    HostSession,
+    Run,
+    Turn,
+)
+
+log = logging.getLogger(__name__)
+# The report sender thread ends after this long with nothing to send; the next report starts
+# another.
+REPORTS_IDLE_S = 1.0
 
 Reporter = Callable[[dict[str, Any]], Any]
-GOAL_ACTIONS = ("set", "clear", "pause", "resume")
+
+
+@dataclass
+class _Change:
+    """What one call did besides its state: answers kept (taken back if it fails), effects
+    to log and the agent's work to start (once it is saved)."""
+
+    answers: list[str] = field(default_factory=list)
+    effects: list[dict] = field(default_factory=list)
+    starts: list[Callable[[], None]] = field(default_factory=list)
 
 
 class Agent(Protocol):
@@ -41,7 +63,11 @@ class Agent(Protocol):
 
 
 class AgentHost:
-    """The host's sessions and every call's answer (thread-safe: one lock)."""
+    """The host's sessions and every call's answer (thread-safe: one lock). A call that
+    changes anything either changes it all — saved before its answer goes out — or, on any
+    failure (a refusal, the file, the agent), nothing: the host's memory is put back as it
+    was and a failure that is not a refusal answers `500 server_error`, which the workers
+    retry. Reports and the effects log go out after the lock is let go."""
 
     def __init__(
         self,
@@ -53,6 +79,8 @@ class AgentHost:
         reporter: Reporter | None = None,
         effects_log: str | os.PathLike | None = None,
     ) -> None:
+        if not token:
+            raise ValueError("a host needs its token: calls without it must be refused")
         self.agent, self.token, self.host_id = agent, token, host_id
         self.reporter = reporter
         self.state_file = Path(state_file) if state_file else None
@@ -63,24 +91,34 @@ class AgentHost:
         self.sessions: dict[tuple[str, str], HostSession] = {}
         self.answers: dict[str, dict] = {}  # goal and cancel operation ids: the answer
         self.turn_seq = 0
-        self._load()
+        self._outbox: list[dict] = []  # signed reports of the call under way
+        self._reports: queue.SimpleQueue[dict] = queue.SimpleQueue()  # for the sender
+        self._sender: threading.Thread | None = None
+        self._change = _Change()
+        with self.lock:
+            self._load()
+        self._send_reports()
 
     # -- keeping ---------------------------------------------------------------------------
     def _load(self) -> None:
-        """A restart: what the file keeps comes back, and every session's process is new
-        (a new epoch, reported); what the old one ran ended with it."""
+        """A restart: what the file keeps comes back. A live session's process is new (a new
+        epoch, reported); an offline one stays offline until a resume; what the old
+        process ran ended with it."""
         if self.state_file is None or not self.state_file.exists():
             return
         saved = json.loads(self.state_file.read_text())
         self.answers, self.turn_seq = saved["answers"], saved["turn_seq"]
         for kept in saved["sessions"]:
-            s = HostSession(**kept)
+            s = HostSession.from_kept(kept)
             self.sessions[(s.workspace_id, s.session_id)] = s
-            self._new_epoch(s)
+            if s.live:
+                self._new_epoch(s)
+            else:
+                self._end_runs(s)
         self._save()
 
     def _save(self) -> None:
-        """Written before the answer that depends on it goes out."""
+        """Written whole, then moved into place, before the answer that depends on it."""
         if self.state_file is None:
             return
         kept = {
@@ -93,11 +131,8 @@ class AgentHost:
         os.replace(tmp, self.state_file)
 
     def _effect(self, kind: str, s: HostSession, **fields: Any) -> None:
-        if self.effects_log is None:
-            return
         line = {"kind": kind, "workspace_id": s.workspace_id, "session_id": s.session_id}
-        with self.effects_log.open("a") as log:
-            log.write(json.dumps(line | fields | {"at": time.time()}) + "\n")
+        self._change.effects.append(line | fields | {"at": time.time()})
 
     def session(self, ws: str, sid: str) -> HostSession:
         """A session is met at the first call that names it, live."""
@@ -107,12 +142,20 @@ class AgentHost:
         return found
 
     def _new_epoch(self, s: HostSession) -> None:
-        s.live, s.runtime_epoch = True, s.runtime_epoch + 1
-        s.turns, s.prompts, s.runs = {}, {}, {}
+        s.live, s.runtime_epoch, s.turns = True, s.runtime_epoch + 1, {}
+        self._end_runs(s)
         self.report(s, session={"live": True, "runtime_epoch": s.runtime_epoch})
+
+    @staticmethod
+    def _end_runs(s: HostSession) -> None:
+        """The process that ran them is gone: its runs are done, not applied."""
+        for run in s.runs.values():
+            if run.state == "running":
+                run.state, run.error = "done", "the session's process ended"
 
     # -- reports (docs/protocol.md: reports, signing a report) -------------------------------
     def report(self, s: HostSession, **fields: Any) -> None:
+        """Sign a report; it goes out once the lock is let go (`_send_reports`)."""
         if self.reporter is None:
             return
         facts = {"host_id": self.host_id, "runtime_epoch": s.runtime_epoch}
@@ -123,7 +166,42 @@ class AgentHost:
             **fields,
             "session": facts | fields.get("session", {}),
         }
-        self.reporter(report_auth.sign(report, self.host_id, self.token))
+        with self.lock:
+            self._outbox.append(report_auth.sign(report, self.host_id, self.token))
+
+    def _send_reports(self) -> None:
+        """Hand the waiting reports to the sender thread, which gives them to the reporter in
+        order: no call waits for the broker, and one that stalls holds up no call. A report
+        that fails is logged and lost: the state call tells what it would have
+        (docs/protocol.md: reports)."""
+        with self.lock:
+            waiting, self._outbox = self._outbox, []
+            if self.reporter is None or not waiting:
+                return
+            for report in waiting:
+                self._reports.put(report)
+            if self._sender is None:
+                self._sender = threading.Thread(
+                    target=self._sending, daemon=True, name="agent-host-reports"
+                )
+                self._sender.start()
+
+    def _sending(self) -> None:
+        """The sender thread: it ends after REPORTS_IDLE_S with nothing to send."""
+        while True:
+            try:
+                report = self._reports.get(timeout=REPORTS_IDLE_S)
+            except queue.Empty:
+                with self.lock:
+                    if self._reports.empty():
+                        self._sender = None
+                        return
+                continue
+            try:
+                if self.reporter is not None:  # the thread starts only with one
+                    self.reporter(report)
+            except Exception:  # noqa: BLE001 - a host keeps running when reporting fails
+                log.exception("agent host: a report could not be sent")
 
     def _report_turn(self, s: HostSession, turn: Turn) -> None:
         shown = {k: v for k, v in asdict(turn).items() if v is not None}
@@ -137,11 +215,12 @@ class AgentHost:
         with self.lock:
             s = self.session(ws, sid)
             turn = s.turns.get(turn_id)
-            if turn is None or turn.phase == "settled":
-                return False
-            turn.phase, turn.outcome = "settled", outcome
-        self._report_turn(s, turn)
-        return True
+            ended = turn is not None and turn.phase != "settled"
+            if turn is not None and ended:
+                turn.phase, turn.outcome = "settled", outcome
+                self._report_turn(s, turn)
+        self._send_reports()
+        return ended
 
     def finish(self, ws: str, sid: str, run_id: str, **result: Any) -> None:
         """A maintenance run is done: `applied`, `cancelled`, `error`, `input_tokens`,
@@ -152,187 +231,91 @@ class AgentHost:
                 run.state = "done"
                 for name, value in result.items():
                     setattr(run, name, value)
+                self._save()
 
     def go_offline(self, ws: str, sid: str) -> None:
         """The session's process stopped: offline until a resume; reported."""
-        with self.lock:
-            s = self.session(ws, sid)
-            s.live = False
-            self._save()
-        self.report(s, session={"live": False})
+        self._changing(ws, sid, lambda s: self._offline(s))
 
     def restart(self, ws: str, sid: str) -> None:
         """The session's process is new: a new epoch, reported."""
-        with self.lock:
-            s = self.session(ws, sid)
-            self._new_epoch(s)
-            self._save()
+        self._changing(ws, sid, self._new_epoch)
+
+    def _offline(self, s: HostSession) -> None:
+        s.live, s.turns = False, {}
+        self._end_runs(s)
+        self.report(s, session={"live": False})
 
     # -- the calls --------------------------------------------------------------------------
     def handle(self, call: str, ws: str, sid: str, body: dict) -> dict:
         """One call of docs/protocol.md (HostServer's `handle`)."""
+        if call in ("liveness", "state") or (
+            call.startswith("maintenance/") and not call.endswith("/cancel")
+        ):
+            with self.lock:
+                s = self.session(ws, sid)
+                if call == "liveness":
+                    return {"live": s.live, "runtime_epoch": s.runtime_epoch}
+                if call == "state":
+                    return calls.state(self, s)
+                return calls.run_status(self, s, item_of(call))
+        return self._changing(ws, sid, lambda s: self._call(call, s, body))
+
+    def _call(self, call: str, s: HostSession, body: dict) -> dict:
+        if call == "resume":
+            return calls.resume(self, s, body)
+        if call == "goal":
+            return calls.goal(self, s, body)
+        if call == "goal-fences":
+            return calls.fence(self, s, body)
+        if call == "prompts":
+            return calls.prompt(self, s, body)
+        if call.startswith("turns/"):
+            return calls.cancel(self, s, item_of(call), body)
+        if call == "maintenance":
+            return calls.start_run(self, s, body)
+        return calls.cancel_run(self, s, item_of(call))
+
+    def _changing(self, ws: str, sid: str, change: Callable[[HostSession], Any]) -> Any:
+        """Run `change` on the session as one unit (see the class): saved, then its effects
+        logged and the agent's work started; or, on a failure, nothing changed."""
         with self.lock:
             s = self.session(ws, sid)
-            if call == "liveness":
-                return {"live": s.live, "runtime_epoch": s.runtime_epoch}
-            if call == "state":
-                return self._state(s)
-            if call == "resume":
-                return self._resume(s, body)
-            if call == "goal":
-                return self._goal(s, body)
-            if call == "goal-fences":
-                return self._fence(s, body)
-            if call == "prompts":
-                return self._prompt(s, body)
-            if call.startswith("turns/"):
-                return self._cancel(s, item_of(call), body)
-            if call == "maintenance":
-                return self._start_run(s, body)
-            return self._run(s, item_of(call), call.endswith("/cancel"))
-
-    @staticmethod
-    def _live(s: HostSession) -> None:
-        if not s.live:
-            raise HostError(409, "disconnected")
-
-    def _state(self, s: HostSession) -> dict:
-        running = next((r for r in s.runs.values() if r.state == "running"), None)
-        goal = s.goal or {"objective": None, "status": None}
-        return {
-            "live": s.live,
-            "runtime_epoch": s.runtime_epoch,
-            "goal": None
-            if s.applied_operation_id is None
-            else {"operation_id": s.applied_operation_id, "revision": s.revision, **goal},
-            "fences": [{"target_operation_id": o, "target_revision": r} for o, r in s.fences],
-            "turns": [
-                {k: v for k, v in asdict(t).items() if k not in ("outcome", "text")}
-                for t in s.turns.values()
-                if t.phase != "settled"
-            ],
-            "maintenance": None
-            if running is None
-            else {"run_id": running.run_id, "state": "running"},
-        }
-
-    def _resume(self, s: HostSession, body: dict) -> dict:
-        for fence in list_of(body, "fences"):
-            pair = [text_of(fence, "target_operation_id"), int_of(fence, "target_revision")]
-            if pair not in s.fences:
-                s.fences.append(pair)
-        if not s.live:
-            self._new_epoch(s)
-        self._save()
-        return {"live": True, "runtime_epoch": s.runtime_epoch}
-
-    def _goal(self, s: HostSession, body: dict) -> dict:
-        op, revision = text_of(body, "operation_id"), int_of(body, "revision")
-        action = text_of(body, "action")
-        if action not in GOAL_ACTIONS:
-            raise HostError(422, "rejected", detail=f"action must be one of {GOAL_ACTIONS}")
-        self._live(s)
-        if op in self.answers:
-            return self.answers[op]
-        if s.fenced(op, revision):
-            raise HostError(422, "rejected", detail="fenced generation")
-        if revision <= s.revision:
-            raise HostError(409, "stale_revision", current_revision=s.revision)
-        if action == "set":
-            s.goal = {"objective": text_of(body, "objective"), "status": "active"}
-        elif action == "clear":
-            s.goal = None
-        elif s.goal is not None:
-            s.goal = {**s.goal, "status": "paused" if action == "pause" else "active"}
-        s.revision, s.applied_operation_id = revision, op
-        self._effect("goal", s, operation_id=op, action=action, revision=revision)
-        answer = {"phase": "applied", "goal": s.goal, "evidence": {"applied_revision": revision}}
-        self.answers[op] = answer
-        self._save()
-        if action == "set":
-            self._start_turn(
-                s, "goal_continuation", source_goal_operation_id=op, source_goal_revision=revision
-            )
+            before = (copy.deepcopy(s), self.turn_seq, len(self._outbox))
+            self._change = _Change()
+            try:
+                answer = change(s)
+                self._save()
+            except BaseException as exc:
+                self.sessions[(ws, sid)] = before[0]
+                self.turn_seq = before[1]
+                del self._outbox[before[2] :]
+                for key in self._change.answers:
+                    self.answers.pop(key, None)
+                if isinstance(exc, HostError) or not isinstance(exc, Exception):
+                    raise
+                log.exception("agent host: a call failed; nothing of it was kept")
+                raise HostError(500, "server_error") from None
+            done, self._change = self._change, _Change()
+            self._log_effects(done.effects)
+            for start in done.starts:
+                start()
+        self._send_reports()
         return answer
 
-    def _fence(self, s: HostSession, body: dict) -> dict:
-        pair = [text_of(body, "target_operation_id"), int_of(body, "target_revision")]
-        if body.get("require_live"):
-            self._live(s)
-        if pair not in s.fences:
-            s.fences.append(pair)
-            self._save()
-            self._effect("fence", s, target_operation_id=pair[0], target_revision=pair[1])
-        running = [
-            t.turn_id
-            for t in s.turns.values()
-            if t.phase != "settled" and [t.source_goal_operation_id, t.source_goal_revision] == pair
-        ]
-        return {"running_turns": running}
+    def _log_effects(self, effects: list[dict]) -> None:
+        if self.effects_log is None or not effects:
+            return
+        try:
+            with self.effects_log.open("a") as out:
+                out.writelines(json.dumps(e) + "\n" for e in effects)
+        except OSError:
+            log.exception("agent host: the effects log could not be written")
 
-    def _start_turn(self, s: HostSession, origin: str, **provenance: Any) -> Turn:
-        self.turn_seq += 1
-        turn = Turn(f"turn-{self.host_id}-{self.turn_seq}", s.runtime_epoch, origin, **provenance)
-        s.turns[turn.turn_id] = turn
-        self._save()
-        self._report_turn(s, turn)
-        self.agent.start_turn(self, s, turn)
-        return turn
-
-    def _prompt(self, s: HostSession, body: dict) -> dict:
-        prompt_id, text = text_of(body, "prompt_id"), text_of(body, "text")
-        self._live(s)
-        if prompt_id not in s.prompts:
-            turn = self._start_turn(s, "user_prompt", prompt_id=prompt_id, text=text)
-            s.prompts[prompt_id] = turn.turn_id
-            self._effect("prompt", s, prompt_id=prompt_id, turn_id=turn.turn_id)
-        return {"turn_id": s.prompts[prompt_id]}
-
-    def _cancel(self, s: HostSession, turn_id: str, body: dict) -> dict:
-        op = text_of(body, "operation_id")
-        if body.get("require_live"):
-            self._live(s)
-        if op in self.answers:
-            return self.answers[op]
-        turn = s.turns.get(turn_id)
-        if turn is None:
-            raise HostError(404, "not_found")
-        if turn.phase == "settled":
-            answer = {"result": "already_settled"}
-        else:
-            ended = self.agent.cancel_turn(self, s, turn)
-            self._effect("cancel", s, turn_id=turn_id)
-            answer = {"result": "canceled" if ended else "accepted"}
-        self.answers[op] = answer
-        self._save()
+    def _keep_answer(self, key: str, answer: dict) -> dict:
+        self.answers[key] = answer
+        self._change.answers.append(key)
         return answer
-
-    def _start_run(self, s: HostSession, body: dict) -> dict:
-        run_id, kind = text_of(body, "run_id"), text_of(body, "kind")
-        args = body.get("args") or {}
-        if not isinstance(args, dict):
-            raise HostError(422, "rejected", detail="args must be an object")
-        self._live(s)
-        if run_id not in s.runs:
-            run = s.runs[run_id] = Run(run_id, kind, args)
-            self._effect("maintenance", s, run_id=run_id, maintenance_kind=kind)
-            self.agent.start_run(self, s, run)
-        return {"state": "running"}
-
-    def _run(self, s: HostSession, run_id: str, cancel: bool) -> dict:
-        run = s.runs.get(run_id)
-        if run is None:
-            raise HostError(404, "not_found")
-        if cancel:
-            if run.state == "running":
-                self.agent.cancel_run(self, s, run)
-            return {}
-        if run.state == "running":
-            return {"state": "running"}
-        return {"state": "done"} | {
-            k: getattr(run, k)
-            for k in ("applied", "cancelled", "error", "input_tokens", "result_tokens", "summary")
-        }
 
     # -- test hooks (docs/host-check.md) -----------------------------------------------------
     def hook(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:

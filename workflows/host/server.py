@@ -99,12 +99,15 @@ def make_handler(
             self.wfile.write(data)
 
         def _body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                raise HostError(413, "rejected", detail="body too large")
-            raw = self.rfile.read(length) if length else b""
-            body = json.loads(raw) if raw else {}
+            given = self.headers.get("Content-Length") or "0"
+            if not given.isdigit() or int(given) > MAX_BODY_BYTES:
+                self.close_connection = True  # the rest of the body is not read
+                raise HostError(413, "rejected", detail="a body of 0 to 1 MiB is due")
+            raw = self.rfile.read(int(given)) if int(given) else b""
+            try:
+                body = json.loads(raw) if raw else {}
+            except (ValueError, RecursionError):
+                raise HostError(422, "rejected", detail="the body is not JSON") from None
             if not isinstance(body, dict):
                 raise HostError(422, "rejected", detail="the body is not a JSON object")
             return body
@@ -128,7 +131,11 @@ def make_handler(
             except HostError as exc:
                 self._send(exc.status, {"error": exc.code, **exc.extra})
             except (ValueError, KeyError, TypeError) as exc:
+                # The simulator reads bodies as it goes: what it cannot read is refused.
                 self._send(422, {"error": "rejected", "detail": f"bad request: {exc}"})
+            except Exception:  # noqa: BLE001 - any other failure: a retryable answer
+                log.exception("agent host: a call failed")
+                self._send(500, {"error": "server_error"})
 
         def do_GET(self):
             self._dispatch("GET")

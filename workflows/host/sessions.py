@@ -2,7 +2,7 @@
 epoch, which survive a restart, and the turns and runs of its current process; and the
 checks of a call's body (a bad one is refused `422 rejected`, nothing changed)."""
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .server import HostError
@@ -45,10 +45,12 @@ class HostSession:
     revision: int = 0
     applied_operation_id: str | None = None
     fences: list[list] = field(default_factory=list)  # [operation_id, revision] pairs
-    # What the session's process runs: gone with it at a new epoch.
-    turns: dict[str, Turn] = field(default_factory=dict)
+    # Every prompt's turn and every run by its key, kept across epochs: the same key again
+    # gets the same answer, with no second turn or run (docs/protocol.md: idempotence).
     prompts: dict[str, str] = field(default_factory=dict)  # prompt_id -> turn_id
     runs: dict[str, Run] = field(default_factory=dict)
+    # What the session's process runs: gone with it at a new epoch.
+    turns: dict[str, Turn] = field(default_factory=dict)
 
     def fenced(self, operation_id: str, revision: int) -> bool:
         return [operation_id, revision] in self.fences
@@ -59,25 +61,61 @@ class HostSession:
         return {n: getattr(self, n) for n in names} | {
             "applied_operation_id": self.applied_operation_id,
             "fences": self.fences,
+            "prompts": self.prompts,
+            "runs": {run_id: asdict(run) for run_id, run in self.runs.items()},
         }
 
+    @classmethod
+    def from_kept(cls, kept: dict[str, Any]) -> "HostSession":
+        runs = {run_id: Run(**run) for run_id, run in kept.pop("runs", {}).items()}
+        return cls(**kept, runs=runs)
 
-def text_of(body: Any, name: str) -> str:
+
+# The protocol's bounds (docs/protocol/agent-host.openapi.yaml): ids, revisions, texts.
+MAX_ID_CHARS = 255
+MAX_TEXT_CHARS = 64 * 1024
+# Maintenance kinds and the arguments each takes (docs/protocol.md: maintenance).
+MAINTENANCE_ARGS: dict[str, frozenset[str]] = {
+    "compact": frozenset(),
+    "summarize_up_to": frozenset({"turn"}),
+    "summarize_from": frozenset({"turn"}),
+}
+
+
+def refuse(detail: str) -> HostError:
+    return HostError(422, "rejected", detail=detail)
+
+
+def text_of(body: Any, name: str, max_chars: int = MAX_ID_CHARS) -> str:
     value = body.get(name) if isinstance(body, dict) else None
-    if not isinstance(value, str) or not value:
-        raise HostError(422, "rejected", detail=f"{name} must be a non-empty string")
+    if not isinstance(value, str) or not value or len(value) > max_chars:
+        raise refuse(f"{name} must be a string of 1 to {max_chars} characters")
     return value
 
 
-def int_of(body: Any, name: str) -> int:
+def int_of(body: Any, name: str, minimum: int = 1) -> int:
     value = body.get(name) if isinstance(body, dict) else None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise HostError(422, "rejected", detail=f"{name} must be a whole number")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value < 2**63:
+        raise refuse(f"{name} must be a whole number from {minimum}")
     return value
 
 
-def list_of(body: dict, name: str) -> list:
-    value = body.get(name) or []
-    if not isinstance(value, list):
-        raise HostError(422, "rejected", detail=f"{name} must be a list")
-    return value
+def fences_of(body: dict) -> list[list]:
+    """A resume's fences, every one checked before any is held."""
+    value = body.get("fences") or []
+    if not isinstance(value, list) or len(value) > 10_000:
+        raise refuse("fences must be a list of at most 10000")
+    return [[text_of(f, "target_operation_id"), int_of(f, "target_revision")] for f in value]
+
+
+def maintenance_of(body: dict) -> tuple[str, str, dict]:
+    """A maintenance start's run id, kind and arguments, as its kind takes them."""
+    run_id, kind = text_of(body, "run_id"), text_of(body, "kind")
+    args = body.get("args") or {}
+    if kind not in MAINTENANCE_ARGS:
+        raise refuse(f"kind must be one of {sorted(MAINTENANCE_ARGS)}")
+    if not isinstance(args, dict) or set(args) != MAINTENANCE_ARGS[kind]:
+        raise refuse(f"{kind} takes the arguments {sorted(MAINTENANCE_ARGS[kind])}")
+    if "turn" in args:
+        int_of(args, "turn", minimum=0)
+    return run_id, kind, args

@@ -52,6 +52,7 @@ class HostCheck:
     test_hooks: bool = False
     workspace: str = field(default_factory=lambda: f"host-check-{uuid.uuid4().hex[:8]}")
     reports_from: str | None = None  # a broker the host reports to that no worker reads
+    reports_prefix: str = ""  # the Redis key prefix the host publishes under
     host_id: str = "default"  # the id the host signs its reports with
     reports_wait_s: float = 10.0
     slowest_s: float = 0.0
@@ -116,6 +117,7 @@ class HostCheck:
         live = self._timed(lambda: self.host.liveness(self.workspace, "shapes"))
         state = self._timed(lambda: self.host.session_state(self.workspace, "shapes"))
         answer = self.goal("shapes", 1)
+        self._turns_listed("shapes")
         goal = answer.get("goal")
         if answer["phase"] == "applied" and goal != {"objective": "goal 1", "status": "active"}:
             raise Failed(f"a set answered goal {goal!r}; exactly {{objective, status}} is due")
@@ -247,6 +249,13 @@ class HostCheck:
                 raise Failed(f"a call with {name} was {got or 'answered'}; 401 or 403 due")
         return "no token and a wrong one: refused"
 
+    def _turns_listed(self, sid: str) -> None:
+        """Each turn the state call lists must have had its start reported."""
+        listed = self._timed(lambda: self.host.session_state(self.workspace, sid)).turns
+        for turn in listed:
+            name = f"the start of turn {turn.turn_id} of {sid}, which the state call listed"
+            self.due[name] = _turn_reported(sid, turn.turn_id, ("submitted", "running"))
+
     def reports(self) -> str:
         if not self.reports_from:
             raise Skipped(
@@ -265,6 +274,7 @@ class HostCheck:
                 self.token,
                 self.due,
                 self.reports_wait_s,
+                self.reports_prefix,
             )
         except ReportFault as exc:
             raise Failed(str(exc)) from None
@@ -337,6 +347,7 @@ def check_host(
     reports_from: str | None = None,
     host_id: str = "default",
     reports_wait_s: float = 10.0,
+    reports_prefix: str = "",
 ) -> list[Line]:
     return HostCheck(
         url,
@@ -346,4 +357,5 @@ def check_host(
         reports_from=reports_from,
         host_id=host_id,
         reports_wait_s=reports_wait_s,
+        reports_prefix=reports_prefix,
     ).run()

@@ -30,10 +30,13 @@ class ReportFault(Exception):
     """A report, or a missing one, that breaks the protocol: the evidence."""
 
 
-def read_reports(url: str) -> list[dict[str, Any]]:
-    """Every report waiting on the broker's report queues now (taken off them)."""
-    found: list[dict[str, Any]] = []
-    with Connection(url, connect_timeout=5) as conn:
+def read_reports(url: str, key_prefix: str = "") -> list[tuple[Any, str | None]]:
+    """Every report waiting on the broker's report queues now (taken off them), each with
+    what is wrong with its message, if anything (`_report_of`). `key_prefix`: the Redis key
+    prefix the host publishes under (AGENT_RADAR_BROKER_KEY_PREFIX)."""
+    found: list[tuple[Any, str | None]] = []
+    options = {"global_keyprefix": key_prefix} if key_prefix else {}
+    with Connection(url, connect_timeout=5, transport_options=options) as conn:
         for name in REPORT_QUEUES:
             channel = conn.channel()
             try:
@@ -56,21 +59,29 @@ def read_reports(url: str) -> list[dict[str, Any]]:
     return found
 
 
-def _report_of(message: Any) -> Any:
-    """The `report` argument of an agent_radar.report_activity message (Celery's message
-    protocol 2, or 1), or None for any other message."""
+def _report_of(message: Any) -> tuple[Any, str | None] | None:
+    """The `report` argument of an agent_radar.report_activity message, and what the
+    workers' gate would refuse in the message itself (None: nothing): Celery's message
+    protocol 2 only, no positional arguments, `report` the one keyword. None for any other
+    task's message."""
     try:
         body = message.decode()
     except Exception:  # noqa: BLE001 - not ours to read
         return None
     headers = message.headers or {}
-    if headers.get("task") == REPORT_ACTIVITY_TASK and isinstance(body, list | tuple):
-        kwargs = body[1] if len(body) > 1 else None
-    elif isinstance(body, dict) and body.get("task") == REPORT_ACTIVITY_TASK:
+    if isinstance(body, dict) and body.get("task") == REPORT_ACTIVITY_TASK:
         kwargs = body.get("kwargs")
-    else:
+        report = kwargs.get("report") if isinstance(kwargs, dict) else None
+        return report, "Celery's message protocol 1, which the workers refuse (use protocol 2)"
+    if headers.get("task") != REPORT_ACTIVITY_TASK:
         return None
-    return kwargs.get("report") if isinstance(kwargs, dict) else None
+    if not isinstance(body, list | tuple) or len(body) != 3:
+        return None, "a body that is not [args, kwargs, embed]"
+    args, kwargs = body[0], body[1]
+    report = kwargs.get("report") if isinstance(kwargs, dict) else None
+    if args or not isinstance(kwargs, dict) or set(kwargs) != {"report"}:
+        return report, "arguments other than the one keyword `report`"
+    return report, None
 
 
 def check_report(report: Any, host_id: str, token: str) -> None:
@@ -96,19 +107,22 @@ def check_reports(
     token: str,
     due: dict[str, Callable[[list[dict]], bool]],
     wait_s: float,
+    key_prefix: str = "",
 ) -> str:
     """Read the check's reports until each of `due` (what a host must have sent: a name, and
     whether the reports so far show it) is met, for up to `wait_s`; every report of the
-    check's workspace must pass `check_report`. The evidence, or ReportFault."""
+    check's workspace must pass `check_report`, in a message the workers take. The
+    evidence, or ReportFault."""
     ours: list[dict] = []
     deadline = time.monotonic() + wait_s
     while True:
-        for report in read_reports(url):
-            if isinstance(report, dict) and report.get("workspace_id") == workspace:
+        for report, problem in read_reports(url, key_prefix):
+            mine = isinstance(report, dict) and report.get("workspace_id") == workspace
+            if problem is not None and (mine or report is None):
+                raise ReportFault(f"a report message with {problem}: {report!r}")
+            if mine:
                 check_report(report, host_id, token)
                 ours.append(report)
-            elif not isinstance(report, dict):
-                raise ReportFault(f"a report that is not a JSON object: {report!r}")
         missing = [name for name, met in due.items() if not met(ours)]
         if not missing or time.monotonic() >= deadline:
             break

@@ -26,47 +26,89 @@ const TOKEN = env.HOST_TOKEN || "";
 const STATE_FILE = env.HOST_STATE || "host-state.json";
 const TURN_MS = Number(env.TURN_MS ?? 300);
 const MAINTENANCE_MS = Number(env.MAINTENANCE_MS ?? 300);
+const MAX_BODY = 1 << 20; // bytes: every call's body is a small JSON object
+if (!TOKEN) {
+  console.error("HOST_TOKEN is required: a host refuses calls without its token");
+  process.exit(2);
+}
 const reports = env.BROKER_URL ? celery.createClient(env.BROKER_URL, env.BROKER_URL) : null;
 
-// -- what survives a restart: every session's goal, revision, fences and epoch, and every
-// answer by its key (docs/protocol.md: the goal survives a restart) ------------------------
+// Dictionaries keyed by what callers send have no prototype: a key such as "constructor" or
+// "toString" is a key like any other.
+const dict = (from = {}) => Object.assign(Object.create(null), from);
+const has = (d, key) => Object.prototype.hasOwnProperty.call(d, key);
+
+// -- what survives a restart: every session's goal, revision, fences and epoch, every prompt's
+// turn and run by its key, and every answer by its key (docs/protocol.md) ---------------------
 const saved = fs.existsSync(STATE_FILE) ? JSON.parse(fs.readFileSync(STATE_FILE, "utf8")) : {};
-const sessions = saved.sessions || {}; // "ws\0sid" -> session
-const answers = saved.answers || {}; // operation_id -> the answer it got
+const sessions = dict(); // "ws\0sid" -> session
+for (const [key, s] of Object.entries(saved.sessions || {})) {
+  sessions[key] = { ...s, turns: dict(), prompts: dict(s.prompts), runs: dict(s.runs) };
+}
+let answers = dict(saved.answers); // operation_id -> the answer it got
 let turnSeq = saved.turnSeq || 0;
 function save() {
   const tmp = `${STATE_FILE}.tmp`;
-  fs.writeFileSync(tmp, JSON.stringify({ sessions, answers, turnSeq }));
+  const kept = Object.fromEntries(Object.entries(sessions).map(([k, s]) => [k, { ...s, turns: {} }]));
+  fs.writeFileSync(tmp, JSON.stringify({ sessions: kept, answers, turnSeq }));
   fs.renameSync(tmp, STATE_FILE);
 }
 
-function effect(kind, ws, sid, fields) {
-  if (env.HOST_EFFECTS) {
-    const line = { kind, workspace_id: ws, session_id: sid, ...fields, at: Date.now() };
-    fs.appendFileSync(env.HOST_EFFECTS, JSON.stringify(line) + "\n");
-  }
-}
-
 // A session is met at the first call that names it, live (docs/protocol.md: where sessions
-// come from). Its turns and runs belong to its process: a new epoch starts without them.
+// come from). Its turns belong to its process: a new epoch starts without them.
 function session(ws, sid) {
   const key = `${ws}\0${sid}`;
-  if (!sessions[key]) {
+  if (!has(sessions, key)) {
     sessions[key] = {
       ws, sid, live: true, epoch: 1, goal: null, revision: 0, applied: null,
-      fences: [], turns: {}, prompts: {}, runs: {},
+      goalSnapshot: null, fences: [], turns: dict(), prompts: dict(), runs: dict(),
     };
   }
   return sessions[key];
 }
 
+function endRuns(s) {
+  for (const run of Object.values(s.runs)) {
+    if (run.state === "running") Object.assign(run, { state: "done", error: "process ended" });
+  }
+}
+
 function newEpoch(s) {
   s.live = true;
   s.epoch += 1;
-  s.turns = {};
-  s.prompts = {};
-  s.runs = {};
+  s.turns = dict();
+  endRuns(s);
   report(s, { session: { live: true, runtime_epoch: s.epoch } });
+}
+
+// -- one change: all of it, saved before the answer, or none of it ---------------------------
+let change = null; // what the call under way did besides its state
+function changing(s, fn) {
+  const key = `${s.ws}\0${s.sid}`;
+  const before = { s: structuredClone(s), answers: dict(answers), turnSeq };
+  change = { effects: [], reports: [], starts: [] };
+  try {
+    const answer = fn(s);
+    save();
+    const done = change;
+    change = null;
+    for (const line of done.effects) {
+      if (env.HOST_EFFECTS) fs.appendFileSync(env.HOST_EFFECTS, JSON.stringify(line) + "\n");
+    }
+    done.reports.forEach(send);
+    done.starts.forEach((start) => start());
+    return answer;
+  } catch (err) {
+    sessions[key] = before.s;
+    answers = before.answers;
+    turnSeq = before.turnSeq;
+    change = null;
+    throw err;
+  }
+}
+
+function effect(kind, s, fields) {
+  change.effects.push({ kind, workspace_id: s.ws, session_id: s.sid, ...fields, at: Date.now() });
 }
 
 // -- reports, signed (docs/protocol.md: signing a report) ----------------------------------
@@ -88,8 +130,18 @@ function report(s, fields) {
     workspace_id: s.ws, session_id: s.sid, occurred_at_ms: Date.now(),
     session: { host_id: HOST_ID, runtime_epoch: s.epoch }, ...fields,
   };
-  if (fields.session) body.session = { host_id: HOST_ID, ...fields.session };
-  reports.sendTask("agent_radar.report_activity", [], { report: sign(body) });
+  if (fields.session) body.session = { host_id: HOST_ID, runtime_epoch: s.epoch, ...fields.session };
+  if (change) change.reports.push(sign(body));
+  else send(sign(body));
+}
+
+function send(signed) {
+  // A report that fails is lost: the state call tells what it would have.
+  try {
+    reports.sendTask("agent_radar.report_activity", [], { report: signed });
+  } catch (err) {
+    console.error("a report could not be sent:", err.message);
+  }
 }
 
 // -- turns: each one's start and end is reported (docs/hosts.md: which reports) -------------
@@ -103,17 +155,18 @@ function startTurn(s, fields) {
   s.turns[turn.turn_id] = turn;
   reportTurn(s, turn);
   const epoch = s.epoch;
-  setTimeout(() => s.epoch === epoch && settle(s, turn.turn_id, "completed"), TURN_MS);
+  change.starts.push(() => setTimeout(() => {
+    const now = session(s.ws, s.sid);
+    if (now.epoch === epoch) settle(now, turn.turn_id, "completed");
+  }, TURN_MS));
   return turn;
 }
 
 function settle(s, turnId, outcome) {
-  const turn = s.turns[turnId];
+  const turn = has(s.turns, turnId) ? s.turns[turnId] : null;
   if (!turn || turn.phase === "settled") return false;
   turn.phase = "settled";
   turn.outcome = outcome;
-  effect("turn_settled", s.ws, s.sid, { turn_id: turnId, outcome });
-  save();
   reportTurn(s, turn);
   return true;
 }
@@ -129,26 +182,32 @@ function reportTurn(s, t) {
   report(s, { turn });
 }
 
-// -- the calls -------------------------------------------------------------------------------
+// -- a call's body, checked before anything changes (docs/protocol/agent-host.openapi.yaml) --
 class Refusal extends Error {
   constructor(status, code, extra = {}) {
     super(code);
     Object.assign(this, { status, code, extra });
   }
 }
+const refuse = (detail) => new Refusal(422, "rejected", { detail });
+function id(body, name, max = 255) {
+  const v = body[name];
+  if (typeof v !== "string" || v.length < 1 || v.length > max) {
+    throw refuse(`${name} must be a string of 1 to ${max} characters`);
+  }
+  return v;
+}
+function whole(body, name, min = 1) {
+  const v = body[name];
+  if (!Number.isSafeInteger(v) || v < min) throw refuse(`${name} must be a whole number from ${min}`);
+  return v;
+}
+const ARGS = { compact: [], summarize_up_to: ["turn"], summarize_from: ["turn"] };
 
 const fenced = (s, op, rev) => s.fences.some(([o, r]) => o === op && r === rev);
 const live = (s) => { if (!s.live) throw new Refusal(409, "disconnected"); };
 
-function keyed(key, make) {
-  // Idempotence: the same key gets the same answer, with no second effect.
-  if (!(key in answers)) {
-    answers[key] = make();
-    save();
-  }
-  return answers[key];
-}
-
+// -- the calls -------------------------------------------------------------------------------
 const calls = {
   "GET liveness": (s) => ({ live: s.live, runtime_epoch: s.epoch }),
 
@@ -169,56 +228,53 @@ const calls = {
   },
 
   "POST resume": (s, body) => {
-    for (const f of body.fences || []) {
-      if (!fenced(s, f.target_operation_id, f.target_revision)) {
-        s.fences.push([f.target_operation_id, f.target_revision]);
-      }
-    }
+    const given = body.fences ?? [];
+    if (!Array.isArray(given)) throw refuse("fences must be a list");
+    const pairs = given.map((f) => [id(f ?? {}, "target_operation_id"), whole(f ?? {}, "target_revision")]);
+    for (const [op, rev] of pairs) if (!fenced(s, op, rev)) s.fences.push([op, rev]);
     if (!s.live) {
       newEpoch(s);
-      effect("resume", s.ws, s.sid, { runtime_epoch: s.epoch });
+      effect("resume", s, { runtime_epoch: s.epoch });
     }
-    save();
     return { live: true, runtime_epoch: s.epoch };
   },
 
   "POST goal": (s, body) => {
+    const op = id(body, "operation_id");
+    const revision = whole(body, "revision");
+    const action = body.action;
+    if (!["set", "clear", "pause", "resume"].includes(action)) throw refuse("action");
+    const objective = action === "set" ? id(body, "objective", 65536) : null;
     live(s);
-    if (body.operation_id in answers) return answers[body.operation_id];
-    const revision = body.revision;
-    if (fenced(s, body.operation_id, revision)) throw new Refusal(422, "rejected");
+    if (has(answers, op)) return answers[op];
+    if (fenced(s, op, revision)) throw new Refusal(422, "rejected", { detail: "fenced" });
     if (revision <= s.revision) {
       throw new Refusal(409, "stale_revision", { current_revision: s.revision });
     }
-    return keyed(body.operation_id, () => {
-      if (body.action === "set") s.goal = { objective: body.objective, status: "active" };
-      else if (body.action === "clear") s.goal = null;
-      else if (s.goal) s.goal = { ...s.goal, status: body.action === "pause" ? "paused" : "active" };
-      s.revision = revision;
-      s.applied = body.operation_id;
-      s.goalSnapshot = s.goal ? { ...s.goal } : { objective: null, status: null };
-      effect("goal", s.ws, s.sid, {
-        operation_id: body.operation_id, action: body.action, revision,
+    if (action === "set") s.goal = { objective, status: "active" };
+    else if (action === "clear") s.goal = null;
+    else if (s.goal) s.goal = { ...s.goal, status: action === "pause" ? "paused" : "active" };
+    s.revision = revision;
+    s.applied = op;
+    s.goalSnapshot = s.goal ? { ...s.goal } : { objective: null, status: null };
+    effect("goal", s, { operation_id: op, action, revision });
+    if (action === "set") {
+      startTurn(s, {
+        origin: "goal_continuation", source_goal_operation_id: op, source_goal_revision: revision,
       });
-      if (body.action === "set") {
-        startTurn(s, {
-          origin: "goal_continuation", source_goal_operation_id: body.operation_id,
-          source_goal_revision: revision,
-        });
-      }
-      // The goal after the call: exactly {objective, status}, or null after a clear.
-      return { phase: "applied", goal: s.goal, evidence: { applied_revision: revision } };
-    });
+    }
+    // The goal after the call: exactly {objective, status}, or null after a clear.
+    answers[op] = { phase: "applied", goal: s.goal, evidence: { applied_revision: revision } };
+    return answers[op];
   },
 
   "POST goal-fences": (s, body) => {
+    const op = id(body, "target_operation_id");
+    const rev = whole(body, "target_revision");
     if (body.require_live) live(s);
-    const op = body.target_operation_id;
-    const rev = body.target_revision;
     if (!fenced(s, op, rev)) {
       s.fences.push([op, rev]);
-      effect("fence", s.ws, s.sid, { target_operation_id: op, target_revision: rev });
-      save();
+      effect("fence", s, { target_operation_id: op, target_revision: rev });
     }
     const running = Object.values(s.turns).filter((t) => t.phase !== "settled"
       && t.source_goal_operation_id === op && t.source_goal_revision === rev);
@@ -226,58 +282,65 @@ const calls = {
   },
 
   "POST prompts": (s, body) => {
+    const promptId = id(body, "prompt_id");
+    id(body, "text", 65536);
     live(s);
-    if (!(body.prompt_id in s.prompts)) {
-      const turn = startTurn(s, { origin: "user_prompt", prompt_id: body.prompt_id });
-      s.prompts[body.prompt_id] = turn.turn_id;
-      effect("prompt", s.ws, s.sid, { prompt_id: body.prompt_id, turn_id: turn.turn_id });
-      save();
+    if (!has(s.prompts, promptId)) {
+      const turn = startTurn(s, { origin: "user_prompt", prompt_id: promptId });
+      s.prompts[promptId] = turn.turn_id;
+      effect("prompt", s, { prompt_id: promptId, turn_id: turn.turn_id });
     }
-    return { turn_id: s.prompts[body.prompt_id] };
+    return { turn_id: s.prompts[promptId] };
   },
 
   "POST cancel": (s, body, turnId) => {
+    const op = id(body, "operation_id");
     if (body.require_live) live(s);
-    if (body.operation_id in answers) return answers[body.operation_id];
-    if (!(turnId in s.turns)) throw new Refusal(404, "not_found");
-    return keyed(body.operation_id, () => {
-      const canceled = settle(s, turnId, "canceled");
-      if (canceled) effect("cancel", s.ws, s.sid, { turn_id: turnId });
-      return { result: canceled ? "canceled" : "already_settled" };
-    });
+    if (has(answers, op)) return answers[op];
+    if (!has(s.turns, turnId)) throw new Refusal(404, "not_found");
+    const canceled = settle(s, turnId, "canceled");
+    if (canceled) effect("cancel", s, { turn_id: turnId });
+    answers[op] = { result: canceled ? "canceled" : "already_settled" };
+    return answers[op];
   },
 
   "POST maintenance": (s, body) => {
+    const runId = id(body, "run_id");
+    const kind = body.kind;
+    const args = body.args ?? {};
+    if (!has(ARGS, kind)) throw refuse(`kind must be one of ${Object.keys(ARGS)}`);
+    if (typeof args !== "object" || Array.isArray(args)
+      || Object.keys(args).sort().join() !== ARGS[kind].join()) throw refuse("args");
+    if (has(args, "turn")) whole(args, "turn", 0);
     live(s);
-    if (!(body.run_id in s.runs)) {
-      const run = { run_id: body.run_id, kind: body.kind, state: "running", cancelled: false };
-      s.runs[body.run_id] = run;
-      effect("maintenance", s.ws, s.sid, { run_id: body.run_id, maintenance_kind: body.kind });
-      save();
-      setTimeout(() => { run.state = "done"; save(); }, MAINTENANCE_MS);
+    if (!has(s.runs, runId)) {
+      const run = { run_id: runId, kind, state: "running", cancelled: false };
+      s.runs[runId] = run;
+      effect("maintenance", s, { run_id: runId, maintenance_kind: kind });
+      change.starts.push(() => setTimeout(() => {
+        const now = session(s.ws, s.sid).runs[runId];
+        if (now && now.state === "running") changing(session(s.ws, s.sid), () => { now.state = "done"; });
+      }, MAINTENANCE_MS));
     }
     return { state: "running" };
   },
 
   "GET run": (s, body, runId) => {
+    if (!has(s.runs, runId)) throw new Refusal(404, "not_found");
     const run = s.runs[runId];
-    if (!run) throw new Refusal(404, "not_found");
     if (run.state === "running") return { state: "running" };
-    const applied = !run.cancelled;
+    const applied = !run.cancelled && !run.error;
     return {
-      state: "done", applied, cancelled: run.cancelled, error: null, input_tokens: 12000,
-      result_tokens: applied ? 800 : null, summary: applied ? "conversation compacted" : null,
+      state: "done", applied, cancelled: run.cancelled, error: run.error ?? null,
+      input_tokens: 12000, result_tokens: applied ? 800 : null,
+      summary: applied ? "conversation compacted" : null,
     };
   },
 
   "POST run-cancel": (s, body, runId) => {
+    if (!has(s.runs, runId)) throw new Refusal(404, "not_found");
     const run = s.runs[runId];
-    if (!run) throw new Refusal(404, "not_found");
-    if (run.state === "running") {
-      run.state = "done";
-      run.cancelled = true;
-      save();
-    }
+    if (run.state === "running") Object.assign(run, { state: "done", cancelled: true });
     return {};
   },
 };
@@ -291,16 +354,18 @@ const ROUTES = [
 const SESSION = /^\/v1\/workspaces\/([^/]+)\/sessions\/([^/]+)\/(.+)$/;
 
 // Test hooks (HOST_TEST_HOOKS=1, docs/host-check.md): take a session offline, or restart
-// its process.
+// its process; both reported.
 function hook(ws, sid, body) {
-  const s = session(ws, sid);
-  if (body.live === false && s.live) {
-    s.live = false;
-    report(s, { session: { live: false, runtime_epoch: s.epoch } });
-  }
-  if (body.restart) newEpoch(s);
-  save();
-  return { live: s.live, runtime_epoch: s.epoch };
+  return changing(session(ws, sid), (s) => {
+    if (body.live === false && s.live) {
+      s.live = false;
+      s.turns = dict();
+      endRuns(s);
+      report(s, { session: { live: false } });
+    }
+    if (body.restart === true) newEpoch(s);
+    return { live: s.live, runtime_epoch: s.epoch };
+  });
 }
 
 function authorized(req) {
@@ -310,7 +375,6 @@ function authorized(req) {
 }
 
 function answer(req, body) {
-  if (!authorized(req)) throw new Refusal(401, "unauthorized");
   const path = req.url.split("?")[0];
   const hookPath = path.match(/^\/sim\/sessions\/([^/]+)\/([^/]+)$/);
   if (hookPath && env.HOST_TEST_HOOKS === "1" && req.method === "POST") {
@@ -321,44 +385,67 @@ function answer(req, body) {
     for (const [pattern, parts] of ROUTES) {
       const found = m[3].match(pattern);
       if (!found) continue;
-      const [name, id] = parts(found);
+      const [name, itemId] = parts(found);
       const call = calls[`${req.method} ${name}`];
       if (!call) break;
-      return call(session(decodeURIComponent(m[1]), decodeURIComponent(m[2])), body, id);
+      const s = session(decodeURIComponent(m[1]), decodeURIComponent(m[2]));
+      if (req.method === "GET") return call(s, body, itemId);
+      return changing(s, (current) => call(current, body, itemId));
     }
   }
   throw new Refusal(404, "no_such_call");
 }
 
+function reply(res, status, payload) {
+  const data = JSON.stringify(payload);
+  res.writeHead(status, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(data) });
+  res.end(data);
+}
+
 const server = http.createServer((req, res) => {
+  // The token first: nothing of a caller without it is read.
+  if (!authorized(req)) {
+    reply(res, 401, { error: "unauthorized" });
+    req.destroy();
+    return;
+  }
   const chunks = [];
-  req.on("data", (c) => chunks.push(c));
+  let size = 0;
+  req.on("data", (c) => {
+    size += c.length;
+    if (size > MAX_BODY) {
+      reply(res, 413, { error: "rejected", detail: "a body of at most 1 MiB" });
+      req.destroy();
+    } else chunks.push(c);
+  });
   req.on("end", () => {
+    if (size > MAX_BODY) return;
     let status = 200;
     let payload;
     try {
-      const raw = Buffer.concat(chunks).toString("utf8");
-      let body = {};
+      let body;
       try {
-        body = raw ? JSON.parse(raw) : {};
+        body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString("utf8")) : {};
       } catch {
-        throw new Refusal(400, "bad_request");
+        throw refuse("the body is not JSON");
       }
+      if (!body || typeof body !== "object" || Array.isArray(body)) throw refuse("not an object");
       payload = answer(req, body);
     } catch (err) {
       if (!(err instanceof Refusal)) console.error(err);
       status = err instanceof Refusal ? err.status : 500;
-      payload = { error: err instanceof Refusal ? err.code : "server_error", ...err.extra };
+      payload = { error: err instanceof Refusal ? err.code : "server_error", ...(err.extra || {}) };
     }
-    const data = JSON.stringify(payload);
-    res.writeHead(status, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(data) });
-    res.end(data);
+    reply(res, status, payload);
   });
 });
 
-// A restart: every session's process is new (a new epoch, reported), its goal and fences
-// kept; what ran in the old process ended with it.
-for (const s of Object.values(sessions)) newEpoch(s);
+// A restart: every live session's process is new (a new epoch, reported), its goal, fences
+// and keys kept; what ran in the old process ended with it. An offline one stays offline.
+for (const s of Object.values(sessions)) {
+  if (s.live) newEpoch(s);
+  else endRuns(s);
+}
 save();
 server.keepAliveTimeout = 30000;
 server.listen(PORT, "127.0.0.1", () => console.log(`listening on ${server.address().port}`));

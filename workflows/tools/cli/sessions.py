@@ -240,6 +240,12 @@ REPORT_BROKERS = ("redis", "rediss", "amqp", "amqps")
     help="The id the host signs its reports with (`agent-radar host add ID …`).",
 )
 @click.option(
+    "--reports-prefix",
+    default="",
+    help="The Redis key prefix the host publishes its reports under"
+    " (AGENT_RADAR_BROKER_KEY_PREFIX).",
+)
+@click.option(
     "--reports-wait-s",
     type=click.FloatRange(0.5, 600),
     default=10.0,
@@ -254,6 +260,7 @@ def host_check(
     test_hooks: bool,
     reports_from: str | None,
     host_id: str,
+    reports_prefix: str,
     reports_wait_s: float,
     as_json: bool,
 ):
@@ -275,7 +282,9 @@ def host_check(
         raise click.BadParameter(
             f"a broker URL ({', '.join(REPORT_BROKERS)})", param_hint="--reports-from"
         )
-    lines = check_host(url, token, deadline_s, test_hooks, reports_from, host_id, reports_wait_s)
+    lines = check_host(
+        url, token, deadline_s, test_hooks, reports_from, host_id, reports_wait_s, reports_prefix
+    )
     _emit(as_json, [as_dict(line) for line in lines], [str(line) for line in lines])
     if any(line.verdict == FAIL for line in lines):
         sys.exit(EXIT_FAILED)

@@ -1,0 +1,191 @@
+"""The protocol's calls as an AgentHost answers them (host/agent_host.py), each inside one
+change of the session (`AgentHost._changing`): the body checked first, then the promises of
+docs/protocol.md — answers by key, revisions only forward, fences, `require_live` — then the
+change, its effects and the agent's work to start."""
+
+import logging
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from .server import HostError
+from .sessions import (
+    MAX_TEXT_CHARS,
+    HostSession,
+    Run,
+    Turn,
+    fences_of,
+    int_of,
+    maintenance_of,
+    text_of,
+)
+
+if TYPE_CHECKING:
+    from .agent_host import AgentHost
+
+log = logging.getLogger(__name__)
+GOAL_ACTIONS = ("set", "clear", "pause", "resume")
+
+
+def live(s: HostSession) -> None:
+    if not s.live:
+        raise HostError(409, "disconnected")
+
+
+def state(host: "AgentHost", s: HostSession) -> dict:
+    running = next((r for r in s.runs.values() if r.state == "running"), None)
+    goal = s.goal or {"objective": None, "status": None}
+    return {
+        "live": s.live,
+        "runtime_epoch": s.runtime_epoch,
+        "goal": None
+        if s.applied_operation_id is None
+        else {"operation_id": s.applied_operation_id, "revision": s.revision, **goal},
+        "fences": [{"target_operation_id": o, "target_revision": r} for o, r in s.fences],
+        "turns": [
+            {k: v for k, v in asdict(t).items() if k not in ("outcome", "text")}
+            for t in s.turns.values()
+            if t.phase != "settled"
+        ],
+        "maintenance": None if running is None else {"run_id": running.run_id, "state": "running"},
+    }
+
+
+def resume(host: "AgentHost", s: HostSession, body: dict) -> dict:
+    for pair in fences_of(body):  # every one checked before any is held
+        if pair not in s.fences:
+            s.fences.append(pair)
+    if not s.live:
+        host._new_epoch(s)
+        host._effect("resume", s, runtime_epoch=s.runtime_epoch)
+    return {"live": True, "runtime_epoch": s.runtime_epoch}
+
+
+def goal(host: "AgentHost", s: HostSession, body: dict) -> dict:
+    op, revision = text_of(body, "operation_id"), int_of(body, "revision")
+    action = text_of(body, "action")
+    if action not in GOAL_ACTIONS:
+        raise HostError(422, "rejected", detail=f"action must be one of {GOAL_ACTIONS}")
+    objective = text_of(body, "objective", MAX_TEXT_CHARS) if action == "set" else None
+    live(s)
+    if op in host.answers:
+        return host.answers[op]
+    if s.fenced(op, revision):
+        raise HostError(422, "rejected", detail="fenced generation")
+    if revision <= s.revision:
+        raise HostError(409, "stale_revision", current_revision=s.revision)
+    if action == "set":
+        s.goal = {"objective": objective, "status": "active"}
+    elif action == "clear":
+        s.goal = None
+    elif s.goal is not None:
+        s.goal = {**s.goal, "status": "paused" if action == "pause" else "active"}
+    s.revision, s.applied_operation_id = revision, op
+    host._effect("goal", s, operation_id=op, action=action, revision=revision)
+    if action == "set":
+        start_turn(
+            host, s, "goal_continuation", source_goal_operation_id=op, source_goal_revision=revision
+        )
+    answer = {"phase": "applied", "goal": s.goal, "evidence": {"applied_revision": revision}}
+    return host._keep_answer(op, answer)
+
+
+def fence(host: "AgentHost", s: HostSession, body: dict) -> dict:
+    pair = [text_of(body, "target_operation_id"), int_of(body, "target_revision")]
+    if body.get("require_live"):
+        live(s)
+    if pair not in s.fences:
+        s.fences.append(pair)
+        host._effect("fence", s, target_operation_id=pair[0], target_revision=pair[1])
+    running = [
+        t.turn_id
+        for t in s.turns.values()
+        if t.phase != "settled" and [t.source_goal_operation_id, t.source_goal_revision] == pair
+    ]
+    return {"running_turns": running}
+
+
+def start_turn(host: "AgentHost", s: HostSession, origin: str, **provenance: Any) -> Turn:
+    """The turn is recorded and reported with the call; the agent starts it once the
+    call is saved. An agent that cannot start it ends it `failed`."""
+    host.turn_seq += 1
+    turn = Turn(f"turn-{host.host_id}-{host.turn_seq}", s.runtime_epoch, origin, **provenance)
+    s.turns[turn.turn_id] = turn
+    host._report_turn(s, turn)
+
+    def start() -> None:
+        try:
+            host.agent.start_turn(host, s, turn)
+        except Exception:  # noqa: BLE001 - the agent's failure ends its turn
+            log.exception("agent host: the agent could not start turn %s", turn.turn_id)
+            host.settle(s.workspace_id, s.session_id, turn.turn_id, "failed")
+
+    host._change.starts.append(start)
+    return turn
+
+
+def prompt(host: "AgentHost", s: HostSession, body: dict) -> dict:
+    prompt_id = text_of(body, "prompt_id")
+    text = text_of(body, "text", MAX_TEXT_CHARS)
+    live(s)
+    if prompt_id not in s.prompts:
+        turn = start_turn(host, s, "user_prompt", prompt_id=prompt_id, text=text)
+        s.prompts[prompt_id] = turn.turn_id
+        host._effect("prompt", s, prompt_id=prompt_id, turn_id=turn.turn_id)
+    return {"turn_id": s.prompts[prompt_id]}
+
+
+def cancel(host: "AgentHost", s: HostSession, turn_id: str, body: dict) -> dict:
+    op = text_of(body, "operation_id")
+    if body.get("require_live"):
+        live(s)
+    if op in host.answers:
+        return host.answers[op]
+    turn = s.turns.get(turn_id)
+    if turn is None:
+        raise HostError(404, "not_found")
+    if turn.phase == "settled":
+        answer = {"result": "already_settled"}
+    else:
+        ended = host.agent.cancel_turn(host, s, turn)
+        host._effect("cancel", s, turn_id=turn_id)
+        answer = {"result": "canceled" if ended else "accepted"}
+    return host._keep_answer(op, answer)
+
+
+def start_run(host: "AgentHost", s: HostSession, body: dict) -> dict:
+    run_id, kind, args = maintenance_of(body)
+    live(s)
+    if run_id not in s.runs:
+        run = s.runs[run_id] = Run(run_id, kind, args)
+        host._effect("maintenance", s, run_id=run_id, maintenance_kind=kind)
+
+        def start() -> None:
+            try:
+                host.agent.start_run(host, s, run)
+            except Exception:  # noqa: BLE001 - the agent's failure ends its run
+                log.exception("agent host: the agent could not start run %s", run_id)
+                host.finish(s.workspace_id, s.session_id, run_id, error="agent_failed")
+
+        host._change.starts.append(start)
+    return {"state": "running"}
+
+
+def run_status(host: "AgentHost", s: HostSession, run_id: str) -> dict:
+    run = s.runs.get(run_id)
+    if run is None:
+        raise HostError(404, "not_found")
+    if run.state == "running":
+        return {"state": "running"}
+    return {"state": "done"} | {
+        k: getattr(run, k)
+        for k in ("applied", "cancelled", "error", "input_tokens", "result_tokens", "summary")
+    }
+
+
+def cancel_run(host: "AgentHost", s: HostSession, run_id: str) -> dict:
+    run = s.runs.get(run_id)
+    if run is None:
+        raise HostError(404, "not_found")
+    if run.state == "running":
+        host.agent.cancel_run(host, s, run)
+    return {}
