@@ -785,6 +785,58 @@ def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     assert [e["action"] for e in sim_control.effects()] == ["clear"]
 
 
+def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(client, sim_control):
+    """The run's release woke the fences waiting on it, but this one was still in its
+    attempt (claimed, not waiting): it would have parked for HELD_RECHECK_S and, without a
+    sweeper, for good. Under the session's lock it sees the run has ended: due now, and
+    published again."""
+    from sqlalchemy import update
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import GoalFence, MaintenanceRun
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import HELD_BY_MAINTENANCE, FenceApplier
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    run = client.start_maintenance(WS, SID, client_submit_id="m-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    published = []
+    applier = FenceApplier(
+        client.engine,
+        HttpRuntime(sim_control.http.base_url),
+        worker_id="a",
+        lease_s=5,
+        publish=lambda *a: published.append(a) or True,
+    )
+    drive = applier._drive_clear
+
+    def held_then_the_run_ends(claim):
+        outcome = drive(claim)
+        assert outcome == "held"
+        # The run ends (here an operator ends it, as the held test above does).
+        run_transaction(
+            client.engine,
+            lambda s: s.execute(
+                update(MaintenanceRun)
+                .where(MaintenanceRun.run_id == run.run_id)
+                .values(status="recovery_required", error_code="cancel_timeout")
+            ),
+        )
+        client.resolve_maintenance(run.run_id, to="failed", reason="test: the run is over")
+        return outcome
+
+    applier._drive_clear = held_then_the_run_ends
+    assert applier.apply(fence.fence_id) == "woken"
+    row = run_transaction(client.engine, lambda s: s.get(GoalFence, fence.fence_id))
+    assert (row.status, row.last_error) == ("pending", HELD_BY_MAINTENANCE)
+    assert row.next_attempt_at <= utcnow()
+    assert ("agent_radar.fence.apply", {"fence_id": fence.fence_id}) in published
+    applier._drive_clear = drive
+    assert applier.apply(fence.fence_id) == "completed"
+    assert [e["action"] for e in sim_control.effects()] == ["clear"]
+
+
 def test_a_fence_cancels_a_turn_of_its_generation_that_no_report_told_of(client, sim_control):
     """The host's word decides (docs/lifecycles.md: reconcile): a turn of the fenced generation
     runs at the host and its report was lost. The fence asks the host's state, cancels that

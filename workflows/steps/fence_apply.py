@@ -29,6 +29,7 @@ from ..fences.fencing import settle_clear_locally
 from ..goals import outcomes
 from ..goals.claims import Claim
 from ..goals.operations import backoff_s, fail_operation
+from ..maintenance import runs
 from ..sessions import turns
 from ..sessions.rows import lock_session
 from ..task_names import FENCE_APPLY_TASK
@@ -182,15 +183,18 @@ class FenceApplier(Step):
                 ),
             )
         clear = self._drive_clear(claim) if claim.clear_operation_id else "settled"
+        if clear == "held":
+            return run_transaction(
+                self.engine, lambda s: self._wait_for_release(s, claim, cancel_id)
+            )
         if clear != "settled":
-            held = clear == "held"
             return run_transaction(
                 self.engine,
                 lambda s: self._back_to_pending(
                     s,
                     claim,
-                    HELD_BY_MAINTENANCE if held else "the clear is waiting to be retried",
-                    HELD_RECHECK_S if held else backoff_s(claim.attempt),
+                    "the clear is waiting to be retried",
+                    backoff_s(claim.attempt),
                     cancel_id,
                 ),
             )
@@ -292,19 +296,29 @@ class FenceApplier(Step):
         return ("waiting" if wait else "retry") if ok else "skipped"
 
     def _wait_for_turn(self, s: Session, claim: FenceClaim, cancel_id: str) -> str:
-        """The fence waits, using no budget, for the turn of `cancel_id` to settle: the
-        transaction that settles it makes the fence due and publishes it
-        (cancels.waiting_fences). A turn that settled while this attempt ran found the fence
-        claimed, not waiting, and woke nothing; so under the session's lock, which that
-        transaction takes first too, a settled turn leaves the fence due now: "woken", and
-        `apply` publishes it again."""
+        """The fence waits for the turn of `cancel_id` to settle; the transaction that settles
+        it wakes the fence (cancels.waiting_fences)."""
+        still = cancels.still_waited_for
+        return self._wait(s, claim, WAITING_FOR_TURN, lambda: still(s, cancel_id), cancel_id)
+
+    def _wait_for_release(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
+        """The clear waits for the maintenance run that holds the session; its release wakes
+        the fence (wake.release_session)."""
+        ws, sid = claim.workspace_id, claim.session_id
+        still = lambda: runs.session_held(s, ws, sid)  # noqa: E731
+        return self._wait(s, claim, HELD_BY_MAINTENANCE, still, cancel_id)
+
+    def _wait(self, s: Session, claim: FenceClaim, why: str, still, cancel_id) -> str:
+        """The fence waits, using no budget, for what `why` names, until the transaction that
+        ends it wakes the fence. What ended while this attempt ran found the fence claimed,
+        not waiting, and woke nothing; so under the session's lock, which that transaction
+        takes first too, `still()` is asked: if it has ended, the fence is due now ("woken",
+        and `apply` publishes it again), else it looks again after its wait at the latest."""
         lock_session(s, claim.workspace_id, claim.session_id)
-        if cancels.still_waited_for(s, cancel_id):
-            return self._back_to_pending(
-                s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
-            )
-        waited = self._back_to_pending(s, claim, WAITING_FOR_TURN, 0.0, cancel_id)
-        return "woken" if waited == "waiting" else waited
+        waiting = still()
+        wait_s = self.cancels.deadline_s if why == WAITING_FOR_TURN else HELD_RECHECK_S
+        waited = self._back_to_pending(s, claim, why, wait_s if waiting else 0.0, cancel_id)
+        return "woken" if waited == "waiting" and not waiting else waited
 
     def _offline(self, s: Session, claim: FenceClaim) -> str:
         """The session is offline (docs/lifecycles.md: fences). For each of the fenced
