@@ -746,6 +746,24 @@ def test_a_final_refusal_of_the_fence_install_fails_the_fence_with_it(client, ho
     assert sum(1 for sid, _auth in host.seen if sid == SID) == 1  # one call, no retries
 
 
+def _an_operator_ends_the_run(client, run):
+    """The run outlasts its cancel grace (recovery), and an operator ends it."""
+    from sqlalchemy import update
+
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.tables import MaintenanceRun
+
+    run_transaction(
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun)
+            .where(MaintenanceRun.run_id == run.run_id)
+            .values(status="recovery_required", error_code="cancel_timeout")
+        ),
+    )
+    client.resolve_maintenance(run.run_id, to="failed", reason="test: the run is over")
+
+
 def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     """Issue row: a fence whose clear waited behind a maintenance run counted each look as a
     failed attempt: past 10 minutes (a long run, one in recovery) the fence and its clear
@@ -754,7 +772,7 @@ def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     from sqlalchemy import update
 
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence, MaintenanceRun
+    from agent_radar.models.tables import GoalFence
     from agent_radar.workflows.steps.fence_apply import HELD_BY_MAINTENANCE
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
@@ -772,15 +790,7 @@ def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     assert client.get_goal_operation(fence.clear_operation_id).status == "prepared"
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
     # The run outlasts its cancel grace (recovery), and an operator ends it.
-    run_transaction(
-        client.engine,
-        lambda s: s.execute(
-            update(MaintenanceRun)
-            .where(MaintenanceRun.run_id == run.run_id)
-            .values(status="recovery_required", error_code="cancel_timeout")
-        ),
-    )
-    client.resolve_maintenance(run.run_id, to="failed", reason="test: the run is over")
+    _an_operator_ends_the_run(client, run)
     assert applier.apply(fence.fence_id) == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["clear"]
 
@@ -790,11 +800,10 @@ def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(cl
     attempt (claimed, not waiting): it would have parked for HELD_RECHECK_S and, without a
     sweeper, for good. Under the session's lock it sees the run has ended: due now, and
     published again."""
-    from sqlalchemy import update
 
     from agent_radar.models.base import utcnow
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence, MaintenanceRun
+    from agent_radar.models.tables import GoalFence
     from agent_radar.workflows.adapters.http_runtime import HttpRuntime
     from agent_radar.workflows.steps.fence_apply import HELD_BY_MAINTENANCE, FenceApplier
 
@@ -815,15 +824,7 @@ def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(cl
         outcome = drive(claim)
         assert outcome == "held"
         # The run ends (here an operator ends it, as the held test above does).
-        run_transaction(
-            client.engine,
-            lambda s: s.execute(
-                update(MaintenanceRun)
-                .where(MaintenanceRun.run_id == run.run_id)
-                .values(status="recovery_required", error_code="cancel_timeout")
-            ),
-        )
-        client.resolve_maintenance(run.run_id, to="failed", reason="test: the run is over")
+        _an_operator_ends_the_run(client, run)
         return outcome
 
     applier._drive_clear = held_then_the_run_ends

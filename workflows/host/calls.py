@@ -1,11 +1,12 @@
 """The protocol's calls as an AgentHost answers them (host/agent_host.py), each inside one
-change of the session (`AgentHost._changing`): the body checked first, then the promises of
-docs/protocol.md — answers by key, revisions only forward, fences, `require_live` — then the
-change, its effects and the agent's work to start."""
+change of the session (`AgentHost._changing`; `host` is the AgentHost, typed loosely so
+that this module need not import the one that imports it): the body checked first, then
+the promises of docs/protocol.md — answers by key, revisions only forward, fences,
+`require_live` — then the change, its effects and the agent's work to start."""
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .server import HostError
 from .sessions import (
@@ -19,9 +20,6 @@ from .sessions import (
     text_of,
 )
 
-if TYPE_CHECKING:
-    from .agent_host import AgentHost
-
 log = logging.getLogger(__name__)
 GOAL_ACTIONS = ("set", "clear", "pause", "resume")
 
@@ -31,7 +29,7 @@ def live(s: HostSession) -> None:
         raise HostError(409, "disconnected")
 
 
-def state(host: "AgentHost", s: HostSession) -> dict:
+def state(host: Any, s: HostSession) -> dict:
     running = next((r for r in s.runs.values() if r.state == "running"), None)
     goal = s.goal or {"objective": None, "status": None}
     return {
@@ -50,7 +48,7 @@ def state(host: "AgentHost", s: HostSession) -> dict:
     }
 
 
-def resume(host: "AgentHost", s: HostSession, body: dict) -> dict:
+def resume(host: Any, s: HostSession, body: dict) -> dict:
     for pair in fences_of(body):  # every one checked before any is held
         if pair not in s.fences:
             s.fences.append(pair)
@@ -60,7 +58,7 @@ def resume(host: "AgentHost", s: HostSession, body: dict) -> dict:
     return {"live": True, "runtime_epoch": s.runtime_epoch}
 
 
-def goal(host: "AgentHost", s: HostSession, body: dict) -> dict:
+def goal(host: Any, s: HostSession, body: dict) -> dict:
     op, revision = text_of(body, "operation_id"), int_of(body, "revision")
     action = text_of(body, "action")
     if action not in GOAL_ACTIONS:
@@ -89,7 +87,7 @@ def goal(host: "AgentHost", s: HostSession, body: dict) -> dict:
     return host._keep_answer(op, answer)
 
 
-def fence(host: "AgentHost", s: HostSession, body: dict) -> dict:
+def fence(host: Any, s: HostSession, body: dict) -> dict:
     pair = [text_of(body, "target_operation_id"), int_of(body, "target_revision")]
     if body.get("require_live"):
         live(s)
@@ -104,7 +102,7 @@ def fence(host: "AgentHost", s: HostSession, body: dict) -> dict:
     return {"running_turns": running}
 
 
-def start_turn(host: "AgentHost", s: HostSession, origin: str, **provenance: Any) -> Turn:
+def start_turn(host: Any, s: HostSession, origin: str, **provenance: Any) -> Turn:
     """The turn is recorded and reported with the call; the agent starts it once the
     call is saved. An agent that cannot start it ends it `failed`."""
     host.turn_seq += 1
@@ -123,7 +121,7 @@ def start_turn(host: "AgentHost", s: HostSession, origin: str, **provenance: Any
     return turn
 
 
-def prompt(host: "AgentHost", s: HostSession, body: dict) -> dict:
+def prompt(host: Any, s: HostSession, body: dict) -> dict:
     prompt_id = text_of(body, "prompt_id")
     text = text_of(body, "text", MAX_TEXT_CHARS)
     live(s)
@@ -134,7 +132,7 @@ def prompt(host: "AgentHost", s: HostSession, body: dict) -> dict:
     return {"turn_id": s.prompts[prompt_id]}
 
 
-def cancel(host: "AgentHost", s: HostSession, turn_id: str, body: dict) -> dict:
+def cancel(host: Any, s: HostSession, turn_id: str, body: dict) -> dict:
     op = text_of(body, "operation_id")
     if body.get("require_live"):
         live(s)
@@ -152,7 +150,7 @@ def cancel(host: "AgentHost", s: HostSession, turn_id: str, body: dict) -> dict:
     return host._keep_answer(op, answer)
 
 
-def start_run(host: "AgentHost", s: HostSession, body: dict) -> dict:
+def start_run(host: Any, s: HostSession, body: dict) -> dict:
     run_id, kind, args = maintenance_of(body)
     live(s)
     if run_id not in s.runs:
@@ -170,7 +168,7 @@ def start_run(host: "AgentHost", s: HostSession, body: dict) -> dict:
     return {"state": "running"}
 
 
-def run_status(host: "AgentHost", s: HostSession, run_id: str) -> dict:
+def run_status(host: Any, s: HostSession, run_id: str) -> dict:
     run = s.runs.get(run_id)
     if run is None:
         raise HostError(404, "not_found")
@@ -182,7 +180,7 @@ def run_status(host: "AgentHost", s: HostSession, run_id: str) -> dict:
     }
 
 
-def cancel_run(host: "AgentHost", s: HostSession, run_id: str) -> dict:
+def cancel_run(host: Any, s: HostSession, run_id: str) -> dict:
     run = s.runs.get(run_id)
     if run is None:
         raise HostError(404, "not_found")
