@@ -403,6 +403,7 @@ def test_refused_reports_show_in_status_per_host_with_one_write_per_interval(
     from agent_radar.workflows.tools.status import fleet_status, render_status
 
     client.add_host("host-b", sim_b.url, token="b-token")
+    monkeypatch.setattr(hosts, "REFUSALS_FLUSH_S", 3600.0)  # however slow the machine
     unsigned = {
         "workspace_id": WS,
         "session_id": "s-refused",

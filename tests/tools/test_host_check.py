@@ -246,7 +246,7 @@ def reporting_host(broker_url: str, change=None, **conf):
     return server, producer
 
 
-def report_verdict(broker_url, change=None, wait_s=3.0, prefix="", **conf) -> tuple[str, str]:
+def report_verdict(broker_url, change=None, wait_s=10.0, prefix="", **conf) -> tuple[str, str]:
     server, producer = reporting_host(broker_url, change, **conf)
     try:
         lines = check_host(

@@ -22,9 +22,21 @@ def backend():
     return "embedded"  # no database or broker: the kit is the host's side
 
 
-def kit(tmp_path, reports=None):
+class Still(TimerAgent):
+    """An agent whose turns and runs go on until they are cancelled (no timers)."""
+
+    def start_turn(self, host, session, turn):
+        pass
+
+    def start_run(self, host, session, run):
+        pass
+
+
+def kit(tmp_path, reports=None, agent=None):
+    """A host on the kit, with an agent whose turns and runs go on until cancelled unless the
+    test gives another."""
     return AgentHost(
-        TimerAgent(turn_s=0.05, run_s=0.05),
+        agent or Still(),
         token=TOKEN,
         host_id="gpu-1",
         state_file=tmp_path / "state.json",
@@ -84,7 +96,7 @@ def test_a_restart_keeps_goals_fences_and_answers_and_moves_the_epoch(tmp_path):
 
 
 def test_fences_require_live_and_keys_hold(tmp_path):
-    host = kit(tmp_path)
+    host = kit(tmp_path, agent=TimerAgent(turn_s=5, run_s=0.05))  # its run ends
     host.handle("goal-fences", WS, SID, {"target_operation_id": "op-5", "target_revision": 5})
     with pytest.raises(HostError) as fenced:
         goal(host, "op-5", 5)
@@ -148,7 +160,7 @@ def test_a_bad_call_is_refused_and_changes_nothing(tmp_path, call, body):
 
 def test_every_report_is_signed_and_taken_as_a_worker_takes_it(tmp_path):
     reports: list[dict] = []
-    host = kit(tmp_path, reports)
+    host = kit(tmp_path, reports, TimerAgent(turn_s=0.05))  # its turn ends on its own
     goal(host, "op-1", 1)
     eventually(lambda: any(r.get("turn", {}).get("phase") == "settled" for r in reports))
     host.go_offline(WS, SID)
@@ -164,7 +176,7 @@ def test_every_report_is_signed_and_taken_as_a_worker_takes_it(tmp_path):
 def test_prompts_and_runs_keep_their_answers_across_a_resume_and_a_restart(tmp_path):
     """The same prompt_id or run_id again — a worker's retry across the session's new
     process — gets the same answer and starts nothing new."""
-    host = kit(tmp_path)
+    host = kit(tmp_path)  # the run is still on when its process ends
     turn = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})
     run = {"run_id": "r-1", "kind": "compact", "args": {}}
     host.handle("maintenance", WS, SID, run)
