@@ -285,8 +285,11 @@ def test_the_example_hosts_refuse_bad_calls_and_change_nothing(node_dir, tmp_pat
             assert 400 <= status < 500, (call, body, status)
         after = (runtime.request("GET", f"/v1/workspaces/{WS}/sessions/s1/state"), host.effects())
         assert after == before
+        # Headers that announce 2 MiB and no token: refused before any of the body is sent.
         conn = http.client.HTTPConnection("127.0.0.1", host.port, timeout=10)
-        conn.request("POST", f"/v1/workspaces/{WS}/sessions/s1/goal", b"x" * (2 << 20))
+        conn.putrequest("POST", f"/v1/workspaces/{WS}/sessions/s1/goal")
+        conn.putheader("Content-Length", str(2 << 20))
+        conn.endheaders()
         assert conn.getresponse().status == 401
         conn.close()
         assert host.proc is not None and host.proc.poll() is None
