@@ -295,3 +295,46 @@ def test_the_example_hosts_refuse_bad_calls_and_change_nothing(node_dir, tmp_pat
         assert host.proc is not None and host.proc.poll() is None
     finally:
         host.stop()
+
+
+@pytest.mark.parametrize("backend", ["production"], indirect=True)
+def test_a_goal_the_kit_s_agent_takes_later_completes(settings, tmp_path):
+    """A host on the kit whose agent takes goals later: the call answers `accepted`, the
+    agent's `goal_applied` reports it, the workers ask the state call, and the operation
+    completes `applied`, once, with the goal synced."""
+    import threading
+
+    from agent_radar import AgentRadar
+    from agent_radar.host import AgentHost, TimerAgent, broker_reporter
+
+    class Later(TimerAgent):
+        def takes_goal(self, host, session, goal):
+            ws, sid, op = session.workspace_id, session.session_id, goal["operation_id"]
+            threading.Timer(0.3, host.goal_applied, (ws, sid, op)).start()
+            return False
+
+    settings = replace(settings, runtime_token=TOKEN)
+    port = int(settings.runtime_url.rsplit(":", 1)[1])
+    kit = AgentHost(
+        Later(turn_s=0.2),
+        token=TOKEN,
+        reporter=broker_reporter(settings),
+        effects_log=tmp_path / "effects.jsonl",
+    )
+    server = kit.serve(port=port).start()
+    client = AgentRadar(settings=settings)
+    stack = Stack(settings)
+    stack.prepare()
+    try:
+        stack.start_worker(concurrency=1)
+        stack.start_beat()
+        op = client.set_goal(WS, "later", "taken later", client_submit_id="l-1")
+        done = client.wait(op, timeout=60)
+        assert (done.status, done.provider_phase) == ("completed", "applied")
+        assert client.goal_state(WS, "later").sync_status == "synced"
+    finally:
+        stack.kill()
+        server.stop()
+        client.close()
+    lines = (tmp_path / "effects.jsonl").read_text().splitlines()
+    assert [json.loads(line)["operation_id"] for line in lines] == [op.operation_id]

@@ -283,3 +283,49 @@ def test_bodies_past_the_bound_or_unreadable_are_refused_over_http(tmp_path):
         conn.close()
     finally:
         server.stop()
+
+
+def test_an_agent_may_take_a_goal_later(tmp_path):
+    """`takes_goal` False: the call answers `accepted` (the same answer again on a retry);
+    `goal_applied` applies it and reports `goal_applied`, unless a newer revision got there
+    first. At a new epoch a goal still accepted never takes effect: a retry applies it anew."""
+    reports: list[dict] = []
+
+    class Later(Still):
+        def takes_goal(self, host, session, goal):
+            return False
+
+    host = kit(tmp_path, reports, Later())
+    accepted = goal(host, "op-1", 1)
+    assert accepted == {"phase": "accepted", "goal": None, "evidence": {"acknowledged": True}}
+    assert goal(host, "op-1", 1) == accepted
+    assert host.handle("state", WS, SID, {})["goal"] is None
+    assert host.goal_applied(WS, SID, "op-1") is True
+    assert host.goal_applied(WS, SID, "op-1") is False  # once
+    state = host.handle("state", WS, SID, {})
+    assert (state["goal"]["operation_id"], state["goal"]["revision"]) == ("op-1", 1)
+    assert [e["kind"] for e in effects(tmp_path)] == ["goal"]
+    eventually(lambda: any("goal_applied" in r for r in reports), what="the goal_applied report")
+    (applied,) = [r["goal_applied"] for r in reports if "goal_applied" in r]
+    assert applied == {
+        "operation_id": "op-1",
+        "revision": 1,
+        "goal": {"objective": "goal 1", "status": "active"},
+    }
+    parse_report([r for r in reports if "goal_applied" in r][0], utcnow())
+
+    # Two accepted; the newer applied first: the older is dropped, never applied.
+    goal(host, "op-2", 2)
+    goal(host, "op-3", 3)
+    assert host.goal_applied(WS, SID, "op-3") is True
+    assert host.goal_applied(WS, SID, "op-2") is False
+    assert host.handle("state", WS, SID, {})["goal"]["revision"] == 3
+
+    # Accepted, then the session's process ends: it never takes effect, and a retry of the
+    # same operation applies it anew.
+    goal(host, "op-4", 4)
+    host.restart(WS, SID)
+    assert host.goal_applied(WS, SID, "op-4") is False
+    host.agent = Still()
+    assert goal(host, "op-4", 4)["phase"] == "applied"
+    assert [e["revision"] for e in effects(tmp_path) if e["kind"] == "goal"] == [1, 3, 4]

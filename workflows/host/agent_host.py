@@ -44,12 +44,17 @@ class _Change:
     to log and the agent's work to start (once it is saved)."""
 
     answers: list[str] = field(default_factory=list)
+    dropped: dict[str, dict] = field(default_factory=dict)  # answers taken away: put back
     effects: list[dict] = field(default_factory=list)
     starts: list[Callable[[], None]] = field(default_factory=list)
 
 
 class Agent(Protocol):
-    """What runs turns and maintenance: yours."""
+    """What runs turns and maintenance: yours. It may also have `takes_goal(host, session,
+    goal) -> bool` (`goal`: operation_id, action, objective, revision): False answers the
+    goal call `accepted`, and the agent calls `host.goal_applied(ws, sid, operation_id)` once
+    it has taken effect (docs/protocol.md: reports, `goal_applied`). Without it, every goal
+    is applied at once."""
 
     def start_turn(self, host: "AgentHost", session: HostSession, turn: Turn) -> None: ...
 
@@ -114,7 +119,7 @@ class AgentHost:
             if s.live:
                 self._new_epoch(s)
             else:
-                self._end_runs(s)
+                self._end_process(s)
         self._save()
 
     def _save(self) -> None:
@@ -142,16 +147,22 @@ class AgentHost:
         return found
 
     def _new_epoch(self, s: HostSession) -> None:
-        s.live, s.runtime_epoch, s.turns = True, s.runtime_epoch + 1, {}
-        self._end_runs(s)
+        self._end_process(s)
+        s.live, s.runtime_epoch = True, s.runtime_epoch + 1
         self.report(s, session={"live": True, "runtime_epoch": s.runtime_epoch})
 
-    @staticmethod
-    def _end_runs(s: HostSession) -> None:
-        """The process that ran them is gone: its runs are done, not applied."""
+    def _end_process(self, s: HostSession) -> None:
+        """The session's process is gone: its turns with it, its runs done (not applied),
+        and the goals it had accepted but not applied never take effect: their `accepted`
+        answers go too, so a retry of one applies it anew (nothing of it had happened)."""
+        s.turns = {}
         for run in s.runs.values():
             if run.state == "running":
                 run.state, run.error = "done", "the session's process ended"
+        for operation_id in s.pending_goals:
+            if operation_id in self.answers:
+                self._change.dropped[operation_id] = self.answers.pop(operation_id)
+        s.pending_goals = {}
 
     # -- reports (docs/protocol.md: reports, signing a report) -------------------------------
     def report(self, s: HostSession, **fields: Any) -> None:
@@ -233,6 +244,22 @@ class AgentHost:
                     setattr(run, name, value)
                 self._save()
 
+    def goal_applied(self, ws: str, sid: str, operation_id: str) -> bool:
+        """A goal answered `accepted` has taken effect: applied and reported `goal_applied`
+        (the workers then ask the state call, whose answer completes the operation). False
+        if it is not pending, or a newer revision got there first (it is dropped)."""
+
+        def apply(s: HostSession) -> bool:
+            wanted = s.pending_goals.pop(operation_id, None)
+            if wanted is None or wanted["revision"] <= s.revision or not s.live:
+                return False
+            calls.apply_goal(self, s, wanted)
+            applied = {k: wanted[k] for k in ("operation_id", "revision")}
+            self.report(s, goal_applied=applied | {"goal": s.goal})
+            return True
+
+        return bool(self._changing(ws, sid, apply))
+
     def go_offline(self, ws: str, sid: str) -> None:
         """The session's process stopped: offline until a resume; reported."""
         self._changing(ws, sid, lambda s: self._offline(s))
@@ -242,8 +269,8 @@ class AgentHost:
         self._changing(ws, sid, self._new_epoch)
 
     def _offline(self, s: HostSession) -> None:
-        s.live, s.turns = False, {}
-        self._end_runs(s)
+        self._end_process(s)
+        s.live = False
         self.report(s, session={"live": False})
 
     # -- the calls --------------------------------------------------------------------------
@@ -292,6 +319,7 @@ class AgentHost:
                 del self._outbox[before[2] :]
                 for key in self._change.answers:
                     self.answers.pop(key, None)
+                self.answers.update(self._change.dropped)
                 if isinstance(exc, HostError) or not isinstance(exc, Exception):
                     raise
                 log.exception("agent host: a call failed; nothing of it was kept")

@@ -71,8 +71,23 @@ def goal(host: Any, s: HostSession, body: dict) -> dict:
         raise HostError(422, "rejected", detail="fenced generation")
     if revision <= s.revision:
         raise HostError(409, "stale_revision", current_revision=s.revision)
+    wanted = {"operation_id": op, "action": action, "objective": objective, "revision": revision}
+    if not getattr(host.agent, "takes_goal", lambda *a: True)(host, s, wanted):
+        # The agent applies it later (`AgentHost.goal_applied`): accepted now, kept.
+        s.pending_goals[op] = wanted
+        accepted = {"phase": "accepted", "goal": None, "evidence": {"acknowledged": True}}
+        return host._keep_answer(op, accepted)
+    apply_goal(host, s, wanted)
+    answer = {"phase": "applied", "goal": s.goal, "evidence": {"applied_revision": revision}}
+    return host._keep_answer(op, answer)
+
+
+def apply_goal(host: Any, s: HostSession, wanted: dict) -> None:
+    """The goal revision takes effect: the session's goal, its effect, and for a set the
+    turn that pursues it."""
+    action, op, revision = wanted["action"], wanted["operation_id"], wanted["revision"]
     if action == "set":
-        s.goal = {"objective": objective, "status": "active"}
+        s.goal = {"objective": wanted["objective"], "status": "active"}
     elif action == "clear":
         s.goal = None
     elif s.goal is not None:
@@ -83,8 +98,6 @@ def goal(host: Any, s: HostSession, body: dict) -> dict:
         start_turn(
             host, s, "goal_continuation", source_goal_operation_id=op, source_goal_revision=revision
         )
-    answer = {"phase": "applied", "goal": s.goal, "evidence": {"applied_revision": revision}}
-    return host._keep_answer(op, answer)
 
 
 def fence(host: Any, s: HostSession, body: dict) -> dict:

@@ -49,6 +49,8 @@ class HostSession:
     # gets the same answer, with no second turn or run (docs/protocol.md: idempotence).
     prompts: dict[str, str] = field(default_factory=dict)  # prompt_id -> turn_id
     runs: dict[str, Run] = field(default_factory=dict)
+    # Goal revisions answered `accepted`, by operation id, until the agent applies them.
+    pending_goals: dict[str, dict] = field(default_factory=dict)
     # What the session's process runs: gone with it at a new epoch.
     turns: dict[str, Turn] = field(default_factory=dict)
 
@@ -62,6 +64,7 @@ class HostSession:
             "applied_operation_id": self.applied_operation_id,
             "fences": self.fences,
             "prompts": self.prompts,
+            "pending_goals": self.pending_goals,
             "runs": {run_id: asdict(run) for run_id, run in self.runs.items()},
         }
 
