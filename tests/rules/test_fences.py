@@ -587,17 +587,8 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     report lost; the host no longer has it) and the one the host runs. The fence cancelled
     one of them (`.limit(1)`), the host said `not_found`, and the fence completed while the
     live turn of the fenced generation went on running. Counted at the host."""
-    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-
-    sim_control.session(WS, SID, turn_duration_ms=0)  # the host's turn runs until cancelled
-    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
-    runtime = HttpRuntime(sim_control.http.base_url)
-    Dispatcher(client.engine, runtime, worker_id="d", lease_s=5).dispatch_many(
-        [target.operation_id]
-    )
-    assert client.wait(client.get_goal_operation(target.operation_id), 5).status == "completed"
-    (live_turn,) = sim_control.session(WS, SID)["turns"]
+    # The host's turn runs until cancelled.
+    target, live_turn = _goal_running_at_host(client, sim_control, turn_duration_ms=0)
     # The stale turn is on record first, and sorts first.
     stale_cancel = _fenced_turn_running(client, target, turn_id="a-stale-turn")
     live_cancel = _fenced_turn_running(client, target, turn_id=live_turn)
@@ -615,10 +606,9 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     assert [e["action"] for e in sim_control.effects()] == ["set", "clear"]
 
 
-def _fenced_while_its_turn_runs(client, sim_control, **sim):
-    """A goal applied at the host, whose turn runs there (and is on record), then a newer
-    goal and a fence of the first generation (it clears nothing): (target, turn_id,
-    cancel_id, fence)."""
+def _goal_running_at_host(client, sim_control, **sim):
+    """A goal dispatched to the host (the session set up with `sim`), whose turn runs there:
+    (target, the host's turn id)."""
     from agent_radar.workflows.adapters.http_runtime import HttpRuntime
     from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 
@@ -630,6 +620,14 @@ def _fenced_while_its_turn_runs(client, sim_control, **sim):
     )
     assert client.wait(client.get_goal_operation(target.operation_id), 5).status == "completed"
     (turn_id,) = sim_control.session(WS, SID)["turns"]
+    return target, turn_id
+
+
+def _fenced_while_its_turn_runs(client, sim_control, **sim):
+    """A goal applied at the host, whose turn runs there (and is on record), then a newer
+    goal and a fence of the first generation (it clears nothing): (target, turn_id,
+    cancel_id, fence)."""
+    target, turn_id = _goal_running_at_host(client, sim_control, **sim)
     cancel_id = _fenced_turn_running(client, target, turn_id=turn_id)
     client.set_goal(WS, SID, "owner goal", client_submit_id="owner-2")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")

@@ -299,24 +299,32 @@ class FenceApplier(Step):
         """The fence waits for the turn of `cancel_id` to settle; the transaction that settles
         it wakes the fence (cancels.waiting_fences)."""
         still = cancels.still_waited_for
-        return self._wait(s, claim, WAITING_FOR_TURN, lambda: still(s, cancel_id), cancel_id)
+        return self._wait(
+            s,
+            claim,
+            WAITING_FOR_TURN,
+            self.cancels.deadline_s,
+            lambda: still(s, cancel_id),
+            cancel_id,
+        )
 
     def _wait_for_release(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
         """The clear waits for the maintenance run that holds the session; its release wakes
         the fence (wake.release_session)."""
         ws, sid = claim.workspace_id, claim.session_id
         still = lambda: runs.session_held(s, ws, sid)  # noqa: E731
-        return self._wait(s, claim, HELD_BY_MAINTENANCE, still, cancel_id)
+        return self._wait(s, claim, HELD_BY_MAINTENANCE, HELD_RECHECK_S, still, cancel_id)
 
-    def _wait(self, s: Session, claim: FenceClaim, why: str, still, cancel_id) -> str:
+    def _wait(
+        self, s: Session, claim: FenceClaim, why: str, wait_s: float, still, cancel_id
+    ) -> str:
         """The fence waits, using no budget, for what `why` names, until the transaction that
         ends it wakes the fence. What ended while this attempt ran found the fence claimed,
         not waiting, and woke nothing; so under the session's lock, which that transaction
         takes first too, `still()` is asked: if it has ended, the fence is due now ("woken",
-        and `apply` publishes it again), else it looks again after its wait at the latest."""
+        and `apply` publishes it again), else it looks again after `wait_s` at the latest."""
         lock_session(s, claim.workspace_id, claim.session_id)
         waiting = still()
-        wait_s = self.cancels.deadline_s if why == WAITING_FOR_TURN else HELD_RECHECK_S
         waited = self._back_to_pending(s, claim, why, wait_s if waiting else 0.0, cancel_id)
         return "woken" if waited == "waiting" and not waiting else waited
 
