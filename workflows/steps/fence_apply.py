@@ -298,15 +298,8 @@ class FenceApplier(Step):
     def _wait_for_turn(self, s: Session, claim: FenceClaim, cancel_id: str) -> str:
         """The fence waits for the turn of `cancel_id` to settle; the transaction that settles
         it wakes the fence (cancels.waiting_fences)."""
-        still = cancels.still_waited_for
-        return self._wait(
-            s,
-            claim,
-            WAITING_FOR_TURN,
-            self.cancels.deadline_s,
-            lambda: still(s, cancel_id),
-            cancel_id,
-        )
+        still = lambda: cancels.still_waited_for(s, cancel_id)  # noqa: E731
+        return self._wait(s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, still, cancel_id)
 
     def _wait_for_release(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
         """The clear waits for the maintenance run that holds the session; its release wakes
