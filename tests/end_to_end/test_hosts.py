@@ -72,7 +72,7 @@ def test_a_session_that_moves_host_is_a_new_epoch_there(client, stack, sim_contr
     # host-b claims the session: it is bound to the host that reported it, so the report is
     # refused and nothing moves (a compromised host cannot take another's sessions).
     control_b.session(WS, "s1")
-    sim_b.sim.report({"workspace_id": WS, "session_id": "s1", "occurred_at_ms": _now_ms()})
+    sim_b.sim.send_report({"workspace_id": WS, "session_id": "s1", "occurred_at_ms": _now_ms()})
     eventually(
         lambda: "bound to host 'default'" in worker.log_path.read_text(),
         what="the report refused",

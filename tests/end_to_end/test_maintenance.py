@@ -65,13 +65,12 @@ def test_worker_killed_mid_run_is_recovered_from_the_agents_answer(client, stack
     assert len(sim_control.effects("maintenance")) == 1
 
 
-def test_a_stopping_worker_hands_a_long_run_back(client, stack, sim, sim_control):
+def test_a_stopping_worker_hands_a_long_run_back(client, stack, sim_control):
     """SIGTERM (a rollout) while a worker waits on a long run: the worker is gone at once,
     not when the run ends, and another worker re-attaches — no recovery, one run at the
     host."""
     import signal
     import subprocess
-    import time
 
     first = stack.start_worker(concurrency=1)
     stack.start_beat()
@@ -86,8 +85,7 @@ def test_a_stopping_worker_hands_a_long_run_back(client, stack, sim, sim_control
     assert client.get_maintenance(run.run_id).status == "running"
     # The worker left with the run still going at the host. The run ends there now, as it
     # would have at 15 s: the worker that re-attaches need not wait the rest of it out.
-    with sim.sim.lock:
-        sim.sim.session(WS, SID).runs[run.run_id].done_at = time.time()
+    sim_control.session(WS, SID, finish_run=run.run_id)
     stack.start_worker(concurrency=1)
     done = client.wait(run, timeout=60)
     assert done.status == "completed", (done.error_code, done.detail)

@@ -165,7 +165,7 @@ class Fleet:
     # -- what hosts and clients do -------------------------------------------------------------
     def host_report(self, sid: str) -> None:
         host = self.host_of[sid]
-        self.servers[host].sim.report(
+        self.servers[host].sim.send_report(
             {"workspace_id": WS, "session_id": sid, "occurred_at_ms": int(time.time() * 1000)}
         )
 

@@ -628,7 +628,7 @@ def test_accepted_without_report_fails_after_its_budget(client, dispatcher, sim_
 
 
 def test_stale_revision_from_the_runtime_supersedes(client, dispatcher, sim):
-    sim.sim.session(WS, SID).applied_revision = 5  # the agent has seen a newer revision
+    sim.sim.session(WS, SID).revision = 5  # the agent has seen a newer revision
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["superseded"]
     assert client.get_goal_operation(op.operation_id).status == "superseded"

@@ -86,7 +86,7 @@ def test_a_host_that_is_not_idempotent_fails_that_line(host):
 def test_a_host_that_starts_a_prompt_twice_fails_that_line(host):
     def forgets_prompts(sim, call, ws, sid, body):
         if call == "prompts":
-            sim.session(ws, sid).prompt_turns.clear()  # the same prompt_id: a new turn
+            sim.session(ws, sid).prompts.clear()  # the same prompt_id: a new turn
 
     broken(host, forgets_prompts)
     assert "the same prompt_id twice" in only_failure(verdicts(host), KEYED)
@@ -95,7 +95,7 @@ def test_a_host_that_starts_a_prompt_twice_fails_that_line(host):
 def test_a_host_that_takes_revisions_backwards_fails_that_line(host):
     def forgets_revisions(sim, call, ws, sid, body):
         if call == "goal":
-            sim.session(ws, sid).applied_revision = 0
+            sim.session(ws, sid).revision = 0
 
     broken(host, forgets_revisions)
     assert "revision 1 after 2 was applied" in only_failure(verdicts(host), FORWARD)
@@ -108,7 +108,8 @@ def test_a_host_that_forgets_a_fence_at_a_restart_without_a_new_epoch_fails_that
     def restart_at_the_same_epoch(path, body):
         answer = control(path, body)
         if body.get("restart"):
-            sim.session(*path.split("/")[3:5]).epoch -= 1  # the fences went, the epoch stays
+            # The fences went, the epoch stays.
+            sim.session(*path.split("/")[3:5]).runtime_epoch -= 1
         return answer
 
     sim.control = restart_at_the_same_epoch

@@ -11,6 +11,7 @@ from agent_radar.host import AgentHost, HostError, TimerAgent
 from agent_radar.models.base import utcnow
 from agent_radar.workflows.activity.activity import parse_report
 from agent_radar.workflows.adapters.report_auth import signature_ok
+from agent_radar.workflows.host.reports import ReportSender
 from tests.helpers import eventually
 
 TOKEN = "kit-token"
@@ -329,3 +330,63 @@ def test_an_agent_may_take_a_goal_later(tmp_path):
     host.agent = Still()
     assert goal(host, "op-4", 4)["phase"] == "applied"
     assert [e["revision"] for e in effects(tmp_path) if e["kind"] == "goal"] == [1, 3, 4]
+
+
+def test_an_agent_may_pursue_goals_only_when_prompted_and_its_turn_ends_are_logged(tmp_path):
+    """`continues_goal` False: a goal set is applied and starts no turn. A turn's end, on
+    the agent's word or at a cancel, is an effect in the log, reported once."""
+    reports: list[dict] = []
+
+    class Prompted(Still):
+        def continues_goal(self, host, session, goal):
+            return False
+
+    host = kit(tmp_path, reports, Prompted())
+    assert goal(host, "op-1", 1)["phase"] == "applied"
+    assert host.handle("state", WS, SID, {})["turns"] == []
+    first = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})["turn_id"]
+    second = host.handle("prompts", WS, SID, {"prompt_id": "p-2", "text": "ho"})["turn_id"]
+    assert host.settle(WS, SID, first) is True
+    assert host.settle(WS, SID, first) is False  # once
+    cancel = {"operation_id": "c-1", "require_live": True}
+    assert host.handle("turns/" + second, WS, SID, cancel) == {"result": "canceled"}
+    ended = [(e["turn_id"], e["outcome"]) for e in effects(tmp_path) if e["kind"] == "turn_settled"]
+    assert ended == [(first, "completed"), (second, "canceled")]
+    (prompted,) = [e for e in effects(tmp_path) if e["kind"] == "prompt" and e["text"] == "ho"]
+    assert prompted["turn_id"] == second
+    assert [e["operation_id"] for e in effects(tmp_path) if e["kind"] == "cancel"] == ["c-1"]
+    eventually(
+        lambda: sum(r.get("turn", {}).get("phase") == "settled" for r in reports) == 2,
+        what="the two ends reported",
+    )
+    settled = [r["turn"]["turn_id"] for r in reports if r.get("turn", {}).get("phase") == "settled"]
+    assert settled == [first, second]
+
+
+def test_a_closed_host_sends_what_was_on_its_way_and_nothing_more(tmp_path):
+    """`close` waits for the reports already handed to the sender (the reporter can be
+    closed after it); a report made after it goes nowhere."""
+    import threading
+
+    reports: list[dict] = []
+    sending, release = threading.Event(), threading.Event()
+
+    def slow(report):
+        sending.set()
+        release.wait(5)
+        reports.append(report)
+
+    host = kit(tmp_path, agent=TimerAgent(turn_s=60))
+    host.sender = ReportSender(slow)
+    goal(host, "op-1", 1)  # its turn's start is reported
+    assert sending.wait(5)
+    closing = threading.Thread(target=host.close)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive()  # waiting for the report on its way
+    release.set()
+    closing.join(5)
+    assert not closing.is_alive()
+    started = [r["turn"]["phase"] for r in reports]
+    host.go_offline(WS, SID)  # reported, were it open
+    assert [r["turn"]["phase"] for r in reports] == started == ["running"]

@@ -13,7 +13,6 @@ import copy
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any, Protocol
 
 from ..adapters import report_auth
 from . import calls
+from .reports import Reporter, ReportSender
 from .server import HostError, HostServer, item_of
 from .sessions import (
     HostSession,
@@ -31,11 +31,6 @@ from .sessions import (
 )
 
 log = logging.getLogger(__name__)
-# The report sender thread ends after this long with nothing to send; the next report starts
-# another.
-REPORTS_IDLE_S = 1.0
-
-Reporter = Callable[[dict[str, Any]], Any]
 
 
 @dataclass
@@ -54,7 +49,8 @@ class Agent(Protocol):
     goal) -> bool` (`goal`: operation_id, action, objective, revision): False answers the
     goal call `accepted`, and the agent calls `host.goal_applied(ws, sid, operation_id)` once
     it has taken effect (docs/protocol.md: reports, `goal_applied`). Without it, every goal
-    is applied at once."""
+    is applied at once. And `continues_goal(host, session, goal) -> bool`: False, and a goal
+    set starts no turn of its own (an agent that pursues goals only when prompted)."""
 
     def start_turn(self, host: "AgentHost", session: HostSession, turn: Turn) -> None: ...
 
@@ -74,20 +70,22 @@ class AgentHost:
     was and a failure that is not a refusal answers `500 server_error`, which the workers
     retry. Reports and the effects log go out after the lock is let go."""
 
+    # Only the simulator runs without a token, in tests (tools/simulator/state.py).
+    TOKENLESS = False
+
     def __init__(
         self,
         agent: Agent,
         *,
-        token: str,
+        token: str | None,
         host_id: str = "default",
         state_file: str | os.PathLike | None = None,
         reporter: Reporter | None = None,
         effects_log: str | os.PathLike | None = None,
     ) -> None:
-        if not token:
+        if not token and not self.TOKENLESS:
             raise ValueError("a host needs its token: calls without it must be refused")
         self.agent, self.token, self.host_id = agent, token, host_id
-        self.reporter = reporter
         self.state_file = Path(state_file) if state_file else None
         # Every effect, one JSON line each (goal, fence, prompt, cancel, maintenance): what
         # reached the session, countable at the host.
@@ -97,9 +95,8 @@ class AgentHost:
         self.answers: dict[str, dict] = {}  # goal and cancel operation ids: the answer
         self.turn_seq = 0
         self._outbox: list[dict] = []  # signed reports of the call under way
-        self._reports: queue.SimpleQueue[dict] = queue.SimpleQueue()  # for the sender
-        self._sender: threading.Thread | None = None
-        self._change = _Change()
+        self.sender = ReportSender(reporter) if reporter is not None else None
+        self._change, self._in_change = _Change(), False
         with self.lock:
             self._load()
         self._send_reports()
@@ -146,6 +143,11 @@ class AgentHost:
             found = self.sessions[(ws, sid)] = HostSession(ws, sid)
         return found
 
+    def new_turn_id(self, s: HostSession) -> str:
+        """A turn id this host never gave before, whatever its sessions did."""
+        self.turn_seq += 1
+        return f"turn-{self.host_id}-{self.turn_seq}"
+
     def _new_epoch(self, s: HostSession) -> None:
         self._end_process(s)
         s.live, s.runtime_epoch = True, s.runtime_epoch + 1
@@ -167,8 +169,13 @@ class AgentHost:
     # -- reports (docs/protocol.md: reports, signing a report) -------------------------------
     def report(self, s: HostSession, **fields: Any) -> None:
         """Sign a report; it goes out once the lock is let go (`_send_reports`)."""
-        if self.reporter is None:
-            return
+        if self.sender is not None:
+            with self.lock:
+                self._outbox.append(self.signed(s, **fields))
+
+    def signed(self, s: HostSession, **fields: Any) -> dict:
+        """A report of the session, now, naming this host and the session's epoch; signed with
+        the token (a host without one, the simulator in tests, sends it unsigned)."""
         facts = {"host_id": self.host_id, "runtime_epoch": s.runtime_epoch}
         report = {
             "workspace_id": s.workspace_id,
@@ -177,42 +184,22 @@ class AgentHost:
             **fields,
             "session": facts | fields.get("session", {}),
         }
-        with self.lock:
-            self._outbox.append(report_auth.sign(report, self.host_id, self.token))
+        return self.sign(report)
+
+    def sign(self, report: dict) -> dict:
+        return report_auth.sign(report, self.host_id, self.token) if self.token else report
 
     def _send_reports(self) -> None:
-        """Hand the waiting reports to the sender thread, which gives them to the reporter in
-        order: no call waits for the broker, and one that stalls holds up no call. A report
-        that fails is logged and lost: the state call tells what it would have
-        (docs/protocol.md: reports)."""
+        """Hand the waiting reports to the sender (host/reports.py), in order."""
         with self.lock:
             waiting, self._outbox = self._outbox, []
-            if self.reporter is None or not waiting:
-                return
-            for report in waiting:
-                self._reports.put(report)
-            if self._sender is None:
-                self._sender = threading.Thread(
-                    target=self._sending, daemon=True, name="agent-host-reports"
-                )
-                self._sender.start()
+            if self.sender is not None:
+                self.sender.send(waiting)
 
-    def _sending(self) -> None:
-        """The sender thread: it ends after REPORTS_IDLE_S with nothing to send."""
-        while True:
-            try:
-                report = self._reports.get(timeout=REPORTS_IDLE_S)
-            except queue.Empty:
-                with self.lock:
-                    if self._reports.empty():
-                        self._sender = None
-                        return
-                continue
-            try:
-                if self.reporter is not None:  # the thread starts only with one
-                    self.reporter(report)
-            except Exception:  # noqa: BLE001 - a host keeps running when reporting fails
-                log.exception("agent host: a report could not be sent")
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send no more reports, and wait for those on their way (see ReportSender.close)."""
+        if self.sender is not None:
+            self.sender.close(timeout_s)
 
     def _report_turn(self, s: HostSession, turn: Turn) -> None:
         shown = {k: v for k, v in asdict(turn).items() if v is not None}
@@ -230,6 +217,12 @@ class AgentHost:
             if turn is not None and ended:
                 turn.phase, turn.outcome = "settled", outcome
                 self._report_turn(s, turn)
+                self._effect("turn_settled", s, turn_id=turn_id, outcome=outcome)
+                if not self._in_change:
+                    self._log_effects(self._change.effects)
+                    self._change.effects = []
+            if self._in_change:
+                return ended  # its report goes out with the call's
         self._send_reports()
         return ended
 
@@ -309,11 +302,12 @@ class AgentHost:
         with self.lock:
             s = self.session(ws, sid)
             before = (copy.deepcopy(s), self.turn_seq, len(self._outbox))
-            self._change = _Change()
+            self._change, self._in_change = _Change(), True
             try:
                 answer = change(s)
                 self._save()
             except BaseException as exc:
+                self._in_change = False
                 self.sessions[(ws, sid)] = before[0]
                 self.turn_seq = before[1]
                 del self._outbox[before[2] :]
@@ -324,7 +318,7 @@ class AgentHost:
                     raise
                 log.exception("agent host: a call failed; nothing of it was kept")
                 raise HostError(500, "server_error") from None
-            done, self._change = self._change, _Change()
+            done, self._change, self._in_change = self._change, _Change(), False
             self._log_effects(done.effects)
             for start in done.starts:
                 start()

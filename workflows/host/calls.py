@@ -49,12 +49,14 @@ def state(host: Any, s: HostSession) -> dict:
 
 
 def resume(host: Any, s: HostSession, body: dict) -> dict:
-    for pair in fences_of(body):  # every one checked before any is held
-        if pair not in s.fences:
-            s.fences.append(pair)
+    given = fences_of(body)  # every one checked before any is held
     if not s.live:
         host._new_epoch(s)
-        host._effect("resume", s, runtime_epoch=s.runtime_epoch)
+        fences = [{"target_operation_id": o, "target_revision": r} for o, r in given]
+        host._effect("resume", s, runtime_epoch=s.runtime_epoch, fences=fences)
+    for pair in given:
+        if pair not in s.fences:
+            s.fences.append(pair)
     return {"live": True, "runtime_epoch": s.runtime_epoch}
 
 
@@ -93,8 +95,9 @@ def apply_goal(host: Any, s: HostSession, wanted: dict) -> None:
     elif s.goal is not None:
         s.goal = {**s.goal, "status": "paused" if action == "pause" else "active"}
     s.revision, s.applied_operation_id = revision, op
-    host._effect("goal", s, operation_id=op, action=action, revision=revision)
-    if action == "set":
+    objective = wanted["objective"]
+    host._effect("goal", s, operation_id=op, action=action, revision=revision, objective=objective)
+    if action == "set" and getattr(host.agent, "continues_goal", lambda *a: True)(host, s, wanted):
         start_turn(
             host, s, "goal_continuation", source_goal_operation_id=op, source_goal_revision=revision
         )
@@ -118,8 +121,7 @@ def fence(host: Any, s: HostSession, body: dict) -> dict:
 def start_turn(host: Any, s: HostSession, origin: str, **provenance: Any) -> Turn:
     """The turn is recorded and reported with the call; the agent starts it once the
     call is saved. An agent that cannot start it ends it `failed`."""
-    host.turn_seq += 1
-    turn = Turn(f"turn-{host.host_id}-{host.turn_seq}", s.runtime_epoch, origin, **provenance)
+    turn = Turn(host.new_turn_id(s), s.runtime_epoch, origin, **provenance)
     s.turns[turn.turn_id] = turn
     host._report_turn(s, turn)
 
@@ -141,7 +143,7 @@ def prompt(host: Any, s: HostSession, body: dict) -> dict:
     if prompt_id not in s.prompts:
         turn = start_turn(host, s, "user_prompt", prompt_id=prompt_id, text=text)
         s.prompts[prompt_id] = turn.turn_id
-        host._effect("prompt", s, prompt_id=prompt_id, turn_id=turn.turn_id)
+        host._effect("prompt", s, prompt_id=prompt_id, turn_id=turn.turn_id, text=text)
     return {"turn_id": s.prompts[prompt_id]}
 
 
@@ -158,7 +160,7 @@ def cancel(host: Any, s: HostSession, turn_id: str, body: dict) -> dict:
         answer = {"result": "already_settled"}
     else:
         ended = host.agent.cancel_turn(host, s, turn)
-        host._effect("cancel", s, turn_id=turn_id)
+        host._effect("cancel", s, turn_id=turn_id, operation_id=op)
         answer = {"result": "canceled" if ended else "accepted"}
     return host._keep_answer(op, answer)
 

@@ -1,91 +1,114 @@
 """The simulated agent host: it records every call and effect, keeps its sessions, runs its
 timers and sends its reports, and answers the `/sim/` control and snapshot endpoints."""
 
-import logging
-import re
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
-from urllib.parse import unquote
 
-from ...adapters import report_auth
-from .calls import answer_call
+from ...host.agent_host import AgentHost
+from ...host.reports import Reporter
+from ...host.sessions import HostSession, Turn
+from . import endpoints
+from .agent import SimAgent
 from .faults import HostFaults
-from .sessions import (
-    SESSION_SETTINGS,
-    SimError,
-    SimSession,
-    SimTurn,
-)
-from .turns import _settle
-
-log = logging.getLogger(__name__)
-
-PLANTED_TURN_FIELDS = {
-    "turn_id",
-    "origin",
-    "source_goal_operation_id",
-    "source_goal_revision",
-    "prompt_id",
-}
-
-Reporter = Callable[[dict[str, Any]], Any]
-
-# The longest an effects poller may wait for a new effect, and how often it looks anyway.
-MAX_WAIT_S = 5.0
-WAIT_SLICE_S = 0.05
-# Effects in one answer of /sim/effects: well under a client's answer limit (1 MiB).
-EFFECTS_PAGE = 1000
+from .sessions import SimError, SimSettings
 
 
-class Simulator:
+class Simulator(AgentHost):
+    """An agent host on the host kit (host/agent_host.py) with the simulated agent
+    (agent.py): the kit answers every call; the simulator records each call and effect in
+    memory, fails, delays or holds calls as its faults say (faults.py), and its `/sim/`
+    endpoints change sessions behind the protocol's back. Its sessions live in its process:
+    a new epoch (a restart, a resume after offline) forgets fences, turns, runs and prompt
+    keys, and the workers give the fences again (docs/protocol.md: epochs)."""
+
+    TOKENLESS = True  # tests run it without a token: its reports then go unsigned
+
     def __init__(
         self, reporter: Reporter | None = None, host_id: str = "default", token: str | None = None
     ) -> None:
-        self.lock = threading.RLock()
+        super().__init__(SimAgent(), token=token, host_id=host_id, reporter=reporter)
         # Notified after each protocol call, for pollers that wait for new effects.
         self.changed = threading.Condition(self.lock)
         # Failures, latency, holds and trickles set through /sim/ (reset with the rest).
         self.faults = HostFaults(self.changed)
-        self.reporter = reporter
-        # The host this simulator is (docs/lifecycles.md: sessions): every report names it.
-        self.host_id = host_id
-        # With a token, every report is signed with it (docs/protocol.md: signing a report).
-        self.token = token
         # After close(): no timer fires, no report goes out (see close).
         self.closed = False
         self._timers: set[threading.Timer] = set()
-        self._reporting = 0
-        # Turn ids are never given twice, a reset included (see turns._new_turn_id).
-        self.turn_seq = 0
         self.reset()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop reporting: the pending timers (turns that would settle, goals that would
         apply later) are cancelled, and reports already on their way are waited for, so that
         the reporter (a publisher, with its broker connection) can be closed after this."""
-        with self.changed:
+        with self.lock:
             self.closed = True
             for timer in self._timers:
                 timer.cancel()
             self._timers.clear()
-            self.changed.wait_for(lambda: not self._reporting, timeout_s)
+        super().close(timeout_s)
 
     def reset(self) -> None:
         with self.lock:
-            self.sessions: dict[tuple[str, str], SimSession] = {}
-            self.answers: dict[str, dict] = {}
+            self.sessions = {}
+            self.settings: dict[tuple[str, str], SimSettings] = {}
+            self.answers = {}
             self.effects: list[dict] = []
             self.calls: list[dict] = []
             self.faults.reset()
             self.defaults: dict[str, Any] = {}
 
-    def session(self, ws: str, sid: str) -> SimSession:
-        sess = self.sessions.get((ws, sid))
-        if sess is None:
-            sess = self.sessions[(ws, sid)] = SimSession(**self.defaults)
-        return sess
+    def settings_of(self, ws: str, sid: str) -> SimSettings:
+        found = self.settings.get((ws, sid))
+        if found is None:
+            knobs = {k: v for k, v in self.defaults.items() if k != "live"}
+            found = self.settings[(ws, sid)] = SimSettings(**knobs)
+        return found
+
+    def session(self, ws: str, sid: str) -> HostSession:
+        found = self.sessions.get((ws, sid))
+        if found is None:
+            live = self.defaults.get("live", True)
+            found = self.sessions[(ws, sid)] = HostSession(ws, sid, live=live)
+        return found
+
+    # -- the kit's hooks -----------------------------------------------------------------------
+    def new_turn_id(self, s: HostSession) -> str:
+        """With `numbered_turns`, the session's process numbers its turns from 1 (again
+        after a restart, and at each host): the control plane tells them apart by (host,
+        epoch, turn id)."""
+        settings = self.settings_of(s.workspace_id, s.session_id)
+        if not settings.numbered_turns:
+            return super().new_turn_id(s)
+        settings.turn_number += 1
+        return f"turn-{settings.turn_number}"
+
+    def _end_process(self, s: HostSession) -> None:
+        """What the old process held in memory goes with it: fences, runs and prompt keys
+        too (a host with nothing on disk)."""
+        super()._end_process(s)
+        s.fences, s.runs, s.prompts = [], {}, {}
+        self.settings_of(s.workspace_id, s.session_id).turn_number = 0
+
+    def _new_epoch(self, s: HostSession) -> None:
+        """A resume after offline: a new process, silent (the resume's answer tells it)."""
+        self._end_process(s)
+        s.live, s.runtime_epoch = True, s.runtime_epoch + 1
+
+    def _report_turn(self, s: HostSession, turn: Turn) -> None:
+        """A turn's start goes out `report_delay_ms` late if the session says so."""
+        delay_ms = self.settings_of(s.workspace_id, s.session_id).report_delay_ms
+        if turn.phase == "settled" or not delay_ms or self.sender is None:
+            super()._report_turn(s, turn)
+            return
+        shown = {k: v for k, v in asdict(turn).items() if v is not None}
+        shown.pop("runtime_epoch")
+        shown.pop("text", None)
+        self.later(delay_ms, self.send_report, self.signed(s, turn=shown))
+
+    def _log_effects(self, effects: list[dict]) -> None:
+        self.effects.extend(effects)
 
     # -- protocol --------------------------------------------------------------------------
     def handle(self, call: str, ws: str, sid: str, body: dict) -> dict:
@@ -105,10 +128,14 @@ class Simulator:
             self.faults.wait_while_held(call)
         if delay_ms:
             time.sleep(delay_ms / 1000)
-        with self.lock:
-            try:
-                return answer_call(self, call, ws, sid, body)
-            finally:
+        try:
+            with self.lock:
+                missing = self.settings_of(ws, sid).missing
+            if missing:
+                raise SimError(404, "session_not_found")
+            return super().handle(call, ws, sid, body)
+        finally:
+            with self.lock:
                 self.changed.notify_all()
 
     # -- timers and reports ------------------------------------------------------------------
@@ -130,151 +157,22 @@ class Simulator:
             self._timers.add(timer)
         timer.start()
 
-    def report(self, report: dict) -> None:
-        if self.reporter is None:
-            return
-        # Every report names the host that sends it and the epoch of its process
-        # (docs/lifecycles.md: sessions).
-        sess = self.sessions.get((report["workspace_id"], report["session_id"]))
+    def send_report(self, report: dict) -> None:
+        """A report as it is (a test's own), sent after the ones before it; one without
+        `session` names this host and the session's epoch, and with a token it is signed."""
         if "session" not in report:
-            facts: dict[str, Any] = {"host_id": self.host_id}
-            if sess is not None:
-                facts["runtime_epoch"] = sess.epoch
-            report = {**report, "session": facts}
-        if self.token:
-            report = report_auth.sign(report, self.host_id, self.token)
-        with self.changed:
-            if self.closed:
-                return
-            self._reporting += 1
-        try:
-            self.reporter(report)
-        except Exception:  # noqa: BLE001 - an agent host keeps running if reporting fails
-            log.exception("runtime-sim: report failed")
-        finally:
-            with self.changed:
-                self._reporting -= 1
-                if self.closed and not self._reporting:
-                    self.changed.notify_all()  # close() waits for this
-
-    # -- control ---------------------------------------------------------------------------
-    def control(self, path: str, body: dict) -> dict:
+            s = self.sessions.get((report["workspace_id"], report["session_id"]))
+            facts = {"host_id": self.host_id}
+            if s is not None:
+                facts["runtime_epoch"] = s.runtime_epoch
+            report = self.sign({**report, "session": facts})
         with self.lock:
-            if path == "/sim/reset":
-                self.reset()
-                return {}
-            match = re.match(r"^/sim/sessions/([^/]+)/([^/]+)$", path)
-            if match:
-                key = (unquote(match[1]), unquote(match[2]))
-                if body.get("fresh"):
-                    # The session arrives here anew (a move): nothing of an earlier stay
-                    # at this host, a process of its own.
-                    old = self.session(*key)
-                    self.sessions[key] = SimSession(**{**self.defaults, "epoch": old.epoch + 1})
-                sess = self.session(*key)
-                if body.get("restart"):
-                    # The host process restarts: a new epoch, and everything it held in
-                    # memory — fences, turns, maintenance runs — is gone.
-                    sess.epoch += 1
-                    sess.fences = set()
-                    sess.turns = {}
-                    sess.runs = {}
-                    sess.prompt_turns = {}
-                    sess.turn_number = 0
-                for key in SESSION_SETTINGS:
-                    if key in body:
-                        setattr(sess, key, body[key])
-                if body.get("report") and (body.get("restart") or "live" in body):
-                    # The change as a host in production makes it: reported (a session gone
-                    # offline, a new epoch). Without `report` it is silent, as the faults
-                    # tests make are (docs/host-check.md: test hooks).
-                    facts = {
-                        "host_id": self.host_id,
-                        "live": sess.live,
-                        "runtime_epoch": sess.epoch,
-                    }
-                    self.later(
-                        0,
-                        self.report,
-                        {
-                            "workspace_id": unquote(match[1]),
-                            "session_id": unquote(match[2]),
-                            "occurred_at_ms": int(time.time() * 1000),
-                            "session": facts,
-                        },
-                    )
-                if body.get("settle_turn") in sess.turns:
-                    # The turn ends on its own now (and its report goes out).
-                    ws, sid = unquote(match[1]), unquote(match[2])
-                    self.later(0, _settle, self, ws, sid, body["settle_turn"], "completed")
-                if body.get("turn"):
-                    # A turn that runs here until it is cancelled, with no report of it
-                    # (a test's own turn, of an agent that lost its reports).
-                    fields = body["turn"]
-                    if not isinstance(fields, dict) or set(fields) - PLANTED_TURN_FIELDS:
-                        raise SimError(422, "rejected", detail="turn: an object of turn fields")
-                    turn = SimTurn(
-                        **{
-                            "origin": "user_prompt",
-                            "source_goal_operation_id": None,
-                            "source_goal_revision": None,
-                            **fields,
-                        }
-                    )
-                    sess.turns[turn.turn_id] = turn
-                return {
-                    "live": sess.live,
-                    "runtime_epoch": sess.epoch,
-                    "goal": sess.goal,
-                    "applied_revision": sess.applied_revision,
-                    "fences": sorted(sess.fences),
-                    "turns": {
-                        t.turn_id: {
-                            "phase": t.phase,
-                            "outcome": t.outcome,
-                            "source_goal_operation_id": t.source_goal_operation_id,
-                            "source_goal_revision": t.source_goal_revision,
-                        }
-                        for t in sess.turns.values()
-                    },
-                    "runs": {
-                        r.run_id: {"running": time.time() < r.done_at, "cancelled": r.cancelled}
-                        for r in sess.runs.values()
-                    },
-                }
-            if path == "/sim/defaults":
-                unknown = set(body) - set(SESSION_SETTINGS)
-                if unknown:
-                    raise SimError(422, "rejected", detail=f"unknown settings {sorted(unknown)}")
-                self.defaults.update(body)
-                return dict(self.defaults)
-            result = self.faults.control(path, body)
-            if result is not None:
-                return result
-        raise SimError(404, "not_found")
+            self._outbox.append(report)
+        self._send_reports()
+
+    # -- /sim/ (endpoints.py) ------------------------------------------------------------------
+    def control(self, path: str, body: dict) -> dict:
+        return endpoints.control(self, path, body)
 
     def snapshot(self, path: str, since: int = 0, wait_s: float = 0.0) -> dict:
-        """`since`: only the effects after the first `since` (a poller that has seen them
-        asks for the rest), at most EFFECTS_PAGE of them (an answer stays under a client's
-        limit however long the run; ask again from there); `total` counts them all. `wait_s`
-        (at most MAX_WAIT_S): wait
-        that long for more than `since` effects before answering, so a poller that wants
-        the next effect at once need not ask over and over (each ask costs this process
-        the time it would spend answering the calls under test)."""
-        if not 0 <= wait_s <= MAX_WAIT_S:
-            raise SimError(422, "rejected", detail=f"wait_s must be 0 to {MAX_WAIT_S}")
-        with self.lock:
-            if path == "/sim/effects":
-                deadline = time.monotonic() + wait_s
-                while len(self.effects) <= since and (left := deadline - time.monotonic()) > 0:
-                    # In slices: effects made outside a protocol call (a delayed apply or
-                    # report) notify nobody.
-                    self.changed.wait(min(left, WAIT_SLICE_S))
-                start = max(since, 0)
-                page = self.effects[start : start + EFFECTS_PAGE]
-                return {"effects": page, "total": len(self.effects)}
-            if path == "/sim/calls":
-                return {"calls": list(self.calls), "holding": self.faults.holding}
-            if path == "/sim/health":
-                return {"ok": True}
-        raise SimError(404, "not_found")
+        return endpoints.snapshot(self, path, since, wait_s)
