@@ -336,5 +336,5 @@ def test_a_goal_the_kit_s_agent_takes_later_completes(settings, tmp_path):
         stack.kill()
         server.stop()
         client.close()
-    lines = (tmp_path / "effects.jsonl").read_text().splitlines()
-    assert [json.loads(line)["operation_id"] for line in lines] == [op.operation_id]
+    effects = [json.loads(line) for line in (tmp_path / "effects.jsonl").read_text().splitlines()]
+    assert [e["operation_id"] for e in effects if e["kind"] == "goal"] == [op.operation_id]
