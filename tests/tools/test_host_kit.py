@@ -4,6 +4,8 @@ signed, as a worker takes it. The example hosts behind real workers are
 tests/end_to_end/test_example_hosts.py."""
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -363,11 +365,8 @@ def test_an_agent_may_pursue_goals_only_when_prompted_and_its_turn_ends_are_logg
     assert settled == [first, second]
 
 
-def test_a_closed_host_sends_what_was_on_its_way_and_nothing_more(tmp_path):
-    """`close` waits for the reports already handed to the sender (the reporter can be
-    closed after it); a report made after it goes nowhere."""
-    import threading
-
+def _slow_reporter():
+    """A reporter that holds each report until `release` is set (`sending` once it has one)."""
     reports: list[dict] = []
     sending, release = threading.Event(), threading.Event()
 
@@ -376,6 +375,13 @@ def test_a_closed_host_sends_what_was_on_its_way_and_nothing_more(tmp_path):
         release.wait(5)
         reports.append(report)
 
+    return reports, sending, release, slow
+
+
+def test_a_closed_host_sends_what_was_on_its_way_and_nothing_more(tmp_path):
+    """`close` waits for the reports already handed to the sender (the reporter can be
+    closed after it); a report made after it goes nowhere."""
+    reports, sending, release, slow = _slow_reporter()
     host = kit(tmp_path, agent=TimerAgent(turn_s=60))
     host.sender = ReportSender(slow)
     goal(host, "op-1", 1)  # its turn's start is reported
@@ -390,3 +396,102 @@ def test_a_closed_host_sends_what_was_on_its_way_and_nothing_more(tmp_path):
     started = [r["turn"]["phase"] for r in reports]
     host.go_offline(WS, SID)  # reported, were it open
     assert [r["turn"]["phase"] for r in reports] == started == ["running"]
+
+
+def test_a_call_undone_leaves_no_effect_behind(tmp_path):
+    """Review: a call that failed after its effects were made (here the agent, deciding
+    whether a goal starts a turn) kept them in the pending change, and the next turn's end
+    logged them with its own: a goal at the host's log that never took effect, twice after
+    the retry."""
+
+    class Flaky(Still):
+        fail = True
+
+        def continues_goal(self, host, session, goal):
+            if self.fail:
+                raise RuntimeError("the agent fell over")
+            return True
+
+    agent = Flaky()
+    host = kit(tmp_path, agent=agent)
+    turn_id = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})["turn_id"]
+    with pytest.raises(HostError) as failed:
+        goal(host, "op-1", 1)
+    assert failed.value.status == 500
+    assert host.handle("state", WS, SID, {})["goal"] is None
+    host.settle(WS, SID, turn_id)  # a turn's end, outside any call
+    assert [e["kind"] for e in effects(tmp_path)] == ["prompt", "turn_settled"]
+    agent.fail = False
+    assert goal(host, "op-1", 1)["phase"] == "applied"
+    assert [e["operation_id"] for e in effects(tmp_path) if e["kind"] == "goal"] == ["op-1"]
+
+
+def test_a_goal_that_will_never_take_effect_is_answered_anew(tmp_path):
+    """Review: a goal accepted while live, whose session was offline when the agent went to
+    apply it, lost its pending entry but kept its `accepted` answer: every retry answered
+    `accepted` and nothing ever applied it. Its answer goes with it."""
+
+    class Later(Still):
+        def takes_goal(self, host, session, goal):
+            return False
+
+    host = kit(tmp_path, agent=Later())
+    assert goal(host, "op-1", 1)["phase"] == "accepted"
+    host.sessions[(WS, SID)].live = False  # offline, as a silent drop leaves it
+    assert host.goal_applied(WS, SID, "op-1") is False
+    host.sessions[(WS, SID)].live = True
+    host.agent = Still()
+    assert goal(host, "op-1", 1)["phase"] == "applied"
+    # A newer revision applied first: the older one's retry is told it is stale.
+    host.agent = Later()
+    goal(host, "op-2", 2)
+    goal(host, "op-3", 3)
+    assert host.goal_applied(WS, SID, "op-3") is True
+    assert host.goal_applied(WS, SID, "op-2") is False
+    with pytest.raises(HostError) as stale:
+        goal(host, "op-2", 2)
+    assert (stale.value.status, stale.value.code) == (409, "stale_revision")
+
+
+def test_settled_turns_and_many_fences_stay_bounded(tmp_path):
+    """Review: every call copied its whole session, settled turns included, and a resume
+    checked each fence against a list: 10,000 fences made each resume seconds long and every
+    call slower. A resume holds each fence once; settled turns past the bound are let go
+    (a cancel of one answers not_found, an end for the workers too)."""
+    from agent_radar.workflows.host.sessions import SETTLED_TURNS_KEPT
+
+    host = kit(tmp_path, agent=TimerAgent(turn_s=60))
+    fences = [{"target_operation_id": f"op-{i}", "target_revision": 1} for i in range(10_000)]
+    host.handle("resume", WS, SID, {"fences": fences})
+    host.handle("resume", WS, SID, {"fences": fences})
+    assert len(host.handle("state", WS, SID, {})["fences"]) == 10_000
+    ids = []
+    for i in range(2 * SETTLED_TURNS_KEPT + 5):
+        ids.append(host.handle("prompts", WS, SID, {"prompt_id": f"p-{i}", "text": "x"})["turn_id"])
+        host.settle(WS, SID, ids[-1])
+    kept = host.sessions[(WS, SID)].turns
+    assert SETTLED_TURNS_KEPT <= len(kept) <= 2 * SETTLED_TURNS_KEPT
+    assert ids[-1] in kept and ids[0] not in kept
+    with pytest.raises(HostError) as gone:
+        host.handle("turns/" + ids[0], WS, SID, {"operation_id": "c-old"})
+    assert gone.value.status == 404
+    assert host.handle("turns/" + ids[-1], WS, SID, {"operation_id": "c-new"}) == {
+        "result": "already_settled"
+    }
+
+
+def test_a_close_that_times_out_sends_nothing_more(tmp_path):
+    """Review: `close` returned after its wait, and the reports still queued went out
+    afterwards, after the reporter was closed. Only the one on its way when the wait ended
+    goes; the rest are dropped."""
+    reports, sending, release, slow = _slow_reporter()
+    host = kit(tmp_path)
+    host.sender = ReportSender(slow)
+    for i in range(4):
+        host.handle("prompts", WS, SID, {"prompt_id": f"p-{i}", "text": "x"})
+    assert sending.wait(5)
+    host.close(timeout_s=0.2)
+    release.set()
+    eventually(lambda: reports, what="the report on its way")
+    time.sleep(0.3)
+    assert len(reports) == 1

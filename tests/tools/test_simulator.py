@@ -174,3 +174,39 @@ def test_a_caller_that_gives_up_before_its_answer_costs_no_traceback(capsys):
     finally:
         server.stop()
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _goal(sim, sid, op, revision):
+    body = {"operation_id": op, "action": "set", "objective": "o", "revision": revision}
+    return sim.handle("goal", WS, sid, body | {"client_submit_id": op, "require_live": True})
+
+
+def test_what_the_kit_took_over_answers_as_the_simulator_did():
+    """Review of the simulator on the kit: every report signed (a test's own too, whatever
+    it holds); a run of no duration done when first asked; a goal accepted before a silent
+    drop or a move here anew is answered anew on its retry instead of `accepted` for ever."""
+    from agent_radar.workflows.adapters.report_auth import signature_ok
+    from agent_radar.workflows.tools.simulator.state import Simulator
+
+    reported: list[dict] = []
+    sim = Simulator(reported.append, host_id="h", token="t0ken")
+    sim.send_report({"workspace_id": WS, "session_id": "s", "occurred_at_ms": 1})
+    sim.send_report(
+        {"workspace_id": WS, "session_id": "s", "occurred_at_ms": 2, "session": {"live": True}}
+    )
+    eventually(lambda: len(reported) == 2, what="both reports")
+    assert all(signature_ok(r, "t0ken") for r in reported)
+
+    sim.control(f"/sim/sessions/{WS}/run", {"maintenance_duration_ms": 0})
+    sim.handle("maintenance", WS, "run", {"run_id": "r1", "kind": "compact", "args": {}})
+    assert sim.handle("maintenance/r1", WS, "run", {})["state"] == "done"
+
+    for how in ({"live": False}, {"fresh": True}):
+        sid = f"later-{len(how)}-{next(iter(how))}"
+        sim.control(f"/sim/sessions/{WS}/{sid}", {"goal_mode": "accepted", "apply_delay_ms": 50})
+        assert _goal(sim, sid, f"op-{sid}", 1)["phase"] == "accepted"
+        sim.control(f"/sim/sessions/{WS}/{sid}", how)  # silent, before the goal applies
+        time.sleep(0.2)
+        sim.control(f"/sim/sessions/{WS}/{sid}", {"live": True, "goal_mode": "applied"})
+        assert _goal(sim, sid, f"op-{sid}", 1)["phase"] == "applied"
+    sim.close()

@@ -9,14 +9,13 @@ agent says when a turn ends (`AgentHost.settle`) and when a run is done (`AgentH
 `TimerAgent` is an agent whose turns and runs are timers, for trying a host out.
 """
 
-import copy
 import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -133,8 +132,13 @@ class AgentHost:
         os.replace(tmp, self.state_file)
 
     def _effect(self, kind: str, s: HostSession, **fields: Any) -> None:
+        """Logged with its call once the call is saved; outside a call (a turn's end), now."""
         line = {"kind": kind, "workspace_id": s.workspace_id, "session_id": s.session_id}
-        self._change.effects.append(line | fields | {"at": time.time()})
+        line |= fields | {"at": time.time()}
+        if self._in_change:
+            self._change.effects.append(line)
+        else:
+            self._log_effects([line])
 
     def session(self, ws: str, sid: str) -> HostSession:
         """A session is met at the first call that names it, live."""
@@ -158,9 +162,9 @@ class AgentHost:
         and the goals it had accepted but not applied never take effect: their `accepted`
         answers go too, so a retry of one applies it anew (nothing of it had happened)."""
         s.turns = {}
-        for run in s.runs.values():
+        for run in list(s.runs.values()):
             if run.state == "running":
-                run.state, run.error = "done", "the session's process ended"
+                s.runs[run.run_id] = replace(run, state="done", error="the process ended")
         for operation_id in s.pending_goals:
             if operation_id in self.answers:
                 self._change.dropped[operation_id] = self.answers.pop(operation_id)
@@ -215,12 +219,12 @@ class AgentHost:
             turn = s.turns.get(turn_id)
             ended = turn is not None and turn.phase != "settled"
             if turn is not None and ended:
-                turn.phase, turn.outcome = "settled", outcome
+                # A new Turn, not the old one changed: a call's snapshot of the session
+                # (`_changing`) shares the old one.
+                s.turns[turn_id] = turn = replace(turn, phase="settled", outcome=outcome)
                 self._report_turn(s, turn)
                 self._effect("turn_settled", s, turn_id=turn_id, outcome=outcome)
-                if not self._in_change:
-                    self._log_effects(self._change.effects)
-                    self._change.effects = []
+                s.prune_settled()
             if self._in_change:
                 return ended  # its report goes out with the call's
         self._send_reports()
@@ -230,11 +234,10 @@ class AgentHost:
         """A maintenance run is done: `applied`, `cancelled`, `error`, `input_tokens`,
         `result_tokens`, `summary`."""
         with self.lock:
-            run = self.session(ws, sid).runs.get(run_id)
+            s = self.session(ws, sid)
+            run = s.runs.get(run_id)
             if run is not None and run.state == "running":
-                run.state = "done"
-                for name, value in result.items():
-                    setattr(run, name, value)
+                s.runs[run_id] = replace(run, state="done", **result)  # as settle's Turn
                 self._save()
 
     def goal_applied(self, ws: str, sid: str, operation_id: str) -> bool:
@@ -244,7 +247,13 @@ class AgentHost:
 
         def apply(s: HostSession) -> bool:
             wanted = s.pending_goals.pop(operation_id, None)
-            if wanted is None or wanted["revision"] <= s.revision or not s.live:
+            if wanted is None:
+                return False
+            if wanted["revision"] <= s.revision or not s.live:
+                # Never to take effect: its `accepted` goes too, so that a retry is
+                # answered as it is now (stale, or applied anew after a resume).
+                if operation_id in self.answers:
+                    self._change.dropped[operation_id] = self.answers.pop(operation_id)
                 return False
             calls.apply_goal(self, s, wanted)
             applied = {k: wanted[k] for k in ("operation_id", "revision")}
@@ -301,19 +310,20 @@ class AgentHost:
         logged and the agent's work started; or, on a failure, nothing changed."""
         with self.lock:
             s = self.session(ws, sid)
-            before = (copy.deepcopy(s), self.turn_seq, len(self._outbox))
+            before = (s.snapshot(), self.turn_seq, len(self._outbox))
             self._change, self._in_change = _Change(), True
             try:
                 answer = change(s)
                 self._save()
             except BaseException as exc:
                 self._in_change = False
+                undone, self._change = self._change, _Change()
                 self.sessions[(ws, sid)] = before[0]
                 self.turn_seq = before[1]
                 del self._outbox[before[2] :]
-                for key in self._change.answers:
+                for key in undone.answers:
                     self.answers.pop(key, None)
-                self.answers.update(self._change.dropped)
+                self.answers.update(undone.dropped)
                 if isinstance(exc, HostError) or not isinstance(exc, Exception):
                     raise
                 log.exception("agent host: a call failed; nothing of it was kept")

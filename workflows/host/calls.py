@@ -54,9 +54,11 @@ def resume(host: Any, s: HostSession, body: dict) -> dict:
         host._new_epoch(s)
         fences = [{"target_operation_id": o, "target_revision": r} for o, r in given]
         host._effect("resume", s, runtime_epoch=s.runtime_epoch, fences=fences)
-    for pair in given:
-        if pair not in s.fences:
-            s.fences.append(pair)
+    held = {(o, r) for o, r in s.fences}
+    for o, r in given:
+        if (o, r) not in held:
+            held.add((o, r))
+            s.fences.append([o, r])
     return {"live": True, "runtime_epoch": s.runtime_epoch}
 
 
@@ -159,8 +161,8 @@ def cancel(host: Any, s: HostSession, turn_id: str, body: dict) -> dict:
     if turn.phase == "settled":
         answer = {"result": "already_settled"}
     else:
-        ended = host.agent.cancel_turn(host, s, turn)
         host._effect("cancel", s, turn_id=turn_id, operation_id=op)
+        ended = host.agent.cancel_turn(host, s, turn)
         answer = {"result": "canceled" if ended else "accepted"}
     return host._keep_answer(op, answer)
 

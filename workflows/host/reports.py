@@ -23,6 +23,7 @@ class ReportSender:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._unsent = 0  # queued or being sent: what `close` waits for
+        self._dropping = False
 
     def send(self, reports: list[dict]) -> None:
         """Queue signed reports, in order. After `close`, they are dropped."""
@@ -44,6 +45,7 @@ class ReportSender:
         with self._cond:
             self.closed = True
             self._cond.wait_for(lambda: not self._unsent, timeout_s)
+            self._dropping = True  # what is still queued after the wait never goes
 
     def _sending(self) -> None:
         """A report that fails is logged and lost: the state call tells what it would have
@@ -58,7 +60,8 @@ class ReportSender:
                         return
                 continue
             try:
-                self.reporter(report)
+                if not self._dropping:
+                    self.reporter(report)
             except Exception:  # noqa: BLE001 - a host keeps running when reporting fails
                 log.exception("agent host: a report could not be sent")
             finally:

@@ -2,10 +2,13 @@
 epoch, which survive a restart, and the turns and runs of its current process; and the
 checks of a call's body (a bad one is refused `422 rejected`, nothing changed)."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .server import HostError
+
+# Settled turns a session keeps in memory (HostSession.prune_settled).
+SETTLED_TURNS_KEPT = 1000
 
 
 @dataclass
@@ -53,6 +56,28 @@ class HostSession:
     pending_goals: dict[str, dict] = field(default_factory=dict)
     # What the session's process runs: gone with it at a new epoch.
     turns: dict[str, Turn] = field(default_factory=dict)
+
+    def snapshot(self) -> "HostSession":
+        """What a call can be undone to: its own dictionaries and lists, sharing what they
+        hold (a change replaces a Turn or a Run, never alters one)."""
+        return replace(
+            self,
+            fences=list(self.fences),
+            prompts=dict(self.prompts),
+            runs=dict(self.runs),
+            pending_goals=dict(self.pending_goals),
+            turns=dict(self.turns),
+        )
+
+    def prune_settled(self) -> None:
+        """Settled turns are kept to answer a late cancel `already_settled`; past twice
+        SETTLED_TURNS_KEPT the oldest go, down to that many (a cancel of one then answers
+        `not_found`, which the workers take as its end too)."""
+        if len(self.turns) <= 2 * SETTLED_TURNS_KEPT:
+            return
+        settled = [turn_id for turn_id, t in self.turns.items() if t.phase == "settled"]
+        for turn_id in settled[: len(settled) - SETTLED_TURNS_KEPT]:
+            del self.turns[turn_id]
 
     def fenced(self, operation_id: str, revision: int) -> bool:
         return [operation_id, revision] in self.fences

@@ -43,7 +43,10 @@ class SimAgent:
         settings = host.settings_of(s.workspace_id, s.session_id)
         outcome = settings.maintenance_outcome
         ws, sid = s.workspace_id, s.session_id
-        host.later(settings.maintenance_duration_ms, finish, host, ws, sid, run.run_id, outcome)
+        if settings.maintenance_duration_ms:
+            host.later(settings.maintenance_duration_ms, finish, host, ws, sid, run.run_id, outcome)
+        else:
+            finish(host, ws, sid, run.run_id, outcome)  # done before its status is asked
 
     def cancel_run(self, host: Any, s: HostSession, run: Run) -> None:
         if not host.settings_of(s.workspace_id, s.session_id).ignore_cancel:

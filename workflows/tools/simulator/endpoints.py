@@ -52,6 +52,7 @@ def _session(sim: Any, ws: str, sid: str, body: dict) -> dict:
         # The session arrives here anew (a move): nothing of an earlier stay at this host,
         # a process of its own.
         old = sim.session(ws, sid)
+        sim._end_process(old)  # what it had accepted never takes effect here
         sim.settings.pop((ws, sid), None)
         live = sim.defaults.get("live", True)
         sim.sessions[(ws, sid)] = HostSession(
@@ -70,7 +71,7 @@ def _session(sim: Any, ws: str, sid: str, body: dict) -> dict:
         # The change as a host in production makes it: reported (a session gone offline, a
         # new epoch). Without `report` it is silent, as the faults tests make are
         # (docs/host-check.md: test hooks).
-        sim.later(0, sim.send_report, sim.signed(s, session={"live": s.live}))
+        sim.later(0, sim.post, sim.signed(s, session={"live": s.live}))
     if body.get("settle_turn") in s.turns:
         # The turn ends on its own now (and its report goes out).
         sim.later(0, sim.settle, ws, sid, body["settle_turn"], "completed")

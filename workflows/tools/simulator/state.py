@@ -97,15 +97,15 @@ class Simulator(AgentHost):
         s.live, s.runtime_epoch = True, s.runtime_epoch + 1
 
     def _report_turn(self, s: HostSession, turn: Turn) -> None:
-        """A turn's start goes out `report_delay_ms` late if the session says so."""
+        """A goal turn's start goes out `report_delay_ms` late if the session says so."""
         delay_ms = self.settings_of(s.workspace_id, s.session_id).report_delay_ms
-        if turn.phase == "settled" or not delay_ms or self.sender is None:
+        if turn.origin != "goal_continuation" or turn.phase == "settled" or not delay_ms:
             super()._report_turn(s, turn)
             return
         shown = {k: v for k, v in asdict(turn).items() if v is not None}
         shown.pop("runtime_epoch")
         shown.pop("text", None)
-        self.later(delay_ms, self.send_report, self.signed(s, turn=shown))
+        self.later(delay_ms, self.post, self.signed(s, turn=shown))
 
     def _log_effects(self, effects: list[dict]) -> None:
         self.effects.extend(effects)
@@ -165,7 +165,11 @@ class Simulator(AgentHost):
             facts = {"host_id": self.host_id}
             if s is not None:
                 facts["runtime_epoch"] = s.runtime_epoch
-            report = self.sign({**report, "session": facts})
+            report = {**report, "session": facts}
+        self.post(self.sign(report))
+
+    def post(self, report: dict) -> None:
+        """A report made earlier (signed, if it is to be), sent now after those before it."""
         with self.lock:
             self._outbox.append(report)
         self._send_reports()
