@@ -495,3 +495,28 @@ def test_a_close_that_times_out_sends_nothing_more(tmp_path):
     eventually(lambda: reports, what="the report on its way")
     time.sleep(0.3)
     assert len(reports) == 1
+
+
+def test_what_an_agent_gets_wrong_is_caught_where_it_happens(tmp_path):
+    """Tried from the docs: an agent whose cancel said the turn had ended without settling
+    it left the turn running in the state answer; a `finish` with a field the kit does not
+    know raised a TypeError in the agent's thread and left the run running for good. The
+    kit settles a turn its agent says has ended; a wrong `finish` ends the run with an
+    error that says why, and raises where the agent called it."""
+
+    class Sloppy(Still):
+        def cancel_turn(self, host, session, turn):
+            return True  # ended, but not settled
+
+    host = kit(tmp_path, agent=Sloppy())
+    turn_id = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})["turn_id"]
+    cancel = {"operation_id": "c-1", "require_live": True}
+    assert host.handle("turns/" + turn_id, WS, SID, cancel) == {"result": "canceled"}
+    assert host.handle("state", WS, SID, {})["turns"] == []
+
+    host.handle("maintenance", WS, SID, {"run_id": "r-1", "kind": "compact", "args": {}})
+    with pytest.raises(ValueError, match="tokens"):
+        host.finish(WS, SID, "r-1", applied=True, tokens=5)
+    status = host.handle("maintenance/r-1", WS, SID, {})
+    assert status["state"] == "done" and status["applied"] is False
+    assert "tokens" in status["error"]

@@ -24,6 +24,7 @@ from . import calls
 from .reports import Reporter, ReportSender
 from .server import HostError, HostServer, item_of
 from .sessions import (
+    RUN_RESULT,
     HostSession,
     Run,
     Turn,
@@ -48,13 +49,21 @@ class Agent(Protocol):
     goal) -> bool` (`goal`: operation_id, action, objective, revision): False answers the
     goal call `accepted`, and the agent calls `host.goal_applied(ws, sid, operation_id)` once
     it has taken effect (docs/protocol.md: reports, `goal_applied`). Without it, every goal
-    is applied at once. And `continues_goal(host, session, goal) -> bool`: False, and a goal
-    set starts no turn of its own (an agent that pursues goals only when prompted)."""
+    is applied at once (call `goal_applied` later, never from inside `takes_goal`: the goal
+    is pending only once the call is saved). And `continues_goal(host, session, goal) ->
+    bool`: False, and a goal set starts no turn of its own (an agent that pursues goals only
+    when prompted).
 
-    def start_turn(self, host: "AgentHost", session: HostSession, turn: Turn) -> None: ...
+    Every method runs under the host's one lock: return at once, and do the work on a
+    thread of your own (calling `settle`, `finish`, `goal_applied` from it)."""
+
+    def start_turn(self, host: "AgentHost", session: HostSession, turn: Turn) -> None:
+        """A goal's turn (its objective is `session.goal`) or a prompt's (`turn.text`)."""
+        ...
 
     def cancel_turn(self, host: "AgentHost", session: HostSession, turn: Turn) -> bool:
-        """True if the turn ended now (settle it first); False: it ends later."""
+        """True if the turn ended now (the kit settles it `canceled`); False: it ends
+        later, and the agent settles it then."""
         ...
 
     def start_run(self, host: "AgentHost", session: HostSession, run: Run) -> None: ...
@@ -232,13 +241,19 @@ class AgentHost:
 
     def finish(self, ws: str, sid: str, run_id: str, **result: Any) -> None:
         """A maintenance run is done: `applied`, `cancelled`, `error`, `input_tokens`,
-        `result_tokens`, `summary`."""
+        `result_tokens`, `summary`. Any other name: the run ends with an error saying so,
+        and ValueError is raised (an agent's bug, told where it happens)."""
+        unknown = sorted(set(result) - set(RUN_RESULT))
+        if unknown:
+            result = {"error": f"the agent finished the run with unknown fields {unknown}"}
         with self.lock:
             s = self.session(ws, sid)
             run = s.runs.get(run_id)
             if run is not None and run.state == "running":
                 s.runs[run_id] = replace(run, state="done", **result)  # as settle's Turn
                 self._save()
+        if unknown:
+            raise ValueError(f"finish takes {list(RUN_RESULT)}, not {unknown}")
 
     def goal_applied(self, ws: str, sid: str, operation_id: str) -> bool:
         """A goal answered `accepted` has taken effect: applied and reported `goal_applied`

@@ -11,6 +11,7 @@ from typing import Any
 from .server import HostError
 from .sessions import (
     MAX_TEXT_CHARS,
+    RUN_RESULT,
     HostSession,
     Run,
     Turn,
@@ -163,6 +164,8 @@ def cancel(host: Any, s: HostSession, turn_id: str, body: dict) -> dict:
     else:
         host._effect("cancel", s, turn_id=turn_id, operation_id=op)
         ended = host.agent.cancel_turn(host, s, turn)
+        if ended:  # ended now: settled, whether or not the agent said so itself
+            host.settle(s.workspace_id, s.session_id, turn_id, "canceled")
         answer = {"result": "canceled" if ended else "accepted"}
     return host._keep_answer(op, answer)
 
@@ -191,10 +194,7 @@ def run_status(host: Any, s: HostSession, run_id: str) -> dict:
         raise HostError(404, "not_found")
     if run.state == "running":
         return {"state": "running"}
-    return {"state": "done"} | {
-        k: getattr(run, k)
-        for k in ("applied", "cancelled", "error", "input_tokens", "result_tokens", "summary")
-    }
+    return {"state": "done"} | {k: getattr(run, k) for k in RUN_RESULT}
 
 
 def cancel_run(host: Any, s: HostSession, run_id: str) -> dict:

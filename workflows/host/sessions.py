@@ -38,6 +38,10 @@ class Run:
     summary: str | None = None
 
 
+# What an agent may say of a finished run (AgentHost.finish; docs/protocol.md: maintenance).
+RUN_RESULT = ("applied", "cancelled", "error", "input_tokens", "result_tokens", "summary")
+
+
 @dataclass
 class HostSession:
     workspace_id: str

@@ -6,10 +6,13 @@ turn ends and `host.finish` when a run is done.
     HOST_TOKEN=… BROKER_URL=redis://127.0.0.1:6379/0 python host.py
 
 Settings (environment) as the Node example's: HOST_PORT, HOST_ID, HOST_TOKEN, HOST_STATE,
-BROKER_URL, HOST_EFFECTS, HOST_TEST_HOOKS=1.
+BROKER_URL (else the workers' AGENT_RADAR_BROKER_URL; their AGENT_RADAR_BROKER_KEY_PREFIX is
+honoured), HOST_EFFECTS, HOST_TEST_HOOKS=1. SIGTERM stops it once the reports on their way
+are sent.
 """
 
 import os
+import signal
 import threading
 
 from agent_radar.host import AgentHost, HostSession, Run, Turn, broker_reporter
@@ -23,8 +26,9 @@ class MyAgent:
         threading.Timer(0.3, host.settle, (ws, sid, turn.turn_id, "completed")).start()
 
     def cancel_turn(self, host: AgentHost, session: HostSession, turn: Turn) -> bool:
-        # Stop the turn's work; True once it has ended (False: it ends later, settled then).
-        return host.settle(session.workspace_id, session.session_id, turn.turn_id, "canceled")
+        # Stop the turn's work; True once it has ended (the kit settles it `canceled`), False
+        # if it ends later (settle it then).
+        return True
 
     def start_run(self, host: AgentHost, session: HostSession, run: Run) -> None:
         # Maintenance (run.kind, run.args): compact the context, then say how it went.
@@ -37,14 +41,14 @@ class MyAgent:
 
 
 env = os.environ
-broker = env.get("BROKER_URL")
+broker = env.get("BROKER_URL") or env.get("AGENT_RADAR_BROKER_URL")
 host = AgentHost(
     MyAgent(),
     token=env["HOST_TOKEN"],
     host_id=env.get("HOST_ID", "default"),
     state_file=env.get("HOST_STATE", "host-state.json"),
     # Published as the workers' own producers publish: their queue, key prefix, confirms.
-    reporter=broker_reporter(Settings.from_env({"AGENT_RADAR_BROKER_URL": broker}))
+    reporter=broker_reporter(Settings.from_env({**env, "AGENT_RADAR_BROKER_URL": broker}))
     if broker
     else None,
     effects_log=env.get("HOST_EFFECTS"),
@@ -52,5 +56,13 @@ host = AgentHost(
 server = host.serve(
     port=int(env.get("HOST_PORT", "8765")), test_hooks=env.get("HOST_TEST_HOOKS") == "1"
 )
+
+
+def stop(*_: object) -> None:
+    host.close()  # the reports on their way go out first
+    raise SystemExit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
 print(f"listening on {server.url.rsplit(':', 1)[1]}", flush=True)
 server.serve_forever()
