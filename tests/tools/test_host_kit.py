@@ -35,6 +35,13 @@ class Still(TimerAgent):
         pass
 
 
+class Later(Still):
+    """An agent that takes every goal later (`host.goal_applied`, called by the test)."""
+
+    def takes_goal(self, host, session, goal):
+        return False
+
+
 def kit(tmp_path, reports=None, agent=None):
     """A host on the kit, with an agent whose turns and runs go on until cancelled unless the
     test gives another."""
@@ -293,11 +300,6 @@ def test_an_agent_may_take_a_goal_later(tmp_path):
     `goal_applied` applies it and reports `goal_applied`, unless a newer revision got there
     first. At a new epoch a goal still accepted never takes effect: a retry applies it anew."""
     reports: list[dict] = []
-
-    class Later(Still):
-        def takes_goal(self, host, session, goal):
-            return False
-
     host = kit(tmp_path, reports, Later())
     accepted = goal(host, "op-1", 1)
     assert accepted == {"phase": "accepted", "goal": None, "evidence": {"acknowledged": True}}
@@ -430,11 +432,6 @@ def test_a_goal_that_will_never_take_effect_is_answered_anew(tmp_path):
     """Review: a goal accepted while live, whose session was offline when the agent went to
     apply it, lost its pending entry but kept its `accepted` answer: every retry answered
     `accepted` and nothing ever applied it. Its answer goes with it."""
-
-    class Later(Still):
-        def takes_goal(self, host, session, goal):
-            return False
-
     host = kit(tmp_path, agent=Later())
     assert goal(host, "op-1", 1)["phase"] == "accepted"
     host.sessions[(WS, SID)].live = False  # offline, as a silent drop leaves it

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -175,8 +175,7 @@ class AgentHost:
             if run.state == "running":
                 s.runs[run.run_id] = replace(run, state="done", error="the process ended")
         for operation_id in s.pending_goals:
-            if operation_id in self.answers:
-                self._change.dropped[operation_id] = self.answers.pop(operation_id)
+            self._drop_answer(operation_id)
         s.pending_goals = {}
 
     # -- reports (docs/protocol.md: reports, signing a report) -------------------------------
@@ -215,10 +214,7 @@ class AgentHost:
             self.sender.close(timeout_s)
 
     def _report_turn(self, s: HostSession, turn: Turn) -> None:
-        shown = {k: v for k, v in asdict(turn).items() if v is not None}
-        shown.pop("runtime_epoch")
-        shown.pop("text", None)
-        self.report(s, turn=shown)
+        self.report(s, turn=turn.reported())
 
     # -- what the agent tells -------------------------------------------------------------
     def settle(self, ws: str, sid: str, turn_id: str, outcome: str = "completed") -> bool:
@@ -267,8 +263,7 @@ class AgentHost:
             if wanted["revision"] <= s.revision or not s.live:
                 # Never to take effect: its `accepted` goes too, so that a retry is
                 # answered as it is now (stale, or applied anew after a resume).
-                if operation_id in self.answers:
-                    self._change.dropped[operation_id] = self.answers.pop(operation_id)
+                self._drop_answer(operation_id)
                 return False
             calls.apply_goal(self, s, wanted)
             applied = {k: wanted[k] for k in ("operation_id", "revision")}
@@ -363,6 +358,11 @@ class AgentHost:
         self.answers[key] = answer
         self._change.answers.append(key)
         return answer
+
+    def _drop_answer(self, key: str) -> None:
+        """The answer kept for `key` goes (put back if the change fails)."""
+        if key in self.answers:
+            self._change.dropped[key] = self.answers.pop(key)
 
     # -- test hooks (docs/host-check.md) -----------------------------------------------------
     def hook(self, method: str, path: str, query: str, body: dict) -> tuple[int, dict]:

@@ -188,19 +188,22 @@ def start_run(host: Any, s: HostSession, body: dict) -> dict:
     return {"state": "running"}
 
 
-def run_status(host: Any, s: HostSession, run_id: str) -> dict:
+def _run_of(s: HostSession, run_id: str) -> Run:
     run = s.runs.get(run_id)
     if run is None:
         raise HostError(404, "not_found")
+    return run
+
+
+def run_status(host: Any, s: HostSession, run_id: str) -> dict:
+    run = _run_of(s, run_id)
     if run.state == "running":
         return {"state": "running"}
     return {"state": "done"} | {k: getattr(run, k) for k in RUN_RESULT}
 
 
 def cancel_run(host: Any, s: HostSession, run_id: str) -> dict:
-    run = s.runs.get(run_id)
-    if run is None:
-        raise HostError(404, "not_found")
+    run = _run_of(s, run_id)
     if run.state == "running":
         host.agent.cancel_run(host, s, run)
     return {}

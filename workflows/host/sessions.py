@@ -23,6 +23,13 @@ class Turn:
     outcome: str | None = None
     text: str | None = None  # a prompt's, for the agent
 
+    def reported(self) -> dict[str, Any]:
+        """The turn as a report tells it (docs/protocol.md: reports)."""
+        shown = {k: v for k, v in asdict(self).items() if v is not None}
+        del shown["runtime_epoch"]
+        shown.pop("text", None)
+        return shown
+
 
 @dataclass
 class Run:

@@ -3,7 +3,6 @@ timers and sends its reports, and answers the `/sim/` control and snapshot endpo
 
 import threading
 import time
-from dataclasses import asdict
 from typing import Any
 
 from ...host.agent_host import AgentHost
@@ -102,10 +101,7 @@ class Simulator(AgentHost):
         if turn.origin != "goal_continuation" or turn.phase == "settled" or not delay_ms:
             super()._report_turn(s, turn)
             return
-        shown = {k: v for k, v in asdict(turn).items() if v is not None}
-        shown.pop("runtime_epoch")
-        shown.pop("text", None)
-        self.later(delay_ms, self.post, self.signed(s, turn=shown))
+        self.later(delay_ms, self.post, self.signed(s, turn=turn.reported()))
 
     def _log_effects(self, effects: list[dict]) -> None:
         self.effects.extend(effects)
