@@ -76,12 +76,12 @@ class WorkerProcess:
             self._drain.thread.start()
         return self._drain
 
-    def hand_off(self, work: dict[Lane, Claim | StepResult], eager: bool) -> None:
+    def hand_off(self, work: dict[Lane, Claim | StepResult], behind: bool) -> None:
         """Give claimed lanes to the drain (started if none runs), starting at once the
         calls whose hosts have a slot (Drain.start_now)."""
         with self.drain_lock:
             drain = self._running()
-            drain.events.put(("work", drain.start_now(work), eager))
+            drain.events.put(("work", drain.start_now(work), behind))
 
     def wait_for_room(self, timeout_s: float) -> None:
         """Back-pressure: wait (up to timeout_s) while the drain has MAX_IN_FLIGHT calls."""

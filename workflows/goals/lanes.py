@@ -42,9 +42,10 @@ from .statements import (
 # the other pool process, idle. Taking it at the step's end then only made the two collide
 # (its message's dispatch waited for the lane the step was creating, to find its work taken).
 # Under load the messages queue for longer than this, and their work is taken along as
-# before. A dispatch whose message came after its work was taken knows they queue: its steps
-# take all due work, however young (`eager`: where each submit's message costs a task and the
-# messages fall behind). The figures: docs/benchmarks.md, figures the code rests on.
+# before. A dispatch whose message came after its work was taken knows they queue: its drain
+# is then `behind` and takes all due work, however young (`young`: where each submit's
+# message costs a task and the messages fall behind). The figures: docs/benchmarks.md,
+# figures the code rests on.
 STEAL_AFTER = timedelta(milliseconds=10)
 
 
@@ -180,14 +181,14 @@ class GoalClaims:
             leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
 
     def next_work(
-        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False
+        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, young: bool = False
     ) -> dict[Lane, Claim | StepResult]:
         """Take the lanes of these sessions that have due work, and claim it; with `steal`,
         other due work too (its lanes not waited for, as in dispatch_many): due for
-        STEAL_AFTER, or (`eager`) at all. A lane someone holds is left to its holder, who
+        STEAL_AFTER, or (`young`) at all. A lane someone holds is left to its holder, who
         runs this check after its release commits."""
         now = self.clock()
-        stale = now if eager else now - STEAL_AFTER
+        stale = now if young else now - STEAL_AFTER
         params = {"b_keys": sorted(set(keys)), "b_now": now, "b_stale": stale}
         conn = s.connection()
         if not steal or not self.steals_anywhere:

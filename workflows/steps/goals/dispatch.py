@@ -150,7 +150,7 @@ class Dispatcher(GoalClaims):
                         direct=True,
                     ),
                     steal,
-                    eager=late,
+                    behind=late,
                 )
         return results
 
@@ -183,7 +183,7 @@ class Dispatcher(GoalClaims):
         )
 
     def _drain(
-        self, work: dict[Lane, Claim | StepResult], steal: bool = False, eager: bool = False
+        self, work: dict[Lane, Claim | StepResult], steal: bool = False, behind: bool = False
     ) -> list[StepResult]:
         """Call the runtime for every claimed operation, each host within its bulkhead
         (flight.py); as calls finish, one transaction records their outcomes, releases their
@@ -192,14 +192,14 @@ class Dispatcher(GoalClaims):
         claims are reported `in_flight`."""
         if self.hand_to is not None:
             if work:
-                self.hand_to(work, eager)
+                self.hand_to(work, behind)
             return [
                 current
                 if isinstance(current, StepResult)
                 else StepResult(current.op.operation_id, "in_flight")
                 for current in work.values()
             ]
-        drain = flight.Drain(self, steal, eager)
+        drain = flight.Drain(self, steal, behind)
         drain.add(work)
         return drain.run()
 

@@ -35,11 +35,7 @@ from sqlalchemy.orm import Session
 
 from ....models.db import run_transaction
 from ...adapters import logs, metrics
-from ...adapters.bulkhead import (
-    FULL,
-    GO,
-    MAX_IN_FLIGHT,
-)
+from ...adapters.bulkhead import FULL, GO, MAX_IN_FLIGHT
 from ...adapters.runtime import RuntimePort
 from ...goals.claims import Attempt, Claim, Lane, StepResult
 from ...goals.statements import MAX_LANES_PER_STEP
@@ -72,7 +68,7 @@ class Steps(Protocol):
     def release(self, s: Session, lanes: list[Lane]) -> None: ...
 
     def next_work(
-        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, eager: bool = False
+        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, young: bool = False
     ) -> dict[Lane, Claim | StepResult]: ...
 
     def unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
@@ -111,9 +107,13 @@ class Drain:
     runs `run` (its transactions are short and never span a call); a call's pool thread
     only makes the call and gives its host slot back."""
 
-    def __init__(self, dispatcher: Steps, steal: bool = False, eager: bool = False):
+    def __init__(self, dispatcher: Steps, steal: bool = False, behind: bool = False):
         self.d = dispatcher
-        self.steal, self.eager = steal, eager
+        self.steal = steal
+        # The messages are behind their work (one came after its work was taken, or a
+        # notification could not be served): the next flush that steals takes all due work,
+        # however young (goals/lanes.py: STEAL_AFTER).
+        self.behind = behind
         self.gate = dispatcher.runtime.bulkhead  # the port's (adapters/bulkhead.py)
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.in_flight: dict[Future, tuple[Lane, Claim]] = {}
@@ -126,8 +126,6 @@ class Drain:
         self.results: list[StepResult] = []
         self.deadline: float | None = None
         self.stopping = False
-        # Due work no message is on its way for (worker_drain.py): the next flush steals it.
-        self.pulled = False
         # A call may take this long (its total deadline): a claim whose lease ends sooner is
         # not called (the settings make a lease a second longer; one made by hand needs it).
         timeout_s = float(getattr(dispatcher.runtime, "timeout_s", 10.0))
@@ -258,7 +256,7 @@ class Drain:
         while True:
             self._admit_waiting()
             rechecks = idle_exit_s is not None and self._rechecks_due()
-            if self.ready or self.give_back or self.pulled or rechecks:
+            if self.ready or self.give_back or rechecks:
                 if self._flush():
                     retry_s = FLUSH_RETRY_S
                     continue
@@ -301,7 +299,7 @@ class Drain:
             self._count_step(lane)
             self.in_flight[future] = (lane, claim)
         elif event[0] == "work":
-            self.eager = self.eager or event[2]
+            self.behind = self.behind or event[2]
             self.add(event[1])
         elif event[0] == "stop":
             self.stopping = True
@@ -337,8 +335,8 @@ class Drain:
         rechecked = self._rechecks_due()
         keys += [key for key in rechecked if key not in counts and not over]
         room = self.load() < ROOM_AT
-        steal = (self.steal or self.pulled) and not over and room
-        eager = self.eager
+        steal = self.steal and not over and room
+        young = self.behind
         transitions = self.gate.take_transitions()
 
         def finish(s: Session):
@@ -356,7 +354,7 @@ class Drain:
             # Look for more only after the release, in the same transaction (see
             # Dispatcher._next: a worker that found one of these lanes held had committed its
             # operation before, so this statement sees it).
-            more = self.d.next_work(s, keys, steal, eager) if keys or steal else {}
+            more = self.d.next_work(s, keys, steal, young) if keys or steal else {}
             return recorded, more
 
         try:
@@ -375,9 +373,8 @@ class Drain:
         for lane, _claim, retry_s in give_back:
             if retry_s and not self.stopping:  # due from `now` on: look once it is
                 self.recheck[(lane.workspace_id, lane.session_id)] = time.monotonic() + retry_s
-        self.pulled = False
         if steal:  # what was due is taken (or taken by others); a full process waits
-            self.eager = False
+            self.behind = False
         if attempts:
             metrics.DISPATCH_BATCH_SIZE.observe(len(attempts))
         for result in recorded:

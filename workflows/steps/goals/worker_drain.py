@@ -82,32 +82,32 @@ class WorkerDrain(Drain):
     def _claim_notified(self) -> None:
         """The operations notifications named, claimed by name as their messages' dispatch
         would (their due time is the submitting client's clock): one alone in one call (the
-        named claim), several in one dispatch. Anything else notified, or what this process
-        has no room for now, goes to the next flush's steal (or another's, or the sweeper)."""
+        named claim), several in one dispatch. What else was notified ("anything may be
+        due"), or could not be claimed, makes the drain `behind`: a flush steals all due work
+        at once if the process has room, else once a call ends (or another drain's steal, or
+        the sweeper, takes it)."""
         self._woken = False
         named: dict[str, tuple[str, str]] = {}
         while self._notified:
             what = self._notified.popleft()
             if what is None:
-                self.pulled = self.eager = True
+                self.behind = True
             else:
                 named.update((op_id, (ws, sid)) for op_id, ws, sid in what)
-        if not named:
-            return
-        if self.load() >= ROOM_AT:
-            self.pulled = self.eager = True
-            return
-        # Only what they name: every client notifies some puller, and the flushes' steals
-        # take the rest.
-        try:
-            if len(named) == 1:
-                ((op_id, key),) = named.items()
-                self.d.dispatch_many([op_id], session_of=key)
-            else:
-                self.d.dispatch_many(list(named))
-        except Exception as exc:  # noqa: BLE001 - the database is away: the flush steals later
-            log.warning("goal drain: claiming %d notified operations failed: %s", len(named), exc)
-            self.pulled = self.eager = True
+        if named and self.load() < ROOM_AT:
+            try:
+                if len(named) == 1:
+                    ((op_id, key),) = named.items()
+                    self.d.dispatch_many([op_id], session_of=key)
+                else:
+                    self.d.dispatch_many(list(named))
+            except Exception as exc:  # noqa: BLE001 - the database is away: steal it later
+                log.warning("goal drain: claiming %d notified failed: %s", len(named), exc)
+                self.behind = True
+        elif named:
+            self.behind = True
+        if self.behind and self.load() < ROOM_AT:
+            self._flush()
 
     def _may_exit(self) -> bool:
         # A pulling drain runs as long as its process: submits may notify it at any time.
