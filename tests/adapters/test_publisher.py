@@ -203,41 +203,6 @@ def test_an_items_arguments_for_a_message_of_its_own_go_only_with_it_alone(setti
     assert shared.messages == [(TASK, {"operation_ids": ["op-3", "op-4"]})]
 
 
-def test_a_divert_takes_items_out_of_their_message_and_a_failed_one_leaves_them_in(settings):
-    """A divert (a goal operation notified to a worker that pulls) gets every item of a
-    message about to be sent with its own arguments; what it delivered is not published, and
-    a message it left empty is not sent. If it fails, the message carries every item."""
-    seen = []
-
-    def divert(pairs):
-        seen.append(pairs)
-        return {item for item, _alone in pairs if item.startswith("told")}
-
-    shared = RecordingPublisher(settings, delay_s=0)
-    shared.linger_s = 5.0
-    with shared.coalescing(TASK, "operation_ids", divert) as first:
-        with shared.coalescing(TASK, "operation_ids", divert) as second:
-            second("told-1", None, {"session_id": "s1"})
-        first("op-2", None, {"session_id": "s2"})
-    assert shared.flush(5)
-    assert seen == [[("told-1", {"session_id": "s1"}), ("op-2", {"session_id": "s2"})]]
-    # Left alone in its message, an item has its own arguments there.
-    assert shared.messages == [(TASK, {"operation_ids": ["op-2"], "session_id": "s2"})]
-
-    lone = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
-    with lone.coalescing(TASK, "operation_ids", divert) as publish:
-        publish("told-3", None, {"session_id": "s3"})
-    assert lone.messages == [] and lone.flush(0.01)
-
-    def failing(pairs):
-        raise ConnectionError("database away")
-
-    fallback = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
-    with fallback.coalescing(TASK, "operation_ids", failing) as publish:
-        publish("told-4", None, {"session_id": "s4"})
-    assert fallback.messages == [(TASK, {"operation_ids": ["told-4"], "session_id": "s4"})]
-
-
 def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(settings):
     """While a lone submit's message is on its way, the next submit does not wait for the
     broker: it hands its item over and returns, and the sender publishes it after."""
@@ -293,24 +258,6 @@ def test_after_a_failed_message_a_lone_submit_returns_at_once(settings, caplog):
         (TASK, {"operation_ids": ["op-3"]}),
         (TASK, {"operation_ids": ["op-4"]}),
     ]
-
-
-def test_a_diverted_item_says_nothing_of_the_broker(settings, caplog):
-    """After a failed message, items a divert delivered do not make the next lone submit
-    wait for the broker again: it still hands over, until a message goes out."""
-    publisher = RecordingPublisher(settings, fail=True, delay_s=0, lone_publishes=True)
-    publisher.linger_s = 0  # every submit here counts as spaced from the one before
-    _submit(publisher, "op-1")
-    assert "the sweeper will publish it" in caplog.text
-    publisher.fail = False
-    with publisher.coalescing(TASK, "operation_ids", lambda pairs: {"told-2"}) as publish:
-        publish("told-2", None, {"session_id": "s2"})
-    assert publisher.flush(5)
-    _submit(publisher, "op-3")
-    assert publisher.flush(5)
-    # op-3 went out from the sender thread, not from its submit's.
-    assert publisher.attempt_threads[-1] is not threading.current_thread()
-    assert publisher.messages == [(TASK, {"operation_ids": ["op-3"]})]
 
 
 def test_a_submit_returns_before_its_message_is_published(settings):
