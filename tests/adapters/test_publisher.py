@@ -1,10 +1,7 @@
 """Coalesced publishing (workflows/client/coalescing.py, in front of the task publisher): the
 submits of one process hand their items to a sender thread and return; the sender gives a
 burst of them a few messages, and every item is in exactly one message (or reported
-unpublished, for the sweeper). A lone submit, with nothing to share its
-message with, publishes it itself. The tests of the sender's own workings turn that off
-(`lone_publishes`), so that back-to-back submits queue behind the sender as concurrent ones
-do."""
+unpublished, for the sweeper)."""
 
 import os
 import subprocess
@@ -16,7 +13,7 @@ import time
 import pytest
 
 from agent_radar.workflows.adapters.publisher import TaskPublisher
-from agent_radar.workflows.client.coalescing import Coalescer
+from agent_radar.workflows.client.coalescing import Coalescer, _Waiting
 from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS
 from tests.helpers import eventually
 
@@ -48,15 +45,25 @@ class RecordingPublisher(Coalescer):
     every publish attempt, failed ones too (`attempt_threads`), and sets `began` when the
     first one starts."""
 
-    def __init__(self, settings, fail=False, delay_s=0.05, lone_publishes=False):
+    def __init__(self, settings, fail=False, delay_s=0.05):
         super().__init__(_Recorder(settings, self))
-        self.lone_publishes = lone_publishes
         self.messages = []
         self.labels = []
         self.attempt_threads = []
         self.began = threading.Event()
         self.fail = fail
         self.delay_s = delay_s
+
+    def publish_coalesced(self, task_name, list_kwarg, item):
+        """Hand `item` to the sender, as a submit's end does, and wait for its message: True
+        once published, False if that failed."""
+        mine = _Waiting(item)
+        with self._changed:
+            self._hand_over((task_name, list_kwarg), mine)
+            self._changed.notify_all()
+            while mine.published is None:
+                self._changed.wait()
+        return mine.published
 
 
 def _publish_concurrently(publisher, count):
@@ -166,27 +173,11 @@ def test_a_coalesced_items_label_reaches_its_message(settings):
     assert publisher.labels == ["acme/s1 submit=req-1"]
 
 
-def test_a_lone_submit_publishes_its_own_message_before_it_returns(settings):
-    """Nothing else to share it with: the message goes out from the submit's own thread,
-    without the hand-over to the sender, and no sender thread starts."""
-    publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
-    _submit(publisher, "op-1", "acme/s1 submit=req-1")
-    assert publisher.messages == [(TASK, {"operation_ids": ["op-1"]})]
-    assert publisher.labels == ["acme/s1 submit=req-1"]
-    assert publisher.attempt_threads == [threading.current_thread()]
-    assert publisher.flush(0.01)
-
-
 def test_an_items_arguments_for_a_message_of_its_own_go_only_with_it_alone(settings):
     """An item may bring more arguments for a message that carries it alone (a goal
-    operation's session): a lone submit's message has them, and so has a message of the
-    sender that holds that item only; a shared message has none of them."""
+    operation's session): a message that holds that item only has them; a shared message
+    has none of them."""
     alone = {"workspace_id": "acme", "session_id": "s1"}
-    lone = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
-    with lone.coalescing(TASK, "operation_ids") as publish:
-        publish("op-1", None, alone)
-    assert lone.messages == [(TASK, {"operation_ids": ["op-1"], **alone})]
-
     sender = RecordingPublisher(settings, delay_s=0)
     with sender.coalescing(TASK, "operation_ids") as publish:
         publish("op-2", None, alone)
@@ -204,9 +195,9 @@ def test_an_items_arguments_for_a_message_of_its_own_go_only_with_it_alone(setti
 
 
 def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(settings):
-    """While a lone submit's message is on its way, the next submit does not wait for the
+    """While a submit's message is on its way, the next submit does not wait for the
     broker: it hands its item over and returns, and the sender publishes it after."""
-    publisher = RecordingPublisher(settings, delay_s=0.4, lone_publishes=True)
+    publisher = RecordingPublisher(settings, delay_s=0.4)
     first = threading.Thread(target=_submit, args=(publisher, "op-1"))
     first.start()
     assert publisher.began.wait(5)
@@ -220,43 +211,6 @@ def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(setti
     assert sorted(publisher.messages, key=str) == [
         (TASK, {"operation_ids": ["op-1"]}),
         (TASK, {"operation_ids": ["op-2"]}),
-    ]
-
-
-def test_submits_in_quick_succession_share_the_sender_even_one_at_a_time(settings):
-    """A submit that began within the linger of the one before it is not lone: a producer
-    submitting back to back from one thread keeps sharing messages, and does not wait for
-    the broker on each submit."""
-    publisher = RecordingPublisher(settings, delay_s=0.3, lone_publishes=True)
-    publisher.linger_s = 10.0
-    _submit(publisher, "op-1")  # the first: lone, published before it returned
-    assert publisher.messages == [(TASK, {"operation_ids": ["op-1"]})]
-    started = time.monotonic()
-    _submit(publisher, "op-2")  # began 0.3 s after op-1, within the linger: handed over
-    assert time.monotonic() - started < 0.2
-    assert publisher.flush(5)
-    assert publisher.messages[-1] == (TASK, {"operation_ids": ["op-2"]})
-
-
-def test_after_a_failed_message_a_lone_submit_returns_at_once(settings, caplog):
-    """A lone submit whose message failed (after its retries) waited for the broker once;
-    the next ones hand over and return at once, until a message goes out again."""
-    publisher = RecordingPublisher(settings, fail=True, delay_s=0.3, lone_publishes=True)
-    publisher.linger_s = 0  # every submit here counts as spaced from the one before
-    _submit(publisher, "op-1")
-    assert "the sweeper will publish it" in caplog.text
-    started = time.monotonic()
-    _submit(publisher, "op-2")
-    assert time.monotonic() - started < 0.2
-    assert publisher.flush(5)
-    publisher.fail = False
-    publisher.delay_s = 0
-    _submit(publisher, "op-3")  # handed over still; this message goes out
-    assert publisher.flush(5)
-    _submit(publisher, "op-4")  # alone again, and published before the submit returns
-    assert publisher.messages == [
-        (TASK, {"operation_ids": ["op-3"]}),
-        (TASK, {"operation_ids": ["op-4"]}),
     ]
 
 
@@ -411,7 +365,7 @@ def test_a_process_that_ends_without_close_publishes_its_items(settings):
         import time
         from agent_radar.workflows.adapters.publisher import TaskPublisher
         from agent_radar.workflows.adapters.config import Settings
-        from agent_radar.workflows.client.coalescing import Coalescer
+        from agent_radar.workflows.client.coalescing import Coalescer, _Waiting
 
         coalescer = Coalescer(TaskPublisher(Settings.from_env()))
         original = coalescer.publisher.publish

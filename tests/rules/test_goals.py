@@ -139,9 +139,6 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     """The submit's writes (session row or its event counter, a superseded operation, the
     goal state, the operation, its event) go together: one statement on PostgreSQL, after
     the session lock and (for a session that exists) the read of its goal state."""
-    # Each submit counts as lone, however soon after the other (a loaded machine may make
-    # them close or not): its notification goes from its own thread, before it returns.
-    client.coalescer.linger_s = 0
     with statements_sent(client.engine) as statements:
         first = client.set_goal(WS, SID, "one", client_submit_id="s-1")  # a new session
         new_session = list(statements)
@@ -149,8 +146,8 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
         second = client.set_goal(WS, SID, "two", client_submit_id="s-2")  # supersedes
         existing_session = list(statements)
     if backend == "production":
-        # Each then, after its commit, notifies the workers that pull (the last SELECT; none
-        # pull here, and its message is published).
+        # Each ends by notifying the workers that pull (the last SELECT, in the same
+        # transaction; none pull here, and its message is handed to the sender).
         assert new_session == ["SELECT", "WITH", "SELECT"]
         assert existing_session == ["SELECT", "SELECT", "WITH", "SELECT"]
     assert client.get_goal_operation(first.operation_id).status == "superseded"
@@ -220,11 +217,11 @@ def test_a_message_for_settled_work_costs_one_read(client, dispatcher):
     assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["SELECT"]
 
 
-def test_a_lone_submits_message_names_the_session_of_its_operation(settings):
+def test_a_submits_message_of_its_own_names_the_session_of_its_operation(settings):
     """So that the worker takes the session's lane without reading it first."""
     from tests.adapters.test_publisher import RecordingPublisher
 
-    publisher = RecordingPublisher(settings, delay_s=0, lone_publishes=True)
+    publisher = RecordingPublisher(settings, delay_s=0)
     # (The client's own coalescer, in front of the recording publisher.)
     c = AgentRadar(settings=settings, publisher=publisher.publisher)
     op = c.set_goal(WS, SID, "ship it", client_submit_id="s-1")

@@ -171,7 +171,6 @@ def test_a_submit_and_its_notification_are_one_transaction_and_it_sends_no_messa
     handed: list = []
     # The sender publishes nothing here: what a submit hands it is only recorded.
     monkeypatch.setattr(client.coalescer, "_publish_batch", lambda key, batch: handed.extend(batch))
-    monkeypatch.setattr(client.coalescer, "lone_publishes", False)
     visible: list = []
 
     def wake(what) -> None:

@@ -6,7 +6,6 @@ process's TaskPublisher (adapters/publisher.py), which only publishes."""
 
 import atexit
 import logging
-import math
 import os
 import threading
 import time
@@ -40,25 +39,20 @@ class Coalescer:
         self._fresh_state()
         self.linger_s = COALESCE_LINGER_S
         self.sender_idle_s = SENDER_IDLE_S
-        # Whether a lone submit publishes its own message (see `coalescing`).
-        self.lone_publishes = True
         _LIVE.add(self)
 
     def _fresh_state(self) -> None:
         """The coalescing state (see `coalescing`), all of it this process's and guarded by
         `_changed`: items waiting for a message, per (task, list argument); how many submits
-        are still in their transaction; how many items are handed over (or being published by
-        their own submit) and not yet published or failed; whether the sender thread runs;
-        whether the last message went out; and when the last submit began. A forked child
-        starts with a fresh lock (one a parent's thread held at the fork would stay held)
-        and no items: those waiting are its parent's, whose sender publishes them."""
+        are still in their transaction; how many items are handed over and not yet published
+        or failed; whether the sender thread runs. A forked child starts with a fresh lock
+        (one a parent's thread held at the fork would stay held) and no items: those waiting
+        are its parent's, whose sender publishes them."""
         self._changed = threading.Condition()
         self._waiting: dict[_Key, list[_Waiting]] = {}
         self._submitting = 0
         self._pending = 0
         self._sending = False
-        self._published_last = True
-        self._last_began = -math.inf
 
     @contextmanager
     def coalescing(self, task_name: str, list_kwarg: str) -> Iterator[Callable[..., None]]:
@@ -72,66 +66,23 @@ class Coalescer:
         saves its consumer a read, for example), left out of a shared one. While the
         block runs, the sender waits briefly (COALESCE_LINGER_S) for its item. A failed
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
-        for the sender.
-
-        A lone submit (none other of this process began within COALESCE_LINGER_S before it or
-        is in its transaction, no message on its way or waiting) has nothing to share its
-        message with: it publishes the message itself before it returns, rather than wait
-        for the hand-over to the sender thread. Submits that follow each other closer than
-        that (a producer under load) keep sharing messages through the sender. A lone
-        submit publishes itself only while the last message went out: once one failed (the
-        broker is down, most likely), submits hand over and return at once until one goes
-        out again."""
+        for the sender. An item added before the block failed still goes out."""
         key = (task_name, list_kwarg)
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
-            began = time.monotonic()
-            spaced = began - self._last_began >= self.linger_s
-            self._last_began = began
 
         def add(item: Any, label: str | None = None, alone: dict[str, Any] | None = None) -> None:
             mine.append(_Waiting(item, label, alone))
 
-        def leave(alone_may_publish: bool) -> bool:
-            with self._changed:
-                self._submitting -= 1
-                alone = bool(
-                    alone_may_publish
-                    and spaced
-                    and self.lone_publishes
-                    and mine
-                    and not self._submitting
-                    and not self._pending
-                    and not self._waiting
-                    and self._published_last
-                )
-                if alone:
-                    self._pending += len(mine)
-                else:
-                    for waiting in mine:
-                        self._hand_over(key, waiting)
-                    self._changed.notify_all()
-            return alone
-
         try:
             yield add
-        except BaseException:
-            leave(alone_may_publish=False)  # an item already added still goes out
-            raise
-        if leave(alone_may_publish=True):
-            self._publish_batch(key, mine)
-
-    def publish_coalesced(self, task_name: str, list_kwarg: str, item: Any) -> bool:
-        """Hand `item` to the sender (see `coalescing`) and wait for its message: True once
-        published, False if that failed (logged; the committed row is the outbox)."""
-        mine = _Waiting(item)
-        with self._changed:
-            self._hand_over((task_name, list_kwarg), mine)
-            self._changed.notify_all()
-            while mine.published is None:
-                self._changed.wait()
-        return mine.published
+        finally:
+            with self._changed:
+                self._submitting -= 1
+                for waiting in mine:
+                    self._hand_over(key, waiting)
+                self._changed.notify_all()
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Wait until every item this process handed to the sender is published or failed;
@@ -206,8 +157,6 @@ class Coalescer:
     def _settle(self, items: list["_Waiting"], published: bool) -> None:
         """Items published or failed."""
         with self._changed:
-            if items:
-                self._published_last = published
             for waiting in items:
                 waiting.published = published
             self._pending -= len(items)
