@@ -3,9 +3,9 @@ only when it is a message envelope of a bounded size, and a broker's refusal nev
 worker's loop.
 
 - Size: an item larger than MAX_ENVELOPE_BYTES (workflows/adapters/broker.py) is dropped
-  before it is decoded: on Redis as it is popped, on RabbitMQ as its frames arrive (the
-  message is delivered without its body, for the gate to refuse), on the filesystem before
-  the file is read (workflows/adapters/broker.py).
+  before it is decoded: on Redis as it is popped, on RabbitMQ as its frames arrive
+  (tasks/amqp_guard.py), on the filesystem before the file is read
+  (workflows/adapters/broker.py).
 - Shape: on Redis a message is a JSON envelope (`body`, `properties`, `headers`, …) that the
   producer writes whole: anyone who may push to a queue decides its shape. kombu parses it
   inside the transport's read, before any consumer callback, and anything it does not expect
@@ -13,7 +13,11 @@ worker's loop.
   list — raised out of the worker's event loop and stopped the worker. The item was already
   popped and is not yet among the unacknowledged ones, so it is dropped here with one log
   line, and the worker reads on. On RabbitMQ, properties that do not decode are dropped.
-- Faults: Redis at `maxmemory` refuses the writes of kombu's bookkeeping (GuardedRedisQoS).
+- Delivery tags: on Redis and the filesystem the producer writes a message's tag, and the
+  tag names the consumer's record of it (its restore); each delivery gets a tag of the
+  consumer's own (check_envelope), so a forged message cannot take over another's record.
+- Faults: Redis at `maxmemory` refuses the writes of kombu's bookkeeping (GuardedRedisQoS);
+  an unacknowledged entry that is not a message is removed (GuardedRedisQoS._restorable).
 - Reconnects: kombu's Redis transport adds a callback to the worker's event loop each time a
   connection registers with it, and never takes the last one away; a worker whose broker
   came back N times ran N of them on every turn of its loop (after the broker-fault
@@ -21,22 +25,20 @@ worker's loop.
   (GuardedRedisTransport.register_with_event_loop).
 """
 
+import json
 import logging
-import struct
 import time
 import weakref
 from queue import Empty
 from typing import Any
 
-from amqp import method_framing
-from amqp import serialization as amqp_serialization
-from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis import exceptions as redis_errors
 
 from ..workflows.adapters.broker import MAX_ENVELOPE_BYTES, check_envelope
 from ..workflows.escape import escape
+from .amqp_guard import GuardedAMQPSSLTransport, GuardedAMQPTransport
 
 log = logging.getLogger("agent_radar.gate")
 
@@ -44,9 +46,12 @@ log = logging.getLogger("agent_radar.gate")
 # often.
 FAULT_LOG_INTERVAL_S = 10.0
 # Delivery tags whose restore Redis refused, in this process, and how often they are tried
-# again (GuardedRedisQoS._retry_refused_restores).
+# again, at most RESTORE_RETRY_BATCH at a time (GuardedRedisQoS._retry_refused_restores); at
+# most MAX_REFUSED_RESTORES are kept (one past the visibility timeout is found again anyway).
 REFUSED_RESTORES: set = set()
 RESTORE_RETRY_S = 1.0
+RESTORE_RETRY_BATCH = 64
+MAX_REFUSED_RESTORES = 10_000
 _restores_tried_at = 0.0
 
 
@@ -109,10 +114,12 @@ class GuardedRedisQoS(kombu_redis.QoS):
             )
 
     def restore_by_tag(self, tag, client=None, leftmost=False):
+        if not self._restorable(tag, client):
+            return None
         try:
             restored = super().restore_by_tag(tag, client=client, leftmost=leftmost)
         except self.channel.connection_errors:
-            REFUSED_RESTORES.add(tag)
+            _refused(tag)
             raise
         except Exception as exc:  # noqa: BLE001 - it stays unacknowledged: tried again
             if tag not in REFUSED_RESTORES:
@@ -121,10 +128,55 @@ class GuardedRedisQoS(kombu_redis.QoS):
                     _short_tag(tag),
                     reason(exc),
                 )
-            REFUSED_RESTORES.add(tag)
+            _refused(tag)
             return None
         REFUSED_RESTORES.discard(tag)
         return restored
+
+    def _restorable(self, tag, client=None) -> bool:
+        """Whether the unacknowledged entry of `tag` is a message to put back (or nothing:
+        kombu then only clears its indices). Anyone who may write to Redis may write this
+        hash: an entry that is not `[message envelope, exchange, routing key]` of a bounded
+        size aborted kombu's restore transaction, stayed, and was tried again on every
+        round of the worker's loop (200,000 of them stalled it for a minute a round). It is
+        removed, counted in one log line now and then."""
+        try:
+            with self.channel.conn_or_acquire(client) as conn:
+                size = conn.hstrlen(self.unacked_key, tag)
+                if not size:
+                    return True
+                if size <= MAX_ENVELOPE_BYTES:
+                    entry = json.loads(conn.hget(self.unacked_key, tag))
+                    if isinstance(entry, list) and len(entry) == 3:
+                        message, exchange, routing_key = entry
+                        check_envelope(message)
+                        if isinstance(exchange, str) and isinstance(routing_key, str):
+                            return True
+        except self.channel.connection_errors:
+            raise
+        except redis_errors.RedisError:
+            return True  # Redis refuses the read too: kombu's restore says so
+        except (ValueError, TypeError, RecursionError):  # not JSON, or not an envelope
+            pass
+        self._remove_from_indices(tag).execute()
+        REFUSED_RESTORES.discard(tag)
+        self._dropped += 1
+        self._dropped_last = tag
+        return False
+
+    _dropped = 0
+    _dropped_last: Any = None
+    _dropped_quiet_until = 0.0
+
+    def _log_dropped(self) -> None:
+        if self._dropped and time.monotonic() >= self._dropped_quiet_until:
+            self._dropped_quiet_until = time.monotonic() + FAULT_LOG_INTERVAL_S
+            log.error(
+                "dropped %d unacknowledged Redis entries that are not messages (the last: %s)",
+                self._dropped,
+                _short_tag(self._dropped_last),
+            )
+            self._dropped = 0
 
     def _retry_refused_restores(self) -> None:
         """The messages a refused restore left among the unacknowledged (the consumer
@@ -135,7 +187,7 @@ class GuardedRedisQoS(kombu_redis.QoS):
         if not REFUSED_RESTORES or time.monotonic() - _restores_tried_at < RESTORE_RETRY_S:
             return
         _restores_tried_at = time.monotonic()
-        for tag in list(REFUSED_RESTORES):
+        for tag in list(REFUSED_RESTORES)[:RESTORE_RETRY_BATCH]:
             self.restore_by_tag(tag)
 
     def restore_visible(self, *args, **kwargs):
@@ -149,6 +201,8 @@ class GuardedRedisQoS(kombu_redis.QoS):
                 self._quiet_until = time.monotonic() + FAULT_LOG_INTERVAL_S
                 log.warning("Redis refused the restore of unacknowledged messages: %s", reason(exc))
             return None
+        finally:
+            self._log_dropped()
 
     _quiet_until = 0.0
 
@@ -169,12 +223,20 @@ class GuardedRedisQoS(kombu_redis.QoS):
                 len(self._delivered),
                 reason(exc),
             )
-            REFUSED_RESTORES.update(self._delivered)
+            for tag in self._delivered:
+                _refused(tag)
             self._delivered.clear()
             return None
 
 
+def _refused(tag) -> None:
+    if len(REFUSED_RESTORES) < MAX_REFUSED_RESTORES:
+        REFUSED_RESTORES.add(tag)
+
+
 def _short_tag(tag: object) -> str:
+    if isinstance(tag, bytes):
+        tag = tag.decode(errors="replace")
     return escape(str(tag))[:80]
 
 
@@ -247,6 +309,10 @@ class GuardedRedisChannel(kombu_redis.Channel):
             log.error("dropped a Redis item that is not a message envelope: %s", reason(exc))
             return True
 
+    def _get(self, queue):
+        # A synchronous get (basic_get) reads the same items as the worker's pop.
+        return check_envelope(super()._get(queue))
+
     def _receive_one(self, c):
         # Broadcasts (remote control, events) arrive through publish/subscribe, with the
         # same envelope.
@@ -284,70 +350,6 @@ class GuardedRedisTransport(kombu_redis.Transport):
         # Items (BRPOP) and broadcasts (publish/subscribe) alike come through here, decoded:
         # NotAnEnvelope reaches the channel's read above, which drops the item in one line.
         super()._deliver(check_envelope(message), queue)
-
-
-# -- RabbitMQ -----------------------------------------------------------------------------
-# A content header: class id, weight, body size (AMQP 0-9-1, 4.2.6.1), then the properties.
-HEADER_FIXED = struct.Struct(">HHQ")
-
-
-def _properties_decode(class_id: int, buf) -> bool:
-    """Whether a content header's properties decode: py-amqp's own decoding, tried before
-    the message is built. It raises whatever a field table makes it raise — RecursionError
-    (a table nested past the recursion limit fits in one frame), OverflowError or OSError
-    (a timestamp past the platform's time_t: an OSError counts as a lost connection, and an
-    OverflowError ended the worker) — and none of that may reach the connection."""
-    try:
-        amqp_serialization.PROPERTY_CLASSES[class_id](buf, HEADER_FIXED.size)
-    except Exception:  # noqa: BLE001 - any failure: the properties are not AMQP
-        return False
-    return True
-
-
-def guarded_frame_handler(connection, callback, **kwargs):
-    """py-amqp's frame handler, bounding a message before it is decoded: a body larger than
-    MAX_ENVELOPE_BYTES is not kept (its frames are counted and dropped as they arrive), and
-    properties that do not decode are dropped; the message is then delivered bodiless, or
-    bare, and the gate refuses it in its one line. A header frame itself is bounded by the
-    connection's frame size (128 KiB)."""
-    handle = method_framing.frame_handler(connection, callback, **kwargs)
-    dropping: dict[int, int] = {}  # channel -> body bytes still to drop
-
-    def on_frame(frame):
-        frame_type, channel, buf = frame
-        if frame_type == 3 and channel in dropping:
-            connection.bytes_recv += 1
-            dropping[channel] -= len(buf)
-            if dropping[channel] <= 0:
-                del dropping[channel]
-            return False
-        if frame_type != 2 or len(buf) < HEADER_FIXED.size:
-            return handle(frame)
-        class_id, weight, body_size = HEADER_FIXED.unpack_from(buf, 0)
-        decodes = _properties_decode(class_id, buf)
-        if body_size > MAX_ENVELOPE_BYTES or not decodes:
-            if body_size:
-                dropping[channel] = body_size
-            # No body; and no properties (flags 0) when they do not decode.
-            properties = bytes(buf[HEADER_FIXED.size :]) if decodes else b"\0\0"
-            buf = HEADER_FIXED.pack(class_id, weight, 0) + properties
-        return handle((frame_type, channel, buf))
-
-    return on_frame
-
-
-class GuardedAMQPConnection(kombu_pyamqp.Connection):
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("frame_handler", guarded_frame_handler)
-        super().__init__(*args, **kwargs)
-
-
-class GuardedAMQPTransport(kombu_pyamqp.Transport):
-    Connection = GuardedAMQPConnection
-
-
-class GuardedAMQPSSLTransport(kombu_pyamqp.SSLTransport):
-    Connection = GuardedAMQPConnection
 
 
 GUARDED = {

@@ -181,3 +181,95 @@ def test_a_worker_s_loop_keeps_one_poll_callback_however_often_its_broker_came_b
             hub.close()
             for conn in connections:
                 conn.release()
+
+
+def test_a_forged_delivery_tag_cannot_take_over_another_message_s_record(tmp_path):
+    """On Redis the producer writes a message's delivery tag, and the tag names the worker's
+    record of the unacknowledged message (what its restore puts back when it stops). A
+    forged message reusing an in-flight message's tag (readable in the `unacked` hash) had
+    the gate's refusal of it delete that record, and the message was lost. Each delivery now
+    has a tag of the consumer's own: the refusal takes only the forged one's record, and the
+    in-flight message is put back."""
+    import json
+
+    from kombu import Connection, Exchange, Queue
+
+    from agent_radar.tasks.envelope import GuardedRedisTransport
+
+    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+    with running_redis(tmp_path) as server:
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        got = []
+        with Connection(server.url, transport=GuardedRedisTransport) as conn:
+            conn.Producer().publish(
+                {"x": "held"}, exchange=queue.exchange, routing_key="q", declare=[queue]
+            )
+            consumer = conn.Consumer([queue], callbacks=[lambda body, m: got.append((body, m))])
+            consumer.consume()
+            conn.drain_events(timeout=5)
+            ((held_body, held),) = got
+            assert admin.hkeys("unacked") == [held.delivery_tag]
+            # The attacker's copy of the held message's envelope, naming its tag.
+            envelope, _exchange, _key = json.loads(admin.hget("unacked", held.delivery_tag))
+            envelope["body"] = ""
+            envelope["properties"]["delivery_tag"] = held.delivery_tag
+            admin.lpush("q", json.dumps(envelope))
+            conn.drain_events(timeout=5)
+            _forged_body, forged = got[1]
+            assert forged.delivery_tag != held.delivery_tag
+            forged.reject()  # as the gate refuses it
+            assert admin.hexists("unacked", held.delivery_tag)
+            conn.default_channel.qos.restore_unacked()  # the worker stops
+        (item,) = admin.lrange("q", 0, -1)
+        assert json.loads(item)["body"] == envelope_body(held_body)
+        admin.close()
+
+
+def envelope_body(body) -> str:
+    import base64
+    import json
+
+    return base64.b64encode(json.dumps(body).encode()).decode()
+
+
+def test_an_unacknowledged_entry_that_is_not_a_message_is_dropped_once(tmp_path, caplog):
+    """Anyone who may write to Redis may write its `unacked` hash. An entry that is not a
+    message aborted kombu's restore, stayed, and was tried again on every round of the
+    worker's loop (200,000 of them stalled a worker for a minute a round). Each is removed
+    at the first look, all in one log line, and a real message among them is put back."""
+    import json
+
+    from kombu import Connection, Exchange, Queue
+
+    from agent_radar.tasks import envelope as guard
+
+    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+    with running_redis(tmp_path) as server:
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        with Connection(server.url, transport=guard.GuardedRedisTransport) as conn:
+            conn.Producer().publish(
+                {"x": "real"}, exchange=queue.exchange, routing_key="q", declare=[queue]
+            )
+            channel = conn.default_channel
+            real = queue(channel).get(no_ack=False)
+            poison = {
+                "not-json": "not json",
+                "not-a-triple": json.dumps({"a": 1}),
+                "not-an-envelope": json.dumps([{"properties": []}, "q", "q"]),
+                "deep": "[" * 5000,
+            }
+            poison |= {f"poison-{i}": "x" for i in range(2000)}
+            pipe = admin.pipeline(transaction=False)
+            for tag, value in poison.items():
+                pipe.hset("unacked", tag, value).zadd("unacked_index", {tag: 1})
+            pipe.zadd("unacked_index", {real.delivery_tag: 1})  # past its visibility timeout
+            pipe.execute()
+            with caplog.at_level("ERROR", logger="agent_radar.gate"):
+                channel.qos.restore_visible(num=len(poison) + 1, interval=1)
+            assert admin.hlen("unacked") == 0 and admin.zcard("unacked_index") == 0
+            assert not guard.REFUSED_RESTORES
+            dropped = [r for r in caplog.records if "not messages" in r.getMessage()]
+            assert len(dropped) == 1 and f"dropped {len(poison)} " in dropped[0].getMessage()
+            (item,) = admin.lrange("q", 0, -1)
+            assert json.loads(item)["body"] == envelope_body({"x": "real"})
+        admin.close()

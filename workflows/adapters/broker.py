@@ -68,7 +68,13 @@ def check_envelope(payload: Any) -> dict:
     shape kombu reads before any consumer callback runs, else NotAnEnvelope. kombu counts a
     KeyError as a lost connection and a redis-py DataError as a channel error: an item
     without `properties`, a `delivery_info` without an exchange or a null delivery tag
-    restarted the worker's consumer (cancelling every running task) or stopped it."""
+    restarted the worker's consumer (cancelling every running task) or stopped it.
+
+    The envelope comes back with a delivery tag of this consumer's own. The producer writes
+    the tag, and the tag names the consumer's record of an unacknowledged message (the one
+    its restore puts back): a forged message that reused an in-flight message's tag had the
+    gate's refusal of it delete that record, and the message was lost when the worker
+    stopped."""
     if not isinstance(payload, dict):
         raise NotAnEnvelope("the item is not an object")
     properties = payload.get("properties")
@@ -107,6 +113,7 @@ def check_envelope(payload: Any) -> dict:
     for name in ("content-type", "content-encoding"):
         if not isinstance(payload.get(name), (str, type(None))):
             raise NotAnEnvelope(f"{name} is not a text")
+    properties["delivery_tag"] = str(uuid.uuid4())
     return payload
 
 
