@@ -100,6 +100,14 @@ def _shadow(value: object, headers: dict) -> bool:
     return value is None or value == headers.get("task")
 
 
+def _ignore_result(value: object, headers: dict) -> bool:
+    # A message's `ignore_result` overrides its task's (Celery's get_actual_ignore_result):
+    # False on any other task stored a result under the id the message chose (a sweep's
+    # SUCCESS over a producer's FAILURE), or, expiring, a REVOKED one. Only the tasks whose
+    # results producers read may keep theirs (tasks/app.py).
+    return value is None or value is True or value is False and headers.get("task") in RESULT_TASKS
+
+
 def _empty(value: object, _headers: dict) -> bool:
     # Stamps (revoke by stamp) and workflow state: this product uses none.
     return value is None or value in ([], (), {})
@@ -134,7 +142,7 @@ HEADERS: dict[str, tuple[str, Callable[[object, dict], bool]]] = {
     "argsrepr": (f"a text of at most {MAX_TEXT_CHARS} characters", _text),
     "kwargsrepr": (f"a text of at most {MAX_TEXT_CHARS} characters", _text),
     "origin": ("a printable id", _optional_id),
-    "ignore_result": ("true or false", _flag),
+    "ignore_result": ("null, true, or false on a task whose result is kept", _ignore_result),
     "replaced_task_nesting": (f"a count up to {MAX_NESTING}", _count(MAX_NESTING)),
     "stamped_headers": ("null or empty", _empty),
     "stamps": ("null or empty", _empty),

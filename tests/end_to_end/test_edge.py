@@ -123,6 +123,24 @@ def outside_the_allow_list() -> list[tuple[str, object, dict, str]]:
             task_headers("agent_radar.sweep", expires="2001-01-01T00:00:00+00:00"),
             "header 'expires' has passed",
         ),
+        # A message's ignore_result overrides its task's: a sweep stored a SUCCESS over a
+        # producer's result, an expiring prompt dispatch a REVOKED under a pending id.
+        (
+            "a sweep that keeps its result",
+            sweep,
+            task_headers("agent_radar.sweep", ignore_result=False),
+            "header 'ignore_result' must be",
+        ),
+        (
+            "an internal task that keeps its result and expires",
+            [[], {"workspace_id": WS, "session_id": "s"}, None],
+            task_headers(
+                "agent_radar.prompt.dispatch",
+                ignore_result=False,
+                expires=(datetime.now(UTC) + timedelta(seconds=60)).isoformat(),
+            ),
+            "header 'ignore_result' must be",
+        ),
         (
             "a group index past any group",
             goal_body("prio"),
