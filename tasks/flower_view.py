@@ -12,6 +12,8 @@ through the worker's guarded transports (one over the message bound is dropped u
 nothing is unpacked (tasks/gate.py: refuse_unpacking)."""
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import states
@@ -21,8 +23,11 @@ from .gate import refuse_unpacking
 from .headers import printable_id
 from .strict import TASK_NAMES
 
-# More workers than a fleet runs; events from further node names are dropped.
+# More workers than a fleet runs; events from further node names are dropped, unless a
+# worker taken before has sent nothing for WORKER_GONE_S (a worker's heartbeat comes every
+# 2 s): it is then forgotten, its series with it, and the new name takes its place.
 MAX_WORKERS = 1024
+WORKER_GONE_S = 60.0
 # Celery's events carry ids, names, short texts (the arguments' text is at most 1 KiB,
 # tasks/gate.py) and a few numbers; a failure's traceback is the longest text.
 MAX_EVENT_TEXT = 4096
@@ -70,9 +75,16 @@ def _bounded(event: dict) -> bool:
     return True
 
 
-def event_kept(event: Any, workers: set[str]) -> bool:
-    """Whether Flower takes this event (`workers`: the node names taken so far), its texts
-    cut short."""
+def event_kept(
+    event: Any,
+    workers: dict[str, float],
+    forget: Callable[[list[str]], None] = lambda _names: None,
+    now: float | None = None,
+) -> bool:
+    """Whether Flower takes this event (`workers`: the node names taken, with when each
+    was last heard from), its texts cut short. Full, it first `forget`s the workers gone
+    quiet (a name's worker restarts under another name: the names taken filled with dead
+    workers, and hid every new one for the life of Flower)."""
     if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
         return False
     if not _bounded(event):
@@ -83,10 +95,15 @@ def event_kept(event: Any, workers: set[str]) -> bool:
     name = event.get("name")
     if name is not None and name not in TASK_NAMES:
         return False
-    if hostname not in workers:
-        if len(workers) >= MAX_WORKERS:
+    now = time.monotonic() if now is None else now
+    if hostname not in workers and len(workers) >= MAX_WORKERS:
+        gone = [name for name, heard in workers.items() if now - heard > WORKER_GONE_S]
+        if not gone:
             return False
-        workers.add(hostname)
+        for name in gone:
+            del workers[name]
+        forget(gone)
+    workers[hostname] = now
     return True
 
 
@@ -106,10 +123,16 @@ def install() -> None:
     if getattr(EventsState.event, "guarded", False):
         return
     take = EventsState.event
-    workers: set[str] = set()
+    workers: dict[str, float] = {}
 
     def event(self, event):
-        if event_kept(event, workers):
+        def forget(names: list[str]) -> None:
+            self.metrics.remove_workers(names)
+            for name in names:
+                self.workers.pop(name, None)
+                self.counter.pop(name, None)
+
+        if event_kept(event, workers, forget):
             return take(self, event)
         return None
 

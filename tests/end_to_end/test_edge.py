@@ -7,6 +7,9 @@ what it sought), no pool process changes, nothing is written, and the same worke
 normal goal right after."""
 
 import json
+import subprocess
+import sys
+import textwrap
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -474,7 +477,7 @@ def test_flower_keeps_short_events_of_our_tasks_only():
             **fields,
         }
 
-    workers: set[str] = set()
+    workers: dict[str, float] = {}
     long = received(args="a" * (380 << 10), uuid="u1")
     assert event_kept(long, workers) and len(long["args"]) <= MAX_EVENT_TEXT + 3
     assert not event_kept(received(args=[{}] * 1000), workers)
@@ -484,5 +487,48 @@ def test_flower_keeps_short_events_of_our_tasks_only():
     assert not event_kept({**received(), "type": "task-custom"}, workers)
     heartbeat = {"type": "worker-heartbeat", "hostname": "w@x", "loadavg": [0.1, 0.2, 0.3]}
     assert event_kept(heartbeat, workers)
-    many = {f"w{i}@x" for i in range(MAX_WORKERS)}
-    assert not event_kept(received(hostname="one-more@x"), many)
+    # Full of workers heard from lately, a new name is dropped; once some have gone quiet
+    # (a worker restarts under a new name), they are forgotten and the new one is taken.
+    many = {f"w{i}@x": 1000.0 for i in range(MAX_WORKERS)}
+    forgotten: list = []
+    assert not event_kept(received(hostname="one-more@x"), many, forgotten.extend, now=1030.0)
+    assert forgotten == [] and len(many) == MAX_WORKERS
+    many["w7@x"] = 1050.0
+    assert event_kept(received(hostname="one-more@x"), many, forgotten.extend, now=1070.0)
+    assert sorted(forgotten) == sorted(f"w{i}@x" for i in range(MAX_WORKERS) if i != 7)
+    assert set(many) == {"w7@x", "one-more@x"}
+
+
+def test_flower_forgets_a_quiet_worker_with_its_series_when_a_new_one_comes():
+    """In Flower itself (its events state and its metrics; in a process of its own, as
+    `install` changes Flower and kombu for good): at the cap of worker names, the ones gone
+    quiet are forgotten, their series with them, and the new worker is shown."""
+    script = textwrap.dedent(
+        """
+        import json, time
+        from flower.events import EventsState
+        from agent_radar.tasks import flower_view
+
+        flower_view.install()
+        flower_view.MAX_WORKERS = 3
+        flower_view.WORKER_GONE_S = -1.0  # every other one is quiet
+        state = EventsState(max_tasks_in_memory=100)
+        for name in ("old-a@x", "old-b@x", "old-c@x", "new@x"):
+            now = time.time()
+            state.event({"type": "worker-heartbeat", "hostname": name, "timestamp": now,
+                         "local_received": now})
+            if name == "old-c@x":
+                before = sorted(state.workers)
+        series = sorted(labels[0] for labels in state.metrics.worker_online._metrics)
+        print(json.dumps({"before": before, "after": sorted(state.workers), "series": series}))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "before": ["old-a@x", "old-b@x", "old-c@x"],
+        "after": ["new@x"],
+        "series": ["new@x"],
+    }
