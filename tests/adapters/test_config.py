@@ -136,6 +136,23 @@ def test_a_multi_host_database_url_passes_to_children_with_its_password_hidden()
         ("AGENT_RADAR_BROKER_KEY_PREFIX", "p" * 129),
         ("AGENT_RADAR_RUNTIME_TOKEN", "token\r\nX-Forged: 1"),
         ("AGENT_RADAR_RUNTIME_URL", "ftp://127.0.0.1:8765"),
+        # Found by the gate's second attack: each started a worker that failed at its first
+        # connection (a traceback, exit status 0) or connected to another deployment's Redis.
+        ("AGENT_RADAR_BROKER_URL", "redis://"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/notadb"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/0?x=1"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:123456/0"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:0/0"),
+        ("AGENT_RADAR_BROKER_URL", "filesystem://\x00"),
+        ("AGENT_RADAR_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/\n"),
+        ("AGENT_RADAR_BROKER_URL", "amqp://"),
+        ("AGENT_RADAR_RESULT_BACKEND", "redis://127.0.0.1:6379/x"),
+        ("AGENT_RADAR_RESULT_BACKEND", "redis://127.0.0.1:6379/1\nforged"),
+        ("AGENT_RADAR_RESULT_BACKEND", "db+sqlite:///results.db"),
+        ("AGENT_RADAR_DATABASE_URL", "postgresql+psycopg://u@127.0.0.1:0/db"),
+        ("AGENT_RADAR_DATABASE_URL", "sqlite:///a\x1b[31mb.db"),
+        ("AGENT_RADAR_HOME", "/tmp/radar\nforged"),
+        ("AGENT_RADAR_PULL", " TRUE\n"),
     ],
 )
 def test_a_setting_out_of_its_kind_is_refused_naming_the_variable(name, raw):

@@ -5,7 +5,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ..errors import InvalidArgument
 from ..validation import check_url
@@ -31,7 +31,63 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes, what: str) ->
         raise ValueError(
             f"{name} must be {what}, got {scheme[:40] + '://' if scheme else 'no scheme'}"
         )
+    problem = _url_problem(url, scheme)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
     return url
+
+
+# Hosts reached over the network by name: an empty host is the client library's localhost
+# (`redis://` reached another deployment's Redis database 0).
+NETWORK_SCHEMES = AMQP_SCHEMES | {"redis", "rediss"}
+# What a Redis URL may say after `?` (redis-py's own, and TLS's); anything else ended a
+# worker with a TypeError at its first connection.
+REDIS_URL_OPTIONS = frozenset(
+    {
+        "db",
+        "health_check_interval",
+        "max_connections",
+        "protocol",
+        "retry_on_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_timeout",
+        "timeout",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+    }
+)
+
+
+def _url_problem(url: str, scheme: str) -> str | None:
+    """What is wrong with a URL of a known scheme, in words that quote nothing of it but
+    an option's name (the rest may hold a password); None if nothing. Each of these
+    started a worker that then failed at its first connection, with a traceback and exit
+    status 0, or connected somewhere else."""
+    if not url.isprintable() or any(char.isspace() for char in url):
+        return "must not hold spaces or control characters"
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return "has a port that is not 1 to 65535"
+    base = scheme.split("+")[0]
+    if base in NETWORK_SCHEMES and not parts.hostname:
+        return "must name its host (redis://host:6379/0, amqp://user:password@host/vhost)"
+    if base in ("redis", "rediss"):
+        if parts.path not in ("", "/") and not parts.path[1:].isdigit():
+            return "must name its Redis database by number (redis://host:6379/0)"
+        options = {key for key, _value in parse_qsl(parts.query, keep_blank_values=True)}
+        if options - REDIS_URL_OPTIONS:
+            return f"takes no option {sorted(options - REDIS_URL_OPTIONS)[0][:40]!r}"
+    if base == "db" and not scheme.startswith("db+postgresql"):
+        return "must be a db+postgresql… URL when it names a database"
+    return None
 
 
 # Upper bounds of the numeric settings. Each is far above any sensible value, so reaching one
@@ -75,6 +131,8 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
     if raw in (None, ""):
         return default
+    if not raw.isprintable():
+        raise ValueError(f"{name} must be true or false, got {raw!r}")
     word = raw.strip().lower()
     if word in ("true", "1", "yes", "on"):
         return True
@@ -205,7 +263,10 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
-        home = Path(env.get("AGENT_RADAR_HOME") or "./.agent-radar").resolve()
+        raw_home = env.get("AGENT_RADAR_HOME") or "./.agent-radar"
+        if not raw_home.isprintable():
+            raise ValueError("AGENT_RADAR_HOME must not hold control characters")
+        home = Path(raw_home).resolve()
         timeout_s = _float(
             env,
             "AGENT_RADAR_RUNTIME_TIMEOUT_S",
