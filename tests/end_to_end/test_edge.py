@@ -532,3 +532,37 @@ def test_flower_forgets_a_quiet_worker_with_its_series_when_a_new_one_comes():
         "after": ["new@x"],
         "series": ["new@x"],
     }
+
+
+@pytest.mark.parametrize("backend", ["production"])  # Redis: the publisher writes the tag
+def test_a_refused_message_with_an_in_flight_message_s_tag_loses_nothing(
+    client, stack, settings, sim_control
+):
+    """A producer's goal held by the worker (its ETA to come) sits in Redis's `unacked` hash
+    under its delivery tag, which anyone with broker access can read. A forged message
+    naming that tag was refused, and the refusal deleted the held goal's record: at the
+    worker's stop nothing was put back, and the goal was never accepted. Counted at the
+    host: the held goal is applied once, by the next worker."""
+    import redis
+
+    worker = stack.start_worker(concurrency=1)
+    admin = redis.Redis.from_url(settings.broker_url, decode_responses=True)
+    unacked = f"{settings.broker_key_prefix}unacked"
+    eta = (datetime.now(UTC) + timedelta(seconds=6)).isoformat()
+    raw_publish(settings, goal_body("held"), headers=task_headers(eta=eta))
+    (tag,) = eventually(lambda: admin.hkeys(unacked), what="the held goal, unacknowledged")
+    envelope, _exchange, _key = json.loads(admin.hget(unacked, tag))
+    forged = dict(envelope, body="", headers={"task": "not.ours", "id": "attacker"})
+    forged["properties"] = dict(envelope["properties"], delivery_tag=tag)
+    admin.lpush(f"{settings.broker_key_prefix}default", json.dumps(forged))
+    eventually(lambda: len(refused_lines(worker)) == 1, what="the forged message refused")
+    assert admin.hexists(unacked, tag)
+    worker.stop()  # before the held goal's ETA: it goes back to its queue
+    assert client.find_goal_operation(WS, "s", "held") is None
+    stack.start_worker(concurrency=1)
+    op = eventually(
+        lambda: client.find_goal_operation(WS, "s", "held"), timeout_s=60, what="the held goal"
+    )
+    assert client.wait(op, timeout=60).status == "completed"
+    assert effects_by_operation(sim_control) == {op.operation_id: 1}
+    admin.close()
