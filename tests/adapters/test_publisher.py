@@ -59,7 +59,7 @@ class RecordingPublisher(Coalescer):
         once published, False if that failed."""
         mine = _Waiting(item)
         with self._changed:
-            self._hand_over((task_name, list_kwarg), mine)
+            self._hand_over((task_name, list_kwarg, None), mine)
             self._changed.notify_all()
             while mine.published is None:
                 self._changed.wait()
@@ -212,6 +212,42 @@ def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(setti
         (TASK, {"operation_ids": ["op-1"]}),
         (TASK, {"operation_ids": ["op-2"]}),
     ]
+
+
+def test_a_divert_takes_items_out_of_their_message_and_a_failed_one_leaves_them_in(settings):
+    """A divert (a goal operation notified to a worker that pulls) gets every item of a
+    message about to be sent with its own arguments; what it delivered is not published, and
+    a message it left empty is not sent. If it fails, the message carries every item."""
+    seen = []
+
+    def divert(pairs):
+        seen.append(pairs)
+        return {item for item, _alone in pairs if item.startswith("told")}
+
+    shared = RecordingPublisher(settings, delay_s=0)
+    shared.linger_s = 5.0
+    with shared.coalescing(TASK, "operation_ids", divert) as first:
+        with shared.coalescing(TASK, "operation_ids", divert) as second:
+            second("told-1", None, {"session_id": "s1"})
+        first("op-2", None, {"session_id": "s2"})
+    assert shared.flush(5)
+    assert seen == [[("told-1", {"session_id": "s1"}), ("op-2", {"session_id": "s2"})]]
+    # Left alone in its message, an item has its own arguments there.
+    assert shared.messages == [(TASK, {"operation_ids": ["op-2"], "session_id": "s2"})]
+
+    alone = RecordingPublisher(settings, delay_s=0)
+    with alone.coalescing(TASK, "operation_ids", divert) as publish:
+        publish("told-3", None, {"session_id": "s3"})
+    assert alone.flush(5) and alone.messages == []
+
+    def failing(pairs):
+        raise ConnectionError("database away")
+
+    fallback = RecordingPublisher(settings, delay_s=0)
+    with fallback.coalescing(TASK, "operation_ids", failing) as publish:
+        publish("told-4", None, {"session_id": "s4"})
+    assert fallback.flush(5)
+    assert fallback.messages == [(TASK, {"operation_ids": ["told-4"], "session_id": "s4"})]
 
 
 def test_a_submit_returns_before_its_message_is_published(settings):

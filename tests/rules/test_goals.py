@@ -141,13 +141,15 @@ def test_a_submit_writes_in_one_statement_on_postgresql(client, backend):
     the session lock and (for a session that exists) the read of its goal state."""
     with statements_sent(client.engine) as statements:
         first = client.set_goal(WS, SID, "one", client_submit_id="s-1")  # a new session
+        assert client.flush()
         new_session = list(statements)
         statements.clear()
         second = client.set_goal(WS, SID, "two", client_submit_id="s-2")  # supersedes
+        assert client.flush()
         existing_session = list(statements)
     if backend == "production":
-        # Each ends by notifying the workers that pull (the last SELECT, in the same
-        # transaction; none pull here, and its message is handed to the sender).
+        # Each is then notified, from the client's sender thread, to the workers that pull
+        # (the last SELECT; none pull here, and its message is published).
         assert new_session == ["SELECT", "WITH", "SELECT"]
         assert existing_session == ["SELECT", "SELECT", "WITH", "SELECT"]
     assert client.get_goal_operation(first.operation_id).status == "superseded"
@@ -169,6 +171,7 @@ def test_a_lone_dispatch_is_six_statements_on_postgresql(client, dispatcher, bac
     goal state and the lane's release, the look for more work. Each merged pair is one statement on
     PostgreSQL."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert client.flush()  # its notification (or message) sent: not counted below
     with statements_sent(client.engine) as statements:
         outcomes = dispatcher().dispatch(op.operation_id)
     assert [r.outcome for r in outcomes] == ["applied"]
@@ -195,6 +198,7 @@ def test_work_the_claim_statement_left_is_claimed_on_its_own(
     took_nothing = CLAIM_LOOKUP.add_columns(false().label("taken"))
     monkeypatch.setattr(claim_module, "LOOKUP_AND_CLAIM", took_nothing)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert client.flush()  # its notification (or message) sent: not counted below
     with statements_sent(client.engine) as statements:
         assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
     if backend == "production":
@@ -242,6 +246,7 @@ def test_a_message_that_names_the_session_skips_the_lanes_read(
     name is not used (`takes_named_lanes`): the dispatch is the unnamed one, with the same
     outcome."""
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
+    assert client.flush()  # its notification (or message) sent: not counted below
     with statements_sent(client.engine) as statements:
         outcomes = dispatcher().dispatch_many([op.operation_id], steal=True, session_of=(WS, SID))
     assert [r.outcome for r in outcomes] == ["applied"]

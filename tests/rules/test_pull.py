@@ -1,7 +1,6 @@
 """Pulling under load (docs/dispatch.md), on PostgreSQL: a puller's promise and channel, and
 the client's notification of committed goal operations instead of a dispatch message."""
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -158,42 +157,3 @@ def test_long_names_are_told_in_payloads_postgresql_accepts(client):
         run_transaction(engine, lambda s: s.execute(delete(GoalPuller)))
     assert len(seen) == 8 and all(len(n.payload.encode()) < 8000 for n in seen)
     assert sorted(one for n in seen for one in notified(n.payload)) == sorted(named)
-
-
-@ON_POSTGRESQL
-def test_a_submit_and_its_notification_are_one_transaction_and_it_sends_no_message(
-    client, monkeypatch
-):
-    """Where a worker pulls, a goal submit notifies it in the submit's own transaction: the
-    commit delivers the row and its wake-up together, whatever becomes of the client's
-    sender thread afterwards (a process that ends right after its commit), and nothing is
-    handed to the sender for a message. With nobody pulling, the submit's message goes."""
-    handed: list = []
-    # The sender publishes nothing here: what a submit hands it is only recorded.
-    monkeypatch.setattr(client.coalescer, "_publish_batch", lambda key, batch: handed.extend(batch))
-    visible: list = []
-
-    def wake(what) -> None:
-        if what:  # the row is there by the time its notification is
-            visible.append([client.get_goal_operation(op).status for op, _ws, _sid in what])
-
-    puller = Puller(client.engine, wake)
-    puller.start()
-    try:
-        eventually(lambda: puller.channel in _promises(client.engine), what="the promise")
-        op = client.set_goal("ws-pull", "one", "goal", client_submit_id="1")
-        eventually(lambda: visible, what="the notification's wake")
-        assert visible == [["prepared"]]
-        # A replay asks for nothing: no notification, no message.
-        assert client.set_goal("ws-pull", "one", "goal", client_submit_id="1") == op
-        time.sleep(0.3)
-        assert handed == []
-    finally:
-        puller.stop()
-        puller.thread.join(5)
-    assert visible == [["prepared"]]
-    late = client.set_goal("ws-pull", "two", "goal", client_submit_id="1")
-    eventually(lambda: handed, what="the message's hand-over")
-    assert [(w.item, w.alone) for w in handed] == [
-        (late.operation_id, {"workspace_id": "ws-pull", "session_id": "two"})
-    ]

@@ -88,7 +88,7 @@ class ClientBase:
         return cls()
 
     def _accept(
-        self, work, task: str, message, coalesce_into: str | None = None, alone=None
+        self, work, task: str, message, coalesce_into: str | None = None, alone=None, divert=None
     ) -> Any:
         """Commit an intent (`work(session) -> (record, created)`), then publish its task.
         A replay publishes nothing; a failed publish is left to the sweeper (the row is
@@ -96,10 +96,10 @@ class ClientBase:
         argument, handed to the publisher's sender thread, which shares a message among the
         submits of this process; the call returns after the commit (`flush` waits for the
         message, and `close` or the end of the process publishes what is left). `alone(record)`
-        gives the more arguments of a message that carries this item alone. `work` may
-        say `created` False of a record it made that needs no message."""
+        gives the more arguments of a message that carries this item alone; `divert` may
+        take items out of a message before it is sent (see `Coalescer.coalescing`)."""
         if coalesce_into:
-            with self.coalescer.coalescing(task, coalesce_into) as publish:
+            with self.coalescer.coalescing(task, coalesce_into, divert) as publish:
                 record, created = run_transaction(self.engine, work, direct=True)
                 if created:
                     publish(message(record), _label(record), alone and alone(record))

@@ -1,7 +1,7 @@
 """Shared dispatch messages (docs/dispatch.md): the goal submits of one process hand their
-items to a sender thread and return; the sender gives a burst of them a few messages, and
-every item is in exactly one message or is reported unpublished, for the sweeper (its
-committed row is the outbox). The messages go through the
+items to a sender thread and return; the sender gives a burst of them a few messages (or one
+notifying statement: a `divert`), and every item is in exactly one message or is reported
+unpublished, for the sweeper (its committed row is the outbox). The messages go through the
 process's TaskPublisher (adapters/publisher.py), which only publishes."""
 
 import atexit
@@ -55,7 +55,9 @@ class Coalescer:
         self._sending = False
 
     @contextmanager
-    def coalescing(self, task_name: str, list_kwarg: str) -> Iterator[Callable[..., None]]:
+    def coalescing(
+        self, task_name: str, list_kwarg: str, divert: "Divert | None" = None
+    ) -> Iterator[Callable[..., None]]:
         """Wrap a submit that may publish one item in the list argument `list_kwarg` of a
         `task_name` message: the block commits, then calls the yielded function with its
         item (and its label, see `publish`). Leaving the block hands the item to this
@@ -66,8 +68,11 @@ class Coalescer:
         saves its consumer a read, for example), left out of a shared one. While the
         block runs, the sender waits briefly (COALESCE_LINGER_S) for its item. A failed
         message is logged and left to the sweeper, its rows being the outbox; `flush` waits
-        for the sender. An item added before the block failed still goes out."""
-        key = (task_name, list_kwarg)
+        for the sender. An item added before the block failed still goes out.
+
+        `divert(pairs of (item, alone))`, before a message is sent, returns the items it
+        delivered otherwise (docs/dispatch.md: pulling); the message carries the rest, if any."""
+        key = (task_name, list_kwarg, divert)
         mine: list[_Waiting] = []
         with self._changed:
             self._submitting += 1
@@ -134,14 +139,18 @@ class Coalescer:
             return key, self._waiting.pop(key)
 
     def _publish_batch(self, key: "_Key", batch: list["_Waiting"]) -> None:
-        """A message per COALESCE_MAX_ITEMS items. Once one failed (after its retries), the
-        rest are left to the sweeper too, rather than each waiting out the retries; so is the
-        rest of a batch that an unexpected error cut short."""
-        task_name, list_kwarg = key
+        """A message per COALESCE_MAX_ITEMS items, of those the key's divert did not take.
+        Once one failed (after its retries), the rest are left to the sweeper too, rather
+        than each waiting out the retries; so is the rest of a batch that an unexpected error
+        cut short."""
+        task_name, list_kwarg, divert = key
         settled = 0
+        rest = batch
         try:
-            for start in range(0, len(batch), COALESCE_MAX_ITEMS):
-                chunk = batch[start : start + COALESCE_MAX_ITEMS]
+            if divert is not None:
+                rest = self._divert(divert, batch)
+            for start in range(0, len(rest), COALESCE_MAX_ITEMS):
+                chunk = rest[start : start + COALESCE_MAX_ITEMS]
                 labels = "; ".join(w.label for w in chunk if w.label)
                 kwargs = {list_kwarg: [w.item for w in chunk]}
                 if len(chunk) == 1 and chunk[0].alone:
@@ -152,7 +161,17 @@ class Coalescer:
                 if not ok:
                     break
         finally:
-            self._settle(batch[settled:], False)
+            self._settle(rest[settled:], False)
+
+    def _divert(self, divert: "Divert", batch: list["_Waiting"]) -> list["_Waiting"]:
+        """Settle what `divert` delivers of `batch`; the rest, for messages."""
+        try:
+            taken = divert([(w.item, w.alone) for w in batch])
+        except Exception as exc:  # noqa: BLE001 - the messages carry them all
+            log.warning("%d items go by message: %s: %s", len(batch), type(exc).__name__, exc)
+            return batch
+        self._settle([w for w in batch if w.item in taken], True)
+        return [w for w in batch if w.item not in taken]
 
     def _settle(self, items: list["_Waiting"], published: bool) -> None:
         """Items published or failed."""
@@ -188,7 +207,8 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-_Key = tuple[str, str]
+Divert = Callable[[list[tuple[Any, dict[str, Any] | None]]], set[Any]]
+_Key = tuple[str, str, Divert | None]
 
 
 class _Waiting:

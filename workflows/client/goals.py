@@ -1,6 +1,5 @@
 """The client's goal control and fences (docs/lifecycles.md; docs/packaging.md)."""
 
-import functools
 from functools import cached_property
 
 from sqlalchemy import select
@@ -49,28 +48,30 @@ class GoalCalls(ClientBase):
             expected_revision=expected_revision,
         )
         return self._accept(
-            functools.partial(self._submit_and_wake, request),
+            lambda s: submit(s, request, utcnow()),
             DISPATCH_TASK,
             lambda op: op.operation_id,
             coalesce_into="operation_ids",
             # A message of this operation alone names its session too: the worker then
             # takes the session's lane without reading it first (checked by the claim).
             alone=lambda op: {"workspace_id": op.workspace_id, "session_id": op.session_id},
+            divert=self._notify_pullers if self._pulls else None,
         )
 
     @cached_property
     def _pulls(self) -> bool:
         return self.settings.pull and dialect_of(self.engine).notifies
 
-    def _submit_and_wake(self, request: GoalRequest, s) -> tuple[GoalOperation, bool]:
-        """The submit, and where workers pull (docs/dispatch.md: pulling), in the same
-        transaction the notification that wakes one of them, delivered by the commit: the
-        operation and its wake-up are one. (The operation, whether it still needs its
-        message: created and told to nobody.)"""
-        op, created = submit(s, request, utcnow())
-        if created and self._pulls:
-            return op, not pullers.notify(s, [(op.operation_id, op.workspace_id, op.session_id)])
-        return op, created
+    def _notify_pullers(self, items: list[tuple[str, dict[str, str]]]) -> set[str]:
+        """The publisher's divert of dispatch items (docs/dispatch.md: pulling): committed
+        operations are notified to the workers that pull, their messages not sent; the ids
+        of those notified."""
+        named = [(op_id, alone["workspace_id"], alone["session_id"]) for op_id, alone in items]
+        # Once: if the database is away, the message is the cheaper way (a lone submit waits
+        # for this, its commit done).
+        return run_transaction(
+            self.engine, lambda s: pullers.notify(s, named), attempts=1, direct=True
+        )
 
     def set_goal(
         self, workspace_id, session_id, objective, *, client_submit_id, expected_revision=None

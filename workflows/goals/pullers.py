@@ -1,5 +1,5 @@
 """Pulling under load (docs/dispatch.md): a worker pool process promises to take due goal work
-when its channel is notified, and a client submitting a goal operation notifies one of the
+when its channel is notified, and a client that committed goal operations notifies the
 channels of live promises instead of publishing a dispatch message. PostgreSQL only
 (LISTEN/NOTIFY); on SQLite nothing here runs and every submit publishes its message.
 
@@ -32,15 +32,15 @@ RENEW_S = 0.5
 # Promises dead this long (a killed process's) are deleted by the next puller that connects.
 FORGET_AFTER_S = 60
 
-# A client's notification of the goal operation it submits (workflows/client/goals.py, in
-# the submit's transaction): each operation goes to one live puller, the one whose channel
-# hashes least with the session (so a session's operations go to the same puller while the
-# pullers stay the same, and the sessions spread over them); one notification per puller,
-# its payload the JSON list of [operation id, workspace id, session id] it names. Live by
-# the statement's time, by the database's clock. A row per puller notified, with the
-# operations it was told of; an operation in none (nobody pulls) is for a dispatch message.
-# PostgreSQL delivers the notifications when the statement's transaction commits: with the
-# operations' rows.
+# A client's notification of goal operations it committed (workflows/client/goals.py, after
+# the commit, the operations of several submits together as its publisher would send them in
+# one message): each operation goes to one live puller, the one whose channel hashes least
+# with the session (so a session's operations go to the same puller while the pullers stay
+# the same, and the sessions spread over them); one notification per puller, its payload the
+# JSON list of [operation id, workspace id, session id] it names. Live by the statement's
+# time, by the database's clock. A row per puller notified, with the operations it was told
+# of; an operation in none (nobody pulls) is for a dispatch message. PostgreSQL delivers the
+# notifications when the statement's transaction commits: after the operations' own.
 NOTIFY_SQL = text(
     "SELECT array_agg(t.op), "
     "pg_notify(chosen.channel, json_agg(json_build_array(t.op, t.ws, t.sid))::text) "
