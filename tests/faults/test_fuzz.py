@@ -438,7 +438,7 @@ def good_kwargs(task: str, n: int) -> dict:
                 "occurred_at_ms": int(time.time() * 1000),
             }
         },
-        # named, as a lone submit's message is: the name's fields are fuzzed too
+        # named, as the message of one submit is: the name's fields are fuzzed too
         "agent_radar.goal.dispatch": {
             "operation_id": str(uuid.uuid4()),
             "workspace_id": "w-broker",

@@ -67,8 +67,8 @@ class GoalCalls(ClientBase):
         operations are notified to the workers that pull, their messages not sent; the ids
         of those notified."""
         named = [(op_id, alone["workspace_id"], alone["session_id"]) for op_id, alone in items]
-        # Once: if the database is away, the message is the cheaper way (a lone submit waits
-        # for this, its commit done).
+        # Once: if the database is away, the message is the cheaper way (the sender waits
+        # for this).
         return run_transaction(
             self.engine, lambda s: pullers.notify(s, named), attempts=1, direct=True
         )

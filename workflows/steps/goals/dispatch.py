@@ -159,8 +159,8 @@ class Dispatcher(GoalClaims):
     ) -> list[StepResult] | None:
         """Take the lane of the session a message names and claim the operation in one
         call (goals/statements.py: NAMED_CLAIM, the function of migration 0016), without
-        the read that finds its session (a lone submit's message: the lone path's round
-        trips are most of its time, docs/benchmarks.md); None if this dispatch is then to go
+        the read that finds its session (a message of one operation: a lone operation's
+        round trips are most of its time, docs/benchmarks.md); None if this dispatch is then to go
         on as if nothing were named. The name is the message's word: the lane is taken only
         if the operation is open and unleased in that very session, and let go again in the
         same call if the claim then does not take it: nothing is left written but the claim
