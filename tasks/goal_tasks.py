@@ -49,8 +49,9 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     """One operation (`operation_id`, as the sweeper publishes) or several submitted together
     (`operation_ids`, as a client coalesces them). A message of one operation may name its
     session (`workspace_id`, `session_id`, as the message of one submit does): its lane is
-    then taken without a read first. That is a claim the dispatcher checks, not trusted: named wrongly,
-    no lane is taken for it and the operation is dispatched as if unnamed."""
+    then taken without a read first. That is a claim the dispatcher checks, not trusted:
+    named wrongly, no lane is taken for it and the operation is dispatched as if
+    unnamed."""
     if (operation_id is None) == (operation_ids is None):
         raise InvalidArgument(
             "give exactly one of operation_id and operation_ids", field="operation_id"
