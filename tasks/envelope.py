@@ -150,7 +150,10 @@ class GuardedRedisQoS(kombu_redis.QoS):
                     if isinstance(entry, list) and len(entry) == 3:
                         message, exchange, routing_key = entry
                         check_envelope(message)
-                        if isinstance(exchange, str) and isinstance(routing_key, str):
+                        # kombu's restore marks it redelivered in its headers.
+                        if isinstance(message.get("headers"), dict) and all(
+                            isinstance(name, str) for name in (exchange, routing_key)
+                        ):
                             return True
         except self.channel.connection_errors:
             raise
@@ -193,6 +196,7 @@ class GuardedRedisQoS(kombu_redis.QoS):
     def restore_visible(self, *args, **kwargs):
         try:
             self._retry_refused_restores()
+            self._free_stale_mutex()
             return super().restore_visible(*args, **kwargs)
         except self.channel.connection_errors:
             raise
@@ -205,6 +209,21 @@ class GuardedRedisQoS(kombu_redis.QoS):
             self._log_dropped()
 
     _quiet_until = 0.0
+
+    def _free_stale_mutex(self) -> None:
+        """kombu's restore scan takes a lock in Redis (`unacked_mutex`, for at most
+        `unacked_mutex_expire` seconds) and skips its round, silently, while another holds
+        it. A key set without an expiry, or one longer than that, is no scan's lock: it
+        stopped every restore for good (a dead worker's messages were never put back). It is
+        deleted, in one log line."""
+        with self.channel.conn_or_acquire() as client:
+            left_ms = client.pttl(self.unacked_mutex_key)
+            if left_ms == -1 or left_ms > self.unacked_mutex_expire * 1000:
+                client.delete(self.unacked_mutex_key)
+                log.error(
+                    "deleted a Redis restore lock that no worker's scan holds (%s)",
+                    "it had no expiry" if left_ms == -1 else f"{left_ms // 1000} s left",
+                )
 
     def restore_unacked(self, client=None):
         """When the broker is lost, Celery closes the channel, and kombu then restores the

@@ -101,6 +101,11 @@ def test_a_url_of_another_scheme_is_refused_without_its_password(name, url):
     assert "secret" not in str(refused.value)
 
 
+def test_a_tls_redis_url_takes_its_tls_settings():
+    url = "rediss://radar:secret@redis.internal:6380/0?ssl_cert_reqs=required"
+    assert Settings.from_env({"AGENT_RADAR_BROKER_URL": url}).broker_url == url
+
+
 def test_the_result_backend_is_off_unless_set_and_passes_to_children():
     assert Settings.from_env({}).result_backend is None
     on = Settings.from_env({"AGENT_RADAR_RESULT_BACKEND": "redis://127.0.0.1:6379/1"})
@@ -141,6 +146,11 @@ def test_a_multi_host_database_url_passes_to_children_with_its_password_hidden()
         ("AGENT_RADAR_BROKER_URL", "redis://"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/notadb"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/0?x=1"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/5?db=7"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/0?socket_timeout=5"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/0?ssl_cert_reqs=required"),
+        ("AGENT_RADAR_BROKER_URL", "rediss://127.0.0.1:6379/0?protocol=9"),
+        ("AGENT_RADAR_RESULT_BACKEND", "redis://127.0.0.1:6379/1?max_connections=0"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:123456/0"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:0/0"),
         ("AGENT_RADAR_BROKER_URL", "filesystem://\x00"),

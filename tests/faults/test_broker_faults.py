@@ -257,6 +257,7 @@ def test_an_unacknowledged_entry_that_is_not_a_message_is_dropped_once(tmp_path,
                 "not-a-triple": json.dumps({"a": 1}),
                 "not-an-envelope": json.dumps([{"properties": []}, "q", "q"]),
                 "deep": "[" * 5000,
+                "headers-null": json.dumps([{**real_envelope(admin), "headers": None}, "q", "q"]),
             }
             poison |= {f"poison-{i}": "x" for i in range(2000)}
             pipe = admin.pipeline(transaction=False)
@@ -272,4 +273,46 @@ def test_an_unacknowledged_entry_that_is_not_a_message_is_dropped_once(tmp_path,
             assert len(dropped) == 1 and f"dropped {len(poison)} " in dropped[0].getMessage()
             (item,) = admin.lrange("q", 0, -1)
             assert json.loads(item)["body"] == envelope_body({"x": "real"})
+        admin.close()
+
+
+def real_envelope(admin) -> dict:
+    """The envelope of the one message held unacknowledged now."""
+    import json
+
+    (tag,) = admin.hkeys("unacked")
+    return json.loads(admin.hget("unacked", tag))[0]
+
+
+def test_a_restore_lock_no_scan_holds_is_deleted(tmp_path, caplog):
+    """kombu's restore scan skips its round, silently, while its lock key exists: a key
+    set without an expiry (anyone who may write to Redis may) stopped every restore for
+    good, and a dead worker's messages were never put back. The scan deletes such a key in
+    one log line and restores; a scan's own lock, with its expiry, is left alone."""
+    import json
+
+    from kombu import Connection, Exchange, Queue
+
+    from agent_radar.tasks import envelope as guard
+
+    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+    with running_redis(tmp_path) as server:
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        with Connection(server.url, transport=guard.GuardedRedisTransport) as conn:
+            conn.Producer().publish(
+                {"x": "held"}, exchange=queue.exchange, routing_key="q", declare=[queue]
+            )
+            channel = conn.default_channel
+            held = queue(channel).get(no_ack=False)
+            admin.zadd("unacked_index", {held.delivery_tag: 1})  # past its visibility timeout
+            admin.set("unacked_mutex", "a-scan", px=60_000)  # a scan's own: left alone
+            channel.qos.restore_visible(interval=1)
+            assert admin.hexists("unacked", held.delivery_tag) and admin.exists("unacked_mutex")
+            admin.set("unacked_mutex", "attacker")  # no expiry
+            with caplog.at_level("ERROR", logger="agent_radar.gate"):
+                channel.qos.restore_visible(interval=1)
+            assert "no expiry" in caplog.text
+            assert not admin.hexists("unacked", held.delivery_tag)
+            (item,) = admin.lrange("q", 0, -1)
+            assert json.loads(item)["body"] == envelope_body({"x": "held"})
         admin.close()

@@ -40,26 +40,11 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes, what: str) ->
 # Hosts reached over the network by name: an empty host is the client library's localhost
 # (`redis://` reached another deployment's Redis database 0).
 NETWORK_SCHEMES = AMQP_SCHEMES | {"redis", "rediss"}
-# What a Redis URL may say after `?` (redis-py's own, and TLS's); anything else ended a
-# worker with a TypeError at its first connection.
-REDIS_URL_OPTIONS = frozenset(
-    {
-        "db",
-        "health_check_interval",
-        "max_connections",
-        "protocol",
-        "retry_on_timeout",
-        "socket_connect_timeout",
-        "socket_keepalive",
-        "socket_timeout",
-        "timeout",
-        "ssl_cert_reqs",
-        "ssl_ca_certs",
-        "ssl_certfile",
-        "ssl_keyfile",
-        "ssl_check_hostname",
-    }
-)
+# What a Redis URL may say after `?`: only the TLS settings of a `rediss://` URL, which
+# kombu and Celery read themselves; any other option (`db`, `socket_timeout`, …) reached
+# kombu's connection as an argument it does not take, and ended a worker at its first
+# connection with a TypeError.
+REDIS_TLS_OPTIONS = frozenset({"ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})
 
 
 def _url_problem(url: str, scheme: str) -> str | None:
@@ -83,8 +68,11 @@ def _url_problem(url: str, scheme: str) -> str | None:
         if parts.path not in ("", "/") and not parts.path[1:].isdigit():
             return "must name its Redis database by number (redis://host:6379/0)"
         options = {key for key, _value in parse_qsl(parts.query, keep_blank_values=True)}
-        if options - REDIS_URL_OPTIONS:
-            return f"takes no option {sorted(options - REDIS_URL_OPTIONS)[0][:40]!r}"
+        if parts.query and not options:
+            options = {parts.query}
+        allowed = REDIS_TLS_OPTIONS if base == "rediss" else frozenset()
+        if options - allowed:
+            return f"takes no option {sorted(options - allowed)[0][:40]!r}"
     if base == "db" and not scheme.startswith("db+postgresql"):
         return "must be a db+postgresql… URL when it names a database"
     return None
