@@ -209,13 +209,18 @@ class GuardedRedisQoS(kombu_redis.QoS):
             self._log_dropped()
 
     _quiet_until = 0.0
+    _mutex_look_at = 0.0
 
     def _free_stale_mutex(self) -> None:
         """kombu's restore scan takes a lock in Redis (`unacked_mutex`, for at most
         `unacked_mutex_expire` seconds) and skips its round, silently, while another holds
         it. A key set without an expiry, or one longer than that, is no scan's lock: it
         stopped every restore for good (a dead worker's messages were never put back). It is
-        deleted, in one log line."""
+        deleted, in one log line. Looked at every FAULT_LOG_INTERVAL_S (not at each round of
+        the loop, which calls this)."""
+        if time.monotonic() < self._mutex_look_at:
+            return
+        self._mutex_look_at = time.monotonic() + FAULT_LOG_INTERVAL_S
         with self.channel.conn_or_acquire() as client:
             left_ms = client.pttl(self.unacked_mutex_key)
             if left_ms == -1 or left_ms > self.unacked_mutex_expire * 1000:

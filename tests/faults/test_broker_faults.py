@@ -284,7 +284,7 @@ def real_envelope(admin) -> dict:
     return json.loads(admin.hget("unacked", tag))[0]
 
 
-def test_a_restore_lock_no_scan_holds_is_deleted(tmp_path, caplog):
+def test_a_restore_lock_no_scan_holds_is_deleted(tmp_path, caplog, monkeypatch):
     """kombu's restore scan skips its round, silently, while its lock key exists: a key
     set without an expiry (anyone who may write to Redis may) stopped every restore for
     good, and a dead worker's messages were never put back. The scan deletes such a key in
@@ -295,6 +295,7 @@ def test_a_restore_lock_no_scan_holds_is_deleted(tmp_path, caplog):
 
     from agent_radar.tasks import envelope as guard
 
+    monkeypatch.setattr(guard, "FAULT_LOG_INTERVAL_S", 0.0)  # it looks at every round
     queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
     with running_redis(tmp_path) as server:
         admin = redis.Redis(port=server.port, decode_responses=True)
