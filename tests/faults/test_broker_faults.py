@@ -6,7 +6,10 @@ up under a running worker: the work it takes meanwhile is applied, it logs what 
 write, and once memory is freed the same worker, with the same pool, applies the next goal."""
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import redis
@@ -239,41 +242,30 @@ def test_an_unacknowledged_entry_that_is_not_a_message_is_dropped_once(tmp_path,
     at the first look, all in one log line, and a real message among them is put back."""
     import json
 
-    from kombu import Connection, Exchange, Queue
-
     from agent_radar.tasks import envelope as guard
 
-    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
-    with running_redis(tmp_path) as server:
-        admin = redis.Redis(port=server.port, decode_responses=True)
-        with Connection(server.url, transport=guard.GuardedRedisTransport) as conn:
-            conn.Producer().publish(
-                {"x": "real"}, exchange=queue.exchange, routing_key="q", declare=[queue]
-            )
-            channel = conn.default_channel
-            real = queue(channel).get(no_ack=False)
-            poison = {
-                "not-json": "not json",
-                "not-a-triple": json.dumps({"a": 1}),
-                "not-an-envelope": json.dumps([{"properties": []}, "q", "q"]),
-                "deep": "[" * 5000,
-                "headers-null": json.dumps([{**real_envelope(admin), "headers": None}, "q", "q"]),
-            }
-            poison |= {f"poison-{i}": "x" for i in range(2000)}
-            pipe = admin.pipeline(transaction=False)
-            for tag, value in poison.items():
-                pipe.hset("unacked", tag, value).zadd("unacked_index", {tag: 1})
-            pipe.zadd("unacked_index", {real.delivery_tag: 1})  # past its visibility timeout
-            pipe.execute()
-            with caplog.at_level("ERROR", logger="agent_radar.gate"):
-                channel.qos.restore_visible(num=len(poison) + 1, interval=1)
-            assert admin.hlen("unacked") == 0 and admin.zcard("unacked_index") == 0
-            assert not guard.REFUSED_RESTORES
-            dropped = [r for r in caplog.records if "not messages" in r.getMessage()]
-            assert len(dropped) == 1 and f"dropped {len(poison)} " in dropped[0].getMessage()
-            (item,) = admin.lrange("q", 0, -1)
-            assert json.loads(item)["body"] == envelope_body({"x": "real"})
-        admin.close()
+    with one_held(tmp_path, {"x": "real"}) as (admin, channel, real):
+        poison = {
+            "not-json": "not json",
+            "not-a-triple": json.dumps({"a": 1}),
+            "not-an-envelope": json.dumps([{"properties": []}, "q", "q"]),
+            "deep": "[" * 5000,
+            "headers-null": json.dumps([{**real_envelope(admin), "headers": None}, "q", "q"]),
+        }
+        poison |= {f"poison-{i}": "x" for i in range(2000)}
+        pipe = admin.pipeline(transaction=False)
+        for tag, value in poison.items():
+            pipe.hset("unacked", tag, value).zadd("unacked_index", {tag: 1})
+        pipe.zadd("unacked_index", {real.delivery_tag: 1})  # past its visibility timeout
+        pipe.execute()
+        with caplog.at_level("ERROR", logger="agent_radar.gate"):
+            channel.qos.restore_visible(num=len(poison) + 1, interval=1)
+        assert admin.hlen("unacked") == 0 and admin.zcard("unacked_index") == 0
+        assert not guard.REFUSED_RESTORES
+        dropped = [r for r in caplog.records if "not messages" in r.getMessage()]
+        assert len(dropped) == 1 and f"dropped {len(poison)} " in dropped[0].getMessage()
+        (item,) = admin.lrange("q", 0, -1)
+        assert json.loads(item)["body"] == envelope_body({"x": "real"})
 
 
 def real_envelope(admin) -> dict:
@@ -291,29 +283,40 @@ def test_a_restore_lock_no_scan_holds_is_deleted(tmp_path, caplog, monkeypatch):
     one log line and restores; a scan's own lock, with its expiry, is left alone."""
     import json
 
-    from kombu import Connection, Exchange, Queue
-
     from agent_radar.tasks import envelope as guard
 
     monkeypatch.setattr(guard, "FAULT_LOG_INTERVAL_S", 0.0)  # it looks at every round
+    with one_held(tmp_path, {"x": "held"}) as (admin, channel, held):
+        admin.zadd("unacked_index", {held.delivery_tag: 1})  # past its visibility timeout
+        admin.set("unacked_mutex", "a-scan", px=60_000)  # a scan's own: left alone
+        channel.qos.restore_visible(interval=1)
+        assert admin.hexists("unacked", held.delivery_tag) and admin.exists("unacked_mutex")
+        admin.set("unacked_mutex", "attacker")  # no expiry
+        with caplog.at_level("ERROR", logger="agent_radar.gate"):
+            channel.qos.restore_visible(interval=1)
+        assert "no expiry" in caplog.text
+        assert not admin.hexists("unacked", held.delivery_tag)
+        (item,) = admin.lrange("q", 0, -1)
+        assert json.loads(item)["body"] == envelope_body({"x": "held"})
+
+
+@contextmanager
+def one_held(tmp_path, body) -> Iterator[tuple[redis.Redis, Any, Any]]:
+    """A Redis of the test's own, a guarded consumer's channel on it, and `body` published
+    and taken unacknowledged: (an admin client, the channel, the message)."""
+    from kombu import Connection, Exchange, Queue
+
+    from agent_radar.tasks.envelope import GuardedRedisTransport
+
     queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
     with running_redis(tmp_path) as server:
         admin = redis.Redis(port=server.port, decode_responses=True)
-        with Connection(server.url, transport=guard.GuardedRedisTransport) as conn:
-            conn.Producer().publish(
-                {"x": "held"}, exchange=queue.exchange, routing_key="q", declare=[queue]
-            )
-            channel = conn.default_channel
-            held = queue(channel).get(no_ack=False)
-            admin.zadd("unacked_index", {held.delivery_tag: 1})  # past its visibility timeout
-            admin.set("unacked_mutex", "a-scan", px=60_000)  # a scan's own: left alone
-            channel.qos.restore_visible(interval=1)
-            assert admin.hexists("unacked", held.delivery_tag) and admin.exists("unacked_mutex")
-            admin.set("unacked_mutex", "attacker")  # no expiry
-            with caplog.at_level("ERROR", logger="agent_radar.gate"):
-                channel.qos.restore_visible(interval=1)
-            assert "no expiry" in caplog.text
-            assert not admin.hexists("unacked", held.delivery_tag)
-            (item,) = admin.lrange("q", 0, -1)
-            assert json.loads(item)["body"] == envelope_body({"x": "held"})
-        admin.close()
+        try:
+            with Connection(server.url, transport=GuardedRedisTransport) as conn:
+                conn.Producer().publish(
+                    body, exchange=queue.exchange, routing_key="q", declare=[queue]
+                )
+                channel = conn.default_channel
+                yield admin, channel, queue(channel).get(no_ack=False)
+        finally:
+            admin.close()
