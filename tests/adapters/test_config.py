@@ -101,6 +101,17 @@ def test_a_url_of_another_scheme_is_refused_without_its_password(name, url):
     assert "secret" not in str(refused.value)
 
 
+def test_a_broker_of_several_nodes_is_checked_node_by_node():
+    """docs/broker-cluster.md: each node's URL, `;`-separated."""
+    nodes = "redis://127.0.0.1:6379/0;redis://127.0.0.1:6380/0;redis://127.0.0.1:6381/11"
+    assert Settings.from_env({"AGENT_RADAR_BROKER_URL": nodes}).broker_url == nodes
+    amqp = "amqp://agent:secret@mq-1:5672/radar;amqp://agent:secret@mq-2:5672/radar"
+    assert Settings.from_env({"AGENT_RADAR_BROKER_URL": amqp}).broker_url == amqp
+    for bad in (nodes + ";redis://127.0.0.1:6382/x", nodes + ";redis://", amqp + ";ftp://x"):
+        with pytest.raises(ValueError, match="AGENT_RADAR_BROKER_URL"):
+            Settings.from_env({"AGENT_RADAR_BROKER_URL": bad})
+
+
 def test_a_tls_redis_url_takes_its_tls_settings():
     url = "rediss://radar:secret@redis.internal:6380/0?ssl_cert_reqs=required"
     assert Settings.from_env({"AGENT_RADAR_BROKER_URL": url}).broker_url == url

@@ -31,10 +31,16 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes, what: str) ->
         raise ValueError(
             f"{name} must be {what}, got {scheme[:40] + '://' if scheme else 'no scheme'}"
         )
-    problem = _url_problem(url, scheme)
-    if problem is not None:
-        raise ValueError(f"{name} {problem}")
+    # A broker of several nodes lists each node's URL, `;`-separated (docs/broker-cluster.md).
+    for one in url.split(";") if base_of(scheme) in BROKER_SCHEMES else [url]:
+        problem = _url_problem(one, urlsplit(one).scheme if "://" in one else "")
+        if problem is not None:
+            raise ValueError(f"{name} {problem}")
     return url
+
+
+def base_of(scheme: str) -> str:
+    return scheme.split("+")[0]
 
 
 # Hosts reached over the network by name: an empty host is the client library's localhost
@@ -54,6 +60,8 @@ def _url_problem(url: str, scheme: str) -> str | None:
     status 0, or connected somewhere else."""
     if not url.isprintable() or any(char.isspace() for char in url):
         return "must not hold spaces or control characters"
+    if base_of(scheme) not in BROKER_SCHEMES | RESULT_BACKEND_SCHEMES | DATABASE_BACKENDS:
+        return "lists a URL of another scheme"
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -61,7 +69,7 @@ def _url_problem(url: str, scheme: str) -> str | None:
         port = 0
     if port == 0:
         return "has a port that is not 1 to 65535"
-    base = scheme.split("+")[0]
+    base = base_of(scheme)
     if base in NETWORK_SCHEMES and not parts.hostname:
         return "must name its host (redis://host:6379/0, amqp://user:password@host/vhost)"
     if base in ("redis", "rediss"):
