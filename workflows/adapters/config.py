@@ -33,7 +33,7 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes, what: str) ->
         )
     # A broker of several nodes lists each node's URL, `;`-separated (docs/broker-cluster.md).
     for one in url.split(";") if base_of(scheme) in BROKER_SCHEMES else [url]:
-        problem = _url_problem(one, urlsplit(one).scheme if "://" in one else "")
+        problem = _url_problem(one)
         if problem is not None:
             raise ValueError(f"{name} {problem}")
     return url
@@ -53,23 +53,24 @@ NETWORK_SCHEMES = AMQP_SCHEMES | {"redis", "rediss"}
 REDIS_TLS_OPTIONS = frozenset({"ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})
 
 
-def _url_problem(url: str, scheme: str) -> str | None:
+def _url_problem(url: str) -> str | None:
     """What is wrong with a URL of a known scheme, in words that quote nothing of it but
     an option's name (the rest may hold a password); None if nothing. Each of these
     started a worker that then failed at its first connection, with a traceback and exit
     status 0, or connected somewhere else."""
     if not url.isprintable() or any(char.isspace() for char in url):
         return "must not hold spaces or control characters"
-    if base_of(scheme) not in BROKER_SCHEMES | RESULT_BACKEND_SCHEMES | DATABASE_BACKENDS:
-        return "lists a URL of another scheme"
     parts = urlsplit(url)
+    scheme = parts.scheme if "://" in url else ""
+    base = base_of(scheme)
+    if base not in BROKER_SCHEMES | RESULT_BACKEND_SCHEMES | DATABASE_BACKENDS:
+        return "lists a URL of another scheme"
     try:
         port = parts.port
     except ValueError:
         port = 0
     if port == 0:
         return "has a port that is not 1 to 65535"
-    base = base_of(scheme)
     if base in NETWORK_SCHEMES and not parts.hostname:
         return "must name its host (redis://host:6379/0, amqp://user:password@host/vhost)"
     if base in ("redis", "rediss"):
