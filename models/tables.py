@@ -78,6 +78,9 @@ class AgentSession(Base):
     provider: Mapped[str | None] = mapped_column(ID)
     provider_session_id: Mapped[str | None] = mapped_column(ID)
     live: Mapped[bool | None] = mapped_column(Boolean)
+    # When the answer `live` holds was asked (docs/lifecycles.md: sessions): an answer asked
+    # before it and written after it is stale, and is dropped (workflows/sessions/rows.py).
+    live_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
     # The agent host the session lives on (docs/lifecycles.md: sessions): every runtime call for it
     # goes there.

@@ -4,6 +4,7 @@ Each error has a stable `code` and structured attributes, and survives a round t
 pickle or JSON (`to_dict` / `from_dict`), so it can cross a Celery boundary.
 """
 
+from datetime import datetime
 from typing import Any
 
 
@@ -101,6 +102,9 @@ class RuntimeDisconnected(AgentRadarError):
     """The agent host reports the session offline (HTTP 409 `disconnected`)."""
 
     code = "disconnected"
+    # When the call that met it was asked (the adapter sets it): what it says of the session
+    # is that old (workflows/sessions/rows.py: answered_at).
+    asked_at: datetime | None = None
 
 
 class RuntimeFault(AgentRadarError):
@@ -110,6 +114,7 @@ class RuntimeFault(AgentRadarError):
     # Set per instance from the constructor's attributes; declared for readers and mypy.
     retryable: bool = False
     http_status: int | None = None
+    asked_at: datetime | None = None  # as RuntimeDisconnected's
 
 
 def _restore(type_name: str, message: str, attrs: dict[str, Any]) -> AgentRadarError:

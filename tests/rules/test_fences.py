@@ -224,6 +224,38 @@ def test_a_stale_cancel_of_an_offline_session_waits_then_goes_once_it_is_live(cl
     assert cancel.attempt == 2  # the dead worker's try and this delivery; waits were free
 
 
+def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim_control):
+    """docs/lifecycles.md: sessions: whether a session is live is the last answer its host gave,
+    by when it was asked. A worker told `disconnected` that writes it only after another worker
+    was told the session is live (a restore slowed between its call and its write) leaves the
+    session live; an answer asked later still counts."""
+    from agent_radar.workflows.errors import RuntimeDisconnected
+    from agent_radar.workflows.fences import restores
+    from agent_radar.workflows.sessions.rows import answered_at
+    from agent_radar.workflows.steps.cancel import mark_offline
+    from tests.helpers import Clock
+
+    clock = Clock()
+    runner = _runner(client, sim_control, clock)
+    sim_control.session(WS, SID)
+    sim_control.fault("liveness", status=409, error="disconnected", count=1, session_id=SID)
+    with pytest.raises(RuntimeDisconnected) as slow:  # the first worker's call: its write waits
+        runner.require_live(WS, SID)
+    stale = answered_at(slow.value, clock.advance(1))
+    assert stale < clock.now  # stamped by the adapter when it was asked
+    runner.require_live(WS, SID)  # a second worker asked after it: live, recorded at once
+    assert client.session_info(WS, SID).live is True
+    clock.advance(1)
+    run_transaction(
+        client.engine,
+        lambda s: restores.finish(s, WS, SID, clock.now, "offline", None, clock.now, stale),
+    )
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, stale))
+    assert client.session_info(WS, SID).live is True  # the older answers are dropped
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, clock.now))
+    assert client.session_info(WS, SID).live is False  # a newer one counts
+
+
 def test_a_stale_cancel_of_a_vanished_session_settles_its_turns_as_interrupted(client, sim_control):
     """session_not_found is an authoritative end: every turn of the session ends
     interrupted locally, with no cancel call and no resume; waiting work is woken."""

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from ...models.tables import AgentSession
 from ..fences.reinstall import record_installed, session_fences
 from ..goals.operations import open_client_operations
-from ..sessions.rows import lock_session
+from ..sessions.rows import lock_session, record_liveness
 from .epochs import EpochEffects, observe_epoch
 
 
@@ -28,12 +28,13 @@ def record_live(
     epoch: int,
     now: datetime,
     installed: list[str],
+    asked_at: datetime,
 ) -> tuple[list[str], EpochEffects]:
-    """Mark the session live at `epoch` (a resume or liveness answer); returns its open goal
-    operations to wake and what a newer epoch set in motion. A resume preloaded and
-    reinstalled the fences `installed`: they are installed at that epoch."""
+    """Mark the session live at `epoch` (a resume or liveness answer asked at `asked_at`);
+    returns its open goal operations to wake and what a newer epoch set in motion. A resume
+    preloaded and reinstalled the fences `installed`: they are installed at that epoch."""
     row = lock_session(session, workspace_id, session_id)
-    row.live = True
+    record_liveness(row, True, asked_at)
     effects = observe_epoch(session, row, epoch, now)
     record_installed(session, installed, row.host_id, epoch)
     return open_client_operations(session, workspace_id, session_id), effects

@@ -89,7 +89,9 @@ def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) 
     )
     row.host_id = host_id
     row.runtime_epoch = 0  # no fence is recorded at the new host: they all go there
-    row.live = None  # what the old host said of it says nothing of the new one
+    # What the old host said of it says nothing of the new one, and an answer of the old host
+    # written after this is older than the move.
+    row.live, row.live_at = None, now
     session.flush()
     released = runs.end_for_restart(
         session, row.workspace_id, row.session_id, None, now, moved_to=host_id

@@ -25,7 +25,7 @@ from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
 from ..goals.operations import complete_applied, sync_of
 from ..sessions import turns
-from ..sessions.rows import lock_session, same_session
+from ..sessions.rows import lock_session, record_liveness, same_session
 from .epochs import EpochEffects, observe_epoch
 
 # A turn on record as unsettled for this long gets its session's host asked what it runs, at most
@@ -69,7 +69,7 @@ def apply_state(
     done = Reconciled()
     if row.host_id != asked_host:
         return done
-    row.live = state.live
+    record_liveness(row, state.live, asked_at)
     row.reconciled_at = now
     done.epoch = observe_epoch(session, row, state.runtime_epoch, now)
     done.woken_fences += done.epoch.woken_fences

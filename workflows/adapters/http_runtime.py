@@ -8,9 +8,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
+from ...models.base import utcnow
 from ..errors import RuntimeDisconnected, RuntimeFault
 from . import metrics
 from .answers import (
@@ -72,6 +74,7 @@ class HttpRuntime:
                 return self._request(method, path, body)
         except (RuntimeFault, RuntimeDisconnected) as exc:
             metrics.RUNTIME_CALL_ERRORS.labels(self.host_id, call, metric_code(exc.code)).inc()
+            exc.asked_at = utcnow() - timedelta(seconds=time.perf_counter() - started)
             raise
         finally:
             metrics.RUNTIME_CALL_SECONDS.labels(self.host_id, call).observe(

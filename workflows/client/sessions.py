@@ -160,13 +160,16 @@ class SessionCalls(ClientBase):
             )
             self._publish_epoch(workspace_id, session_id, moved)
         fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
+        asked_at = utcnow()
         resumed, epoch = resume_if_offline(
             self.runtime, workspace_id, session_id, [fence for _id, fence in fences]
         )
         installed = [fence_id for fence_id, _fence in fences] if resumed else []
         wake, effects = run_transaction(
             self.engine,
-            lambda s: record_live(s, workspace_id, session_id, epoch, utcnow(), installed),
+            lambda s: record_live(
+                s, workspace_id, session_id, epoch, utcnow(), installed, asked_at
+            ),
         )
         self._publish_epoch(workspace_id, session_id, effects)
         # Whatever fence is not known to be at this (host, epoch) goes there, and a clear

@@ -108,6 +108,24 @@ def event_params(
     )
 
 
+def record_liveness(row: AgentSession, live: bool | None, asked_at: datetime) -> bool:
+    """Record the host's liveness answer, asked at `asked_at`, on the locked session row,
+    unless an answer asked later is on record already (docs/lifecycles.md: sessions): a worker
+    slowed between its call and its write must not undo what a newer answer said. True if
+    recorded."""
+    if row.live_at is not None and asked_at < row.live_at:
+        return False
+    row.live, row.live_at = live, asked_at
+    return True
+
+
+def answered_at(exc: Exception, now: datetime) -> datetime:
+    """When the host call that raised `exc` was asked (the adapter stamps it), never later than
+    `now`, the caller's clock: what the answer says of the session is that old."""
+    asked: datetime | None = getattr(exc, "asked_at", None)
+    return now if asked is None else min(asked, now)
+
+
 def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentSession:
     """Create the session row if needed and lock it for this transaction.
 

@@ -3,6 +3,7 @@ and retried; a session the host no longer has settles them locally. Background w
 session (a liveness look only)."""
 
 import logging
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
@@ -17,7 +18,7 @@ from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
 from ..goals.operations import backoff_s
 from ..sessions import hosts, turns
-from ..sessions.rows import lock_session
+from ..sessions.rows import answered_at, lock_session, record_liveness
 from ..task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
 from . import Step
 from .wake import publish_epoch_effects
@@ -25,18 +26,23 @@ from .wake import publish_epoch_effects
 log = logging.getLogger(__name__)
 
 
-def mark_offline(session: Session, workspace_id: str, session_id: str) -> None:
-    """The runtime said the session is offline: remember it, so background work settles
-    locally instead of calling an agent host that is not there."""
-    lock_session(session, workspace_id, session_id).live = False
+def mark_offline(session: Session, workspace_id: str, session_id: str, asked_at: datetime) -> None:
+    """The runtime said the session is offline, answering a call asked at `asked_at`: remember
+    it, so background work settles locally instead of calling an agent host that is not there
+    (unless a newer answer is on record already)."""
+    record_liveness(lock_session(session, workspace_id, session_id), False, asked_at)
 
 
-def require_live(runtime: RuntimePort, workspace_id: str, session_id: str) -> int | None:
-    """A liveness look (never a resume): RuntimeDisconnected if the session is offline;
-    else the runtime epoch the host answered, if it did."""
+def require_live(
+    runtime: RuntimePort, workspace_id: str, session_id: str, asked_at: datetime
+) -> int | None:
+    """A liveness look (never a resume), asked at `asked_at`: RuntimeDisconnected if the
+    session is offline; else the runtime epoch the host answered, if it did."""
     answer = runtime.liveness(workspace_id, session_id)
     if not answer.get("live"):
-        raise RuntimeDisconnected("the session is offline at the agent host")
+        offline = RuntimeDisconnected("the session is offline at the agent host")
+        offline.asked_at = asked_at
+        raise offline
     return answer.get("runtime_epoch")
 
 
@@ -65,12 +71,13 @@ class CancelRunner(Step):
         installed there, or a clear not yet delivered, gets the session's restore (unless the caller
         is that restore). True if the epoch was newer. Raises RuntimeDisconnected when the session
         is offline."""
-        epoch = require_live(self.runtime, workspace_id, session_id)
+        asked_at = self.clock()
+        epoch = require_live(self.runtime, workspace_id, session_id, asked_at)
 
         def observe(s: Session) -> tuple[EpochEffects, bool]:
             now = self.clock()
             row = lock_session(s, workspace_id, session_id)
-            row.live = True
+            record_liveness(row, True, asked_at)
             effects = EpochEffects()
             if epoch and epoch > (row.runtime_epoch or 0):
                 effects = observe_epoch(s, row, epoch, now)
@@ -184,17 +191,18 @@ class CancelRunner(Step):
             ):
                 return "interrupted"  # the host restarted: the turn ended with its process
             outcome = self._deliver(cancel, token)
-        except RuntimeDisconnected:
+        except RuntimeDisconnected as exc:
+            asked_at = answered_at(exc, self.clock())
 
             def wait(s: Session) -> None:
-                mark_offline(s, ws, sid)
+                mark_offline(s, ws, sid, asked_at)
                 cancels.wait_offline(s, cancel, token, self.clock())
 
             run_transaction(self.engine, wait)
             return "waiting_offline"
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
-                self.session_gone(ws, sid)
+                self.session_gone(ws, sid, answered_at(exc, self.clock()))
                 return "interrupted"
             error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
             run_transaction(
@@ -215,7 +223,7 @@ class CancelRunner(Step):
         address = run_read(self.engine, lambda s: hosts.address_of(s, host_id))
         try:
             runtime = self.runtime.on_host(*address)
-            epoch = require_live(runtime, ws, sid)
+            epoch = require_live(runtime, ws, sid, self.clock())
             if epoch and epoch > run_read(self.engine, lambda s: _epoch_of(s, cancel)) > 0:
                 # That host restarted since: what ran there ended with its process, and
                 # what has this id now is another turn (workflows/sessions/turns.py).
@@ -251,13 +259,16 @@ class CancelRunner(Step):
             answer = {"result": CancelResult.INTERRUPTED}  # nothing of it runs there
         return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
 
-    def session_gone(self, workspace_id: str, session_id: str, extra=None) -> object:
-        """The host answered session_not_found: the session is gone, an authoritative end for
-        every turn of it. They end interrupted (their open cancels too), in one transaction
-        with `extra(s)` if given; the fences and the prompt queue that waited move on."""
+    def session_gone(
+        self, workspace_id: str, session_id: str, asked_at: datetime, extra=None
+    ) -> object:
+        """The host answered session_not_found to a call asked at `asked_at`: the session is
+        gone, an authoritative end for every turn of it. They end interrupted (their open
+        cancels too), in one transaction with `extra(s)` if given; the fences and the prompt
+        queue that waited move on."""
 
         def settle(s: Session):
-            mark_offline(s, workspace_id, session_id)
+            mark_offline(s, workspace_id, session_id, asked_at)
             result = extra(s) if extra is not None else None
             woken = cancels.interrupt_running_turns(s, workspace_id, session_id, self.clock())
             return result, woken

@@ -32,6 +32,7 @@ from ..fences import restores
 from ..fences.fencing import clear_delivered
 from ..goals import outcomes
 from ..sessions import hosts
+from ..sessions.rows import answered_at
 from ..task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
@@ -187,6 +188,7 @@ class Restorer:
         if stamp is None:
             return "skipped"
         error: str | None = None
+        asked_at: datetime | None = None  # when the offline answer was asked
         try:
             self.cancels.require_live(workspace_id, session_id, restore=False)
             restore_fences(
@@ -198,13 +200,13 @@ class Restorer:
             )
             self.reconcile(workspace_id, session_id)
             outcome = "restored"
-        except RuntimeDisconnected:
+        except RuntimeDisconnected as exc:
             # Offline: asked again after OFFLINE_RECHECK_S while something waits on it
             # (a session back with no report tells nobody), or at its next report.
-            outcome = "offline"
+            outcome, asked_at = "offline", answered_at(exc, self.clock())
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
-                self.cancels.session_gone(workspace_id, session_id)
+                self.cancels.session_gone(workspace_id, session_id, answered_at(exc, self.clock()))
                 outcome = "gone"
             else:
                 error = str(exc.code or exc)
@@ -213,7 +215,7 @@ class Restorer:
         run_transaction(
             self.engine,
             lambda s: restores.finish(
-                s, workspace_id, session_id, stamp, outcome, error, self.clock()
+                s, workspace_id, session_id, stamp, outcome, error, self.clock(), asked_at
             ),
         )
         return outcome
