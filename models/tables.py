@@ -78,12 +78,10 @@ class AgentSession(Base):
     provider: Mapped[str | None] = mapped_column(ID)
     provider_session_id: Mapped[str | None] = mapped_column(ID)
     live: Mapped[bool | None] = mapped_column(Boolean)
-    # When the answer `live` holds was asked (docs/lifecycles.md: sessions): an answer asked
-    # before it and written after it is stale, and is dropped (workflows/sessions/rows.py).
+    # When the answer `live` holds was asked: an older one is dropped (docs/lifecycles.md).
     live_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
-    # The agent host the session lives on (docs/lifecycles.md: sessions): every runtime call for it
-    # goes there.
+    # The agent host the session lives on, where its calls go (docs/lifecycles.md: sessions).
     host_id: Mapped[str] = mapped_column(ID, default="default", server_default="default")
     # Whether that host was given (ensure_session(host_id=)) or named by a report: a report
     # naming another host is then refused. Until then `default` is only the fallback.
