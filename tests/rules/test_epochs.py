@@ -229,3 +229,25 @@ def test_the_users_own_ensure_installs_with_require_live_false(client, sim_contr
     assert restorer(client).restore(WS, SID) == "restored"
     installs = [c for c in sim_control.calls() if c["call"] == "goal-fences"]
     assert [c["require_live"] for c in installs] == [False, True]
+
+
+def test_a_resume_is_live_from_when_it_answered(client, sim_control, monkeypatch):
+    """docs/lifecycles.md: sessions: `ensure_session` resumes an offline session; it is live
+    from when the resume answered, so an offline answer asked while it ran (another worker's
+    look) and written after it is dropped."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.client import sessions
+    from agent_radar.workflows.steps.cancel import mark_offline
+
+    sim_control.session(WS, SID, live=False)
+    looked: list = []
+    resume = sessions.resume_if_offline
+
+    def resume_while_another_looks(*args):
+        looked.append(utcnow())  # another worker asks now, and is told offline
+        return resume(*args)
+
+    monkeypatch.setattr(sessions, "resume_if_offline", resume_while_another_looks)
+    assert client.ensure_session(WS, SID).live is True
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, looked[0]))
+    assert session_row(client).live is True

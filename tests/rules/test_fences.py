@@ -229,6 +229,7 @@ def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim
     by when it was asked. A worker told `disconnected` that writes it only after another worker
     was told the session is live (a restore slowed between its call and its write) leaves the
     session live; an answer asked later still counts."""
+    from agent_radar.models.base import utcnow
     from agent_radar.workflows.errors import RuntimeDisconnected
     from agent_radar.workflows.fences import restores
     from agent_radar.workflows.sessions.rows import answered_at
@@ -241,7 +242,8 @@ def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim
     sim_control.fault("liveness", status=409, error="disconnected", count=1, session_id=SID)
     with pytest.raises(RuntimeDisconnected) as slow:  # the first worker's call: its write waits
         runner.require_live(WS, SID)
-    stale = answered_at(slow.value, clock.advance(1))
+    clock.now = utcnow() + timedelta(seconds=1)  # (the step's clock: a second later)
+    stale = answered_at(slow.value, clock.now)
     assert stale < clock.now  # stamped by the adapter when it was asked
     runner.require_live(WS, SID)  # a second worker asked after it: live, recorded at once
     assert client.session_info(WS, SID).live is True
@@ -254,6 +256,43 @@ def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim
     assert client.session_info(WS, SID).live is True  # the older answers are dropped
     run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, clock.now))
     assert client.session_info(WS, SID).live is False  # a newer one counts
+
+
+def test_a_host_s_report_of_liveness_is_ordered_with_its_answers(client):
+    """docs/lifecycles.md: sessions: a report's `live` is the host's word at the time it says,
+    ordered with the answers to calls: a `disconnected` asked before the report and written
+    after it is dropped, and a report saying offline outlasts a live answer asked before it."""
+    import time
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.sessions.rows import lock_session, record_liveness
+    from agent_radar.workflows.steps.cancel import mark_offline
+
+    def report(live: bool):
+        time.sleep(0.01)  # (reports carry milliseconds)
+        said = utcnow()
+        client.report_activity(
+            {
+                "workspace_id": WS,
+                "session_id": SID,
+                "occurred_at_ms": int(said.timestamp() * 1000),
+                "session": {"live": live},
+            }
+        )
+        time.sleep(0.01)
+        return said
+
+    offline_asked = utcnow()
+    report(True)
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, offline_asked))
+    assert client.session_info(WS, SID).live is True
+    live_asked = utcnow()
+    report(False)
+    run_transaction(
+        client.engine,
+        lambda s: record_liveness(lock_session(s, WS, SID), True, live_asked),
+    )
+    assert client.session_info(WS, SID).live is False
 
 
 def test_a_stale_cancel_of_a_vanished_session_settles_its_turns_as_interrupted(client, sim_control):

@@ -164,6 +164,10 @@ class SessionCalls(ClientBase):
         resumed, epoch = resume_if_offline(
             self.runtime, workspace_id, session_id, [fence for _id, fence in fences]
         )
+        if (
+            resumed
+        ):  # live from when the resume answered: an offline answer asked during it is older
+            asked_at = utcnow()
         installed = [fence_id for fence_id, _fence in fences] if resumed else []
         wake, effects = run_transaction(
             self.engine,
