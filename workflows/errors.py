@@ -102,9 +102,10 @@ class RuntimeDisconnected(AgentRadarError):
     """The agent host reports the session offline (HTTP 409 `disconnected`)."""
 
     code = "disconnected"
-    # When the call that met it was asked (the adapter sets it): what it says of the session
-    # is that old (workflows/sessions/rows.py: answered_at).
+    # When the call that met it was asked, and the host that answered (the adapter sets them):
+    # what it says of the session is that old, and of that host (workflows/sessions/rows.py).
     asked_at: datetime | None = None
+    answered_by: str | None = None
 
 
 class RuntimeFault(AgentRadarError):
@@ -115,6 +116,7 @@ class RuntimeFault(AgentRadarError):
     retryable: bool = False
     http_status: int | None = None
     asked_at: datetime | None = None  # as RuntimeDisconnected's
+    answered_by: str | None = None
 
 
 def _restore(type_name: str, message: str, attrs: dict[str, Any]) -> AgentRadarError:

@@ -237,6 +237,7 @@ def test_a_resume_is_live_from_when_it_answered(client, sim_control, monkeypatch
     look) and written after it is dropped."""
     from agent_radar.models.base import utcnow
     from agent_radar.workflows.client import sessions
+    from agent_radar.workflows.sessions.rows import Heard
     from agent_radar.workflows.steps.cancel import mark_offline
 
     sim_control.session(WS, SID, live=False)
@@ -249,5 +250,5 @@ def test_a_resume_is_live_from_when_it_answered(client, sim_control, monkeypatch
 
     monkeypatch.setattr(sessions, "resume_if_offline", resume_while_another_looks)
     assert client.ensure_session(WS, SID).live is True
-    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, looked[0]))
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, Heard(looked[0])))
     assert session_row(client).live is True

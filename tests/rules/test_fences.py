@@ -232,7 +232,7 @@ def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim
     from agent_radar.models.base import utcnow
     from agent_radar.workflows.errors import RuntimeDisconnected
     from agent_radar.workflows.fences import restores
-    from agent_radar.workflows.sessions.rows import answered_at
+    from agent_radar.workflows.sessions.rows import Heard, heard_in
     from agent_radar.workflows.steps.cancel import mark_offline
     from tests.helpers import Clock
 
@@ -243,8 +243,8 @@ def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim
     with pytest.raises(RuntimeDisconnected) as slow:  # the first worker's call: its write waits
         runner.require_live(WS, SID)
     clock.now = utcnow() + timedelta(seconds=1)  # (the step's clock: a second later)
-    stale = answered_at(slow.value, clock.now)
-    assert stale < clock.now  # stamped by the adapter when it was asked
+    stale = heard_in(slow.value, clock.now)
+    assert stale.at < clock.now  # stamped by the adapter when it was asked
     runner.require_live(WS, SID)  # a second worker asked after it: live, recorded at once
     assert client.session_info(WS, SID).live is True
     clock.advance(1)
@@ -254,7 +254,7 @@ def test_an_offline_answer_written_after_a_newer_live_one_is_dropped(client, sim
     )
     run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, stale))
     assert client.session_info(WS, SID).live is True  # the older answers are dropped
-    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, clock.now))
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, Heard(clock.now)))
     assert client.session_info(WS, SID).live is False  # a newer one counts
 
 
@@ -265,7 +265,7 @@ def test_a_host_s_report_of_liveness_is_ordered_with_its_answers(client):
     import time
 
     from agent_radar.models.base import utcnow
-    from agent_radar.workflows.sessions.rows import lock_session, record_liveness
+    from agent_radar.workflows.sessions.rows import Heard, lock_session, record_liveness
     from agent_radar.workflows.steps.cancel import mark_offline
 
     def report(live: bool):
@@ -284,13 +284,13 @@ def test_a_host_s_report_of_liveness_is_ordered_with_its_answers(client):
 
     offline_asked = utcnow()
     report(True)
-    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, offline_asked))
+    run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, Heard(offline_asked)))
     assert client.session_info(WS, SID).live is True
     live_asked = utcnow()
     report(False)
     run_transaction(
         client.engine,
-        lambda s: record_liveness(lock_session(s, WS, SID), True, live_asked),
+        lambda s: record_liveness(lock_session(s, WS, SID), True, Heard(live_asked)),
     )
     assert client.session_info(WS, SID).live is False
 

@@ -25,7 +25,7 @@ from ..fences.reinstall import needs_restore
 from ..maintenance import runs
 from ..prompts import queue as prompts
 from ..sessions import hosts, turns
-from ..sessions.rows import lock_session, record_liveness
+from ..sessions.rows import Heard, lock_session, record_liveness
 from ..validation import (
     check_choice,
     check_id,
@@ -214,7 +214,7 @@ def apply_report(
         # out of order through the broker. Liveness is ordered with the host's answers, by
         # when the host said it (docs/lifecycles.md: sessions).
         if "live" in facts:
-            record_liveness(row, facts.pop("live"), min(report.occurred_at, now))
+            record_liveness(row, facts.pop("live"), Heard(min(report.occurred_at, now)))
         for key, value in facts.items():
             setattr(row, key, value)
         row.last_report_at = report.occurred_at

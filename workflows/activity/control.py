@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from ...models.tables import AgentSession
 from ..fences.reinstall import record_installed, session_fences
 from ..goals.operations import open_client_operations
-from ..sessions.rows import lock_session, record_liveness
+from ..sessions.rows import Heard, lock_session, record_liveness
 from .epochs import EpochEffects, observe_epoch
 
 
@@ -28,13 +28,15 @@ def record_live(
     epoch: int,
     now: datetime,
     installed: list[str],
-    asked_at: datetime,
+    heard: Heard,
 ) -> tuple[list[str], EpochEffects]:
-    """Mark the session live at `epoch` (a resume or liveness answer asked at `asked_at`);
-    returns its open goal operations to wake and what a newer epoch set in motion. A resume
-    preloaded and reinstalled the fences `installed`: they are installed at that epoch."""
+    """Mark the session live at `epoch` (a resume or liveness answer, `heard`); returns its
+    open goal operations to wake and what a newer epoch set in motion. A resume preloaded and
+    reinstalled the fences `installed`: they are installed at that epoch. The answer of a host
+    the session has left since (a move meanwhile) is recorded nowhere."""
     row = lock_session(session, workspace_id, session_id)
-    record_liveness(row, True, asked_at)
+    if not record_liveness(row, True, heard) and heard.host != row.host_id:
+        return [], EpochEffects()
     effects = observe_epoch(session, row, epoch, now)
     record_installed(session, installed, row.host_id, epoch)
     return open_client_operations(session, workspace_id, session_id), effects

@@ -25,7 +25,7 @@ from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
 from ..goals.operations import complete_applied, sync_of
 from ..sessions import turns
-from ..sessions.rows import lock_session, record_liveness, same_session
+from ..sessions.rows import Heard, lock_session, record_liveness, same_session
 from .epochs import EpochEffects, observe_epoch
 
 # A turn on record as unsettled for this long gets its session's host asked what it runs, at most
@@ -64,12 +64,15 @@ def apply_state(
     asked_host: str,
 ) -> Reconciled:
     """Make the session's mirror agree with the answer of `asked_host`, asked at `asked_at`;
-    nothing, if the session is no longer there (it moved while the host was asked)."""
+    nothing, if the session is no longer there (it moved while the host was asked) or the
+    answer tells of an older process than one known since (a restart meanwhile)."""
     row = lock_session(session, workspace_id, session_id)
     done = Reconciled()
     if row.host_id != asked_host:
         return done
-    record_liveness(row, state.live, asked_at)
+    record_liveness(row, state.live, Heard(asked_at, asked_host))
+    if state.runtime_epoch < (row.runtime_epoch or 0):
+        return done  # an older process's answer, written late: what it ran ended with it
     row.reconciled_at = now
     done.epoch = observe_epoch(session, row, state.runtime_epoch, now)
     done.woken_fences += done.epoch.woken_fences

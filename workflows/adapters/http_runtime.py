@@ -75,6 +75,7 @@ class HttpRuntime:
         except (RuntimeFault, RuntimeDisconnected) as exc:
             metrics.RUNTIME_CALL_ERRORS.labels(self.host_id, call, metric_code(exc.code)).inc()
             exc.asked_at = utcnow() - timedelta(seconds=time.perf_counter() - started)
+            exc.answered_by = self.host_id
             raise
         finally:
             metrics.RUNTIME_CALL_SECONDS.labels(self.host_id, call).observe(

@@ -26,6 +26,7 @@ from ..records import Prompt as PromptRecord
 from ..records import SessionStop as SessionStopRecord
 from ..sessions import hosts
 from ..sessions.history import session_history
+from ..sessions.rows import Heard
 from ..steps.fence_install import resume_if_offline
 from ..steps.restore import restore_fences
 from ..steps.wake import publish_epoch_effects
@@ -160,9 +161,13 @@ class SessionCalls(ClientBase):
             )
             self._publish_epoch(workspace_id, session_id, moved)
         fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
+        # Asked by name: a move meanwhile leaves the answer unrecorded (control.record_live).
+        address = run_read(
+            self.engine, lambda s: hosts.session_address(s, workspace_id, session_id)
+        )
         asked_at = utcnow()
         resumed, epoch = resume_if_offline(
-            self.runtime, workspace_id, session_id, [fence for _id, fence in fences]
+            self.runtime.on_host(*address), workspace_id, session_id, [f for _i, f in fences]
         )
         if (
             resumed
@@ -172,7 +177,7 @@ class SessionCalls(ClientBase):
         wake, effects = run_transaction(
             self.engine,
             lambda s: record_live(
-                s, workspace_id, session_id, epoch, utcnow(), installed, asked_at
+                s, workspace_id, session_id, epoch, utcnow(), installed, Heard(asked_at, address[0])
             ),
         )
         self._publish_epoch(workspace_id, session_id, effects)

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from ...models.db import rowcount
 from ...models.tables import AgentSession
 from .. import budgets
-from ..sessions.rows import lock_session, record_liveness
+from ..sessions.rows import Heard, lock_session, record_liveness
 from .reinstall import needs_restore
 
 log = logging.getLogger(__name__)
@@ -101,17 +101,17 @@ def finish(
     outcome: str,
     error: str | None,
     now: datetime,
-    offline_at: datetime | None = None,
+    offline: Heard | None = None,
 ) -> None:
     """Clear the due restore, unless someone asked again while this one ran (they set it to
     their now) — or what it was for is still there. A fault uses one attempt of the restore's
     budget (workflows/budgets.py) and is tried again after RESTORE_RETRY_S; past the budget
     it stops, and `status` shows it until the next restore someone asks for succeeds. An
-    offline session is a wait: the answer, asked at `offline_at`, is recorded (background work
-    settles locally until it is back) unless a newer one is."""
+    offline session is a wait: the answer (`offline`) is recorded (background work settles
+    locally until it is back) unless a newer one is."""
     row = lock_session(session, workspace_id, session_id)
     if outcome == "offline":
-        record_liveness(row, False, offline_at or now)
+        record_liveness(row, False, offline or Heard(now))
     if outcome == "restored" and needs_restore(session, row):
         # Still due: a fence came meanwhile, or the host's epoch moved on while it ran.
         # Again, as an attempt: a host whose epoch moves every time runs out of budget.

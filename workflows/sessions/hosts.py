@@ -146,6 +146,13 @@ def session_host(session: Session, workspace_id: Any, session_id: Any) -> str:
     return DEFAULT_HOST if found is None else found
 
 
+def session_address(session: Session, workspace_id: str, session_id: str) -> tuple:
+    """(host_id, url, token) of the host the session lives on: a call asked by this address
+    tells of that host, and what it answers is recorded only while the session is still
+    there (a move in between leaves it unrecorded, docs/lifecycles.md: sessions)."""
+    return address_of(session, session_host(session, workspace_id, session_id))
+
+
 # The label of a refused report whose host is none of the registered ones: a forged name must
 # not make a metric series of its own.
 UNREGISTERED = "unregistered"

@@ -1,7 +1,7 @@
 """The per-session row every writer of a session locks first, and the session event log."""
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.orm import Session
@@ -108,22 +108,32 @@ def event_params(
     )
 
 
-def record_liveness(row: AgentSession, live: bool | None, asked_at: datetime) -> bool:
-    """Record the host's liveness answer, asked at `asked_at`, on the locked session row,
-    unless an answer asked later is on record already (docs/lifecycles.md: sessions): a worker
-    slowed between its call and its write must not undo what a newer answer said. True if
-    recorded."""
-    if row.live_at is not None and asked_at < row.live_at:
+class Heard(NamedTuple):
+    """When a host's answer was asked, and which host gave it (None: the session's own, as
+    far as the caller knows)."""
+
+    at: datetime
+    host: str | None = None
+
+
+def record_liveness(row: AgentSession, live: bool | None, heard: Heard) -> bool:
+    """Record a host's liveness answer on the locked session row, unless an answer asked later
+    is on record already, or it is the answer of a host the session has left
+    (docs/lifecycles.md: sessions): a worker slowed between its call and its write must not
+    undo what a newer answer said. True if recorded."""
+    if heard.host is not None and heard.host != row.host_id:
         return False
-    row.live, row.live_at = live, asked_at
+    if row.live_at is not None and heard.at < row.live_at:
+        return False
+    row.live, row.live_at = live, heard.at
     return True
 
 
-def answered_at(exc: Exception, now: datetime) -> datetime:
-    """When the host call that raised `exc` was asked (the adapter stamps it), never later than
-    `now`, the caller's clock: what the answer says of the session is that old."""
+def heard_in(exc: Exception, now: datetime) -> Heard:
+    """When the host call that raised `exc` was asked and which host answered (the adapter
+    stamps both), never later than `now`, the caller's clock: what it says is that old."""
     asked: datetime | None = getattr(exc, "asked_at", None)
-    return now if asked is None else min(asked, now)
+    return Heard(now if asked is None else min(asked, now), getattr(exc, "answered_by", None))
 
 
 def lock_session(session: Session, workspace_id: str, session_id: str) -> AgentSession:

@@ -3,7 +3,6 @@ and retried; a session the host no longer has settles them locally. Background w
 session (a liveness look only)."""
 
 import logging
-from datetime import datetime
 
 from sqlalchemy.orm import Session
 
@@ -18,30 +17,31 @@ from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
 from ..goals.operations import backoff_s
 from ..sessions import hosts, turns
-from ..sessions.rows import answered_at, lock_session, record_liveness
-from ..task_names import FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+from ..sessions.hosts import session_address
+from ..sessions.rows import Heard, heard_in, lock_session, record_liveness
+from ..task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
 from . import Step
 from .wake import publish_epoch_effects
 
 log = logging.getLogger(__name__)
 
 
-def mark_offline(session: Session, workspace_id: str, session_id: str, asked_at: datetime) -> None:
-    """The runtime said the session is offline, answering a call asked at `asked_at`: remember
-    it, so background work settles locally instead of calling an agent host that is not there
-    (unless a newer answer is on record already)."""
-    record_liveness(lock_session(session, workspace_id, session_id), False, asked_at)
+def mark_offline(session: Session, workspace_id: str, session_id: str, heard: Heard) -> bool:
+    """The runtime said the session is offline (`heard`): remember it, so background work
+    settles locally instead of calling an agent host that is not there; unless a newer answer
+    is on record already, or the session left that host (False then)."""
+    return record_liveness(lock_session(session, workspace_id, session_id), False, heard)
 
 
 def require_live(
-    runtime: RuntimePort, workspace_id: str, session_id: str, asked_at: datetime
+    runtime: RuntimePort, workspace_id: str, session_id: str, heard: Heard
 ) -> int | None:
-    """A liveness look (never a resume), asked at `asked_at`: RuntimeDisconnected if the
+    """A liveness look (never a resume), `heard` as it is asked: RuntimeDisconnected if the
     session is offline; else the runtime epoch the host answered, if it did."""
     answer = runtime.liveness(workspace_id, session_id)
     if not answer.get("live"):
         offline = RuntimeDisconnected("the session is offline at the agent host")
-        offline.asked_at = asked_at
+        offline.asked_at, offline.answered_by = heard
         raise offline
     return answer.get("runtime_epoch")
 
@@ -71,13 +71,15 @@ class CancelRunner(Step):
         installed there, or a clear not yet delivered, gets the session's restore (unless the caller
         is that restore). True if the epoch was newer. Raises RuntimeDisconnected when the session
         is offline."""
-        asked_at = self.clock()
-        epoch = require_live(self.runtime, workspace_id, session_id, asked_at)
+        address = run_read(self.engine, lambda s: session_address(s, workspace_id, session_id))
+        heard = Heard(self.clock(), address[0])
+        epoch = require_live(self.runtime.on_host(*address), workspace_id, session_id, heard)
 
         def observe(s: Session) -> tuple[EpochEffects, bool]:
             now = self.clock()
             row = lock_session(s, workspace_id, session_id)
-            record_liveness(row, True, asked_at)
+            if not record_liveness(row, True, heard) and row.host_id != heard.host:
+                return EpochEffects(), False  # a host the session left meanwhile answered
             effects = EpochEffects()
             if epoch and epoch > (row.runtime_epoch or 0):
                 effects = observe_epoch(s, row, epoch, now)
@@ -122,11 +124,15 @@ class CancelRunner(Step):
         """The cancel call (require_live) and its recorded answer: "settled" or "waiting".
         A host that does not know the turn (`not_found`: it restarted, or the turn never
         ran there) is an end for it: it is not running there, and the cancel completes
-        `interrupted` instead of spending its budget on a turn nobody has."""
+        `interrupted` instead of spending its budget on a turn nobody has. The host is named
+        before the call: a move meanwhile makes the cancel one owed to the host the session
+        left, and another host's answer does not end it (`_record`)."""
+        ws, sid = cancel.workspace_id, cancel.session_id
+        address = run_read(self.engine, lambda s: session_address(s, ws, sid))
         try:
-            answer = self.runtime.cancel_turn(
-                cancel.workspace_id,
-                cancel.session_id,
+            answer = self.runtime.on_host(*address).cancel_turn(
+                ws,
+                sid,
                 self._host_turn_id(cancel),
                 operation_id=cancel.operation_id,
                 reason=cancel.reason,  # a joined cancel keeps the reason it was made for
@@ -136,7 +142,13 @@ class CancelRunner(Step):
             if exc.code != NOT_FOUND:
                 raise
             answer = {"result": CancelResult.INTERRUPTED}
-        return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
+        outcome = run_transaction(
+            self.engine, lambda s: self._record(s, cancel, token, answer, address[0])
+        )
+        if outcome == "moved":
+            self.publish(CANCEL_APPLY_TASK, {"operation_id": cancel.operation_id})
+            return "waiting"
+        return outcome
 
     def _host_turn_id(self, cancel: CancelOperation) -> str:
         """The id the host knows the cancel's turn by (workflows/sessions/turns.py)."""
@@ -145,7 +157,16 @@ class CancelRunner(Step):
             lambda s: turns.host_turn_id(s, cancel.workspace_id, cancel.session_id, cancel.turn_id),
         )
 
-    def _record(self, s: Session, cancel: CancelOperation, token: str, answer: dict) -> str:
+    def _record(
+        self, s: Session, cancel: CancelOperation, token: str, answer: dict, host_id: str
+    ) -> str:
+        """Record `host_id`'s answer. A cancel a move made one owed to another host since the
+        call (workflows/fences/moves.py) is not ended by this host's word: it is tried again
+        at once, at the host it is owed to (`_apply_at_old_host`): "moved"."""
+        owed_to = s.get(CancelOperation, cancel.operation_id, populate_existing=True)
+        if owed_to is not None and owed_to.host_id not in (None, host_id):
+            cancels.retry_later(s, cancel, token, f"moved from host {host_id}", 0.0, self.clock())
+            return "moved"
         result = answer.get("result")
         if result in (
             CancelResult.CANCELED,
@@ -192,17 +213,17 @@ class CancelRunner(Step):
                 return "interrupted"  # the host restarted: the turn ended with its process
             outcome = self._deliver(cancel, token)
         except RuntimeDisconnected as exc:
-            asked_at = answered_at(exc, self.clock())
+            heard = heard_in(exc, self.clock())
 
             def wait(s: Session) -> None:
-                mark_offline(s, ws, sid, asked_at)
+                mark_offline(s, ws, sid, heard)
                 cancels.wait_offline(s, cancel, token, self.clock())
 
             run_transaction(self.engine, wait)
             return "waiting_offline"
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
-                self.session_gone(ws, sid, answered_at(exc, self.clock()))
+                self.session_gone(ws, sid, heard_in(exc, self.clock()))
                 return "interrupted"
             error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
             run_transaction(
@@ -223,13 +244,13 @@ class CancelRunner(Step):
         address = run_read(self.engine, lambda s: hosts.address_of(s, host_id))
         try:
             runtime = self.runtime.on_host(*address)
-            epoch = require_live(runtime, ws, sid, self.clock())
+            epoch = require_live(runtime, ws, sid, Heard(self.clock(), host_id))
             if epoch and epoch > run_read(self.engine, lambda s: _epoch_of(s, cancel)) > 0:
                 # That host restarted since: what ran there ended with its process, and
                 # what has this id now is another turn (workflows/sessions/turns.py).
                 answer = {"result": CancelResult.INTERRUPTED}
                 return run_transaction(
-                    self.engine, lambda s: self._record(s, cancel, token, answer)
+                    self.engine, lambda s: self._record(s, cancel, token, answer, host_id)
                 )
             if cancel.run_id is not None:
                 runtime.cancel_maintenance(ws, sid, cancel.run_id)
@@ -257,18 +278,18 @@ class CancelRunner(Step):
                 )
                 return "retry"
             answer = {"result": CancelResult.INTERRUPTED}  # nothing of it runs there
-        return run_transaction(self.engine, lambda s: self._record(s, cancel, token, answer))
+        return run_transaction(
+            self.engine, lambda s: self._record(s, cancel, token, answer, host_id)
+        )
 
-    def session_gone(
-        self, workspace_id: str, session_id: str, asked_at: datetime, extra=None
-    ) -> object:
-        """The host answered session_not_found to a call asked at `asked_at`: the session is
+    def session_gone(self, workspace_id: str, session_id: str, heard: Heard, extra=None) -> object:
+        """The host answered session_not_found (`heard`): the session is
         gone, an authoritative end for every turn of it. They end interrupted (their open
         cancels too), in one transaction with `extra(s)` if given; the fences and the prompt
         queue that waited move on."""
 
         def settle(s: Session):
-            mark_offline(s, workspace_id, session_id, asked_at)
+            mark_offline(s, workspace_id, session_id, heard)
             result = extra(s) if extra is not None else None
             woken = cancels.interrupt_running_turns(s, workspace_id, session_id, self.clock())
             return result, woken

@@ -9,7 +9,7 @@ delivers the other (workflows/steps/restore.py).
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import cached_property
 
 from sqlalchemy.orm import Session
@@ -31,7 +31,7 @@ from ..goals.claims import Claim
 from ..goals.operations import backoff_s, fail_operation
 from ..maintenance import runs
 from ..sessions import turns
-from ..sessions.rows import answered_at, lock_session
+from ..sessions.rows import Heard, heard_in, lock_session
 from ..task_names import FENCE_APPLY_TASK
 from . import Step
 from .cancel import CancelRunner, mark_offline
@@ -99,11 +99,11 @@ class FenceApplier(Step):
         try:
             outcome = self._deliver(claim)
         except RuntimeDisconnected as exc:
-            asked_at = answered_at(exc, self.clock())
-            outcome = run_transaction(self.engine, lambda s: self._offline(s, claim, asked_at))
+            heard = heard_in(exc, self.clock())
+            outcome = run_transaction(self.engine, lambda s: self._offline(s, claim, heard))
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
-                outcome = self._gone(claim, answered_at(exc, self.clock()))
+                outcome = self._gone(claim, heard_in(exc, self.clock()))
             elif not exc.retryable:
                 # A final refusal (docs/protocol.md: errors): the fence fails with it, as an
                 # operation does; an operator retries it once the host is put right.
@@ -322,18 +322,20 @@ class FenceApplier(Step):
         waited = self._back_to_pending(s, claim, why, wait_s if waiting else 0.0, cancel_id)
         return "woken" if waited == "waiting" and not waiting else waited
 
-    def _offline(self, s: Session, claim: FenceClaim, asked_at: datetime) -> str:
+    def _offline(self, s: Session, claim: FenceClaim, heard: Heard) -> str:
         """The session is offline (docs/lifecycles.md: fences). For each of the fenced
         generation's turns that may be running, its durable cancel is written (delivered
         once the session is live again, never by resuming it), and the fence waits for their
         authoritative ends, using no budget. Otherwise the fence completes locally."""
-        mark_offline(s, claim.workspace_id, claim.session_id, asked_at)
+        if not mark_offline(s, claim.workspace_id, claim.session_id, heard):
+            # A newer answer said live, or the session left that host: not offline after all.
+            return self._back_to_pending(s, claim, "an older answer said offline", 0.0)
         cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
         if not cancel_ids:
             return self._settle_locally(s, claim)
         return self._wait_for_turn(s, claim, cancel_ids[0])
 
-    def _gone(self, claim: FenceClaim, asked_at: datetime) -> str:
+    def _gone(self, claim: FenceClaim, heard: Heard) -> str:
         """The host answered session_not_found: the session is gone. Its turns end
         interrupted — the fenced one through its durable cancel, so the fence records it — and
         the fence completes locally (docs/lifecycles.md: fences)."""
@@ -344,7 +346,7 @@ class FenceApplier(Step):
             return self._settle_locally(s, claim, next(iter(cancel_ids), None))
 
         ws, sid = claim.workspace_id, claim.session_id
-        return str(self.cancels.session_gone(ws, sid, asked_at, settle))
+        return str(self.cancels.session_gone(ws, sid, heard, settle))
 
     def _prepare_cancel(self, s: Session, claim: FenceClaim, turn_id: str) -> str:
         return cancels.prepare_or_existing(

@@ -32,7 +32,7 @@ from ..fences import restores
 from ..fences.fencing import clear_delivered
 from ..goals import outcomes
 from ..sessions import hosts
-from ..sessions.rows import answered_at
+from ..sessions.rows import Heard, heard_in
 from ..task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
@@ -136,8 +136,7 @@ def reconcile_session(
     # The host is named before the call and asked by name: its answer is applied only while
     # the session is still there (a move in between leaves it unapplied: it tells of a host
     # the session left).
-    key = (workspace_id, session_id)
-    address = run_read(engine, lambda s: hosts.address_of(s, hosts.session_host(s, *key)))
+    address = run_read(engine, lambda s: hosts.session_address(s, workspace_id, session_id))
     state = runtime.on_host(*address).session_state(workspace_id, session_id)
     done = run_transaction(
         engine,
@@ -188,7 +187,7 @@ class Restorer:
         if stamp is None:
             return "skipped"
         error: str | None = None
-        asked_at: datetime | None = None  # when the offline answer was asked
+        offline: Heard | None = None  # the offline answer
         try:
             self.cancels.require_live(workspace_id, session_id, restore=False)
             restore_fences(
@@ -203,10 +202,10 @@ class Restorer:
         except RuntimeDisconnected as exc:
             # Offline: asked again after OFFLINE_RECHECK_S while something waits on it
             # (a session back with no report tells nobody), or at its next report.
-            outcome, asked_at = "offline", answered_at(exc, self.clock())
+            outcome, offline = "offline", heard_in(exc, self.clock())
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
-                self.cancels.session_gone(workspace_id, session_id, answered_at(exc, self.clock()))
+                self.cancels.session_gone(workspace_id, session_id, heard_in(exc, self.clock()))
                 outcome = "gone"
             else:
                 error = str(exc.code or exc)
@@ -215,7 +214,7 @@ class Restorer:
         run_transaction(
             self.engine,
             lambda s: restores.finish(
-                s, workspace_id, session_id, stamp, outcome, error, self.clock(), asked_at
+                s, workspace_id, session_id, stamp, outcome, error, self.clock(), offline
             ),
         )
         return outcome

@@ -1,0 +1,181 @@
+"""A host's answer written after the session moved on (docs/lifecycles.md: sessions): a client
+moved it to another host, or its host restarted, while a worker's call was in flight. Each test
+lets that happen at the exact point between the call and its write, and counts at the hosts."""
+
+import time
+
+import pytest
+
+from agent_radar.models.db import run_transaction
+from agent_radar.models.tables import AgentSession, Turn
+from agent_radar.workflows.steps.cancel import CancelRunner
+from agent_radar.workflows.tools.simulator import SimControl
+from tests.helpers import restorer
+
+WS, SID = "ws-stale", "s1"
+
+
+@pytest.fixture
+def host_b(client, sim_b):
+    client.add_host("host-b", sim_b.url)
+    return SimControl(sim_b.url)
+
+
+def row(client):
+    return run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)))
+
+
+def report(client, **parts):
+    client.report_activity(
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": int(time.time() * 1000), **parts}
+    )
+
+
+class Meanwhile:
+    """The runtime port, whose `call` runs `meanwhile()` after the host answered it (a worker
+    slowed between its call and its write) or, `before`, just before it is made; on the
+    router and on the port of any host it names."""
+
+    def __init__(self, runtime, call, meanwhile, before=False):
+        self.inner, self.call, self.meanwhile, self.before = runtime, call, meanwhile, before
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name != self.call:
+            return attr
+
+        def call(*args, **kwargs):
+            if self.before:
+                self.meanwhile()
+            answer = attr(*args, **kwargs)
+            if not self.before:
+                self.meanwhile()
+            return answer
+
+        return call
+
+    def on_host(self, *address):
+        return Meanwhile(self.inner.on_host(*address), self.call, self.meanwhile, self.before)
+
+
+def runner(client, runtime):
+    return CancelRunner(client.engine, runtime, worker_id="c", lease_s=5, publish=lambda *a: True)
+
+
+def test_an_old_host_s_epoch_answered_before_a_move_is_not_the_new_host_s(
+    client, sim_control, host_b
+):
+    """A liveness look asks host A (epoch 4 there); a client moves the session to B (epoch 1
+    there); A's epoch is not written onto the session that lives on B, whose turns, reported at
+    B's epoch 1, then run on record as they do at B."""
+    client.ensure_session(WS, SID)
+    for _ in range(3):
+        sim_control.session(WS, SID, restart=True)  # A's process is at epoch 4 now
+    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    runner(client, Meanwhile(client.runtime, "liveness", move)).require_live(WS, SID)
+    assert (row(client).host_id, row(client).runtime_epoch) == ("host-b", 1)
+    report(
+        client,
+        signed_by="host-b",
+        session={"runtime_epoch": 1},
+        turn={"turn_id": "t-b", "phase": "running"},
+    )
+    turn = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t-b")))
+    assert turn.phase == "running"
+
+
+def test_a_resume_answered_by_the_host_a_session_left_is_not_the_new_host_s(
+    client, sim_control, host_b, monkeypatch
+):
+    """A user's ensure resumes the session at A (epoch 5 there, its fences preloaded); another
+    client moves it to B meanwhile: nothing of A's answer is recorded for B."""
+    from agent_radar.workflows.client import sessions
+
+    client.ensure_session(WS, SID)  # at A, epoch 1
+    sim_control.session(WS, SID, live=False)
+    for _ in range(3):
+        sim_control.session(WS, SID, restart=True)
+    resume, moved = sessions.resume_if_offline, []
+
+    def resume_then_moved(*args):
+        answer = resume(*args)
+        if not moved:
+            moved.append(True)
+            client.ensure_session(WS, SID, host_id="host-b")
+        return answer
+
+    monkeypatch.setattr(sessions, "resume_if_offline", resume_then_moved)
+    client.ensure_session(WS, SID)
+    assert row(client).host_id == "host-b"
+    assert row(client).runtime_epoch == host_b.session(WS, SID)["runtime_epoch"] == 1
+
+
+def _running_turn_at_a(client, sim_control):
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "t-a"})  # runs at A
+    report(client, session={"runtime_epoch": 1}, turn={"turn_id": "t-a", "phase": "running"})
+
+
+def test_a_cancel_in_flight_across_a_move_reaches_the_old_host(client, sim_control, host_b):
+    """The cancel is asked of the host named before the call: a move just before the call
+    leaves it owed to A, and A, where the turn runs, gets it."""
+    _running_turn_at_a(client, sim_control)
+    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    cancels = runner(client, Meanwhile(client.runtime, "cancel_turn", move, before=True))
+    assert cancels.request(WS, SID, "t-a", reason="session-stop:x") == "settled"
+    assert row(client).host_id == "host-b"
+    assert sim_control.session(WS, SID)["turns"]["t-a"]["phase"] == "settled"
+
+
+def test_a_cancel_the_new_host_answers_after_a_move_is_not_ended_by_it(
+    client, sim_control, host_b, monkeypatch
+):
+    """The cancel was claimed before a move, its call named the host after it (B): B's
+    `not_found` does not end the cancel owed to A; it goes again, to A, and A's turn ends."""
+    from agent_radar.models.tables import CancelOperation
+    from agent_radar.workflows import ids
+    from agent_radar.workflows.steps import cancel as cancel_step
+
+    _running_turn_at_a(client, sim_control)
+    published = []
+    cancels = CancelRunner(
+        client.engine,
+        client.runtime,
+        worker_id="c",
+        lease_s=5,
+        publish=lambda task, kwargs: published.append((task, kwargs)) or True,
+    )
+    monkeypatch.setattr(cancels, "require_live", lambda *a, **k: False)
+    read, moved = cancel_step.run_read, []
+
+    def moved_first(*args):  # the first read after the claim: the host's address
+        if not moved:
+            moved.append(client.ensure_session(WS, SID, host_id="host-b"))
+        return read(*args)
+
+    monkeypatch.setattr(cancel_step, "run_read", moved_first)
+    assert cancels.request(WS, SID, "t-a", reason="session-stop:x") == "waiting"
+    assert sim_control.session(WS, SID)["turns"]["t-a"]["phase"] == "running"
+    cancel_id = ids.cancel_operation_id(WS, SID, "t-a")
+    cancel = run_transaction(client.engine, lambda s: s.get(CancelOperation, cancel_id))
+    assert (cancel.status, cancel.host_id) != ("completed", "default")
+    assert published == [("agent_radar.cancel.apply", {"operation_id": cancel_id})]
+    monkeypatch.undo()
+    assert runner(client, client.runtime).apply(cancel_id) == "settled"
+    assert sim_control.session(WS, SID)["turns"]["t-a"]["phase"] == "settled"
+
+
+def test_a_state_answer_of_an_older_epoch_records_no_turn_as_running(client, sim_control):
+    """An answer of epoch 1 listing a turn no report told of, written after epoch 2 was
+    confirmed: the turn ended with its process, and nothing of it is recorded."""
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, turn={"turn_id": "t-old"})  # runs at epoch 1, unreported
+
+    def restart_and_confirm():
+        sim_control.session(WS, SID, restart=True)  # epoch 2: t-old ended with its process
+        client.ensure_session(WS, SID)  # another look confirms epoch 2
+
+    slow = Meanwhile(client.runtime, "session_state", restart_and_confirm)
+    restorer(client, runtime=slow).reconcile(WS, SID)
+    assert (row(client).runtime_epoch, row(client).active_turn_id) == (2, None)
+    assert run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t-old"))) is None
