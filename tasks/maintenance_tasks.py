@@ -70,5 +70,6 @@ def dispatch_prompt(ctx, workspace_id, session_id):
         ctx.runtime,
         check_id("workspace_id", workspace_id),
         check_id("session_id", session_id),
+        publish=ctx.publisher.publish_after_commit,
     )
     return Routine(outcome) if outcome in prompt_dispatch.NOTHING_SENT else outcome

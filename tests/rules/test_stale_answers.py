@@ -179,3 +179,47 @@ def test_a_state_answer_of_an_older_epoch_records_no_turn_as_running(client, sim
     restorer(client, runtime=slow).reconcile(WS, SID)
     assert (row(client).runtime_epoch, row(client).active_turn_id) == (2, None)
     assert run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t-old"))) is None
+
+
+def test_a_prompt_sent_to_the_host_a_session_left_does_not_wedge_the_queue(
+    client, sim_control, host_b
+):
+    """The prompt goes to A and its turn starts there; a client moves the session to B before
+    the answer is written (A's report of the turn would be refused: A no longer serves the
+    session). The turn is stopped at A, as the move stops the turns it finds, and the queue
+    goes on at B."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    published = []
+    slow = Meanwhile(client.runtime, "submit_prompt", move)
+    publish = lambda task, kwargs: published.append((task, kwargs)) or True  # noqa: E731
+    assert dispatch_next(client.engine, slow, WS, SID, publish=publish) == "dispatched"
+    assert row(client).host_id == "host-b"
+    turn_id = client.get_prompt(first.prompt_id).turn_id
+    [(task, kwargs)] = published
+    assert task == "agent_radar.cancel.apply"
+    assert runner(client, client.runtime).apply(kwargs["operation_id"]) == "settled"
+    assert sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled"  # stopped at A
+    assert client.get_prompt(first.prompt_id).status != "dispatched"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert client.get_prompt(second.prompt_id).turn_id in host_b.session(WS, SID)["turns"]
+
+
+def test_a_prompt_s_turn_whose_report_was_lost_ends_with_a_restart(client, sim_control):
+    """The prompt's turn is on record from the host's answer: a report of it lost, then a
+    restart of the host, ends it, and the queue goes on."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
+    sim_control.session(WS, SID, restart=True)  # its process ends: no report of the turn
+    client.ensure_session(WS, SID)  # the newer epoch is seen
+    assert client.get_prompt(first.prompt_id).status != "dispatched"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"

@@ -12,10 +12,13 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from ...models.enums import TurnOutcome
-from ...models.tables import CancelOperation
+from ...models.enums import TurnOutcome, TurnPhase
+from ...models.tables import CancelOperation, Prompt, Turn
 from .. import ids
 from ..maintenance import runs
+from ..prompts import queue as prompts
+from ..sessions import turns
+from ..sessions.rows import lock_session
 from . import cancels
 
 
@@ -26,18 +29,12 @@ def stop_at_old_host(
     locked, the move not yet recorded). Returns (the cancels to publish after commit, the
     fences that waited on the ended turns, now due)."""
     reason = f"session-move:{old_host}"
-    turn_ids = cancels.unsettled_turns(session, workspace_id, session_id)
     owed: list[str] = []
     woken: list[str] = []
-    for turn_id in turn_ids:
-        cancel = cancels.prepare(session, workspace_id, session_id, turn_id, reason, now, join=True)
-        if cancel.status in cancels.OPEN_CANCEL_STATUSES:
-            cancel.host_id = cancel.host_id or old_host
-            owed.append(cancel.operation_id)
-        cancels.settle_turn_row(
-            session, workspace_id, session_id, turn_id, TurnOutcome.INTERRUPTED, now
-        )
-        woken += cancels.waiting_fences(session, workspace_id, session_id, turn_id, now)
+    for turn_id in cancels.unsettled_turns(session, workspace_id, session_id):
+        stopped = _stop_turn(session, workspace_id, session_id, turn_id, old_host, now)
+        owed += stopped[0]
+        woken += stopped[1]
     run = runs.live_run(session, workspace_id, session_id)
     if run is not None:
         stop_id = ids.run_stop_id(workspace_id, session_id, run.run_id)
@@ -55,3 +52,45 @@ def stop_at_old_host(
             )
             owed.append(stop_id)
     return owed, woken
+
+
+def _stop_turn(
+    session: Session, workspace_id: str, session_id: str, turn_id: str, old_host: str, now
+) -> tuple[list[str], list[str]]:
+    """One turn of the stop: a cancel owed to `old_host`, its end `interrupted` here."""
+    reason = f"session-move:{old_host}"
+    cancel = cancels.prepare(session, workspace_id, session_id, turn_id, reason, now, join=True)
+    owed: list[str] = []
+    if cancel.status in cancels.OPEN_CANCEL_STATUSES:
+        cancel.host_id = cancel.host_id or old_host
+        owed.append(cancel.operation_id)
+    cancels.settle_turn_row(
+        session, workspace_id, session_id, turn_id, TurnOutcome.INTERRUPTED, now
+    )
+    return owed, cancels.waiting_fences(session, workspace_id, session_id, turn_id, now)
+
+
+def prompt_sent(
+    session: Session,
+    prompt: Prompt,
+    host_id: str,
+    epoch: int,
+    turn_id: object,
+    now: datetime,
+) -> list[str]:
+    """`host_id` (the session's at `epoch` when the prompt went) took the prompt and answered
+    with `turn_id`: the turn is the prompt's, and on record (turns.record_prompt_turn). If the
+    session moved to another host meanwhile, the move found no turn of it to stop: it is
+    stopped at `host_id` now, as the move would have. Returns the cancels to publish."""
+    ws, sid = prompt.workspace_id, prompt.session_id
+    row = lock_session(session, ws, sid)
+    prompts.sent(session, prompt.prompt_id, turn_id)
+    if not isinstance(turn_id, str):
+        return []
+    key = turns.record_prompt_turn(session, ws, sid, host_id, epoch, turn_id, prompt.prompt_id, now)
+    if row.host_id == host_id:
+        turn = session.get(Turn, (ws, sid, key))
+        if turn is not None and turn.phase == TurnPhase.RUNNING:
+            row.active_turn_id = key
+        return []
+    return _stop_turn(session, ws, sid, key, host_id, now)[0]

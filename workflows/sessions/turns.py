@@ -4,8 +4,11 @@ apart. A turn's record key is the host's id the first time; a turn whose id an e
 the session had at another host or epoch is kept under a derived key, with the host's id beside
 it (`host_turn_id`), which is what every call to the host carries."""
 
+from datetime import datetime
+
 from sqlalchemy.orm import Session
 
+from ...models.enums import TurnOrigin, TurnPhase
 from ...models.tables import Turn
 from .. import ids
 
@@ -35,3 +38,37 @@ def host_turn_id(session: Session, workspace_id: str, session_id: str, key: str)
     """The id the host knows the turn of record `key` by."""
     row = session.get(Turn, (workspace_id, session_id, key))
     return key if row is None or row.host_turn_id is None else row.host_turn_id
+
+
+def record_prompt_turn(
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    host_id: str,
+    epoch: int,
+    turn_id: str,
+    prompt_id: str,
+    now: datetime,
+) -> str:
+    """The turn `host_id` answered a prompt with (at `epoch`, 0 if not known) is on record,
+    running, unless a report put it there first: its end, a move or a restart settles it and
+    its prompt, as any turn (docs/lifecycles.md: prompts). Returns its record key."""
+    key = turn_key(session, workspace_id, session_id, host_id, epoch, turn_id)
+    if session.get(Turn, (workspace_id, session_id, key)) is None:
+        session.add(
+            Turn(
+                workspace_id=workspace_id,
+                session_id=session_id,
+                turn_id=key,
+                host_id=host_id,
+                host_turn_id=None if key == turn_id else turn_id,
+                phase=TurnPhase.RUNNING,
+                origin=TurnOrigin.USER_PROMPT,
+                prompt_id=prompt_id,
+                runtime_epoch=epoch or None,
+                started_at=now,
+                seen_at=now,
+            )
+        )
+        session.flush()
+    return key

@@ -5,12 +5,17 @@ from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
-from ...models.db import run_transaction
+from ...models.db import run_read, run_transaction
+from ...models.tables import AgentSession
 from ..adapters.runtime import RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
+from ..fences import moves
 from ..prompts import queue as prompts
+from ..sessions import hosts
+from ..task_names import CANCEL_APPLY_TASK, Publish
 from .fence_install import ensure_fences_installed
 
 # What `dispatch_next` answers when it sent nothing: the session is held, busy, or has no
@@ -24,20 +29,37 @@ def dispatch_next(
     workspace_id: str,
     session_id: str,
     clock: Callable[[], datetime] = utcnow,
+    publish: Publish = lambda _task, _kwargs: False,
 ) -> str:
-    """`agent_radar.prompt.dispatch`: send the session's next prompt if it may go now."""
+    """`agent_radar.prompt.dispatch`: send the session's next prompt if it may go now (a
+    cancel owed to a host the session left meanwhile is published, else the sweeper does)."""
     taken = run_transaction(
         engine, lambda s: prompts.take_next(s, workspace_id, session_id, clock())
     )
     if isinstance(taken, str):
         return taken
+    # The host is named before the call: the turn it answers with is its own (moves.prompt_sent).
+    (host_id, url, token), epoch = run_read(engine, lambda s: _where(s, workspace_id, session_id))
     try:
         ensure_fences_installed(engine, runtime, workspace_id, session_id)
-        answer = runtime.submit_prompt(
+        answer = runtime.on_host(host_id, url, token).submit_prompt(
             workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
         )
     except (RuntimeFault, RuntimeDisconnected) as exc:
         fault = exc
         return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
-    run_transaction(engine, lambda s: prompts.sent(s, taken.prompt_id, answer.get("turn_id")))
+    turn_id = answer.get("turn_id")
+    owed = run_transaction(
+        engine, lambda s: moves.prompt_sent(s, taken, host_id, epoch, turn_id, clock())
+    )
+    for cancel_id in owed:
+        publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
     return "dispatched"
+
+
+def _where(session: Session, workspace_id: str, session_id: str) -> tuple[tuple, int]:
+    """The session's host (its address) and the epoch known there."""
+    row = session.get(AgentSession, (workspace_id, session_id))
+    return hosts.session_address(session, workspace_id, session_id), (
+        row.runtime_epoch or 0
+    ) if row else 0
