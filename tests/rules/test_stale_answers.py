@@ -223,3 +223,31 @@ def test_a_prompt_s_turn_whose_report_was_lost_ends_with_a_restart(client, sim_c
     client.ensure_session(WS, SID)  # the newer epoch is seen
     assert client.get_prompt(first.prompt_id).status != "dispatched"
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+
+
+def test_a_maintenance_run_ended_by_a_move_is_started_nowhere_else_and_stopped(
+    client, sim_control, host_b
+):
+    """The executor found A idle; a move to B ends the run (`interrupted`) just before the
+    start call: the run starts where it was found idle, A, never at B, and the executor,
+    finding it ended, stops it there."""
+    from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    executor = MaintenanceExecutor(
+        client.engine,
+        Meanwhile(client.runtime, "start_maintenance", move, before=True),
+        worker_id="w",
+        lease_s=5,
+        publish=lambda *a: True,
+        poll_s=0.02,
+        max_wait_s=0.1,
+    )
+    executor.execute(run.run_id)
+    assert client.get_maintenance(run.run_id).status == "interrupted"
+    assert host_b.session(WS, SID).get("runs", {}) == {}
+    running = [r for r, v in sim_control.session(WS, SID)["runs"].items() if v["running"]]
+    assert running == []

@@ -13,13 +13,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
-from ...models.db import run_transaction
+from ...models.db import run_read, run_transaction
 from ...models.enums import MaintenanceError, MaintenanceStatus
 from ...models.tables import MaintenanceRun
 from .. import leases
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..maintenance import runs
+from ..sessions import hosts
 from ..task_names import EXECUTE_TASK, Publish
 from . import Step
 from .fence_install import ensure_fences_installed
@@ -51,6 +52,10 @@ class RunClaim:
     args: dict | None
     token: str
     status: str = S.RUNNING  # the run's status when it was claimed
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.workspace_id, self.session_id
 
 
 # How often `finish` reads the run again when its change to `finalizing` found the row moved
@@ -93,17 +98,23 @@ class MaintenanceExecutor(Step):
                 ensure_fences_installed(
                     self.engine, self.runtime, claim.workspace_id, claim.session_id
                 )
+                # The host is named before it is asked: the run starts, and is polled, where
+                # it was found idle, wherever the session moves meanwhile.
+                address = run_read(self.engine, lambda s: hosts.session_address(s, *claim.key))
                 busy = self._host_busy(claim)
                 if busy is not None:
                     return self._end_busy(claim, busy)
-                self.runtime.start_maintenance(
+                port = self.runtime.on_host(*address)
+                port.start_maintenance(
                     claim.workspace_id,
                     claim.session_id,
                     run_id=claim.run_id,
                     kind=claim.kind,
                     args=claim.args,
                 )
-                outcome = self._poll(claim)
+                outcome = self._poll(claim, port)
+                if outcome is None:
+                    self._stop_if_ended(claim, port)
         except (RuntimeFault, RuntimeDisconnected) as exc:
             # Unreachable: let go; an expired lease sends it through recovery, which asks the
             # runtime again on every sweep until it answers.
@@ -235,9 +246,23 @@ class MaintenanceExecutor(Step):
             s, MaintenanceRun, MaintenanceRun.run_id, claim.run_id, claim.token
         )
 
-    def _poll(self, claim: RunClaim) -> dict | None:
-        """The run's final state; None if the lease was lost; HAND_BACK when this worker is
-        stopping or waited max_wait_s (the next worker goes on polling)."""
+    def _stop_if_ended(self, claim: RunClaim, port: RuntimePort) -> None:
+        """The run this worker just started there ended meanwhile in the record (a move or a
+        restart while the start was in flight): nobody else stops it at that host, so this
+        worker does (best effort: the host ends it with the process it ran in otherwise)."""
+        run = run_transaction(self.engine, lambda s: runs.reload(s, claim.run_id))
+        if run.status not in runs.TERMINAL:
+            return  # another worker took it over: it polls, it ends it
+        try:
+            port.cancel_maintenance(claim.workspace_id, claim.session_id, claim.run_id)
+        except (RuntimeFault, RuntimeDisconnected) as exc:
+            log.warning("maintenance %s: ended here, not stopped at its host: %s", run.run_id, exc)
+
+    def _poll(self, claim: RunClaim, port: RuntimePort | None = None) -> dict | None:
+        """The run's final state, asked of `port` (the session's host when None); None if the
+        lease was lost; HAND_BACK when this worker is stopping or waited max_wait_s (the next
+        worker goes on polling)."""
+        runtime = port or self.runtime
         cancel_sent = False
         deadline = time.monotonic() + self.max_wait_s
         while True:
@@ -247,11 +272,9 @@ class MaintenanceExecutor(Step):
             if run is None:
                 return None  # our lease is gone: another worker owns the run now
             if run.cancel_requested_at is not None and not cancel_sent:
-                self.runtime.cancel_maintenance(claim.workspace_id, claim.session_id, claim.run_id)
+                runtime.cancel_maintenance(claim.workspace_id, claim.session_id, claim.run_id)
                 cancel_sent = True
-            state = self.runtime.maintenance_status(
-                claim.workspace_id, claim.session_id, claim.run_id
-            )
+            state = runtime.maintenance_status(claim.workspace_id, claim.session_id, claim.run_id)
             if state.get("state") == "done":
                 return state
             time.sleep(self.poll_s)
