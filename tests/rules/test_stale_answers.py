@@ -251,3 +251,24 @@ def test_a_maintenance_run_ended_by_a_move_is_started_nowhere_else_and_stopped(
     assert host_b.session(WS, SID).get("runs", {}) == {}
     running = [r for r, v in sim_control.session(WS, SID)["runs"].items() if v["running"]]
     assert running == []
+
+
+def test_a_goal_applied_at_the_host_a_session_left_still_goes_to_the_new_one(
+    client, sim_control, host_b
+):
+    """A goal operation in flight to A while a client moves the session to B: A's `applied`
+    completes the operation, and the goal state stays `unknown` (B holds no goal): the
+    session's restore, due at once, delivers it to B, whose answer syncs it."""
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    client.ensure_session(WS, SID)
+    op = client.set_goal(WS, SID, "first", client_submit_id="g1")
+    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    slow = Meanwhile(client.runtime, "apply_goal", move)
+    dispatcher = Dispatcher(client.engine, slow, worker_id="d", lease_s=5)
+    assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
+    assert row(client).host_id == "host-b"
+    assert client.goal_state(WS, SID).sync_status == "unknown"
+    assert restorer(client).restore(WS, SID) == "restored"
+    assert host_b.session(WS, SID)["goal"] == {"objective": "first", "status": "active"}
+    assert client.goal_state(WS, SID).sync_status == "synced"

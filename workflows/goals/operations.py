@@ -24,7 +24,7 @@ from .. import budgets, leases, records
 from ..escape import escape
 from ..sessions.rows import SESSIONS, lock_session, same_session
 from .lifecycle import GOAL
-from .tables import OPS, OPS_IN, STATES, key_params, sessions_of_ops
+from .tables import OPS, OPS_IN, RESTORE_DUE, STATES, key_params, sessions_of_ops
 
 # Budgets of docs/lifecycles.md: goals: past these an operation fails instead of retrying forever.
 log = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ _LOCK_STATES = (
         SESSIONS.c.session_id,
         STATES.c.desired,
         STATES.c.pending_operation_id,
+        STATES.c.sync_status,
     )
     .select_from(SESSIONS.outerjoin(STATES, same_session(STATES.c, SESSIONS.c)))
     .where(sessions_of_ops(SESSIONS))
@@ -301,12 +302,16 @@ def complete_applied_many(
     params: dict[str, Any] = {"b_ops": operation_ids, "b_now": now}
     if token is not None:
         params["b_token"] = token
-    # What each applied operation's goal state becomes, if the operation completes.
+    # What each applied operation's goal state becomes, if it completes; `unknown` (a move while
+    # the call was in flight, activity/epochs.py) stays so, for the new host's restore.
     synced: dict[str, dict[str, Any]] = {}
+    moved: list[Any] = []
     for op, goal, _proof in applied:
         state = states.get((op.workspace_id, op.session_id))
         if state is not None and state.pending_operation_id == op.operation_id:
             sync = sync_of(goal, state.desired, f"goal operation {op.operation_id}")
+            if state.sync_status == SyncStatus.UNKNOWN:
+                sync, moved = SyncStatus.UNKNOWN, [*moved, op]
             synced[op.operation_id] = {
                 "b_ws": op.workspace_id,
                 "b_sid": op.session_id,
@@ -327,7 +332,9 @@ def complete_applied_many(
                 raise ValueError("a record that releases is one of held operations")
             statement = _RECORD_APPLIED_HELD_RELEASING
             params |= {"b_release_names": release[0], "b_release_token": release[1]}
-        return set(conn.execute(statement, params).scalars())
+        done = set(conn.execute(statement, params).scalars())
+        _restore_moved(conn, moved, done, now)
+        return done
     if release is not None:
         raise ValueError("a record releases in its own statement only on PostgreSQL")
     lone_proof = applied[0][2] if len(applied) == 1 else None
@@ -347,7 +354,15 @@ def complete_applied_many(
     states_done = [values for operation_id, values in synced.items() if operation_id in done]
     if states_done:
         conn.execute(_STATE_APPLIED, states_done)
+    _restore_moved(conn, moved, done, now)
     return done
+
+
+def _restore_moved(conn: Any, moved: list[Any], done: set[str], now: datetime) -> None:
+    """The restore of each session whose goal a host it left applied (above), due now."""
+    keys = {(op.workspace_id, op.session_id) for op in moved if op.operation_id in done}
+    if keys:
+        conn.execute(RESTORE_DUE, [{"b_ws": ws, "b_sid": sid, "b_now": now} for ws, sid in keys])
 
 
 def complete_applied(

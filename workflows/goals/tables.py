@@ -1,10 +1,11 @@
 """The goal tables as SQLAlchemy Core objects, and the conditions the prebuilt statements of
 goal control share: hot paths execute statements built once, with bound parameters."""
 
-from sqlalchemy import bindparam, or_, select, tuple_
+from sqlalchemy import bindparam, or_, select, tuple_, update
 
 from ...models.base import table_of
 from ...models.tables import GoalOperation, GoalState
+from ..sessions.rows import SESSIONS
 
 OPS = table_of(GoalOperation)
 STATES = table_of(GoalState)
@@ -44,3 +45,14 @@ def not_installed_at(fences, host_id, epoch):
         fences.installed_host.is_distinct_from(host_id),
         fences.installed_epoch.is_distinct_from(epoch),
     )
+
+
+# A session's restore due now (a goal applied at a host it left meanwhile: goals/operations.py).
+RESTORE_DUE = (
+    update(SESSIONS)
+    .where(
+        *key_params(SESSIONS),
+        or_(SESSIONS.c.restore_due_at.is_(None), SESSIONS.c.restore_due_at > bindparam("b_now")),
+    )
+    .values(restore_due_at=bindparam("b_now"))
+)
