@@ -272,3 +272,43 @@ def test_a_goal_applied_at_the_host_a_session_left_still_goes_to_the_new_one(
     assert restorer(client).restore(WS, SID) == "restored"
     assert host_b.session(WS, SID)["goal"] == {"objective": "first", "status": "active"}
     assert client.goal_state(WS, SID).sync_status == "synced"
+
+
+def test_a_redelivered_goal_answered_by_the_host_a_session_left_does_not_sync_the_new_one(
+    client, sim_control, host_b
+):
+    """A restore redelivers the current goal to B (unknown there after a move whose own
+    delivery failed); a client moves the session back to A meanwhile (its delivery fails too).
+    B's `applied` is not what the goal state observes: the next restore delivers it to A."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.errors import RuntimeFault
+    from agent_radar.workflows.fences import restores
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    def move(host_id, control):
+        control.fault("goal", status=503, count=1, session_id=SID)  # its delivery fails
+        with pytest.raises(RuntimeFault):
+            client.ensure_session(WS, SID, host_id=host_id)
+
+    def reconcile_due():  # what the sweeper does for a goal `unknown`
+        now = utcnow()
+        run_transaction(
+            client.engine, lambda s: restores.request_reconcile(s, [(WS, SID)], now, now)
+        )
+
+    client.ensure_session(WS, SID)
+    op = client.set_goal(WS, SID, "first", client_submit_id="g1")
+    dispatcher = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
+    move("host-b", host_b)
+    sim_control.session(WS, SID, fresh=True)  # A holds nothing of the session now
+    reconcile_due()
+    back = lambda: move("default", sim_control)  # noqa: E731
+    restorer(client, runtime=Meanwhile(client.runtime, "apply_goal", back)).restore(WS, SID)
+    assert row(client).host_id == "default"
+    assert client.goal_state(WS, SID).sync_status == "unknown"
+    reconcile_due()
+    goal_calls = len(sim_control.calls("goal"))
+    assert restorer(client).restore(WS, SID) == "restored"
+    assert len(sim_control.calls("goal")) == goal_calls + 1  # the goal went to A
+    assert client.goal_state(WS, SID).sync_status == "synced"

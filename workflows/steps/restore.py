@@ -11,9 +11,12 @@ when a restore is wanted, stamped by the restore that runs, cleared by that rest
 nobody asked again meanwhile; the sweeper publishes what is due.
 """
 
+import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -32,7 +35,7 @@ from ..fences import restores
 from ..fences.fencing import clear_delivered
 from ..goals import outcomes
 from ..sessions import hosts
-from ..sessions.rows import Heard, heard_in
+from ..sessions.rows import Heard, heard_in, lock_session
 from ..task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
@@ -56,44 +59,69 @@ def restore_fences(
 ) -> None:
     """Install the fences not known to be at the session's (host, epoch), then deliver the
     clears that were settled locally. The caller knows the session is live: background work
-    passes require_live, a user's ensure_session does not. Runtime faults propagate."""
+    passes require_live, a user's ensure_session does not. Runtime faults propagate. The
+    clears and the goal go to the host named first, and its answers are recorded only while
+    the session still lives there (a move meanwhile: the new host's restore delivers them)."""
     ensure_fences_installed(engine, runtime, workspace_id, session_id, require_live=require_live)
+    address = run_read(engine, lambda s: hosts.session_address(s, workspace_id, session_id))
+    there = Pinned(runtime.on_host(*address), address[0], workspace_id, session_id)
     for fence_id, clear in run_transaction(
         engine, lambda s: _undelivered_clears(s, workspace_id, session_id)
     ):
         try:
-            answer = apply_goal(runtime, clear, require_live=require_live)
+            answer = apply_goal(there.port, clear, require_live=require_live)
         except RuntimeFault as exc:
             if exc.code != STALE_REVISION:
                 raise
             # The host holds a newer revision than the clear's: nothing of the fenced one
             # is left there.
             answer = None
-        _record_delivery(engine, fence_id, clear, answer)
-    deliver_current_goal(engine, runtime, workspace_id, session_id, require_live=require_live)
+        delivered = functools.partial(
+            clear_delivered, fence_id=fence_id, clear=clear, answer=answer
+        )
+        run_transaction(engine, there.recorded(delivered))
+    deliver_current_goal(engine, there, require_live=require_live)
 
 
-def deliver_current_goal(
-    engine: Engine, runtime: RuntimePort, workspace_id: str, session_id: str, *, require_live: bool
-) -> None:
+@dataclass(frozen=True)
+class Pinned:
+    """The port of the host a session lived on when it was named (`host_id`)."""
+
+    port: RuntimePort
+    host_id: str
+    workspace_id: str
+    session_id: str
+
+    def recorded(self, write: Callable[[Session], Any]) -> Callable[[Session], Any]:
+        """`write` of what that host answered, in a transaction that first takes the session's
+        lock (as a move does), done only while the session still lives there."""
+
+        def if_still_there(s: Session) -> Any:
+            row = lock_session(s, self.workspace_id, self.session_id)
+            return write(s) if row.host_id == self.host_id else None
+
+        return if_still_there
+
+
+def deliver_current_goal(engine: Engine, there: Pinned, *, require_live: bool) -> None:
     """A goal not known to be at the session's host (a move: the new host never received it;
     the session was offline when it settled) goes there again, after the fences: the operation
     of the current revision, which the host applies once by its id. Its answer is what the
     goal state observes."""
-    op = run_transaction(
-        engine, lambda s: outcomes.unknown_current_goal(s, workspace_id, session_id)
-    )
+    ws, sid = there.workspace_id, there.session_id
+    op = run_transaction(engine, lambda s: outcomes.unknown_current_goal(s, ws, sid))
     if op is None:
         return
     try:
-        answer = apply_goal(runtime, op, require_live=require_live)
+        answer = apply_goal(there.port, op, require_live=require_live)
     except RuntimeFault as exc:
         if exc.code != STALE_REVISION:
             raise
         return  # the host holds a newer revision: the state answer tells which
     if answer.get("phase") != ProviderPhase.APPLIED:
         return
-    run_transaction(engine, lambda s: outcomes.observe_delivered(s, op, answer.get("goal")))
+    goal = answer.get("goal")
+    run_transaction(engine, there.recorded(lambda s: outcomes.observe_delivered(s, op, goal)))
 
 
 def _undelivered_clears(
@@ -110,15 +138,6 @@ def _undelivered_clears(
         .order_by(GoalFence.created_at)
     ).all()
     return [(fence_id, records.from_row(records.GoalOperation, op)) for fence_id, op in rows]
-
-
-def _record_delivery(
-    engine: Engine,
-    fence_id: str,
-    clear: records.GoalOperation,
-    answer: dict | None,
-) -> None:
-    run_transaction(engine, lambda s: clear_delivered(s, fence_id, clear, answer))
 
 
 def reconcile_session(
