@@ -218,9 +218,8 @@ def test_a_prompt_in_flight_keeps_maintenance_out(client, sim_control):
     client.ensure_session(WS, SID)
     prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
-    # No report yet: its turn is on record from the host's answer (turns.record_prompt_turn).
-    assert session_row(client).active_turn_id == client.get_prompt(prompt.prompt_id).turn_id
-    with pytest.raises(SessionBusy):
+    assert session_row(client).active_turn_id is None  # no report yet
+    with pytest.raises(SessionBusy, match=prompt.prompt_id):
         client.start_maintenance(WS, SID, client_submit_id="m1")
 
 

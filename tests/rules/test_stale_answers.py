@@ -209,22 +209,6 @@ def test_a_prompt_sent_to_the_host_a_session_left_does_not_wedge_the_queue(
     assert client.get_prompt(second.prompt_id).turn_id in host_b.session(WS, SID)["turns"]
 
 
-def test_a_prompt_s_turn_whose_report_was_lost_ends_with_a_restart(client, sim_control):
-    """The prompt's turn is on record from the host's answer: a report of it lost, then a
-    restart of the host, ends it, and the queue goes on."""
-    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
-
-    client.ensure_session(WS, SID)
-    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
-    assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
-    sim_control.session(WS, SID, restart=True)  # its process ends: no report of the turn
-    client.ensure_session(WS, SID)  # the newer epoch is seen
-    assert client.get_prompt(first.prompt_id).status != "dispatched"
-    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
-
-
 def test_a_maintenance_run_ended_by_a_move_is_started_nowhere_else_and_stopped(
     client, sim_control, host_b
 ):
@@ -312,3 +296,51 @@ def test_a_redelivered_goal_answered_by_the_host_a_session_left_does_not_sync_th
     assert restorer(client).restore(WS, SID) == "restored"
     assert len(sim_control.calls("goal")) == goal_calls + 1  # the goal went to A
     assert client.goal_state(WS, SID).sync_status == "synced"
+
+
+def test_a_prompt_sent_after_a_restart_not_yet_seen_holds_the_queue(client, sim_control):
+    """The host restarted (epoch 2, not yet seen) before the prompt went: learning the epoch
+    does not end the prompt's turn, which runs at it; the next prompt waits."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, turn_duration_ms=0)  # turns run until they are ended
+    sim_control.session(WS, SID, restart=True)
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    client.ensure_session(WS, SID)  # epoch 2 learnt
+    assert client.get_prompt(first.prompt_id).status == "dispatched"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
+    running = [
+        t for t, v in sim_control.session(WS, SID)["turns"].items() if v["phase"] != "settled"
+    ]
+    assert len(running) == 1
+
+
+def test_session_not_found_from_the_host_a_session_left_ends_nothing_at_the_new_one(
+    client, sim_control, host_b
+):
+    """A cancel's call named A; the session moves to B (a turn runs there) and A drops it just
+    before the call: A's `session_not_found` ends nothing of B's, and the cancel, owed to A,
+    goes again."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.fences import cancels
+
+    _running_turn_at_a(client, sim_control)
+    cancel_id = run_transaction(
+        client.engine, lambda s: cancels.prepare(s, WS, SID, "t-a", "user", utcnow()).operation_id
+    )
+
+    def meanwhile():
+        client.ensure_session(WS, SID, host_id="host-b")
+        host_b.session(WS, SID, turn={"turn_id": "t-b"})
+        b = {"runtime_epoch": 1}
+        report(client, signed_by="host-b", session=b, turn={"turn_id": "t-b", "phase": "running"})
+        sim_control.session(WS, SID, missing=True)  # A drops the session it no longer serves
+
+    slow = Meanwhile(client.runtime, "cancel_turn", meanwhile, before=True)
+    assert runner(client, slow).apply(cancel_id) == "retry"
+    t_b = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t-b")))
+    assert (t_b.phase, row(client).active_turn_id) == ("running", "t-b")
+    assert runner(client, client.runtime).apply(cancel_id) == "settled"  # at A: not there

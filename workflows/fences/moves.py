@@ -12,8 +12,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from ...models.enums import TurnOutcome, TurnPhase
-from ...models.tables import CancelOperation, Prompt, Turn
+from ...models.enums import TurnOutcome
+from ...models.tables import CancelOperation, Prompt
 from .. import ids
 from ..maintenance import runs
 from ..prompts import queue as prompts
@@ -79,18 +79,15 @@ def prompt_sent(
     now: datetime,
 ) -> list[str]:
     """`host_id` (the session's at `epoch` when the prompt went) took the prompt and answered
-    with `turn_id`: the turn is the prompt's, and on record (turns.record_prompt_turn). If the
-    session moved to another host meanwhile, the move found no turn of it to stop: it is
-    stopped at `host_id` now, as the move would have. Returns the cancels to publish."""
+    with `turn_id`: the turn is the prompt's; its reports put it on record (the answer tells
+    no epoch: a turn recorded from it at the epoch believed would end wrongly at a restart not
+    yet seen). If the session moved to another host meanwhile, the move found no turn of it to
+    stop: it is put on record at `host_id` and stopped there now, as the move would have
+    (turns.record_prompt_turn). Returns the cancels to publish."""
     ws, sid = prompt.workspace_id, prompt.session_id
     row = lock_session(session, ws, sid)
     prompts.sent(session, prompt.prompt_id, turn_id)
-    if not isinstance(turn_id, str):
+    if not isinstance(turn_id, str) or row.host_id == host_id:
         return []
     key = turns.record_prompt_turn(session, ws, sid, host_id, epoch, turn_id, prompt.prompt_id, now)
-    if row.host_id == host_id:
-        turn = session.get(Turn, (ws, sid, key))
-        if turn is not None and turn.phase == TurnPhase.RUNNING:
-            row.active_turn_id = key
-        return []
     return _stop_turn(session, ws, sid, key, host_id, now)[0]

@@ -51,8 +51,7 @@ def record_prompt_turn(
     now: datetime,
 ) -> str:
     """The turn `host_id` answered a prompt with (at `epoch`, 0 if not known) is on record,
-    running, unless a report put it there first: its end, a move or a restart settles it and
-    its prompt, as any turn (docs/lifecycles.md: prompts). Returns its record key."""
+    running, unless a report put it there first (moves.prompt_sent). Returns its record key."""
     key = turn_key(session, workspace_id, session_id, host_id, epoch, turn_id)
     if session.get(Turn, (workspace_id, session_id, key)) is None:
         session.add(

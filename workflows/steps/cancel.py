@@ -25,6 +25,8 @@ from .wake import publish_epoch_effects
 
 log = logging.getLogger(__name__)
 
+MOVED = object()  # session_gone: the answer is of a host the session left
+
 
 def mark_offline(session: Session, workspace_id: str, session_id: str, heard: Heard) -> bool:
     """The runtime said the session is offline (`heard`): remember it, so background work
@@ -223,9 +225,11 @@ class CancelRunner(Step):
             return "waiting_offline"
         except RuntimeFault as exc:
             if exc.code == SESSION_NOT_FOUND:
-                self.session_gone(ws, sid, heard_in(exc, self.clock()))
-                return "interrupted"
-            error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
+                if self.session_gone(ws, sid, heard_in(exc, self.clock()), lambda s: True):
+                    return "interrupted"
+                error, delay = "the session moved", 0.0  # it goes again, where it is owed
+            else:
+                error, delay = str(exc), backoff_s(cancel.attempt)  # attempt counts this one
             run_transaction(
                 self.engine,
                 lambda s: cancels.retry_later(s, cancel, token, error, delay, self.clock()),
@@ -283,18 +287,23 @@ class CancelRunner(Step):
         )
 
     def session_gone(self, workspace_id: str, session_id: str, heard: Heard, extra=None) -> object:
-        """The host answered session_not_found (`heard`): the session is
-        gone, an authoritative end for every turn of it. They end interrupted (their open
-        cancels too), in one transaction with `extra(s)` if given; the fences and the prompt
-        queue that waited move on."""
+        """The host answered session_not_found (`heard`): the session is gone, an authoritative
+        end for every turn of it. They end interrupted (their open cancels too), in one
+        transaction with `extra(s)` if given (its result is returned); the fences and the
+        prompt queue that waited move on. Nothing ends, and None is returned, when the session
+        lives on another host now (a move meanwhile): the answer tells of the host it left."""
 
         def settle(s: Session):
+            if heard.host not in (None, lock_session(s, workspace_id, session_id).host_id):
+                return MOVED, []
             mark_offline(s, workspace_id, session_id, heard)
             result = extra(s) if extra is not None else None
             woken = cancels.interrupt_running_turns(s, workspace_id, session_id, self.clock())
             return result, woken
 
         result, woken = run_transaction(self.engine, settle)
+        if result is MOVED:
+            return None
         log.warning(
             "session %s/%s is gone at its host: its turns end interrupted", workspace_id, session_id
         )

@@ -1,10 +1,8 @@
 """Applying goal generation fences (docs/lifecycles.md: fences); the fenced turn's cancel is the
-cancel step's (cancel.py).
-
-Background work: it never resumes a session. A session known to be offline is settled
-locally: the fence is installed nowhere yet and its clear is marked undelivered, so the
-session's next return — a resume, a reconnect, a restart, a move — installs the one and
-delivers the other (workflows/steps/restore.py).
+cancel step's (cancel.py). Background work: it never resumes a session. A session known to be
+offline is settled locally: the fence is installed nowhere yet and its clear is marked
+undelivered, so the session's next return — a resume, a reconnect, a restart, a move —
+installs the one and delivers the other (workflows/steps/restore.py).
 """
 
 import logging
@@ -326,9 +324,9 @@ class FenceApplier(Step):
         """The session is offline (docs/lifecycles.md: fences). For each of the fenced
         generation's turns that may be running, its durable cancel is written (delivered
         once the session is live again, never by resuming it), and the fence waits for their
-        authoritative ends, using no budget. Otherwise the fence completes locally."""
+        authoritative ends, using no budget. Otherwise the fence completes locally. An answer
+        older than one on record, or of a host the session left, is none: it goes again."""
         if not mark_offline(s, claim.workspace_id, claim.session_id, heard):
-            # A newer answer said live, or the session left that host: not offline after all.
             return self._back_to_pending(s, claim, "an older answer said offline", 0.0)
         cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
         if not cancel_ids:
@@ -336,17 +334,19 @@ class FenceApplier(Step):
         return self._wait_for_turn(s, claim, cancel_ids[0])
 
     def _gone(self, claim: FenceClaim, heard: Heard) -> str:
-        """The host answered session_not_found: the session is gone. Its turns end
-        interrupted — the fenced one through its durable cancel, so the fence records it — and
-        the fence completes locally (docs/lifecycles.md: fences)."""
+        """The host answered session_not_found: the session is gone, its turns end interrupted
+        (the fenced one by its durable cancel) and the fence completes locally (see fences)."""
 
         def settle(s: Session) -> str:
             cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
             cancels.interrupt_running_turns(s, claim.workspace_id, claim.session_id, self.clock())
             return self._settle_locally(s, claim, next(iter(cancel_ids), None))
 
-        ws, sid = claim.workspace_id, claim.session_id
-        return str(self.cancels.session_gone(ws, sid, heard, settle))
+        settled = self.cancels.session_gone(claim.workspace_id, claim.session_id, heard, settle)
+        if settled is not None:
+            return str(settled)
+        moved = lambda s: self._back_to_pending(s, claim, "the session moved", 0.0)  # noqa: E731
+        return run_transaction(self.engine, moved)  # a host it left answered: again, where it is
 
     def _prepare_cancel(self, s: Session, claim: FenceClaim, turn_id: str) -> str:
         return cancels.prepare_or_existing(
