@@ -449,6 +449,34 @@ def test_an_offline_settle_clears_the_pending_operation(client, sim_control):
     assert not [c for c in sim_control.calls() if c["call"] == "resume"]
 
 
+def test_an_offline_answer_overruled_before_it_is_written_settles_nothing(client, sim_control):
+    """The fence's call is told `disconnected`; before that is written, another look finds the
+    session live (and records it): the fence does not settle locally on the older answer, and
+    goes again, delivered."""
+    from agent_radar.workflows.errors import RuntimeDisconnected
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    sim_control.session(WS, SID, live=False)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    applier = _applier(client, sim_control)
+    install = applier.runtime.install_fence
+
+    def told_offline_then_back(*args, **kwargs):
+        try:
+            return install(*args, **kwargs)
+        except RuntimeDisconnected:
+            sim_control.session(WS, SID, live=True)
+            client.ensure_session(WS, SID)  # another look, recorded first
+            raise
+
+    applier.runtime.install_fence = told_offline_then_back
+    assert applier.apply(fence.fence_id) == "retry"
+    assert client.get_goal_operation(fence.clear_operation_id).status != "completed"
+    applier.runtime.install_fence = install
+    assert applier.apply(fence.fence_id) == "completed"
+    assert [e["action"] for e in sim_control.effects()] == ["clear"]
+
+
 def test_the_sweeper_publishes_fences_before_goal_operations(client):
     """Fences first (docs/lifecycles.md: leases): a revoked target must never replay before its
     fence."""
