@@ -321,3 +321,53 @@ def test_a_run_handed_back_is_re_attached_whatever_else_the_host_runs_by_then(cl
     assert executor.execute(run.run_id) == "completed"
     # Started once there (the second start call is the idempotent re-attach).
     assert len(sim_control.effects(kind="maintenance")) == 1
+
+
+def _prompt_sent_long_ago_unreported(client, sim_control):
+    """Two prompts; the first went STALE_TURN_S ago, to a host whose turns run until they are
+    ended, and no report of its turn came."""
+    from agent_radar.models.tables import Prompt
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn_duration_ms=0)
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
+    sent = utcnow() - timedelta(seconds=STALE_TURN_S + 1)
+    run_transaction(
+        client.engine, lambda s: s.get(Prompt, first.prompt_id).__setattr__("dispatched_at", sent)
+    )
+    return first, second
+
+
+def test_a_prompt_whose_reports_were_lost_ends_once_its_host_lists_it_no_more(client, sim_control):
+    """The prompt's turn ran and ended at the host, and neither report of it came: the queue
+    was busy for good. Sent STALE_TURN_S ago, it has the sweeper ask the host; a turn the host
+    does not list ended there, so the prompt ends and the next one goes."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    first, second = _prompt_sent_long_ago_unreported(client, sim_control)
+    turn_id = client.get_prompt(first.prompt_id).turn_id
+    client.runtime.cancel_turn(WS, SID, turn_id, operation_id="c", reason="test", require_live=True)
+    assert sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled"  # unreported
+    assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in sweep(client, utcnow())
+    published = []
+    assert restorer(client, published=published).restore(WS, SID) == "restored"
+    assert client.get_prompt(first.prompt_id).status == "completed"
+    assert PROMPT_TASK in published
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert client.get_prompt(second.prompt_id).status == "dispatched"
+
+
+def test_a_prompt_whose_reports_were_lost_and_that_still_runs_is_recorded(client, sim_control):
+    """The same, but the host still runs the prompt's turn: it is recorded from the host's
+    answer (its end is then the stale turns' business), and the prompt goes on running."""
+    first, _second = _prompt_sent_long_ago_unreported(client, sim_control)
+    assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in sweep(client, utcnow())
+    assert restorer(client).restore(WS, SID) == "restored"
+    assert client.get_prompt(first.prompt_id).status == "dispatched"
+    turn = turn_row(client, client.get_prompt(first.prompt_id).turn_id)
+    assert (turn.phase, turn.prompt_id) == ("running", first.prompt_id)
+    assert session_row(client).active_turn_id == turn.turn_id

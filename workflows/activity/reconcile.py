@@ -8,7 +8,9 @@ reports, which get lost, reordered or forged; the host's answer to the state cal
 - a turn the host lists that the mirror never saw is recorded, and gets its durable cancel if
   its generation is fenced;
 - a dispatched goal operation the host says it applied completes, and a goal state `unknown`
-  or `diverged` learns what the host holds.
+  or `diverged` learns what the host holds;
+- a prompt sent long before the host was asked whose turn is on record nowhere (its reports
+  lost) and that the host does not list ended there unseen: the prompt ends, the queue goes on.
 
 An answer is applied only while the session is still at the host that gave it.
 """
@@ -16,14 +18,15 @@ An answer is applied only while the session is still at the host that gave it.
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, union
+from sqlalchemy import exists, or_, select, union
 from sqlalchemy.orm import Session
 
-from ...models.enums import OperationStatus, SyncStatus, TurnPhase
-from ...models.tables import AgentSession, GoalOperation, GoalState, Turn
+from ...models.enums import OperationStatus, PromptStatus, SyncStatus, TurnOutcome, TurnPhase
+from ...models.tables import AgentSession, GoalOperation, GoalState, Prompt, Turn
 from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
 from ..goals.operations import complete_applied, sync_of
+from ..prompts import queue as prompts
 from ..sessions import turns
 from ..sessions.rows import Heard, lock_session, record_liveness, same_session
 from .epochs import EpochEffects, observe_epoch
@@ -46,11 +49,12 @@ class Reconciled:
     cancels: list[str] = field(default_factory=list)  # durable cancels of fenced turns
     woken_fences: list[str] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)  # goal operations it completed
+    prompts_ended: list[str] = field(default_factory=list)  # prompts whose turn ended unseen
     epoch: EpochEffects = field(default_factory=EpochEffects)
 
     @property
     def wake_prompts(self) -> bool:
-        return bool(self.ended) or self.epoch.newer
+        return bool(self.ended or self.prompts_ended) or self.epoch.newer
 
 
 def apply_state(
@@ -95,7 +99,43 @@ def apply_state(
         if cancel_id is not None:
             done.cancels.append(cancel_id)
     _reconcile_goal(session, workspace_id, session_id, state, now, done)
+    done.prompts_ended = _prompts_ended_unseen(session, row, state, asked_at)
     return done
+
+
+def _unrecorded_prompts(sent_before: datetime) -> tuple:
+    """SQL conditions: a prompt the host took (its turn id known) before `sent_before` whose
+    turn is on record nowhere: neither report of it came."""
+    return (
+        Prompt.status == PromptStatus.DISPATCHED,
+        Prompt.turn_id.is_not(None),
+        Prompt.dispatched_at < sent_before,
+        ~exists().where(
+            Turn.workspace_id == Prompt.workspace_id,
+            Turn.session_id == Prompt.session_id,
+            Turn.prompt_id == Prompt.prompt_id,
+        ),
+    )
+
+
+def _prompts_ended_unseen(session: Session, row, state: HostState, asked_at: datetime) -> list[str]:
+    """The session's prompts sent STALE_TURN_S before the host was asked, whose turn is on
+    record nowhere and that the host does not list: that turn ended there unseen, and each
+    prompt ends (`completed`, as its turn ending `interrupted` ends it)."""
+    listed = {t.turn_id for t in state.turns} | {t.prompt_id for t in state.turns}
+    found = session.execute(
+        select(Prompt.prompt_id, Prompt.turn_id).where(
+            Prompt.workspace_id == row.workspace_id,
+            Prompt.session_id == row.session_id,
+            *_unrecorded_prompts(asked_at - timedelta(seconds=STALE_TURN_S)),
+        )
+    ).all()
+    ended = [prompt_id for prompt_id, turn_id in found if not {prompt_id, turn_id} & listed]
+    for prompt_id in ended:
+        prompts.on_turn_settled(
+            session, row.workspace_id, row.session_id, prompt_id, TurnOutcome.INTERRUPTED
+        )
+    return ended
 
 
 def _ended_unseen(
@@ -201,13 +241,17 @@ def _sessions(keys, asked_before: datetime):
 def to_reconcile(now: datetime):
     """SQL: the sessions whose mirror may be wrong and whose host is due to be asked — a turn
     on record as unsettled for STALE_TURN_S (its settled report lost, or a forged one), a
-    goal state `unknown` or `diverged` — at most once per RECONCILE_INTERVAL_S each."""
+    prompt sent as long ago whose turn is on record nowhere, a goal state `unknown` or
+    `diverged` — at most once per RECONCILE_INTERVAL_S each."""
     unsure = select(GoalState.workspace_id, GoalState.session_id).where(
         GoalState.sync_status.in_((SyncStatus.UNKNOWN, SyncStatus.DIVERGED)),
         GoalState.pending_operation_id.is_(None),
     )
+    stale_prompts = select(Prompt.workspace_id, Prompt.session_id).where(
+        *_unrecorded_prompts(now - timedelta(seconds=STALE_TURN_S))
+    )
     return _sessions(
-        union(_stale_turns(now, STALE_TURN_S), unsure),
+        union(_stale_turns(now, STALE_TURN_S), unsure, stale_prompts),
         now - timedelta(seconds=RECONCILE_INTERVAL_S),
     ).where(AgentSession.restore_due_at.is_(None))
 
