@@ -344,3 +344,24 @@ def test_session_not_found_from_the_host_a_session_left_ends_nothing_at_the_new_
     t_b = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, "t-b")))
     assert (t_b.phase, row(client).active_turn_id) == ("running", "t-b")
     assert runner(client, client.runtime).apply(cancel_id) == "settled"  # at A: not there
+
+
+def test_a_move_stops_a_prompt_s_turn_no_report_told_of_yet(client, sim_control, host_b):
+    """The prompt went to A and its turn runs there; no report of it has come when a client
+    moves the session to B: the move stops that turn at A too, and the queue goes on at B."""
+    from agent_radar.workflows import ids
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn_duration_ms=0)  # turns run until they are ended
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    turn_id = client.get_prompt(first.prompt_id).turn_id
+    client.ensure_session(WS, SID, host_id="host-b")
+    assert client.get_prompt(first.prompt_id).status == "completed"
+    cancel_id = ids.cancel_operation_id(WS, SID, turn_id)  # owed to A
+    assert runner(client, client.runtime).apply(cancel_id) == "settled"
+    assert sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled"  # stopped at A
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert client.get_prompt(second.prompt_id).turn_id in host_b.session(WS, SID)["turns"]

@@ -18,10 +18,10 @@ An answer is applied only while the session is still at the host that gave it.
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import exists, or_, select, union
+from sqlalchemy import or_, select, union
 from sqlalchemy.orm import Session
 
-from ...models.enums import OperationStatus, PromptStatus, SyncStatus, TurnOutcome, TurnPhase
+from ...models.enums import OperationStatus, SyncStatus, TurnOutcome, TurnPhase
 from ...models.tables import AgentSession, GoalOperation, GoalState, Prompt, Turn
 from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
@@ -103,21 +103,6 @@ def apply_state(
     return done
 
 
-def _unrecorded_prompts(sent_before: datetime) -> tuple:
-    """SQL conditions: a prompt the host took (its turn id known) before `sent_before` whose
-    turn is on record nowhere: neither report of it came."""
-    return (
-        Prompt.status == PromptStatus.DISPATCHED,
-        Prompt.turn_id.is_not(None),
-        Prompt.dispatched_at < sent_before,
-        ~exists().where(
-            Turn.workspace_id == Prompt.workspace_id,
-            Turn.session_id == Prompt.session_id,
-            Turn.prompt_id == Prompt.prompt_id,
-        ),
-    )
-
-
 def _prompts_ended_unseen(session: Session, row, state: HostState, asked_at: datetime) -> list[str]:
     """The session's prompts sent STALE_TURN_S before the host was asked, whose turn is on
     record nowhere and that the host does not list: that turn ended there unseen, and each
@@ -127,7 +112,7 @@ def _prompts_ended_unseen(session: Session, row, state: HostState, asked_at: dat
         select(Prompt.prompt_id, Prompt.turn_id).where(
             Prompt.workspace_id == row.workspace_id,
             Prompt.session_id == row.session_id,
-            *_unrecorded_prompts(asked_at - timedelta(seconds=STALE_TURN_S)),
+            *prompts.unrecorded(asked_at - timedelta(seconds=STALE_TURN_S)),
         )
     ).all()
     ended = [prompt_id for prompt_id, turn_id in found if not {prompt_id, turn_id} & listed]
@@ -248,7 +233,7 @@ def to_reconcile(now: datetime):
         GoalState.pending_operation_id.is_(None),
     )
     stale_prompts = select(Prompt.workspace_id, Prompt.session_id).where(
-        *_unrecorded_prompts(now - timedelta(seconds=STALE_TURN_S))
+        *prompts.unrecorded(now - timedelta(seconds=STALE_TURN_S))
     )
     return _sessions(
         union(_stale_turns(now, STALE_TURN_S), unsure, stale_prompts),

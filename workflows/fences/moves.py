@@ -10,6 +10,7 @@ the run ends as on a restart (runs.end_for_restart).
 
 from datetime import datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnOutcome
@@ -31,6 +32,18 @@ def stop_at_old_host(
     reason = f"session-move:{old_host}"
     owed: list[str] = []
     woken: list[str] = []
+    # A prompt's turn no report told of yet is on record from now on, to be stopped there too.
+    epoch = lock_session(session, workspace_id, session_id).runtime_epoch or 0
+    for prompt_id, turn_id in session.execute(
+        select(Prompt.prompt_id, Prompt.turn_id).where(
+            Prompt.workspace_id == workspace_id,
+            Prompt.session_id == session_id,
+            *prompts.unrecorded(now),
+        )
+    ).all():
+        turns.record_prompt_turn(
+            session, workspace_id, session_id, old_host, epoch, str(turn_id), prompt_id, now
+        )
     for turn_id in cancels.unsettled_turns(session, workspace_id, session_id):
         stopped = _stop_turn(session, workspace_id, session_id, turn_id, old_host, now)
         owed += stopped[0]

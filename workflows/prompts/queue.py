@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, aliased
 
 from ...models.db import run_transaction
 from ...models.enums import PromptStatus, TurnOutcome
-from ...models.tables import AgentSession, Prompt
+from ...models.tables import AgentSession, Prompt, Turn
 from .. import accept, budgets, ids, leases
 from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from ..maintenance.runs import holds, session_held
@@ -224,3 +224,18 @@ def sessions_with_queued_prompts(
         return leases.reserve_republish(s, "prompts", waiting, republish_interval_s, now)
 
     return run_transaction(engine, find)
+
+
+def unrecorded(sent_before: datetime) -> tuple:
+    """SQL conditions: a prompt the host took (its turn id known) before `sent_before` whose
+    turn is on record nowhere: neither report of it came."""
+    return (
+        Prompt.status == PromptStatus.DISPATCHED,
+        Prompt.turn_id.is_not(None),
+        Prompt.dispatched_at < sent_before,
+        ~exists().where(
+            Turn.workspace_id == Prompt.workspace_id,
+            Turn.session_id == Prompt.session_id,
+            Turn.prompt_id == Prompt.prompt_id,
+        ),
+    )
