@@ -51,6 +51,7 @@ class Counted:
 
 
 UNSURE_GOALS = "sync_status IN ('unknown', 'diverged')"
+PROMPTED = "prompt_id IS NOT NULL"
 
 
 def _where(condition: str) -> dict:
@@ -83,15 +84,12 @@ class AgentSession(Base):
     runtime_epoch: Mapped[int] = mapped_column(Integer, default=0)
     # The agent host the session lives on, where its calls go (docs/lifecycles.md: sessions).
     host_id: Mapped[str] = mapped_column(ID, default="default", server_default="default")
-    # Whether that host was given (ensure_session(host_id=)) or named by a report: a report
-    # naming another host is then refused. Until then `default` is only the fallback.
+    # The host was given (ensure_session(host_id=)) or named by a report: another is refused.
     host_bound: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     admission: Mapped[str] = mapped_column(SHORT, default="open")
     active_turn_id: Mapped[str | None] = mapped_column(ID)
     last_report_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # A restore is due (docs/lifecycles.md: sessions): the session was learnt live where a fence is
-    # not known to be installed, a clear settled locally waits for delivery, or a report claimed a
-    # newer epoch. The sweeper publishes it once due; None when there is nothing to do.
+    # A restore is due (docs/lifecycles.md: sessions); the sweeper publishes it once due.
     restore_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # When its host was last asked what it runs (docs/lifecycles.md: reconcile).
     reconciled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -99,8 +97,7 @@ class AgentSession(Base):
     restore_attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     restore_failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     restore_error: Mapped[str | None] = mapped_column(Text)
-    # Bumped under the row lock by every writer that appends a session event, so the
-    # per-session event sequence stays gap-free.
+    # Bumped under the row lock by each writer of a session event: the sequence has no gaps.
     event_sequence: Mapped[int] = mapped_column(Integer, default=0)
 
 
@@ -227,9 +224,8 @@ class GoalFence(LeaseColumns, Counted, Base):
     failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # The (host, epoch) at which this fence was last installed, as the installer knew them before
-    # its call (docs/lifecycles.md: sessions); another (host, epoch) than the session's: not known
-    # to be there. None: installed nowhere yet.
+    # The (host, epoch) this fence was last installed at, as known before the call (None: nowhere;
+    # another than the session's: not known to be there; docs/lifecycles.md: sessions).
     installed_host: Mapped[str | None] = mapped_column(ID)
     installed_epoch: Mapped[int | None] = mapped_column(Integer)
     # The fence's clear was settled locally without reaching the agent: delivered once the
@@ -239,7 +235,11 @@ class GoalFence(LeaseColumns, Counted, Base):
 
 class Turn(Base):
     __tablename__ = "turns"
-    __table_args__ = (Index("ix_turns_settled", "settled_at"),)  # retention
+    __table_args__ = (
+        Index("ix_turns_settled", "settled_at"),  # retention
+        # A prompt's turn, for the sweeper's reconcile of unreported prompts (migration 0019).
+        Index("ix_turns_prompt", "workspace_id", "session_id", "prompt_id", **_where(PROMPTED)),
+    )
 
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
     session_id: Mapped[str] = mapped_column(ID, primary_key=True)

@@ -365,3 +365,24 @@ def test_a_move_stops_a_prompt_s_turn_no_report_told_of_yet(client, sim_control,
     assert sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled"  # stopped at A
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     assert client.get_prompt(second.prompt_id).turn_id in host_b.session(WS, SID)["turns"]
+
+
+def test_a_move_stops_a_prompt_s_turn_sent_after_a_restart_not_yet_seen(
+    client, sim_control, host_b
+):
+    """A restarted (epoch 2, not yet seen) before the prompt went: the move records the turn at
+    no known epoch, so the cancel owed to A is delivered there rather than taken for a turn of
+    an older process."""
+    from agent_radar.workflows import ids
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, turn_duration_ms=0)  # turns run until they are ended
+    sim_control.session(WS, SID, restart=True)
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    turn_id = client.get_prompt(first.prompt_id).turn_id
+    client.ensure_session(WS, SID, host_id="host-b")
+    cancel_id = ids.cancel_operation_id(WS, SID, turn_id)
+    assert runner(client, client.runtime).apply(cancel_id) == "settled"
+    assert sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled"  # stopped at A

@@ -33,7 +33,6 @@ def stop_at_old_host(
     owed: list[str] = []
     woken: list[str] = []
     # A prompt's turn no report told of yet is on record from now on, to be stopped there too.
-    epoch = lock_session(session, workspace_id, session_id).runtime_epoch or 0
     for prompt_id, turn_id in session.execute(
         select(Prompt.prompt_id, Prompt.turn_id).where(
             Prompt.workspace_id == workspace_id,
@@ -42,7 +41,7 @@ def stop_at_old_host(
         )
     ).all():
         turns.record_prompt_turn(
-            session, workspace_id, session_id, old_host, epoch, str(turn_id), prompt_id, now
+            session, workspace_id, session_id, old_host, str(turn_id), prompt_id, now
         )
     for turn_id in cancels.unsettled_turns(session, workspace_id, session_id):
         stopped = _stop_turn(session, workspace_id, session_id, turn_id, old_host, now)
@@ -87,11 +86,10 @@ def prompt_sent(
     session: Session,
     prompt: Prompt,
     host_id: str,
-    epoch: int,
     turn_id: object,
     now: datetime,
 ) -> list[str]:
-    """`host_id` (the session's at `epoch` when the prompt went) took the prompt and answered
+    """`host_id` (the session's when the prompt went) took the prompt and answered
     with `turn_id`: the turn is the prompt's; its reports put it on record (the answer tells
     no epoch: a turn recorded from it at the epoch believed would end wrongly at a restart not
     yet seen). If the session moved to another host meanwhile, the move found no turn of it to
@@ -99,8 +97,8 @@ def prompt_sent(
     (turns.record_prompt_turn). Returns the cancels to publish."""
     ws, sid = prompt.workspace_id, prompt.session_id
     row = lock_session(session, ws, sid)
-    prompts.sent(session, prompt.prompt_id, turn_id)
+    prompts.sent(session, prompt.prompt_id, turn_id, now)
     if not isinstance(turn_id, str) or row.host_id == host_id:
         return []
-    key = turns.record_prompt_turn(session, ws, sid, host_id, epoch, turn_id, prompt.prompt_id, now)
+    key = turns.record_prompt_turn(session, ws, sid, host_id, turn_id, prompt.prompt_id, now)
     return _stop_turn(session, ws, sid, key, host_id, now)[0]

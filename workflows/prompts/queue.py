@@ -123,9 +123,14 @@ def take_next(session: Session, workspace_id: str, session_id: str, now: datetim
     return prompt
 
 
-def sent(session: Session, prompt_id: str, turn_id: Any) -> None:
-    """The host took the prompt: the turn it answered with is the prompt's."""
-    session.execute(update(Prompt).where(Prompt.prompt_id == prompt_id).values(turn_id=turn_id))
+def sent(session: Session, prompt_id: str, turn_id: Any, now: datetime) -> None:
+    """The host took the prompt: the turn it answered with is the prompt's, and it is in
+    flight from now (how long it has gone unreported counts from here: `unrecorded`)."""
+    session.execute(
+        update(Prompt)
+        .where(Prompt.prompt_id == prompt_id, Prompt.status == PromptStatus.DISPATCHED)
+        .values(turn_id=turn_id, dispatched_at=now)
+    )
 
 
 def not_sent(

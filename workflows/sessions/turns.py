@@ -45,14 +45,14 @@ def record_prompt_turn(
     workspace_id: str,
     session_id: str,
     host_id: str,
-    epoch: int,
     turn_id: str,
     prompt_id: str,
     now: datetime,
 ) -> str:
-    """The turn `host_id` answered a prompt with (at `epoch`, 0 if not known) is on record,
-    running, unless a report put it there first (moves.prompt_sent). Returns its record key."""
-    key = turn_key(session, workspace_id, session_id, host_id, epoch, turn_id)
+    """The turn `host_id` answered a prompt with is on record, running, unless a report put it
+    there first (moves.prompt_sent), at no known epoch: the answer tells none, and the epoch
+    believed may be one the host has left already. Returns its record key."""
+    key = turn_key(session, workspace_id, session_id, host_id, 0, turn_id)
     if session.get(Turn, (workspace_id, session_id, key)) is None:
         session.add(
             Turn(
@@ -64,7 +64,7 @@ def record_prompt_turn(
                 phase=TurnPhase.RUNNING,
                 origin=TurnOrigin.USER_PROMPT,
                 prompt_id=prompt_id,
-                runtime_epoch=epoch or None,
+                runtime_epoch=None,
                 started_at=now,
                 seen_at=now,
             )

@@ -5,11 +5,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
 from ...models.db import run_read, run_transaction
-from ...models.tables import AgentSession
 from ..adapters.runtime import RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import moves
@@ -39,7 +37,9 @@ def dispatch_next(
     if isinstance(taken, str):
         return taken
     # The host is named before the call: the turn it answers with is its own (moves.prompt_sent).
-    (host_id, url, token), epoch = run_read(engine, lambda s: _where(s, workspace_id, session_id))
+    host_id, url, token = run_read(
+        engine, lambda s: hosts.session_address(s, workspace_id, session_id)
+    )
     try:
         ensure_fences_installed(engine, runtime, workspace_id, session_id)
         answer = runtime.on_host(host_id, url, token).submit_prompt(
@@ -49,17 +49,7 @@ def dispatch_next(
         fault = exc
         return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
     turn_id = answer.get("turn_id")
-    owed = run_transaction(
-        engine, lambda s: moves.prompt_sent(s, taken, host_id, epoch, turn_id, clock())
-    )
+    owed = run_transaction(engine, lambda s: moves.prompt_sent(s, taken, host_id, turn_id, clock()))
     for cancel_id in owed:
         publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
     return "dispatched"
-
-
-def _where(session: Session, workspace_id: str, session_id: str) -> tuple[tuple, int]:
-    """The session's host (its address) and the epoch known there."""
-    row = session.get(AgentSession, (workspace_id, session_id))
-    return hosts.session_address(session, workspace_id, session_id), (
-        row.runtime_epoch or 0
-    ) if row else 0
