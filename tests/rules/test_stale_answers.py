@@ -386,3 +386,31 @@ def test_a_move_stops_a_prompt_s_turn_sent_after_a_restart_not_yet_seen(
     cancel_id = ids.cancel_operation_id(WS, SID, turn_id)
     assert runner(client, client.runtime).apply(cancel_id) == "settled"
     assert sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled"  # stopped at A
+
+
+def test_a_fence_s_clear_goes_to_the_host_it_was_claimed_for_and_then_to_the_new_one(
+    client, sim_control, host_b
+):
+    """A fence's clear is claimed for A; a move to B comes just before its call: the clear goes
+    to A (where the fenced generation ran), the goal stays `unknown`, and the restore the
+    completion makes due delivers it to B."""
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    client.ensure_session(WS, SID)
+    target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f")
+    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    applier = FenceApplier(
+        client.engine,
+        Meanwhile(client.runtime, "apply_goal", move, before=True),
+        worker_id="f",
+        lease_s=5,
+        publish=lambda *a: True,
+    )
+    assert applier.apply(fence.fence_id) == "completed"
+    clears_at_a = [e for e in sim_control.effects() if e["action"] == "clear"]
+    assert [e["operation_id"] for e in clears_at_a] == [fence.clear_operation_id]
+    assert client.goal_state(WS, SID).sync_status == "unknown"
+    assert restorer(client).restore(WS, SID) == "restored"
+    assert [e["operation_id"] for e in host_b.effects()] == [fence.clear_operation_id]
+    assert client.goal_state(WS, SID).sync_status == "synced"

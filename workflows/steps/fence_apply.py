@@ -252,7 +252,7 @@ class FenceApplier(Step):
             settled = current.outcome != "skipped" or self._clear_settled(claim)
             return "settled" if settled else "retry"
         try:
-            answer = apply_goal(self.runtime, current.op)
+            answer = apply_goal(self.runtime.on_host(*current.host), current.op)  # as claimed
         except RuntimeFault as exc:
             fault = exc
             result = run_transaction(
