@@ -58,6 +58,11 @@ class Meanwhile:
         return Meanwhile(self.inner.on_host(*address), self.call, self.meanwhile, self.before)
 
 
+def moving_to_b(client):
+    """What another client does meanwhile: it moves the session to host B."""
+    return lambda: client.ensure_session(WS, SID, host_id="host-b")
+
+
 def runner(client, runtime):
     return CancelRunner(client.engine, runtime, worker_id="c", lease_s=5, publish=lambda *a: True)
 
@@ -71,7 +76,7 @@ def test_an_old_host_s_epoch_answered_before_a_move_is_not_the_new_host_s(
     client.ensure_session(WS, SID)
     for _ in range(3):
         sim_control.session(WS, SID, restart=True)  # A's process is at epoch 4 now
-    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    move = moving_to_b(client)
     runner(client, Meanwhile(client.runtime, "liveness", move)).require_live(WS, SID)
     assert (row(client).host_id, row(client).runtime_epoch) == ("host-b", 1)
     report(
@@ -120,7 +125,7 @@ def test_a_cancel_in_flight_across_a_move_reaches_the_old_host(client, sim_contr
     """The cancel is asked of the host named before the call: a move just before the call
     leaves it owed to A, and A, where the turn runs, gets it."""
     _running_turn_at_a(client, sim_control)
-    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    move = moving_to_b(client)
     cancels = runner(client, Meanwhile(client.runtime, "cancel_turn", move, before=True))
     assert cancels.request(WS, SID, "t-a", reason="session-stop:x") == "settled"
     assert row(client).host_id == "host-b"
@@ -133,8 +138,7 @@ def test_a_cancel_the_new_host_answers_after_a_move_is_not_ended_by_it(
     """The cancel was claimed before a move, its call named the host after it (B): B's
     `not_found` does not end the cancel owed to A; it goes again, to A, and A's turn ends."""
     from agent_radar.models.tables import CancelOperation
-    from agent_radar.workflows import ids
-    from agent_radar.workflows.steps import cancel as cancel_step
+    from agent_radar.workflows import ids, steps
 
     _running_turn_at_a(client, sim_control)
     published = []
@@ -146,14 +150,15 @@ def test_a_cancel_the_new_host_answers_after_a_move_is_not_ended_by_it(
         publish=lambda task, kwargs: published.append((task, kwargs)) or True,
     )
     monkeypatch.setattr(cancels, "require_live", lambda *a, **k: False)
-    read, moved = cancel_step.run_read, []
+    read, moved = steps.run_read, []
 
-    def moved_first(*args):  # the first read after the claim: the host's address
+    def moved_first(*args):  # the first naming of the host after the claim (steps.pin)
         if not moved:
-            moved.append(client.ensure_session(WS, SID, host_id="host-b"))
+            moved.append(True)  # (before: the move names the host too)
+            client.ensure_session(WS, SID, host_id="host-b")
         return read(*args)
 
-    monkeypatch.setattr(cancel_step, "run_read", moved_first)
+    monkeypatch.setattr(steps, "run_read", moved_first)
     assert cancels.request(WS, SID, "t-a", reason="session-stop:x") == "waiting"
     assert sim_control.session(WS, SID)["turns"]["t-a"]["phase"] == "running"
     cancel_id = ids.cancel_operation_id(WS, SID, "t-a")
@@ -193,7 +198,7 @@ def test_a_prompt_sent_to_the_host_a_session_left_does_not_wedge_the_queue(
     client.ensure_session(WS, SID)
     first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
     second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    move = moving_to_b(client)
     published = []
     slow = Meanwhile(client.runtime, "submit_prompt", move)
     publish = lambda task, kwargs: published.append((task, kwargs)) or True  # noqa: E731
@@ -220,7 +225,7 @@ def test_a_maintenance_run_ended_by_a_move_is_started_nowhere_else_and_stopped(
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, maintenance_duration_ms=60_000)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    move = moving_to_b(client)
     executor = MaintenanceExecutor(
         client.engine,
         Meanwhile(client.runtime, "start_maintenance", move, before=True),
@@ -247,7 +252,7 @@ def test_a_goal_applied_at_the_host_a_session_left_still_goes_to_the_new_one(
 
     client.ensure_session(WS, SID)
     op = client.set_goal(WS, SID, "first", client_submit_id="g1")
-    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    move = moving_to_b(client)
     slow = Meanwhile(client.runtime, "apply_goal", move)
     dispatcher = Dispatcher(client.engine, slow, worker_id="d", lease_s=5)
     assert [r.outcome for r in dispatcher.dispatch(op.operation_id)] == ["applied"]
@@ -399,7 +404,7 @@ def test_a_fence_s_clear_goes_to_the_host_it_was_claimed_for_and_then_to_the_new
     client.ensure_session(WS, SID)
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f")
-    move = lambda: client.ensure_session(WS, SID, host_id="host-b")  # noqa: E731
+    move = moving_to_b(client)
     applier = FenceApplier(
         client.engine,
         Meanwhile(client.runtime, "apply_goal", move, before=True),

@@ -27,6 +27,7 @@ from ..records import SessionStop as SessionStopRecord
 from ..sessions import hosts
 from ..sessions.history import session_history
 from ..sessions.rows import Heard
+from ..steps import pin
 from ..steps.fence_install import resume_if_offline
 from ..steps.restore import restore_fences
 from ..steps.wake import publish_epoch_effects
@@ -162,23 +163,19 @@ class SessionCalls(ClientBase):
             self._publish_epoch(workspace_id, session_id, moved)
         fences = run_transaction(self.engine, lambda s: durable_fences(s, workspace_id, session_id))
         # Asked by name: a move meanwhile leaves the answer unrecorded (control.record_live).
-        address = run_read(
-            self.engine, lambda s: hosts.session_address(s, workspace_id, session_id)
-        )
+        there = pin(self.engine, self.runtime, workspace_id, session_id)
         asked_at = utcnow()
         resumed, epoch = resume_if_offline(
-            self.runtime.on_host(*address), workspace_id, session_id, [f for _i, f in fences]
+            there.port, workspace_id, session_id, [fence for _id, fence in fences]
         )
-        if (
-            resumed
-        ):  # live from when the resume answered: an offline answer asked during it is older
+        if resumed:
+            # Live from when the resume answered: an offline answer asked during it is older.
             asked_at = utcnow()
         installed = [fence_id for fence_id, _fence in fences] if resumed else []
+        heard = Heard(asked_at, there.host_id)
         wake, effects = run_transaction(
             self.engine,
-            lambda s: record_live(
-                s, workspace_id, session_id, epoch, utcnow(), installed, Heard(asked_at, address[0])
-            ),
+            lambda s: record_live(s, workspace_id, session_id, epoch, utcnow(), installed, heard),
         )
         self._publish_epoch(workspace_id, session_id, effects)
         # Whatever fence is not known to be at this (host, epoch) goes there, and a clear

@@ -17,10 +17,9 @@ from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
 from ..goals.operations import backoff_s
 from ..sessions import hosts, turns
-from ..sessions.hosts import session_address
 from ..sessions.rows import Heard, heard_in, lock_session, record_liveness
 from ..task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
-from . import Step
+from . import Step, pin
 from .wake import publish_epoch_effects
 
 log = logging.getLogger(__name__)
@@ -73,9 +72,9 @@ class CancelRunner(Step):
         installed there, or a clear not yet delivered, gets the session's restore (unless the caller
         is that restore). True if the epoch was newer. Raises RuntimeDisconnected when the session
         is offline."""
-        address = run_read(self.engine, lambda s: session_address(s, workspace_id, session_id))
-        heard = Heard(self.clock(), address[0])
-        epoch = require_live(self.runtime.on_host(*address), workspace_id, session_id, heard)
+        there = pin(self.engine, self.runtime, workspace_id, session_id)
+        heard = Heard(self.clock(), there.host_id)
+        epoch = require_live(there.port, workspace_id, session_id, heard)
 
         def observe(s: Session) -> tuple[EpochEffects, bool]:
             now = self.clock()
@@ -130,9 +129,9 @@ class CancelRunner(Step):
         before the call: a move meanwhile makes the cancel one owed to the host the session
         left, and another host's answer does not end it (`_record`)."""
         ws, sid = cancel.workspace_id, cancel.session_id
-        address = run_read(self.engine, lambda s: session_address(s, ws, sid))
+        there = pin(self.engine, self.runtime, ws, sid)
         try:
-            answer = self.runtime.on_host(*address).cancel_turn(
+            answer = there.port.cancel_turn(
                 ws,
                 sid,
                 self._host_turn_id(cancel),
@@ -145,7 +144,7 @@ class CancelRunner(Step):
                 raise
             answer = {"result": CancelResult.INTERRUPTED}
         outcome = run_transaction(
-            self.engine, lambda s: self._record(s, cancel, token, answer, address[0])
+            self.engine, lambda s: self._record(s, cancel, token, answer, there.host_id)
         )
         if outcome == "moved":
             self.publish(CANCEL_APPLY_TASK, {"operation_id": cancel.operation_id})

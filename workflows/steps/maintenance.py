@@ -13,16 +13,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
-from ...models.db import run_read, run_transaction
+from ...models.db import run_transaction
 from ...models.enums import MaintenanceError, MaintenanceStatus
 from ...models.tables import MaintenanceRun
 from .. import leases
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..maintenance import runs
-from ..sessions import hosts
 from ..task_names import EXECUTE_TASK, Publish
-from . import Step
+from . import Step, pin
 from .fence_install import ensure_fences_installed
 from .wake import release_session
 
@@ -100,11 +99,10 @@ class MaintenanceExecutor(Step):
                 )
                 # The host is named before it is asked: the run starts, and is polled, where
                 # it was found idle, wherever the session moves meanwhile.
-                address = run_read(self.engine, lambda s: hosts.session_address(s, *claim.key))
+                port = pin(self.engine, self.runtime, *claim.key).port
                 busy = self._host_busy(claim)
                 if busy is not None:
                     return self._end_busy(claim, busy)
-                port = self.runtime.on_host(*address)
                 port.start_maintenance(
                     claim.workspace_id,
                     claim.session_id,

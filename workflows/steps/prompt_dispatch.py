@@ -7,13 +7,13 @@ from datetime import datetime
 from sqlalchemy.engine import Engine
 
 from ...models.base import utcnow
-from ...models.db import run_read, run_transaction
+from ...models.db import run_transaction
 from ..adapters.runtime import RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import moves
 from ..prompts import queue as prompts
-from ..sessions import hosts
 from ..task_names import CANCEL_APPLY_TASK, Publish
+from . import pin
 from .fence_install import ensure_fences_installed
 
 # What `dispatch_next` answers when it sent nothing: the session is held, busy, or has no
@@ -37,19 +37,19 @@ def dispatch_next(
     if isinstance(taken, str):
         return taken
     # The host is named before the call: the turn it answers with is its own (moves.prompt_sent).
-    host_id, url, token = run_read(
-        engine, lambda s: hosts.session_address(s, workspace_id, session_id)
-    )
+    there = pin(engine, runtime, workspace_id, session_id)
     try:
         ensure_fences_installed(engine, runtime, workspace_id, session_id)
-        answer = runtime.on_host(host_id, url, token).submit_prompt(
+        answer = there.port.submit_prompt(
             workspace_id, session_id, prompt_id=taken.prompt_id, text=taken.text
         )
     except (RuntimeFault, RuntimeDisconnected) as exc:
         fault = exc
         return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
     turn_id = answer.get("turn_id")
-    owed = run_transaction(engine, lambda s: moves.prompt_sent(s, taken, host_id, turn_id, clock()))
+    owed = run_transaction(
+        engine, lambda s: moves.prompt_sent(s, taken, there.host_id, turn_id, clock())
+    )
     for cancel_id in owed:
         publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
     return "dispatched"

@@ -14,16 +14,14 @@ nobody asked again meanwhile; the sweeper publishes what is due.
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
-from ...models.db import run_read, run_transaction
+from ...models.db import run_transaction
 from ...models.enums import ProviderPhase
 from ...models.tables import GoalFence, GoalOperation
 from .. import records
@@ -34,14 +32,14 @@ from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import restores
 from ..fences.fencing import clear_delivered
 from ..goals import outcomes
-from ..sessions import hosts
-from ..sessions.rows import Heard, heard_in, lock_session
+from ..sessions.rows import Heard, heard_in
 from ..task_names import (
     CANCEL_APPLY_TASK,
     FENCE_APPLY_TASK,
     PROMPT_TASK,
     Publish,
 )
+from . import Pinned, pin
 from .fence_install import ensure_fences_installed
 from .goals.dispatch import apply_goal
 from .wake import release_session
@@ -63,8 +61,7 @@ def restore_fences(
     clears and the goal go to the host named first, and its answers are recorded only while
     the session still lives there (a move meanwhile: the new host's restore delivers them)."""
     ensure_fences_installed(engine, runtime, workspace_id, session_id, require_live=require_live)
-    address = run_read(engine, lambda s: hosts.session_address(s, workspace_id, session_id))
-    there = Pinned(runtime.on_host(*address), address[0], workspace_id, session_id)
+    there = pin(engine, runtime, workspace_id, session_id)
     for fence_id, clear in run_transaction(
         engine, lambda s: _undelivered_clears(s, workspace_id, session_id)
     ):
@@ -81,26 +78,6 @@ def restore_fences(
         )
         run_transaction(engine, there.recorded(delivered))
     deliver_current_goal(engine, there, require_live=require_live)
-
-
-@dataclass(frozen=True)
-class Pinned:
-    """The port of the host a session lived on when it was named (`host_id`)."""
-
-    port: RuntimePort
-    host_id: str
-    workspace_id: str
-    session_id: str
-
-    def recorded(self, write: Callable[[Session], Any]) -> Callable[[Session], Any]:
-        """`write` of what that host answered, in a transaction that first takes the session's
-        lock (as a move does), done only while the session still lives there."""
-
-        def if_still_there(s: Session) -> Any:
-            row = lock_session(s, self.workspace_id, self.session_id)
-            return write(s) if row.host_id == self.host_id else None
-
-        return if_still_there
 
 
 def deliver_current_goal(engine: Engine, there: Pinned, *, require_live: bool) -> None:
@@ -155,12 +132,12 @@ def reconcile_session(
     # The host is named before the call and asked by name: its answer is applied only while
     # the session is still there (a move in between leaves it unapplied: it tells of a host
     # the session left).
-    address = run_read(engine, lambda s: hosts.session_address(s, workspace_id, session_id))
-    state = runtime.on_host(*address).session_state(workspace_id, session_id)
+    there = pin(engine, runtime, workspace_id, session_id)
+    state = there.port.session_state(workspace_id, session_id)
     done = run_transaction(
         engine,
         lambda s: apply_state(
-            s, workspace_id, session_id, state, asked_at, clock(), asked_host=address[0]
+            s, workspace_id, session_id, state, asked_at, clock(), asked_host=there.host_id
         ),
     )
     if done.ended or done.recorded:
