@@ -311,7 +311,8 @@ def complete_applied_many(
         if state is not None and state.pending_operation_id == op.operation_id:
             sync = sync_of(goal, state.desired, f"goal operation {op.operation_id}")
             if state.sync_status == SyncStatus.UNKNOWN:
-                sync, moved = SyncStatus.UNKNOWN, [*moved, op]
+                sync = SyncStatus.UNKNOWN
+                moved.append(op)
             synced[op.operation_id] = {
                 "b_ws": op.workspace_id,
                 "b_sid": op.session_id,

@@ -47,7 +47,8 @@ def not_installed_at(fences, host_id, epoch):
     )
 
 
-# A session's restore due now (a goal applied at a host it left meanwhile: goals/operations.py).
+# A session's restore due now (a goal applied at a host it left meanwhile: goals/operations.py),
+# by the rule of fences/restores.request, which this layer cannot import.
 RESTORE_DUE = (
     update(SESSIONS)
     .where(
