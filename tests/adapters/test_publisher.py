@@ -1,6 +1,6 @@
-"""Coalesced publishing (workflows/client/coalescing.py, in front of the task publisher): the
+"""The task publisher (workflows/adapters/publisher.py): a message now, or shared: the
 submits of one process hand their items to a sender thread and return; the sender gives a
-burst of them a few messages, and every item is in exactly one message (or reported
+burst of them a few messages, and every item is in exactly one message (or is left
 unpublished, for the sweeper)."""
 
 import os
@@ -12,41 +12,26 @@ import time
 
 import pytest
 
+from agent_radar.workflows.adapters import publisher as publisher_module
 from agent_radar.workflows.adapters.publisher import TaskPublisher
-from agent_radar.workflows.client.coalescing import Coalescer, _Waiting
 from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS
 from tests.helpers import eventually
 
 TASK = "agent_radar.goal.dispatch"
 
 
-class _Recorder(TaskPublisher):
-    """A task publisher that records into its RecordingPublisher instead of publishing."""
-
-    def __init__(self, settings, owner):
-        super().__init__(settings)
-        self.owner = owner
-
-    def publish(self, task_name, kwargs=None, queue=None, label=None):
-        owner = self.owner
-        owner.attempt_threads.append(threading.current_thread())
-        owner.began.set()
-        time.sleep(owner.delay_s)
-        if owner.fail:
-            raise ConnectionError("broker unreachable")
-        owner.messages.append((task_name, kwargs))
-        owner.labels.append(label)
-        return "task-id"
+def _ids(items):
+    return {"operation_ids": list(items)}
 
 
-class RecordingPublisher(Coalescer):
-    """A coalescer whose publisher records instead of talking to a broker; slow, so
-    concurrent callers pile up. Besides the messages that went out, it records the thread of
-    every publish attempt, failed ones too (`attempt_threads`), and sets `began` when the
-    first one starts."""
+class RecordingPublisher(TaskPublisher):
+    """A publisher that records its messages instead of sending them; slow, so concurrent
+    callers pile up. Besides the messages that went out, it records the thread of every
+    publish attempt, failed ones too (`attempt_threads`), and sets `began` when the first
+    one starts."""
 
     def __init__(self, settings, fail=False, delay_s=0.05):
-        super().__init__(_Recorder(settings, self))
+        super().__init__(settings)
         self.messages = []
         self.labels = []
         self.attempt_threads = []
@@ -54,200 +39,127 @@ class RecordingPublisher(Coalescer):
         self.fail = fail
         self.delay_s = delay_s
 
-    def publish_coalesced(self, task_name, list_kwarg, item):
-        """Hand `item` to the sender, as a submit's end does, and wait for its message: True
-        once published, False if that failed."""
-        mine = _Waiting(item)
-        with self._changed:
-            self._hand_over((task_name, list_kwarg, None), mine)
-            self._changed.notify_all()
-            while mine.published is None:
-                self._changed.wait()
-        return mine.published
+    def publish(self, task_name, kwargs=None, label=None):
+        self.attempt_threads.append(threading.current_thread())
+        self.began.set()
+        time.sleep(self.delay_s)
+        if self.fail:
+            raise ConnectionError("broker unreachable")
+        self.messages.append((task_name, kwargs))
+        self.labels.append(label)
+        return "task-id"
+
+    def items(self):
+        return [item for _task, kwargs in self.messages for item in kwargs["operation_ids"]]
 
 
-def _publish_concurrently(publisher, count):
+def _submit(publisher, item, label=None, pack=_ids, divert=None):
+    """A submit whose transaction has committed: its item goes to the sender."""
+    publisher.share(TASK, item, label, pack, divert)
+
+
+def _submit_concurrently(publisher, count):
     barrier = threading.Barrier(count)
-    results = {}
 
     def submit(i):
         barrier.wait()
-        results[i] = publisher.publish_coalesced(TASK, "operation_ids", f"op-{i}")
+        _submit(publisher, f"op-{i}")
 
     threads = [threading.Thread(target=submit, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(10)
-    return results
+    assert publisher.flush(10)
 
 
 def test_concurrent_items_share_messages_and_each_is_published_once(settings):
     publisher = RecordingPublisher(settings)
-    results = _publish_concurrently(publisher, 8)
-    assert results == {i: True for i in range(8)}
-    published = [item for task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
-    assert sorted(published) == sorted(f"op-{i}" for i in range(8))
+    _submit_concurrently(publisher, 8)
+    assert sorted(publisher.items()) == sorted(f"op-{i}" for i in range(8))
     assert {task for task, _kwargs in publisher.messages} == {TASK}
     assert len(publisher.messages) < 8
 
 
 def test_a_lone_item_is_published_at_once_in_its_own_message(settings):
     publisher = RecordingPublisher(settings)
-    assert publisher.publish_coalesced(TASK, "operation_ids", "only")
+    _submit(publisher, "only")
+    assert publisher.flush(5)
     assert publisher.messages == [(TASK, {"operation_ids": ["only"]})]
 
 
-def test_a_failed_message_reports_each_of_its_items_unpublished(settings):
+def test_a_failed_message_publishes_none_of_its_items(settings):
     publisher = RecordingPublisher(settings, fail=True)
-    results = _publish_concurrently(publisher, 4)
-    assert results == {i: False for i in range(4)}
-    assert publisher.messages == []
+    _submit_concurrently(publisher, 4)
+    assert publisher.messages == [] and publisher.attempt_threads
 
 
-def _submit(publisher, item, label=None):
-    """A submit whose transaction has committed: its item goes to the sender."""
-    with publisher.coalescing(TASK, "operation_ids") as publish:
-        publish(item, label)
-
-
-def _submit_in_background(publisher, item, transaction_s):
-    """A submit that spends `transaction_s` in its transaction, then publishes `item`."""
-    entered = threading.Event()
-
-    def submit():
-        with publisher.coalescing(TASK, "operation_ids") as publish:
-            entered.set()
-            time.sleep(transaction_s)
-            publish(item)
-
-    thread = threading.Thread(target=submit)
-    thread.start()
-    entered.wait(5)
-    return thread
-
-
-def test_a_publish_waits_briefly_for_a_submit_still_in_its_transaction(settings):
+def test_a_shared_items_label_reaches_its_message(settings):
     publisher = RecordingPublisher(settings, delay_s=0)
-    publisher.linger_s = 5.0
-    thread = _submit_in_background(publisher, "slow", transaction_s=0.1)
-    assert publisher.publish_coalesced(TASK, "operation_ids", "fast")
-    thread.join(5)
-    assert publisher.messages == [(TASK, {"operation_ids": ["fast", "slow"]})]
-
-
-def test_the_wait_for_a_submit_in_its_transaction_is_bounded(settings):
-    publisher = RecordingPublisher(settings, delay_s=0)
-    publisher.linger_s = 0.05
-    thread = _submit_in_background(publisher, "slow", transaction_s=1.0)
-    started = time.monotonic()
-    assert publisher.publish_coalesced(TASK, "operation_ids", "fast")
-    assert time.monotonic() - started < 0.9
-    thread.join(5)
-    assert publisher.flush(5)
-    assert publisher.messages == [
-        (TASK, {"operation_ids": ["fast"]}),
-        (TASK, {"operation_ids": ["slow"]}),
-    ]
-
-
-def test_a_submit_that_fails_publishes_nothing_and_holds_nobody_up(settings):
-    publisher = RecordingPublisher(settings, delay_s=0)
-    publisher.linger_s = 5.0
-    try:
-        with publisher.coalescing(TASK, "operation_ids"):
-            raise RuntimeError("the transaction failed")
-    except RuntimeError:
-        pass
-    started = time.monotonic()
-    assert publisher.publish_coalesced(TASK, "operation_ids", "next")
-    assert time.monotonic() - started < 1.0
-    assert publisher.messages == [(TASK, {"operation_ids": ["next"]})]
-
-
-def test_a_coalesced_items_label_reaches_its_message(settings):
-    publisher = RecordingPublisher(settings, delay_s=0)
-    publisher.linger_s = 5.0
     _submit(publisher, "op-1", "acme/s1 submit=req-1")
     assert publisher.flush(5)
     assert publisher.labels == ["acme/s1 submit=req-1"]
 
 
-def test_an_items_arguments_for_a_message_of_its_own_go_only_with_it_alone(settings):
-    """An item may bring more arguments for a message that carries it alone (a goal
-    operation's session): a message that holds that item only has them; a shared message
-    has none of them."""
-    alone = {"workspace_id": "acme", "session_id": "s1"}
-    sender = RecordingPublisher(settings, delay_s=0)
-    with sender.coalescing(TASK, "operation_ids") as publish:
-        publish("op-2", None, alone)
-    assert sender.flush(5)
-    assert sender.messages == [(TASK, {"operation_ids": ["op-2"], **alone})]
+def test_pack_gives_a_message_its_arguments_from_the_items_it_carries(settings):
+    """A message of one item may say more than a shared one (the dispatch message of a lone
+    goal operation names its session: client/goals.py)."""
 
-    shared = RecordingPublisher(settings, delay_s=0)
-    shared.linger_s = 5.0
-    with shared.coalescing(TASK, "operation_ids") as first:
-        with shared.coalescing(TASK, "operation_ids") as second:
-            second("op-3", None, alone)
-        first("op-4", None, {"workspace_id": "acme", "session_id": "s2"})
-    assert shared.flush(5)
-    assert shared.messages == [(TASK, {"operation_ids": ["op-3", "op-4"]})]
+    def pack(items):
+        if len(items) == 1:
+            return {"operation_ids": [items[0][0]], "session_id": items[0][1]}
+        return {"operation_ids": [op for op, _sid in items]}
+
+    publisher = RecordingPublisher(settings, delay_s=0.3)
+    _submit(publisher, ("op-1", "s1"), pack=pack)
+    assert publisher.began.wait(5)
+    _submit(publisher, ("op-2", "s2"), pack=pack)  # these two wait while op-1's goes out
+    _submit(publisher, ("op-3", "s3"), pack=pack)
+    assert publisher.flush(5)
+    assert publisher.messages == [
+        (TASK, {"operation_ids": ["op-1"], "session_id": "s1"}),
+        (TASK, {"operation_ids": ["op-2", "op-3"]}),
+    ]
 
 
 def test_a_submit_behind_a_message_on_its_way_hands_its_item_to_the_sender(settings):
     """While a submit's message is on its way, the next submit does not wait for the
     broker: it hands its item over and returns, and the sender publishes it after."""
     publisher = RecordingPublisher(settings, delay_s=0.4)
-    first = threading.Thread(target=_submit, args=(publisher, "op-1"))
-    first.start()
+    _submit(publisher, "op-1")
     assert publisher.began.wait(5)
     started = time.monotonic()
     _submit(publisher, "op-2")
     assert time.monotonic() - started < 0.3
-    first.join(5)
     assert publisher.flush(5)
-    # Both go out, each once; in which order they finish is the threads' (a loaded machine
-    # finished op-2's first), and two operations' messages promise no order.
-    assert sorted(publisher.messages, key=str) == [
+    assert publisher.messages == [
         (TASK, {"operation_ids": ["op-1"]}),
         (TASK, {"operation_ids": ["op-2"]}),
     ]
 
 
-def test_a_divert_takes_items_out_of_their_message_and_a_failed_one_leaves_them_in(settings):
-    """A divert (a goal operation notified to a worker that pulls) gets every item of a
-    message about to be sent with its own arguments; what it delivered is not published, and
-    a message it left empty is not sent. If it fails, the message carries every item."""
+def test_a_divert_takes_items_out_of_their_message_and_what_it_leaves_goes_by_message(settings):
+    """A divert (goal operations notified to workers that pull) gets every item of a
+    message about to be sent; what it delivered is not published, and a message it left
+    empty is not sent."""
     seen = []
 
-    def divert(pairs):
-        seen.append(pairs)
-        return {item for item, _alone in pairs if item.startswith("told")}
+    def divert(items):
+        seen.append(list(items))
+        return [item for item in items if not item.startswith("told")]
 
-    shared = RecordingPublisher(settings, delay_s=0)
-    shared.linger_s = 5.0
-    with shared.coalescing(TASK, "operation_ids", divert) as first:
-        with shared.coalescing(TASK, "operation_ids", divert) as second:
-            second("told-1", None, {"session_id": "s1"})
-        first("op-2", None, {"session_id": "s2"})
+    shared = RecordingPublisher(settings, delay_s=0.3)
+    _submit(shared, "first")
+    assert shared.began.wait(5)
+    _submit(shared, "told-1", divert=divert)
+    _submit(shared, "op-2", divert=divert)
     assert shared.flush(5)
-    assert seen == [[("told-1", {"session_id": "s1"}), ("op-2", {"session_id": "s2"})]]
-    # Left alone in its message, an item has its own arguments there.
-    assert shared.messages == [(TASK, {"operation_ids": ["op-2"], "session_id": "s2"})]
+    assert seen == [["told-1", "op-2"]]
+    assert shared.messages == [(TASK, _ids(["first"])), (TASK, _ids(["op-2"]))]
 
     alone = RecordingPublisher(settings, delay_s=0)
-    with alone.coalescing(TASK, "operation_ids", divert) as publish:
-        publish("told-3", None, {"session_id": "s3"})
+    _submit(alone, "told-3", divert=divert)
     assert alone.flush(5) and alone.messages == []
-
-    def failing(pairs):
-        raise ConnectionError("database away")
-
-    fallback = RecordingPublisher(settings, delay_s=0)
-    with fallback.coalescing(TASK, "operation_ids", failing) as publish:
-        publish("told-4", None, {"session_id": "s4"})
-    assert fallback.flush(5)
-    assert fallback.messages == [(TASK, {"operation_ids": ["told-4"], "session_id": "s4"})]
 
 
 def test_a_submit_returns_before_its_message_is_published(settings):
@@ -259,6 +171,7 @@ def test_a_submit_returns_before_its_message_is_published(settings):
     _submit(publisher, "op-1")
     assert time.monotonic() - started < 0.4
     assert publisher.messages == []
+    assert not publisher.flush(0.05)
     assert publisher.flush(5)
     assert publisher.messages == [(TASK, {"operation_ids": ["op-1"]})]
 
@@ -280,19 +193,9 @@ def test_a_burst_shares_messages_beyond_the_number_of_submitting_threads(setting
         thread.join(10)
     assert publisher.flush(10)
     sizes = [len(kwargs["operation_ids"]) for _task, kwargs in publisher.messages]
-    published = [item for _task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
-    assert sorted(published) == sorted(f"op-{t}-{i}" for t in range(4) for i in range(25))
+    assert sorted(publisher.items()) == sorted(f"op-{t}-{i}" for t in range(4) for i in range(25))
     assert max(sizes) > 4 and max(sizes) <= COALESCE_MAX_ITEMS
     assert len(publisher.messages) < 100 / 4
-
-
-def test_close_publishes_what_the_sender_still_holds(settings):
-    publisher = RecordingPublisher(settings, delay_s=0.2)
-    for i in range(3):
-        _submit(publisher, f"op-{i}")
-    publisher.close()
-    published = [item for _task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
-    assert sorted(published) == ["op-0", "op-1", "op-2"]
 
 
 def test_a_failed_message_leaves_its_items_to_the_sweeper_and_holds_nobody_up(settings, caplog):
@@ -309,7 +212,7 @@ def test_a_failed_message_leaves_its_items_to_the_sweeper_and_holds_nobody_up(se
 
 
 def test_when_the_broker_fails_the_waiting_items_go_to_the_sweeper_at_once(settings):
-    """Once a message failed (after its retries), the rest of its batch is left to the
+    """Once a message failed (after its retries), the rest of what waited is left to the
     sweeper too: an outage does not make the sender wait out the retries once per
     COALESCE_MAX_ITEMS items while the items pile up. Three messages' worth of items wait
     while the first publish fails: one more attempt, not three."""
@@ -322,32 +225,25 @@ def test_when_the_broker_fails_the_waiting_items_go_to_the_sweeper_at_once(setti
     assert len(publisher.attempt_threads) <= 2
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_sender_killed_by_an_unexpected_error_leaves_nothing_waiting(settings):
-    """An error no publish expects ends the sender thread: its items are reported
-    unpublished (the sweeper's), `flush` does not wait for them, and the next item starts
-    a new sender."""
+def test_a_sender_that_an_unexpected_error_cuts_short_leaves_nothing_waiting(settings, caplog):
+    """An error no publish expects (a bug in a divert, say) is logged; the items it held
+    are left to the sweeper, `flush` does not wait for them, and the next item goes out."""
 
-    class Broken(_Recorder):
-        broken = True
-
-        def publish_after_commit(self, task_name, kwargs, label=None):
-            if self.broken:
-                raise SystemError("a bug")
-            return super().publish_after_commit(task_name, kwargs, label)
+    def broken(items):
+        raise SystemError("a bug")
 
     publisher = RecordingPublisher(settings, delay_s=0)
-    publisher.publisher = Broken(settings, publisher)
-    assert publisher.publish_coalesced(TASK, "operation_ids", "op-1") is False
+    _submit(publisher, "op-1", divert=broken)
     assert publisher.flush(1)
-    publisher.publisher.broken = False
-    assert publisher.publish_coalesced(TASK, "operation_ids", "op-2") is True
+    assert "SystemError: a bug" in caplog.text
+    _submit(publisher, "op-2")
+    assert publisher.flush(1)
     assert publisher.messages == [(TASK, {"operation_ids": ["op-2"]})]
 
 
-def test_the_sender_thread_ends_when_idle(settings):
+def test_the_sender_thread_ends_when_idle(settings, monkeypatch):
+    monkeypatch.setattr(publisher_module, "SENDER_IDLE_S", 0.05)
     publisher = RecordingPublisher(settings, delay_s=0)
-    publisher.sender_idle_s = 0.05
 
     def senders():
         return {t for t in threading.enumerate() if t.name == "agent-radar-publisher"}
@@ -360,7 +256,7 @@ def test_the_sender_thread_ends_when_idle(settings):
     eventually(lambda: not any(t.is_alive() for t in mine), timeout_s=5, what="the sender to end")
     _submit(publisher, "op-2")  # a new one starts for the next item
     assert publisher.flush(5)
-    assert [kwargs["operation_ids"] for _task, kwargs in publisher.messages] == [["op-1"], ["op-2"]]
+    assert publisher.items() == ["op-1", "op-2"]
 
 
 def test_a_forked_child_publishes_none_of_its_parents_items(settings):
@@ -368,6 +264,7 @@ def test_a_forked_child_publishes_none_of_its_parents_items(settings):
     flush has nothing to wait for, and the child's own items still go out."""
     publisher = RecordingPublisher(settings, delay_s=0.3)
     _submit(publisher, "parent-1")
+    assert publisher.began.wait(5)
     _submit(publisher, "parent-2")  # waits while the first message is on its way
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status only
@@ -375,22 +272,19 @@ def test_a_forked_child_publishes_none_of_its_parents_items(settings):
         try:
             if not publisher.flush(0.01):
                 code = 1
-            elif any("parent-2" in kwargs["operation_ids"] for _t, kwargs in publisher.messages):
+            elif "parent-2" in publisher.items():
                 code = 2
             else:
                 publisher.delay_s = 0
                 _submit(publisher, "child-1")
-                if not publisher.flush(5) or publisher.messages[-1][1] != {
-                    "operation_ids": ["child-1"]
-                }:
+                if not publisher.flush(5) or publisher.messages[-1][1] != _ids(["child-1"]):
                     code = 3
         finally:
             os._exit(code)
     _pid, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert publisher.flush(5)
-    published = [item for _task, kwargs in publisher.messages for item in kwargs["operation_ids"]]
-    assert sorted(published) == ["parent-1", "parent-2"]
+    assert sorted(publisher.items()) == ["parent-1", "parent-2"]
 
 
 def test_a_process_that_ends_without_close_publishes_its_items(settings):
@@ -401,19 +295,19 @@ def test_a_process_that_ends_without_close_publishes_its_items(settings):
         import time
         from agent_radar.workflows.adapters.publisher import TaskPublisher
         from agent_radar.workflows.adapters.config import Settings
-        from agent_radar.workflows.client.coalescing import Coalescer, _Waiting
 
-        coalescer = Coalescer(TaskPublisher(Settings.from_env()))
-        original = coalescer.publisher.publish
+        publisher = TaskPublisher(Settings.from_env())
+        original = publisher.publish
 
         def slow(*args, **kwargs):
             time.sleep(0.3)  # still on its way when the script ends
             return original(*args, **kwargs)
 
-        coalescer.publisher.publish = slow
+        publisher.publish = slow
         for i in range(3):
-            with coalescer.coalescing("agent_radar.goal.dispatch", "operation_ids") as add:
-                add(f"op-{i}")
+            publisher.share(
+                "agent_radar.goal.dispatch", f"op-{i}", None, lambda ids: {"operation_ids": ids}
+            )
         """
     )
     env = {**os.environ, **settings.to_env()}

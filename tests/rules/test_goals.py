@@ -226,8 +226,7 @@ def test_a_submits_message_of_its_own_names_the_session_of_its_operation(setting
     from tests.adapters.test_publisher import RecordingPublisher
 
     publisher = RecordingPublisher(settings, delay_s=0)
-    # (The client's own coalescer, in front of the recording publisher.)
-    c = AgentRadar(settings=settings, publisher=publisher.publisher)
+    c = AgentRadar(settings=settings, publisher=publisher)
     op = c.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     c.close()
     assert publisher.messages == [

@@ -157,3 +157,29 @@ def test_long_names_are_told_in_payloads_postgresql_accepts(client):
         run_transaction(engine, lambda s: s.execute(delete(GoalPuller)))
     assert len(seen) == 8 and all(len(n.payload.encode()) < 8000 for n in seen)
     assert sorted(one for n in seen for one in notified(n.payload)) == sorted(named)
+
+
+@ON_POSTGRESQL
+def test_a_submit_whose_notification_fails_is_dispatched_by_message(
+    client, settings, monkeypatch, caplog
+):
+    """The database away for the sender's notification (after the submit committed): the
+    operation goes out in a dispatch message instead, naming its session."""
+    from agent_radar import AgentRadar
+    from tests.adapters.test_publisher import RecordingPublisher
+
+    def away(_session, _named):
+        raise ConnectionError("database away")
+
+    monkeypatch.setattr(pullers, "notify", away)
+    publisher = RecordingPublisher(settings, delay_s=0)
+    c = AgentRadar(settings=settings, publisher=publisher)
+    op = c.set_goal("ws-away", "s1", "ship it", client_submit_id="away-1")
+    assert c.flush(5)
+    assert publisher.messages == [
+        (
+            "agent_radar.goal.dispatch",
+            {"operation_ids": [op.operation_id], "workspace_id": "ws-away", "session_id": "s1"},
+        )
+    ]
+    assert "1 operations go by message: ConnectionError: database away" in caplog.text

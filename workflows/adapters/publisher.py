@@ -1,157 +1,198 @@
 """The task publisher (the publish port's adapter): Celery protocol v2 task messages sent with
-kombu — the same wire format any producer in any language uses (README.md) — so the client,
-the sweeper and the simulator share one small publisher. `workflows/` never imports Celery.
-The client's goal submits share messages through a coalescer in front of it
-(workflows/client/coalescing.py).
-"""
+kombu, the wire format any producer in any language uses (README.md), so that `workflows/`
+never imports Celery. A message goes out now (`publish`), or later from the process's sender
+thread, shared with the items of other submits that wait then (`share`, docs/dispatch.md)."""
 
+import atexit
+import contextlib
 import logging
 import os
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-from ..task_names import SHOWN_WHEN_EFFECTIVE
+from ..task_names import COALESCE_MAX_ITEMS, SHOWN_WHEN_EFFECTIVE
 from .broker import broker_connection, kombu_queues, queue_for
 from .config import Settings
 from .sent_events import SentEvents
 
 log = logging.getLogger(__name__)
 
+# What every message of ours says alike: no ETA, expiry, group, parent or time limit.
+_HEADERS: dict[str, Any] = dict.fromkeys(("shadow", "eta", "expires", "group", "group_index"))
+_HEADERS |= {"parent_id": None, "lang": "py", "retries": 0, "timelimit": [None, None]}
+_HEADERS |= {"argsrepr": "()", "origin": "agent-radar", "ignore_result": True}
+_NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+_RETRY = {"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2}
+# How long `flush` waits by default, and the end of the process. Past it the items stay
+# unpublished: their committed rows are the outbox, and the sweeper publishes them.
+FLUSH_TIMEOUT_S = 10.0
+# The sender thread ends after this long without items; the next item starts another.
+SENDER_IDLE_S = 1.0
+
 
 class TaskPublisher:
-    """Publishes Celery protocol v2 task messages; one connection per process, thread-safe."""
+    """Publishes Celery protocol v2 task messages; thread-safe, one connection per process."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._pid = None
-        self._connection = None
-        self._producer = None
         self._exchanges = {q.name: q for q in kombu_queues(settings)}
-        self._events: SentEvents | None = None
-        self._lock = threading.Lock()
+        self._by_pid: dict[int, _Process] = {}
         _LIVE.add(self)
-        # On kombu's emulated transports (Redis, the filesystem) a publish through a named
-        # exchange first reads the exchange's bindings from the broker (one more round trip,
-        # docs/benchmarks.md); the default exchange names the queue directly. On
-        # RabbitMQ the exchange routes (and Celery's delayed delivery needs it).
+        # On kombu's emulated transports (Redis, the filesystem) a named exchange costs a
+        # read of its bindings per publish (docs/benchmarks.md); the default exchange names
+        # the queue. On RabbitMQ the exchange routes (and Celery's delayed delivery needs it).
         self._by_queue_name = not settings.is_amqp_broker
 
-    def _ensure(self):
-        if self._pid != os.getpid() or self._producer is None:
-            self._connection = broker_connection(self.settings)
-            self._producer = self._connection.Producer()
-            self._events = SentEvents(self._connection)
-            self._pid = os.getpid()
-        return self._producer
+    def _mine(self) -> "_Process":
+        """This process's connection and sender. A forked child starts its own: a lock a
+        parent's thread held at the fork stays held, and what waited then is the parent's."""
+        pid = os.getpid()
+        return self._by_pid.get(pid) or self._by_pid.setdefault(pid, _Process())
 
-    def publish(
-        self,
-        task_name: str,
-        kwargs: dict[str, Any] | None = None,
-        queue: str | None = None,
-        label: str | None = None,
-    ) -> str:
-        """Publish one task message. `label` (e.g. the workspace, session and client submit
-        ID an internal message is about) is shown before the arguments in Flower and the
-        worker log, so an operator finds the message by what the client knows."""
-        kwargs = kwargs or {}
-        queue_name = queue or queue_for(task_name)
-        target = self._exchanges[queue_name]
+    def publish(self, task_name: str, kwargs: dict, label: str | None = None) -> str:
+        """Publish one task message. Its `label` (the workspace, session and client submit ID
+        it is about) shows before its arguments in Flower and the worker log."""
+        target = self._exchanges[queue_for(task_name)]
         task_id = str(uuid.uuid4())
         # The label first: Flower's task list shows the start of a long argument list.
         kwargsrepr = ((f"[{label}] " if label else "") + repr(kwargs))[:1024]
-        headers = {
-            "lang": "py",
-            "task": task_name,
-            "id": task_id,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "group": None,
-            "group_index": None,
-            "retries": 0,
-            "timelimit": [None, None],
-            "root_id": task_id,
-            "parent_id": None,
-            "argsrepr": "()",
-            "kwargsrepr": kwargsrepr,
-            "origin": "agent-radar",
-            "ignore_result": True,
-        }
-        body: tuple[list[Any], dict[str, Any], dict[str, None]] = (
-            [],
-            kwargs,
-            {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
-        )
-        with self._lock:
-            producer = self._ensure()
-            # The event's time is when the publish began: on RabbitMQ the publish returns
-            # once the broker confirms it, and a worker may have received the message by
-            # then (Flower would show it received before it was sent).
+        headers = _HEADERS | {"task": task_name, "id": task_id, "root_id": task_id}
+        mine = self._mine()
+        with mine.lock:
+            if mine.producer is None:
+                mine.connection = broker_connection(self.settings)
+                mine.producer = mine.connection.Producer()
+                mine.events = SentEvents(mine.connection)
+            # The event's time is when the publish began: a worker may have the message by
+            # the time RabbitMQ confirms it (Flower would show it received before sent).
             sent_at = time.time()
-            producer.publish(
-                body,
+            mine.producer.publish(
+                ([], kwargs, _NO_CANVAS),
                 exchange="" if self._by_queue_name else target.exchange,
                 routing_key=target.name if self._by_queue_name else target.routing_key,
                 serializer="json",
-                headers=headers,
+                headers=headers | {"kwargsrepr": kwargsrepr},
                 correlation_id=task_id,
                 delivery_mode=2,
                 declare=[target],
                 retry=True,
-                retry_policy={
-                    "max_retries": 3,
-                    "interval_start": 0.1,
-                    "interval_step": 0.5,
-                    "interval_max": 2,
-                },
+                retry_policy=_RETRY,
             )
-            assert self._events is not None
             if task_name not in SHOWN_WHEN_EFFECTIVE:
-                self._events.task_sent(producer, task_id, task_name, kwargsrepr, target, sent_at)
+                mine.events.task_sent(
+                    mine.producer, task_id, task_name, kwargsrepr, target, sent_at
+                )
         return task_id
 
-    def publish_after_commit(
-        self, task_name: str, kwargs: dict[str, Any], label: str | None = None
-    ) -> bool:
+    def publish_after_commit(self, task_name: str, kwargs: dict, label: str | None = None) -> bool:
         """Publish an already-committed intent. The row is the outbox: if this fails the
         sweeper publishes it later, so a failure is logged, never raised."""
         try:
             self.publish(task_name, kwargs, label=label)
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault leaves it to the sweeper
-            log.warning(
-                "publish of %s %s failed (%s: %s); the sweeper will publish it",
-                task_name,
-                kwargs,
-                exc.__class__.__name__,  # a connection lost mid-publish may say nothing more
-                exc,
-            )
+            # Its class too: a connection lost mid-publish may say nothing more.
+            fault = f"{task_name} {kwargs} failed ({type(exc).__name__}: {exc})"
+            log.warning("publish of %s; the sweeper will publish it", fault)
             self.close()
             return False
 
+    def share(self, task: str, item: Any, label: str | None, pack: Callable, divert=None) -> None:
+        """Hand a committed submit's item to this process's sender thread and return. The
+        sender publishes `task(**pack(items))` for up to COALESCE_MAX_ITEMS items of this
+        (task, pack, divert) waiting when it looks, their labels joined, once `divert(items)`
+        delivered what it could otherwise and returned the rest (docs/dispatch.md: pulling).
+        A failed message is logged, its items left to the sweeper. `flush` waits for it."""
+        mine = self._mine()
+        with mine.changed:
+            mine.waiting.setdefault((task, pack, divert), []).append((item, label))
+            if not mine.sending:
+                mine.sending = True
+                threading.Thread(
+                    target=self._send, args=(mine,), name="agent-radar-publisher", daemon=True
+                ).start()
+            mine.changed.notify_all()
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until what this process shared is published or left to the sweeper (False:
+        some still waits after `timeout_s`)."""
+        mine = self._mine()
+        deadline = time.monotonic() + timeout_s
+        with mine.changed:
+            while (mine.waiting or mine.busy) and (left := deadline - time.monotonic()) > 0:
+                mine.changed.wait(left)
+            return not (mine.waiting or mine.busy)
+
     def close(self) -> None:
-        """Drop the connection (the next publish opens another)."""
-        with self._lock:
-            if self._connection is not None and self._pid == os.getpid():
-                try:
-                    self._connection.release()
-                except Exception:  # noqa: BLE001 - closing a broken connection
-                    pass
-            self._connection = self._producer = None
+        """Drop this process's connection (the next publish opens another)."""
+        mine = self._mine()
+        with mine.lock:
+            if mine.connection is not None:
+                with contextlib.suppress(Exception):  # closing a broken connection
+                    mine.connection.release()
+            mine.connection = mine.producer = None
+
+    def _send(self, mine: "_Process") -> None:
+        """The sender thread: publishes what waits, until nothing has for SENDER_IDLE_S."""
+        try:
+            while True:
+                with mine.changed:
+                    mine.busy = False
+                    mine.changed.notify_all()
+                    idle_until = time.monotonic() + SENDER_IDLE_S
+                    while not mine.waiting:
+                        if (left := idle_until - time.monotonic()) <= 0:
+                            mine.sending = False
+                            return
+                        mine.changed.wait(left)
+                    waiting, mine.waiting, mine.busy = mine.waiting, {}, True
+                self._publish_waiting(waiting)
+        except BaseException:
+            # Whatever killed it, the next item starts another sender.
+            with mine.changed:
+                mine.sending = mine.busy = False
+                mine.changed.notify_all()
+            raise
+
+    def _publish_waiting(self, waiting: dict) -> None:
+        """A message per COALESCE_MAX_ITEMS of a key's items. Once one failed (after its
+        retries), the rest are left to the sweeper rather than each wait out the retries."""
+        try:
+            for (task, pack, divert), batch in waiting.items():
+                labels = dict(batch)
+                items = divert([i for i, _ in batch]) if divert else [i for i, _ in batch]
+                for start in range(0, len(items), COALESCE_MAX_ITEMS):
+                    chunk = items[start : start + COALESCE_MAX_ITEMS]
+                    label = "; ".join(labels[i] for i in chunk if labels[i]) or None
+                    if not self.publish_after_commit(task, pack(chunk), label):
+                        return
+        except Exception:
+            log.exception("the sweeper publishes what the sender held")
 
 
-# Every publisher of this process: a forked child starts with a fresh publish lock (one a
-# parent's thread held at the fork would stay held); its connection is its own (`_ensure`).
+class _Process:
+    """A process's connection (under `lock`) and sender (under `changed`): items waiting, per
+    key; whether its thread runs (`sending`) and publishes what it took (`busy`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.connection: Any = None
+        self.producer: Any = None
+        self.events: Any = None
+        self.changed = threading.Condition()
+        self.waiting: dict[tuple, list[tuple[Any, str | None]]] = {}
+        self.sending = self.busy = False
+
+
+# This process's publishers, flushed at its end: a script may submit and end without flush().
 _LIVE: "weakref.WeakSet[TaskPublisher]" = weakref.WeakSet()
 
 
-def _reset_after_fork() -> None:
+@atexit.register
+def _flush_at_exit() -> None:
     for publisher in list(_LIVE):
-        publisher._lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+        publisher.flush()

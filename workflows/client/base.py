@@ -9,14 +9,13 @@ from ...models.db import engine_for, run_transaction
 from ..adapters import logs
 from ..adapters.config import Settings
 from ..adapters.http_runtime import HostRouter
-from ..adapters.publisher import TaskPublisher
+from ..adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
 from ..adapters.runtime import RuntimePort
 from ..errors import DatabaseNotReady, NotFound
 from ..operators import catalog
 from ..operators.kinds import KINDS
 from ..sessions import hosts
 from ..validation import check_id, check_seconds
-from .coalescing import FLUSH_TIMEOUT_S, Coalescer
 
 # How often `wait` looks at the database; the database is the source of truth.
 WAIT_POLL_S = 0.05
@@ -71,8 +70,6 @@ class ClientBase:
             self.settings.home.mkdir(parents=True, exist_ok=True)
         self.engine = engine_for(self.settings.database_url)
         self.publisher = publisher or TaskPublisher(self.settings)
-        # Goal submits share their messages (coalescing.py).
-        self.coalescer = Coalescer(self.publisher)
         # Refused reports, for `status` (sessions/hosts.py).
         self.refusals = hosts.RefusalTally()
         self.runtime = runtime or HostRouter(
@@ -87,26 +84,18 @@ class ClientBase:
     def from_env(cls) -> Self:
         return cls()
 
-    def _accept(
-        self, work, task: str, message, coalesce_into: str | None = None, alone=None, divert=None
-    ) -> Any:
+    def _accept(self, work, task: str, message, pack=None, divert=None) -> Any:
         """Commit an intent (`work(session) -> (record, created)`), then publish its task.
         A replay publishes nothing; a failed publish is left to the sweeper (the row is
-        the outbox). With `coalesce_into`, `message(record)` is one item of that list
-        argument, handed to the publisher's sender thread, which shares a message among the
-        submits of this process; the call returns after the commit (`flush` waits for the
-        message, and `close` or the end of the process publishes what is left). `alone(record)`
-        gives the more arguments of a message that carries this item alone; `divert` may
-        take items out of a message before it is sent (see `Coalescer.coalescing`)."""
-        if coalesce_into:
-            with self.coalescer.coalescing(task, coalesce_into, divert) as publish:
-                record, created = run_transaction(self.engine, work, direct=True)
-                if created:
-                    publish(message(record), _label(record), alone and alone(record))
-            return record
-        record, created = run_transaction(self.engine, work)
-        if created:
+        the outbox). With `pack`, `message(record)` is an item handed to the sender thread,
+        which shares messages among the submits of this process (TaskPublisher.share): the call
+        returns after the commit (`flush` waits for the message, and `close` or the end of
+        the process publishes what is left)."""
+        record, created = run_transaction(self.engine, work, direct=pack is not None)
+        if created and pack is None:
             self.publisher.publish_after_commit(task, message(record), _label(record))
+        elif created:
+            self.publisher.share(task, message(record), _label(record), pack, divert)
         return record
 
     def _load(self, kind: str, key: str, workspace_id: str | None = None) -> Any:
@@ -131,7 +120,8 @@ class ClientBase:
         """Wait until the messages of this process's goal submits are at the broker (a goal
         submit returns once its intent is committed); False if some still wait after
         `timeout_s`: the sweeper publishes those."""
-        return self.coalescer.flush(check_seconds("timeout_s", timeout_s, maximum=MAX_FLUSH_S))
+        return self.publisher.flush(check_seconds("timeout_s", timeout_s, maximum=MAX_FLUSH_S))
 
     def close(self) -> None:
-        self.coalescer.close()
+        self.publisher.flush()
+        self.publisher.close()

@@ -1,5 +1,6 @@
 """The client's goal control and fences (docs/lifecycles.md; docs/packaging.md)."""
 
+import logging
 from functools import cached_property
 
 from sqlalchemy import select
@@ -26,6 +27,22 @@ from ..task_names import (
 from ..validation import check_id
 from .base import ClientBase
 
+log = logging.getLogger(__name__)
+
+
+def _dispatch_message(named: list[pullers.Named]) -> dict:
+    """A dispatch message's arguments for these (operation, workspace, session): one
+    operation alone names its session too, and the worker then takes the session's lane
+    without reading it first (a claim it checks)."""
+    if len(named) == 1:
+        ((operation_id, workspace_id, session_id),) = named
+        return {
+            "operation_ids": [operation_id],
+            "workspace_id": workspace_id,
+            "session_id": session_id,
+        }
+    return {"operation_ids": [operation_id for operation_id, _ws, _sid in named]}
+
 
 class GoalCalls(ClientBase):
     # -- goal control ----------------------------------------------------------------------
@@ -50,11 +67,8 @@ class GoalCalls(ClientBase):
         return self._accept(
             lambda s: submit(s, request, utcnow()),
             DISPATCH_TASK,
-            lambda op: op.operation_id,
-            coalesce_into="operation_ids",
-            # A message of this operation alone names its session too: the worker then
-            # takes the session's lane without reading it first (checked by the claim).
-            alone=lambda op: {"workspace_id": op.workspace_id, "session_id": op.session_id},
+            lambda op: (op.operation_id, op.workspace_id, op.session_id),
+            pack=_dispatch_message,
             divert=self._notify_pullers if self._pulls else None,
         )
 
@@ -62,16 +76,20 @@ class GoalCalls(ClientBase):
     def _pulls(self) -> bool:
         return self.settings.pull and dialect_of(self.engine).notifies
 
-    def _notify_pullers(self, items: list[tuple[str, dict[str, str]]]) -> set[str]:
-        """The publisher's divert of dispatch items (docs/dispatch.md: pulling): committed
-        operations are notified to the workers that pull, their messages not sent; the ids
-        of those notified."""
-        named = [(op_id, alone["workspace_id"], alone["session_id"]) for op_id, alone in items]
-        # Once: if the database is away, the message is the cheaper way (the sender waits
-        # for this).
-        return run_transaction(
-            self.engine, lambda s: pullers.notify(s, named), attempts=1, direct=True
-        )
+    def _notify_pullers(self, named: list[pullers.Named]) -> list[pullers.Named]:
+        """The sender's divert of dispatch items (docs/dispatch.md: pulling): committed
+        operations are notified to the workers that pull, their messages not sent; those
+        no puller was told of, for messages."""
+        try:
+            # Once: if the database is away, the message is the cheaper way (the sender
+            # waits for this).
+            told = run_transaction(
+                self.engine, lambda s: pullers.notify(s, named), attempts=1, direct=True
+            )
+        except Exception as exc:  # noqa: BLE001 - the messages carry them all
+            log.warning("%d operations go by message: %s: %s", len(named), type(exc).__name__, exc)
+            return named
+        return [one for one in named if one[0] not in told]
 
     def set_goal(
         self, workspace_id, session_id, objective, *, client_submit_id, expected_revision=None
