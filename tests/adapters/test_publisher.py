@@ -380,3 +380,77 @@ def test_a_redis_publisher_keeps_one_client_for_its_messages(settings, monkeypat
     monkeypatch.undo()
     assert after_first <= 2 and len(built) == after_first
     assert queue_depth(settings) == 6
+
+
+def test_a_sender_thread_that_failed_to_start_strands_no_item(settings, monkeypatch):
+    """A thread that cannot start ("can't start new thread") fails no submit (its row is
+    committed); the next share or flush starts one, and every item goes out."""
+    original = threading.Thread.start
+    failures = []
+
+    def start_failing_once(thread):
+        if thread.name == "agent-radar-publisher" and not failures:
+            failures.append(thread)
+            raise RuntimeError("can't start new thread")
+        return original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_failing_once)
+    publisher = RecordingPublisher(settings, delay_s=0)
+    _submit(publisher, "op-1")
+    assert failures and publisher.flush(2)
+    _submit(publisher, "op-2")
+    assert publisher.flush(2)
+    assert sorted(publisher.items()) == ["op-1", "op-2"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_items_shared_while_a_base_exception_kills_the_sender_still_go_out(settings):
+    entered, release = threading.Event(), threading.Event()
+    killed = []
+
+    def pack(items):
+        if items == ["doomed"]:
+            killed.append(threading.current_thread())
+            entered.set()
+            release.wait(5)
+            raise SystemExit("killed")
+        return _ids(items)
+
+    publisher = RecordingPublisher(settings, delay_s=0)
+    _submit(publisher, "doomed", pack=pack)
+    assert entered.wait(5)
+    _submit(publisher, "op-2", pack=pack)  # waits while the sender is in pack
+    release.set()
+    killed[0].join(5)
+    assert publisher.flush(2)
+    assert publisher.items() == ["op-2"]
+
+
+def test_an_unhashable_item_is_published_with_its_label(settings):
+    publisher = RecordingPublisher(settings, delay_s=0)
+    _submit(publisher, {"op": "op-1"}, "submit=a")
+    assert publisher.flush(5)
+    assert publisher.messages == [(TASK, {"operation_ids": [{"op": "op-1"}]})]
+    assert publisher.labels == ["submit=a"]
+
+
+def test_the_end_of_the_process_waits_about_flush_timeout_in_all(settings, monkeypatch):
+    """However many publishers hold items a broker that hangs keeps, the process's end waits
+    FLUSH_TIMEOUT_S in all, not that long for each."""
+    monkeypatch.setattr(publisher_module, "FLUSH_TIMEOUT_S", 0.5)
+    stuck = threading.Event()
+
+    class Stuck(RecordingPublisher):
+        def publish(self, task_name, kwargs=None, label=None):
+            stuck.wait(30)
+            return super().publish(task_name, kwargs, label)
+
+    publishers = [Stuck(settings, delay_s=0) for _ in range(4)]
+    for publisher in publishers:
+        _submit(publisher, "op")
+    started = time.monotonic()
+    publisher_module._flush_at_exit()
+    elapsed = time.monotonic() - started
+    stuck.set()
+    assert all(p.flush(5) for p in publishers)
+    assert elapsed < 1.5, elapsed  # 2 s, had each waited its own

@@ -110,12 +110,20 @@ class TaskPublisher:
         mine = self._mine()
         with mine.changed:
             mine.waiting.setdefault((task, pack, divert), []).append((item, label))
-            if not mine.sending:
-                mine.sending = True
-                threading.Thread(
-                    target=self._send, args=(mine,), name="agent-radar-publisher", daemon=True
-                ).start()
+            self._start(mine)
             mine.changed.notify_all()
+
+    def _start(self, mine: "_Process") -> None:
+        """Start the sender if none runs (the caller holds `changed`). If none can start, the
+        items wait for the next share's or flush's (or the sweeper): the submit committed."""
+        try:
+            if not mine.sending:
+                thread = threading.Thread(target=self._send, args=(mine,), daemon=True)
+                thread.name = "agent-radar-publisher"
+                thread.start()
+                mine.sending = True
+        except Exception as exc:  # noqa: BLE001 - "can't start new thread"
+            log.warning("no sender thread (%s: %s); the items wait", type(exc).__name__, exc)
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Wait until what this process shared is published or left to the sweeper (False:
@@ -123,6 +131,8 @@ class TaskPublisher:
         mine = self._mine()
         deadline = time.monotonic() + timeout_s
         with mine.changed:
+            if mine.waiting:
+                self._start(mine)  # a share could not start one
             while (mine.waiting or mine.busy) and (left := deadline - time.monotonic()) > 0:
                 mine.changed.wait(left)
             return not (mine.waiting or mine.busy)
@@ -152,9 +162,10 @@ class TaskPublisher:
                     waiting, mine.waiting, mine.busy = mine.waiting, {}, True
                 self._publish_waiting(waiting)
         except BaseException:
-            # Whatever killed it, the next item starts another sender.
+            # Whatever killed it, another sender takes what was shared meanwhile.
             with mine.changed:
                 mine.sending = mine.busy = False
+                self._start(mine)
                 mine.changed.notify_all()
             raise
 
@@ -163,11 +174,11 @@ class TaskPublisher:
         retries), the rest are left to the sweeper rather than each wait out the retries."""
         try:
             for (task, pack, divert), batch in waiting.items():
-                labels = dict(batch)
+                labels = {id(i): label for i, label in batch}  # an item may be unhashable
                 items = divert([i for i, _ in batch]) if divert else [i for i, _ in batch]
                 for start in range(0, len(items), COALESCE_MAX_ITEMS):
                     chunk = items[start : start + COALESCE_MAX_ITEMS]
-                    label = "; ".join(labels[i] for i in chunk if labels[i]) or None
+                    label = "; ".join(filter(None, (labels.get(id(i)) for i in chunk))) or None
                     if not self.publish_after_commit(task, pack(chunk), label):
                         return
         except Exception:
@@ -194,5 +205,6 @@ _LIVE: "weakref.WeakSet[TaskPublisher]" = weakref.WeakSet()
 
 @atexit.register
 def _flush_at_exit() -> None:
+    deadline = time.monotonic() + FLUSH_TIMEOUT_S  # in all, however many publishers
     for publisher in list(_LIVE):
-        publisher.flush()
+        publisher.flush(max(0.0, deadline - time.monotonic()))
