@@ -419,3 +419,31 @@ def test_a_fence_s_clear_goes_to_the_host_it_was_claimed_for_and_then_to_the_new
     assert restorer(client).restore(WS, SID) == "restored"
     assert [e["operation_id"] for e in host_b.effects()] == [fence.clear_operation_id]
     assert client.goal_state(WS, SID).sync_status == "synced"
+
+
+def test_fences_found_missing_at_a_host_are_installed_there_across_a_move(
+    client, sim_control, host_b
+):
+    """A fence settled while its session was offline at A is installed at A's return; a move
+    to B comes just before that call, and a move back to A (the same process) after it. The
+    fence went to A, where it was found missing and is recorded installed: A holds it. (Sent
+    through the router it reached B, was recorded installed at A, and A never got it.)"""
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+    from agent_radar.workflows.steps.fence_install import ensure_fences_installed
+
+    client.ensure_session(WS, SID)
+    target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
+    sim_control.session(WS, SID, live=False)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f")
+    applier = FenceApplier(
+        client.engine, client.runtime, worker_id="f", lease_s=5, publish=lambda *a: True
+    )
+    assert applier.apply(fence.fence_id) == "completed_offline"
+    sim_control.session(WS, SID, live=True)
+    assert sim_control.session(WS, SID)["fences"] == []
+    move = moving_to_b(client)
+    runtime = Meanwhile(client.runtime, "install_fence", move, before=True)
+    assert ensure_fences_installed(client.engine, runtime, WS, SID)
+    client.ensure_session(WS, SID, host_id="default")
+    ensure_fences_installed(client.engine, client.runtime, WS, SID)
+    assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
