@@ -173,10 +173,10 @@ class RedisChannel(redis.Channel):
     """kombu's Redis channel, keeping one redis-py client for its commands.
 
     Upstream builds a new client for every command sent outside its event loop (each
-    publish): 0.14 ms of CPU each, most of it copying redis-py's table of ~170 response
-    callbacks, two per submit (the message and its task-sent event). A redis-py client is
-    thread-safe and takes a connection from the channel's pool per command, so one serves
-    them all.
+    publish), most of its CPU spent copying redis-py's table of response callbacks, two
+    per submit (the message and its task-sent event; docs/benchmarks.md, eleventh series).
+    A redis-py client is thread-safe and takes a connection from the channel's pool per
+    command, so one serves them all.
     """
 
     _kept_client: Any = None

@@ -21,10 +21,10 @@ class HostConnections:
     """Keep-alive HTTP/1.1 connections to one agent host, shared by the threads of a step.
 
     Built on the standard library's `http.client`: a goal call through urllib3 cost twice
-    the CPU (0.52–0.58 ms against 0.28 ms a call, measured on this protocol's requests), and
-    a step makes one call per session. A connection goes back to the idle set only after
-    its whole answer was read; one the host closed while idle is noticed (it reads as
-    ready) and replaced before use, as urllib3 does. `connect_s` bounds the connection;
+    the CPU (docs/benchmarks.md, eleventh series), and a step makes one call per session.
+    A connection goes back to the idle set only after its whole answer was read; one the
+    host closed while idle is noticed (it reads as ready) and replaced before use, as
+    urllib3 does. `connect_s` bounds the connection;
     `total_s` the whole call, connection, request and every byte of the answer (a host that
     trickles its answer a byte at a time is cut there, not `total_s` per byte). No call is
     retried here: a failure is the caller's to classify (docs/protocol.md)."""

@@ -31,8 +31,7 @@ def sessions_of_ops(column_owner):
     """`(workspace_id, session_id)` is that of one of the operations `:b_ops`. Reached through
     the operations' primary key, its plan does not rest on the tables' statistics: a list of
     session keys (keys_in) in one busy workspace, on a table that grew since its last ANALYZE,
-    was planned as a scan of the whole workspace (PostgreSQL, 2,000 new sessions: 2.4 ms a
-    statement against 0.2 ms)."""
+    was planned as a scan of the whole workspace (docs/benchmarks.md, eleventh series)."""
     return tuple_(column_owner.c.workspace_id, column_owner.c.session_id).in_(
         select(OPS.c.workspace_id, OPS.c.session_id).where(OPS_IN)
     )
