@@ -449,6 +449,21 @@ def test_an_offline_settle_clears_the_pending_operation(client, sim_control):
     assert not [c for c in sim_control.calls() if c["call"] == "resume"]
 
 
+def test_an_offline_settle_makes_a_look_whether_the_session_is_back_due(client, sim_control):
+    """A fence settled locally (offline, no fenced turn to wait on) leaves its install and
+    its clear to the session's return: a look whether it is back comes due, for a session
+    that comes back without a report (before, only a report's reconcile made it due)."""
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    sim_control.session(WS, SID, live=False)
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    assert _applier(client, sim_control).apply(fence.fence_id) == "completed_offline"
+    published = []
+    later = fence.created_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
+    sweep_once(client.engine, lambda *a: published.append(a) or True, later, owner="t")
+    restore = ("agent_radar.session.restore", {"workspace_id": WS, "session_id": SID})
+    assert restore in published
+
+
 def test_an_offline_answer_overruled_before_it_is_written_settles_nothing(client, sim_control):
     """The fence's call is told `disconnected`; before that is written, another look finds the
     session live (and records it): the fence does not settle locally on the older answer, and

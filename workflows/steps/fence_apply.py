@@ -22,7 +22,7 @@ from .. import budgets, ids, leases
 from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND
 from ..errors import RuntimeDisconnected, RuntimeFault
-from ..fences import cancels, lifecycle
+from ..fences import cancels, lifecycle, restores
 from ..fences.fencing import settle_clear_locally
 from ..goals import outcomes
 from ..goals.claims import Claim
@@ -329,7 +329,8 @@ class FenceApplier(Step):
         if not mark_offline(s, claim.workspace_id, claim.session_id, heard):
             return self._back_to_pending(s, claim, "an older answer said offline", 0.0)
         cancel_ids = [self._prepare_cancel(s, claim, t) for t in self._fenced_turns(s, claim)]
-        if not cancel_ids:
+        if not cancel_ids:  # settled locally; a look whether the session is back comes due
+            restores.request(lock_session(s, claim.workspace_id, claim.session_id), self.clock())
             return self._settle_locally(s, claim)
         return self._wait_for_turn(s, claim, cancel_ids[0])
 
