@@ -63,8 +63,13 @@ def moving_to_b(client):
     return lambda: client.ensure_session(WS, SID, host_id="host-b")
 
 
+def step(kind, client, runtime, publish=lambda *a: True, **more):
+    """A step of `kind` (a Step) for one worker, on the client's database and `runtime`."""
+    return kind(client.engine, runtime, worker_id="w", lease_s=5, publish=publish, **more)
+
+
 def runner(client, runtime):
-    return CancelRunner(client.engine, runtime, worker_id="c", lease_s=5, publish=lambda *a: True)
+    return step(CancelRunner, client, runtime)
 
 
 def test_an_old_host_s_epoch_answered_before_a_move_is_not_the_new_host_s(
@@ -142,11 +147,10 @@ def test_a_cancel_the_new_host_answers_after_a_move_is_not_ended_by_it(
 
     _running_turn_at_a(client, sim_control)
     published = []
-    cancels = CancelRunner(
-        client.engine,
+    cancels = step(
+        CancelRunner,
+        client,
         client.runtime,
-        worker_id="c",
-        lease_s=5,
         publish=lambda task, kwargs: published.append((task, kwargs)) or True,
     )
     monkeypatch.setattr(cancels, "require_live", lambda *a, **k: False)
@@ -226,15 +230,8 @@ def test_a_maintenance_run_ended_by_a_move_is_started_nowhere_else_and_stopped(
     sim_control.session(WS, SID, maintenance_duration_ms=60_000)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     move = moving_to_b(client)
-    executor = MaintenanceExecutor(
-        client.engine,
-        Meanwhile(client.runtime, "start_maintenance", move, before=True),
-        worker_id="w",
-        lease_s=5,
-        publish=lambda *a: True,
-        poll_s=0.02,
-        max_wait_s=0.1,
-    )
+    meanwhile = Meanwhile(client.runtime, "start_maintenance", move, before=True)
+    executor = step(MaintenanceExecutor, client, meanwhile, poll_s=0.02, max_wait_s=0.1)
     executor.execute(run.run_id)
     assert client.get_maintenance(run.run_id).status == "interrupted"
     assert host_b.session(WS, SID).get("runs", {}) == {}
@@ -405,13 +402,7 @@ def test_a_fence_s_clear_goes_to_the_host_it_was_claimed_for_and_then_to_the_new
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f")
     move = moving_to_b(client)
-    applier = FenceApplier(
-        client.engine,
-        Meanwhile(client.runtime, "apply_goal", move, before=True),
-        worker_id="f",
-        lease_s=5,
-        publish=lambda *a: True,
-    )
+    applier = step(FenceApplier, client, Meanwhile(client.runtime, "apply_goal", move, before=True))
     assert applier.apply(fence.fence_id) == "completed"
     clears_at_a = [e for e in sim_control.effects() if e["action"] == "clear"]
     assert [e["operation_id"] for e in clears_at_a] == [fence.clear_operation_id]
@@ -435,9 +426,7 @@ def test_fences_found_missing_at_a_host_are_installed_there_across_a_move(
     target = client.set_goal(WS, SID, "shared", client_submit_id="g1")
     sim_control.session(WS, SID, live=False)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f")
-    applier = FenceApplier(
-        client.engine, client.runtime, worker_id="f", lease_s=5, publish=lambda *a: True
-    )
+    applier = step(FenceApplier, client, client.runtime)
     assert applier.apply(fence.fence_id) == "completed_offline"
     sim_control.session(WS, SID, live=True)
     assert sim_control.session(WS, SID)["fences"] == []
