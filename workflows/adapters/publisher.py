@@ -27,8 +27,7 @@ _HEADERS |= {"parent_id": None, "lang": "py", "retries": 0, "timelimit": [None, 
 _HEADERS |= {"argsrepr": "()", "origin": "agent-radar", "ignore_result": True}
 _NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _RETRY = {"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2}
-# How long `flush` waits by default, and the end of the process. Past it the items stay
-# unpublished: their committed rows are the outbox, and the sweeper publishes them.
+# How long `flush` and the process's end wait; what still waits then is the sweeper's.
 FLUSH_TIMEOUT_S = 10.0
 # The sender thread ends after this long without items; the next item starts another.
 SENDER_IDLE_S = 1.0
@@ -48,17 +47,15 @@ class TaskPublisher:
         self._by_queue_name = not settings.is_amqp_broker
 
     def _mine(self) -> "_Process":
-        """This process's connection and sender. A forked child starts its own: a lock a
-        parent's thread held at the fork stays held, and what waited then is the parent's."""
+        """This process's connection and sender (a forked child's own: the parent's locks)."""
         pid = os.getpid()
         return self._by_pid.get(pid) or self._by_pid.setdefault(pid, _Process())
 
     def publish(self, task_name: str, kwargs: dict, label: str | None = None) -> str:
         """Publish one task message. Its `label` (the workspace, session and client submit ID
-        it is about) shows before its arguments in Flower and the worker log."""
+        it is about) shows first in Flower and the worker log, before its arguments."""
         target = self._exchanges[queue_for(task_name)]
         task_id = str(uuid.uuid4())
-        # The label first: Flower's task list shows the start of a long argument list.
         kwargsrepr = ((f"[{label}] " if label else "") + repr(kwargs))[:1024]
         headers = _HEADERS | {"task": task_name, "id": task_id, "root_id": task_id}
         mine = self._mine()
@@ -89,24 +86,21 @@ class TaskPublisher:
         return task_id
 
     def publish_after_commit(self, task_name: str, kwargs: dict, label: str | None = None) -> bool:
-        """Publish an already-committed intent. The row is the outbox: if this fails the
-        sweeper publishes it later, so a failure is logged, never raised."""
+        """Publish a committed intent; a failure is logged (with its class: a connection lost
+        mid-publish may say nothing more), never raised: the row is the sweeper's outbox."""
         try:
             self.publish(task_name, kwargs, label=label)
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault leaves it to the sweeper
-            # Its class too: a connection lost mid-publish may say nothing more.
             fault = f"{task_name} {kwargs} failed ({type(exc).__name__}: {exc})"
             log.warning("publish of %s; the sweeper will publish it", fault)
             self.close()
             return False
 
     def share(self, task: str, item: Any, label: str | None, pack: Callable, divert=None) -> None:
-        """Hand a committed submit's item to this process's sender thread and return. The
-        sender publishes `task(**pack(items))` for up to COALESCE_MAX_ITEMS items of this
-        (task, pack, divert) waiting when it looks, their labels joined, once `divert(items)`
-        delivered what it could otherwise and returned the rest (docs/dispatch.md: pulling).
-        A failed message is logged, its items left to the sweeper. `flush` waits for it."""
+        """Hand a committed submit's item to this process's sender thread, which publishes
+        `task(**pack(items))` per COALESCE_MAX_ITEMS items of one (task, pack, divert), labels
+        joined, once `divert(items)` returned those it did not deliver (docs/dispatch.md)."""
         mine = self._mine()
         with mine.changed:
             mine.waiting.setdefault((task, pack, divert), []).append((item, label))
@@ -114,28 +108,22 @@ class TaskPublisher:
             mine.changed.notify_all()
 
     def _start(self, mine: "_Process") -> None:
-        """Start the sender if none runs (the caller holds `changed`). If none can start, the
-        items wait for the next share's or flush's (or the sweeper): the submit committed."""
+        """Start the sender if none runs (under `changed`); else the next share or flush will."""
         try:
             if not mine.sending:
-                thread = threading.Thread(target=self._send, args=(mine,), daemon=True)
-                thread.name = "agent-radar-publisher"
-                thread.start()
+                name = "agent-radar-publisher"
+                threading.Thread(target=self._send, args=(mine,), name=name, daemon=True).start()
                 mine.sending = True
         except Exception as exc:  # noqa: BLE001 - "can't start new thread"
             log.warning("no sender thread (%s: %s); the items wait", type(exc).__name__, exc)
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
-        """Wait until what this process shared is published or left to the sweeper (False:
-        some still waits after `timeout_s`)."""
+        """Wait until what this process shared is sent or left to the sweeper (False: not yet)."""
         mine = self._mine()
-        deadline = time.monotonic() + timeout_s
         with mine.changed:
             if mine.waiting:
                 self._start(mine)  # a share could not start one
-            while (mine.waiting or mine.busy) and (left := deadline - time.monotonic()) > 0:
-                mine.changed.wait(left)
-            return not (mine.waiting or mine.busy)
+            return mine.changed.wait_for(lambda: not (mine.waiting or mine.busy), timeout_s)
 
     def close(self) -> None:
         """Drop this process's connection (the next publish opens another)."""
@@ -147,31 +135,26 @@ class TaskPublisher:
             mine.connection = mine.producer = None
 
     def _send(self, mine: "_Process") -> None:
-        """The sender thread: publishes what waits, until nothing has for SENDER_IDLE_S."""
+        """The sender thread: publishes what waits, until nothing has for SENDER_IDLE_S. If
+        anything kills it, another takes what was shared meanwhile."""
         try:
             while True:
                 with mine.changed:
                     mine.busy = False
                     mine.changed.notify_all()
-                    idle_until = time.monotonic() + SENDER_IDLE_S
-                    while not mine.waiting:
-                        if (left := idle_until - time.monotonic()) <= 0:
-                            mine.sending = False
-                            return
-                        mine.changed.wait(left)
+                    if not mine.changed.wait_for(lambda: mine.waiting, SENDER_IDLE_S):
+                        return
                     waiting, mine.waiting, mine.busy = mine.waiting, {}, True
                 self._publish_waiting(waiting)
-        except BaseException:
-            # Whatever killed it, another sender takes what was shared meanwhile.
+        finally:
             with mine.changed:
                 mine.sending = mine.busy = False
-                self._start(mine)
+                if mine.waiting:
+                    self._start(mine)
                 mine.changed.notify_all()
-            raise
 
     def _publish_waiting(self, waiting: dict) -> None:
-        """A message per COALESCE_MAX_ITEMS of a key's items. Once one failed (after its
-        retries), the rest are left to the sweeper rather than each wait out the retries."""
+        """Once a message failed (after its retries), the rest are left to the sweeper."""
         try:
             for (task, pack, divert), batch in waiting.items():
                 labels = {id(i): label for i, label in batch}  # an item may be unhashable
@@ -186,8 +169,8 @@ class TaskPublisher:
 
 
 class _Process:
-    """A process's connection (under `lock`) and sender (under `changed`): items waiting, per
-    key; whether its thread runs (`sending`) and publishes what it took (`busy`)."""
+    """A process's connection (`lock`) and sender (`changed`): items waiting per key, whether
+    its thread runs (`sending`) and publishes what it took (`busy`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
