@@ -18,15 +18,19 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .base import Base, UTCDateTime
-from .enums import OPEN_OPERATION_SQL
 
 ID = String(255)
 SHORT = String(32)
 
-# Not counted under its status in settled_counts (docs/operations.md: counts), as SQLAlchemy
-# renders `counted_as.is_distinct_from(status)`: a query stating it uses the partial index.
+# Partial indexes' conditions, with their values: a query uses one only where it states its
+# condition the same way. Not counted under its status in settled_counts (docs/operations.md:
+# counts), as SQLAlchemy renders `counted_as.is_distinct_from(status)`.
 UNCOUNTED_PG = "counted_as IS DISTINCT FROM status"
 UNCOUNTED_SQLITE = "counted_as IS NOT status"
+# The goal operation is open (workflows/kinds/goal.py: OPEN_OPERATION_STATUSES).
+OPEN_OPERATION_SQL = "status IN ('prepared', 'dispatched')"
+UNSURE_GOALS = "sync_status IN ('unknown', 'diverged')"
+PROMPTED = "prompt_id IS NOT NULL"
 
 
 def history_indexes(table: str, created: str = "created_at") -> tuple[Index, ...]:
@@ -48,10 +52,6 @@ def history_indexes(table: str, created: str = "created_at") -> tuple[Index, ...
 
 class Counted:
     counted_as: Mapped[str | None] = mapped_column(SHORT)  # in settled_counts (None: not)
-
-
-UNSURE_GOALS = "sync_status IN ('unknown', 'diverged')"
-PROMPTED = "prompt_id IS NOT NULL"
 
 
 def _where(condition: str) -> dict:

@@ -1,14 +1,11 @@
 """Fence and cancel tasks: thin wrappers over the fence rules and steps."""
 
+from ..workflows.kinds.cancel import CANCEL_APPLY_TASK
+from ..workflows.kinds.fence import FENCE_APPLY_TASK, FENCE_TASK
 from ..workflows.steps.cancel import CancelRunner
 from ..workflows.steps.fence_apply import FenceApplier
 from ..workflows.steps.restore import Restorer
-from ..workflows.task_names import (
-    CANCEL_APPLY_TASK,
-    FENCE_APPLY_TASK,
-    FENCE_TASK,
-    RESTORE_TASK,
-)
+from ..workflows.task_names import RESTORE_TASK
 from ..workflows.validation import check_id
 from .strict import strict_task
 from .worker_id import worker_name

@@ -1,15 +1,10 @@
 """Goal control tasks: thin wrappers over the goal and activity rules."""
 
 from ..workflows.errors import InvalidArgument
+from ..workflows.kinds.goal import DISPATCH_TASK, GOAL_CONTROL_TASK
 from ..workflows.operators.catalog import kind_of
 from ..workflows.records import as_dict
-from ..workflows.task_names import (
-    COALESCE_MAX_ITEMS,
-    DISPATCH_TASK,
-    GET_OPERATION_TASK,
-    GOAL_CONTROL_TASK,
-    REPORT_ACTIVITY_TASK,
-)
+from ..workflows.task_names import COALESCE_MAX_ITEMS, GET_OPERATION_TASK, REPORT_ACTIVITY_TASK
 from ..workflows.validation import check_id, check_ids
 from .strict import Routine, strict_task
 

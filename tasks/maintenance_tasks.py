@@ -1,15 +1,14 @@
 """Maintenance tasks: thin wrappers over workflows.maintenance.runs and maintenance_exec.
 `agent_radar.maintenance.*` is routed to the `maintenance` queue (long work)."""
 
-from ..workflows.steps import prompt_dispatch
-from ..workflows.steps.maintenance import MaintenanceExecutor
-from ..workflows.task_names import (
+from ..workflows.kinds.maintenance import (
     CANCEL_MAINTENANCE_TASK,
     EXECUTE_TASK,
-    PROMPT_TASK,
     START_MAINTENANCE_TASK,
-    SUBMIT_PROMPT_TASK,
 )
+from ..workflows.kinds.prompt import PROMPT_TASK, SUBMIT_PROMPT_TASK
+from ..workflows.steps import prompt_dispatch
+from ..workflows.steps.maintenance import MaintenanceExecutor
 from ..workflows.validation import check_id
 from . import shutdown
 from .fence_tasks import _collaborators

@@ -2,9 +2,10 @@
 `ensure_session`, `stop_session` and `retry_operation` do, for a producer in any language
 (docs/producers.md), with the client's own checks; the outcome is the task's result."""
 
+from ..workflows.kinds.stop import STOP_SESSION_TASK
 from ..workflows.operators.catalog import kind_of
 from ..workflows.records import as_dict
-from ..workflows.task_names import ENSURE_SESSION_TASK, RETRY_OPERATION_TASK, STOP_SESSION_TASK
+from ..workflows.task_names import ENSURE_SESSION_TASK, RETRY_OPERATION_TASK
 from ..workflows.validation import check_id
 from .strict import strict_task
 

@@ -12,6 +12,13 @@ from datetime import datetime, timedelta
 MAX_ATTEMPTS = 24
 MAX_FAILING_S = 600
 BUDGET_EXHAUSTED = "budget_exhausted"
+# Backoff after a retryable failure: 1, 2, 4 … seconds, capped.
+BACKOFF_CAP_S = 256
+
+
+def backoff_s(attempt: int) -> float:
+    """The wait before the attempt after `attempt` (counting from 1)."""
+    return float(min(2 ** max(attempt - 1, 0), BACKOFF_CAP_S))
 
 
 def spent(attempt: int, failing_since: datetime | None, now: datetime) -> str | None:

@@ -1,9 +1,12 @@
-"""Every task name of the product and the publish port, in one place: the names producers
-publish (public, README.md: code outside the repository uses them), the ones the product
-publishes to itself, and the port its rules and steps publish through (adapters/publisher.py
-implements it)."""
+"""The task names that belong to no operation kind (each kind's are in its module,
+workflows/kinds/) and the publish port: the names producers publish (public, README.md: code
+outside the repository uses them), the ones the product publishes to itself, and the port
+its rules and steps publish through (adapters/publisher.py implements it)."""
 
 from collections.abc import Callable
+
+from .kinds import KINDS
+from .kinds.prompt import PROMPT_TASK
 
 # The publish port: publish(task name, keyword arguments) -> whether it went out. A failed
 # publish loses nothing: the committed rows are the outbox, and the sweeper publishes again.
@@ -12,11 +15,6 @@ Publish = Callable[[str, dict], bool]
 COALESCE_MAX_ITEMS = 16
 
 # Public: what producers in any language publish.
-GOAL_CONTROL_TASK = "agent_radar.goal_control"
-FENCE_TASK = "agent_radar.fence_goal_generation"
-START_MAINTENANCE_TASK = "agent_radar.start_maintenance"
-CANCEL_MAINTENANCE_TASK = "agent_radar.cancel_maintenance"
-SUBMIT_PROMPT_TASK = "agent_radar.submit_prompt"
 REPORT_ACTIVITY_TASK = "agent_radar.report_activity"
 # Reads an operation of any kind by id: with a result backend, a producer in any language
 # learns an outcome through Celery's own results (README.md, producers).
@@ -24,28 +22,17 @@ GET_OPERATION_TASK = "agent_radar.get_operation"
 # What a user's or an operator's own hand does, for producers that are not Python
 # (docs/producers.md): resume a session, stop one, retry a failed operation.
 ENSURE_SESSION_TASK = "agent_radar.ensure_session"
-STOP_SESSION_TASK = "agent_radar.stop_session"
 RETRY_OPERATION_TASK = "agent_radar.retry_operation"
 # The tasks whose results a producer may read (stored when a result backend is configured).
 RESULT_TASKS = (
-    GOAL_CONTROL_TASK,
-    FENCE_TASK,
-    START_MAINTENANCE_TASK,
-    CANCEL_MAINTENANCE_TASK,
-    SUBMIT_PROMPT_TASK,
+    *(name for kind in KINDS.values() for name in kind.public_tasks),
     GET_OPERATION_TASK,
     ENSURE_SESSION_TASK,
-    STOP_SESSION_TASK,
     RETRY_OPERATION_TASK,
 )
 
 # Internal: the product's own steps, published after a commit (the rows are the outbox).
-DISPATCH_TASK = "agent_radar.goal.dispatch"
-FENCE_APPLY_TASK = "agent_radar.fence.apply"
-CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
 RESTORE_TASK = "agent_radar.session.restore"
-EXECUTE_TASK = "agent_radar.maintenance.execute"
-PROMPT_TASK = "agent_radar.prompt.dispatch"
 SWEEP_TASK = "agent_radar.sweep"
 PRUNE_TASK = "agent_radar.prune"
 # Tasks that mostly do nothing (a report that a session is busy, a prompt dispatch that finds

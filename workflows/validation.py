@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..models.enums import GoalAction
 from .errors import InvalidArgument
+from .kinds.goal import GoalAction
 
 MAX_ID_CHARS = 255
 # An objective is prompt text for the agent; 16 KiB is far above a useful goal and keeps a

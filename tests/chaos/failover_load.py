@@ -10,10 +10,9 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from agent_radar.models.db import run_read
-from agent_radar.models.enums import TERMINAL_OPERATION_STATUSES
 from agent_radar.models.tables import GoalOperation as GoalOperationRow
 from agent_radar.workflows.client import AgentRadar
-from agent_radar.workflows.records import GoalOperation
+from agent_radar.workflows.kinds.goal import TERMINAL_OPERATION_STATUSES, GoalOperation
 from agent_radar.workflows.tools.bench.harness import EffectFeed
 from tests.helpers import eventually
 

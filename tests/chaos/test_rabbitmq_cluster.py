@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from agent_radar.models.enums import TERMINAL_OPERATION_STATUSES, OperationStatus
 from agent_radar.models.tables import GoalOperation as GoalOperationRow
 from agent_radar.workflows.adapters.config import Settings
+from agent_radar.workflows.kinds.goal import TERMINAL_OPERATION_STATUSES, OperationStatus
 from agent_radar.workflows.tools.stack import free_port
 from tests.chaos.rabbitmq_cluster import CLASSIC_VHOST, Load, OwnCluster
 from tests.conftest import skip_or_fail, throwaway_pg_database

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from agent_radar.models.base import utcnow
 from agent_radar.models.coordination import GoalPuller
 from agent_radar.models.db import run_transaction
-from agent_radar.workflows.task_names import DISPATCH_TASK
+from agent_radar.workflows.kinds.goal import DISPATCH_TASK
 from agent_radar.workflows.tools.stack import Stack
 from tests.helpers import effects_by_operation, eventually
 

@@ -9,9 +9,14 @@ from sqlalchemy import update
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import CancelOperation, GoalFence
-from agent_radar.workflows import records
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.fences import cancels
+from agent_radar.workflows.kinds import cancel as cancel_kind
+from agent_radar.workflows.kinds import fence as fence_kind
+from agent_radar.workflows.kinds import goal as goal_kind
+from agent_radar.workflows.kinds import maintenance as maintenance_kind
+from agent_radar.workflows.kinds import prompt as prompt_kind
+from agent_radar.workflows.kinds import stop as stop_kind
 
 WS, SID = "ws-catalog", "s1"
 
@@ -32,13 +37,13 @@ def seed(client):
 def test_every_kind_is_found_by_id(client):
     goal, fence, prompt, run, stop, cancel, other = seed(client)
     for op_id, record_type in [
-        (goal.operation_id, records.GoalOperation),
-        (fence.fence_id, records.Fence),
-        (fence.clear_operation_id, records.GoalOperation),
-        (prompt.prompt_id, records.Prompt),
-        (run.run_id, records.MaintenanceRun),
-        (stop.stop_id, records.SessionStop),
-        (cancel.operation_id, records.TurnCancel),
+        (goal.operation_id, goal_kind.GoalOperation),
+        (fence.fence_id, fence_kind.Fence),
+        (fence.clear_operation_id, goal_kind.GoalOperation),
+        (prompt.prompt_id, prompt_kind.Prompt),
+        (run.run_id, maintenance_kind.MaintenanceRun),
+        (stop.stop_id, stop_kind.SessionStop),
+        (cancel.operation_id, cancel_kind.TurnCancel),
     ]:
         found = client.get_operation(op_id, workspace_id=WS)
         assert isinstance(found, record_type) and found.workspace_id == WS
@@ -139,7 +144,7 @@ def test_bad_find_arguments_are_refused(client, args):
 
 
 def test_wait_takes_a_record_of_every_kind(client):
-    """`wait` reads each kind through its declaration (workflows/operators/kinds.py): a
+    """`wait` reads each kind through its declaration (workflows/kinds/): a
     settled record of any kind comes back at once, an open one times out naming it, and
     anything that is no operation's record is refused."""
     goal, fence, prompt, run, stop, cancel_row, _other = seed(client)

@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy.orm import Session
 
 from agent_radar.models.base import utcnow
-from agent_radar.models.enums import MaintenanceStatus, OperationStatus, ProviderPhase
 from agent_radar.models.tables import AgentSession, GoalOperation, GoalState, MaintenanceRun
 from agent_radar.workflows.goals.claim_rule import obstacle
 from agent_radar.workflows.goals.operations import (
@@ -26,6 +25,8 @@ from agent_radar.workflows.goals.statements import (
     lookup_and_claim_params,
     named_claim_params,
 )
+from agent_radar.workflows.kinds.goal import OperationStatus, ProviderPhase
+from agent_radar.workflows.kinds.maintenance import MaintenanceStatus
 
 WS = "ws-claim-rule"
 

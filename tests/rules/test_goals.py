@@ -658,7 +658,7 @@ def test_retryable_answers_back_off_exponentially(
 
 
 def test_backoff_is_capped_at_256_seconds():
-    from agent_radar.workflows.goals.operations import backoff_s
+    from agent_radar.workflows.budgets import backoff_s
 
     assert [backoff_s(a) for a in (1, 2, 3, 9, 10, 20)] == [1, 2, 4, 256, 256, 256]
 

@@ -28,6 +28,7 @@ KERNEL = (
     "agent_radar.workflows.records",
     "agent_radar.workflows.budgets",
     "agent_radar.workflows.task_names",
+    "agent_radar.workflows.kinds",
     "agent_radar.workflows.escape",
     "agent_radar.workflows.accept",
 )

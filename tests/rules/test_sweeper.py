@@ -11,8 +11,9 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import GoalOperation
 from agent_radar.workflows import leases
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+from agent_radar.workflows.kinds.goal import DISPATCH_TASK
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS, DISPATCH_TASK
+from agent_radar.workflows.task_names import COALESCE_MAX_ITEMS
 from tests.helpers import Clock
 
 

@@ -10,18 +10,13 @@ from typing import Any
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from ...models.enums import (
-    TURN_PHASE_ORDER,
-    OperationStatus,
-    TurnOrigin,
-    TurnOutcome,
-    TurnPhase,
-)
+from ...models.enums import TURN_PHASE_ORDER, TurnOrigin, TurnOutcome, TurnPhase
 from ...models.tables import GoalFence, GoalOperation, Turn
 from ..adapters import report_auth
 from ..errors import InvalidArgument
 from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
+from ..kinds.goal import OperationStatus
 from ..maintenance import runs
 from ..prompts import queue as prompts
 from ..sessions import hosts, turns

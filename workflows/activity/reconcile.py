@@ -21,11 +21,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, union
 from sqlalchemy.orm import Session
 
-from ...models.enums import OperationStatus, SyncStatus, TurnOutcome, TurnPhase
+from ...models.enums import SyncStatus, TurnOutcome, TurnPhase
 from ...models.tables import AgentSession, GoalOperation, GoalState, Prompt, Turn
 from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
 from ..goals.operations import complete_applied, sync_of
+from ..kinds.goal import OperationStatus
 from ..prompts import queue as prompts
 from ..sessions import turns
 from ..sessions.rows import Heard, lock_session, record_liveness, same_session

@@ -8,9 +8,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ...models.enums import TERMINAL_MAINTENANCE_STATUSES, TurnPhase
-from ...models.tables import MaintenanceRun, SessionStop, Turn
-from .. import accept, ids, records
+from ...models.tables import SessionStop
+from .. import accept, ids
 from ..errors import Conflict
 from ..fences import cancels
 from ..maintenance import runs
@@ -96,22 +95,3 @@ def stop(session: Session, request: StopRequest, now: datetime) -> tuple[Session
         now=now,
     )
     return stop_row, True
-
-
-def record(session: Session, stop_row: SessionStop) -> records.SessionStop:
-    """The stop as a record: settled once its turn and its run (if any) have ended."""
-    turn_done = stop_row.turn_id is None or _turn_ended(session, stop_row)
-    run = session.get(MaintenanceRun, stop_row.run_id) if stop_row.run_id else None
-    run_done = run is None or run.status in TERMINAL_MAINTENANCE_STATUSES
-    settled = turn_done and run_done
-    return records.from_row(
-        records.SessionStop,
-        stop_row,
-        status="completed" if settled else "stopping",
-        settled=settled,
-    )
-
-
-def _turn_ended(session: Session, stop_row: SessionStop) -> bool:
-    turn = session.get(Turn, (stop_row.workspace_id, stop_row.session_id, stop_row.turn_id))
-    return turn is None or turn.phase == TurnPhase.SETTLED

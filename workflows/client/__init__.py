@@ -4,7 +4,7 @@ import time
 from typing import Any
 
 from ..errors import InvalidArgument
-from ..operators.kinds import kind_of_record
+from ..kinds import kind_of_record
 from ..validation import MAX_WAIT_S, check_seconds
 from .base import WAIT_POLL_S
 from .goals import GoalCalls
@@ -15,7 +15,7 @@ class AgentRadar(GoalCalls, OperatorCalls):
     """Submits operations and reads their records; the database is the source of truth."""
 
     def wait(self, record: Any, timeout: float = 30.0) -> Any:
-        """Poll until the record, of any kind (workflows/operators/kinds.py), reaches a
+        """Poll until the record, of any kind (workflows/kinds/), reaches a
         terminal status; TimeoutError after `timeout` seconds (0 to MAX_WAIT_S) otherwise. A
         prompt settles when its turn has ended (completed), or it could not be sent."""
         timeout = check_seconds("timeout", timeout, maximum=MAX_WAIT_S)

@@ -12,8 +12,8 @@ from ..adapters.http_runtime import HostRouter
 from ..adapters.publisher import FLUSH_TIMEOUT_S, TaskPublisher
 from ..adapters.runtime import RuntimePort
 from ..errors import DatabaseNotReady, NotFound
+from ..kinds import KINDS
 from ..operators import catalog
-from ..operators.kinds import KINDS
 from ..sessions import hosts
 from ..validation import check_id, check_seconds
 
@@ -99,7 +99,7 @@ class ClientBase:
         return record
 
     def _load(self, kind: str, key: str, workspace_id: str | None = None) -> Any:
-        """Load a record of a kind (workflows/operators/kinds.py) by id. With `workspace_id`
+        """Load a record of a kind (workflows/kinds/) by id. With `workspace_id`
         (docs/operations.md), a record of another workspace is NotFound, exactly as a missing
         one."""
         declared = KINDS[kind]

@@ -15,15 +15,9 @@ from ..errors import NotFound
 from ..fences.fencing import FenceRequest, submit_fence
 from ..goals import pullers
 from ..goals.submit import GoalRequest, load_operation, submit
-from ..records import (
-    Fence,
-    GoalOperation,
-    GoalState,
-)
-from ..task_names import (
-    DISPATCH_TASK,
-    FENCE_APPLY_TASK,
-)
+from ..kinds.fence import FENCE_APPLY_TASK, Fence
+from ..kinds.goal import DISPATCH_TASK, GoalOperation
+from ..records import GoalState
 from ..validation import check_id
 from .base import ClientBase
 

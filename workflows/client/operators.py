@@ -6,16 +6,12 @@ from typing import Any
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
+from ..kinds.fence import FENCE_APPLY_TASK
+from ..kinds.goal import DISPATCH_TASK
+from ..kinds.maintenance import MaintenanceRun
 from ..operators import actions, catalog, retention
-from ..records import (
-    MaintenanceRun,
-    OperationSummary,
-)
+from ..records import OperationSummary
 from ..steps.wake import release_session
-from ..task_names import (
-    DISPATCH_TASK,
-    FENCE_APPLY_TASK,
-)
 from ..validation import (
     MAX_WAIT_S,
     check_id,

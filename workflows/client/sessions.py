@@ -12,18 +12,19 @@ from ..activity.control import durable_fences, load_session, record_live
 from ..activity.epochs import EpochEffects, bind_host
 from ..adapters import metrics, report_auth
 from ..errors import AgentRadarError, InvalidArgument, NotFound
+from ..kinds import stop
+from ..kinds.cancel import CANCEL_APPLY_TASK
+from ..kinds.fence import FENCE_APPLY_TASK
+from ..kinds.goal import DISPATCH_TASK
+from ..kinds.maintenance import EXECUTE_TASK, MaintenanceRun
+from ..kinds.prompt import PROMPT_TASK
+from ..kinds.prompt import Prompt as PromptRecord
+from ..kinds.stop import SessionStop as SessionStopRecord
 from ..maintenance import runs
 from ..operators import actions
 from ..prompts import queue as prompts
 from ..prompts.queue import PromptRequest
-from ..records import (
-    HistoryRow,
-    Host,
-    MaintenanceRun,
-    SessionInfo,
-)
-from ..records import Prompt as PromptRecord
-from ..records import SessionStop as SessionStopRecord
+from ..records import HistoryRow, Host, SessionInfo
 from ..sessions import hosts
 from ..sessions.history import session_history
 from ..sessions.rows import Heard
@@ -31,14 +32,7 @@ from ..steps import pin
 from ..steps.fence_install import resume_if_offline
 from ..steps.restore import restore_fences
 from ..steps.wake import publish_epoch_effects
-from ..task_names import (
-    CANCEL_APPLY_TASK,
-    DISPATCH_TASK,
-    EXECUTE_TASK,
-    FENCE_APPLY_TASK,
-    PROMPT_TASK,
-    RESTORE_TASK,
-)
+from ..task_names import RESTORE_TASK
 from ..validation import check_id, check_limit, check_url
 from .base import ClientBase
 
@@ -207,7 +201,7 @@ class SessionCalls(ClientBase):
 
         def accept(s):
             row, created = stops.stop(s, request, utcnow())
-            return stops.record(s, row), created
+            return stop.read(s, row), created
 
         record, created = run_transaction(self.engine, accept)
         if created and record.cancel_operation_id is not None:

@@ -1,10 +1,8 @@
-"""Durable turn cancels (docs/lifecycles.md: cancels).
-
-The cancel row is written before the runtime is called; the runtime's answer, a turn-settled
-report, or (when the host is gone) local settlement completes it together with the turn. Its
-states are one table (`CANCEL`): `prepared`, then `leased` by a worker's attempt (taken over
-once its lease runs out), and `completed` or, past its budget, `failed`.
-"""
+"""Durable turn cancels (docs/lifecycles.md: cancels): the row is written before the runtime
+is called; the runtime's answer, a turn-settled report, or (the host gone) local settlement
+completes it with the turn. Its states are one table (`CANCEL`): `prepared`, `leased` by a
+worker's attempt (taken over once its lease runs out), `completed` or, past its budget,
+`failed`."""
 
 from datetime import datetime, timedelta
 
@@ -12,10 +10,12 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
-from ...models.enums import CancelResult, CancelStatus, FenceStatus, TurnOutcome, TurnPhase
+from ...models.enums import TurnOutcome, TurnPhase
 from ...models.tables import CancelOperation, GoalFence, Turn
 from .. import ids, leases
 from ..errors import CancelConflict
+from ..kinds.cancel import CancelResult, CancelStatus
+from ..kinds.fence import FenceStatus
 from ..prompts import queue as prompts
 from ..sessions.rows import lock_session
 from ..transitions import Machine

@@ -14,19 +14,15 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ...models.enums import (
-    FenceStatus,
-    GoalAction,
-    OperationStatus,
-    Origin,
-    ProviderPhase,
-    SyncStatus,
-)
+from ...models.enums import SyncStatus
 from ...models.tables import GoalFence, GoalOperation, GoalState
-from .. import accept, ids, leases, records
+from .. import accept, ids, leases
 from ..errors import FenceConflict, NotFound
 from ..goals.lifecycle import GOAL
 from ..goals.submit import GoalRequest, submit
+from ..kinds.fence import FenceStatus
+from ..kinds.goal import GoalAction, OperationStatus, Origin, ProviderPhase
+from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..sessions.rows import append_event, lock_session
 from ..validation import check_id, check_reason, check_submit_id
 
@@ -192,7 +188,7 @@ def settle_clear_locally(
 
 
 def clear_delivered(
-    session: Session, fence_id: str, clear: records.GoalOperation, answer: dict | None
+    session: Session, fence_id: str, clear: GoalOperationRecord, answer: dict | None
 ) -> None:
     """The clear reached the agent (or the agent already had something newer): the fence has
     nothing left to deliver. An applied answer is the evidence the local settlement lacked."""

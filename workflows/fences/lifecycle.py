@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import func
 from sqlalchemy.orm import Session
 
-from ...models.enums import FenceStatus
 from ...models.tables import GoalFence
 from .. import leases
+from ..kinds.fence import FenceStatus
 from ..transitions import Machine
 
 S = FenceStatus

@@ -4,7 +4,7 @@ here, and its claim statement only guards against a lease taken meanwhile."""
 
 from datetime import datetime
 
-from ...models.enums import OPEN_OPERATION_STATUSES, ProviderPhase
+from ..kinds.goal import OPEN_OPERATION_STATUSES, ProviderPhase
 from .operations import budget_exhausted
 
 

@@ -5,7 +5,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .. import ids, records
+from .. import ids
+from ..kinds.goal import GoalOperation as GoalOperationRecord
 
 
 @dataclass
@@ -18,7 +19,7 @@ class StepResult:
 
 @dataclass(frozen=True)
 class Claim:
-    op: records.GoalOperation
+    op: GoalOperationRecord
     token: str
     reinstall: bool = False  # the session's fences go back to its host first
     # its host: (host_id, url, token)

@@ -15,9 +15,10 @@ from sqlalchemy.orm import Session
 from ...models.base import utcnow
 from ...models.db import rowcount
 from ...models.dialects import dialect_of
-from ...models.enums import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
 from .. import ids, leases, records
 from ..adapters import logs
+from ..kinds.goal import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
+from ..kinds.goal import GoalOperation as GoalOperationRecord
 from . import claim_rule, outcomes
 from .claims import Claim, Lane, StepResult
 from .statements import (
@@ -229,18 +230,18 @@ class GoalClaims:
         rows = {row.operation_id: row for row in lookup}
         verdicts: dict[str, Claim | StepResult] = {}
         taken: set[str] = set()
-        claimable: list[records.GoalOperation] = []
+        claimable: list[GoalOperationRecord] = []
         for operation_id in operation_ids:
             row = rows.get(operation_id)
             if together and row is not None and row.taken:
                 taken.add(operation_id)
-                claimable.append(records.from_row(records.GoalOperation, row))
+                claimable.append(records.from_row(GoalOperationRecord, row))
                 continue
             obstacle = claim_rule.obstacle(row, operation_id, now)
             if obstacle is not None:
                 verdicts[operation_id] = outcomes.verdict(session, row, operation_id, obstacle, now)
             else:
-                claimable.append(records.from_row(records.GoalOperation, row))
+                claimable.append(records.from_row(GoalOperationRecord, row))
         late = [op for op in claimable if op.operation_id not in taken]
         if late:
             # What the rule lets go and the statement did not take (SQLite; on PostgreSQL a
@@ -259,7 +260,7 @@ class GoalClaims:
 
     def _claim_of(
         self,
-        op: records.GoalOperation,
+        op: GoalOperationRecord,
         row,
         token: str,
         now: datetime,
@@ -285,7 +286,7 @@ class GoalClaims:
         )
 
     @staticmethod
-    def _claim_now(conn, params: dict[str, Any], ops: list[records.GoalOperation]) -> set[str]:
+    def _claim_now(conn, params: dict[str, Any], ops: list[GoalOperationRecord]) -> set[str]:
         """CLAIM (with their goal states' `applying`) of operations judged free to go; the
         ids it took."""
         params = {**params, "b_ops": [op.operation_id for op in ops]}

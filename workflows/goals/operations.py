@@ -12,16 +12,12 @@ from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
 from ...models.dialects import dialect_of
-from ...models.enums import (
-    OPEN_OPERATION_STATUSES,
-    OperationStatus,
-    Origin,
-    ProviderPhase,
-    SyncStatus,
-)
+from ...models.enums import SyncStatus
 from ...models.tables import GoalOperation, GoalState
-from .. import budgets, leases, records
+from .. import budgets, leases
 from ..escape import escape
+from ..kinds.goal import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase
+from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..sessions.rows import SESSIONS, lock_session, same_session
 from .lifecycle import GOAL
 from .tables import OPS, OPS_IN, RESTORE_DUE, STATES, key_params, sessions_of_ops
@@ -52,11 +48,9 @@ def sync_of(goal: Any, desired: Any, where: str) -> SyncStatus:
 DISPATCH_BUDGET_S = budgets.MAX_FAILING_S  # since the first dispatch
 DISPATCH_MAX_ATTEMPTS = budgets.MAX_ATTEMPTS
 ACCEPTED_BUDGET_S = 120
-# Backoff after a retryable runtime answer: 1, 2, 4 … seconds, capped.
-BACKOFF_CAP_S = 256
 
 
-# "Open", stated with its values (see models.enums.OPEN_OPERATION_SQL): the partial index of
+# "Open", stated with its values (see models.tables.OPEN_OPERATION_SQL): the partial index of
 # open operations serves only a query that states it this way.
 OPEN = GoalOperation.status.in_([literal_column(f"'{s.value}'") for s in OPEN_OPERATION_STATUSES])
 
@@ -105,10 +99,6 @@ def due_now(session: Session, operation_ids: list[str], now: datetime) -> list[s
     return operation_ids
 
 
-def backoff_s(attempt: int) -> float:
-    return float(min(2 ** max(attempt - 1, 0), BACKOFF_CAP_S))
-
-
 def budget_exhausted(op: GoalOperation, now: datetime) -> str | None:
     """Why an open operation must fail now instead of being dispatched again, if it must."""
     if op.provider_phase == ProviderPhase.ACCEPTED and op.accepted_at is not None:
@@ -126,7 +116,7 @@ def budget_exhausted(op: GoalOperation, now: datetime) -> str | None:
 
 def fail_operation(
     session: Session,
-    op: GoalOperation | records.GoalOperation,
+    op: GoalOperation | GoalOperationRecord,
     error: str,
     now: datetime,
     token: str | None = None,

@@ -11,18 +11,19 @@ from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
 from ...models.dialects import dialect_of
-from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
+from ...models.enums import SyncStatus
 from ...models.tables import GoalOperation, GoalState
-from .. import leases, records
+from .. import budgets, leases, records
 from ..adapters import logs
 from ..adapters.runtime import STALE_REVISION
 from ..errors import RuntimeFault
+from ..kinds.goal import GoalOperation as GoalOperationRecord
+from ..kinds.goal import OperationStatus, ProviderPhase
 from ..sessions.rows import lock_session
 from .claims import Attempt, Claim, Lane, StepResult
 from .lifecycle import GOAL
 from .operations import (
     ACCEPTED_BUDGET_S,
-    backoff_s,
     budget_exhausted,
     complete_applied,
     complete_applied_many,
@@ -200,7 +201,7 @@ def fault_outcome(
         "goal operation %s: attempt %d failed, retrying in %.0f s: %s",
         op.operation_id,
         op.attempt,
-        backoff_s(op.attempt),
+        budgets.backoff_s(op.attempt),
         error,
         extra=ids,
     )
@@ -209,7 +210,7 @@ def fault_outcome(
         .where(*held)
         .values(
             last_error=error,
-            next_attempt_at=now + timedelta(seconds=backoff_s(op.attempt)),
+            next_attempt_at=now + timedelta(seconds=budgets.backoff_s(op.attempt)),
             lease_owner=None,
             lease_token=None,
             lease_expires_at=None,
@@ -229,7 +230,7 @@ def _still_unknown(state: GoalState | None) -> TypeGuard[GoalState]:
 
 def unknown_current_goal(
     session: Session, workspace_id: str, session_id: str
-) -> records.GoalOperation | None:
+) -> GoalOperationRecord | None:
     """The completed operation of the session's current goal revision, when the host's goal is
     not known (a move: the new host never received it; a clear settled offline)."""
     state = session.get(GoalState, (workspace_id, session_id), populate_existing=True)
@@ -243,10 +244,10 @@ def unknown_current_goal(
             GoalOperation.status == OperationStatus.COMPLETED,
         )
     ).scalar_one_or_none()
-    return None if op is None else records.from_row(records.GoalOperation, op)
+    return None if op is None else records.from_row(GoalOperationRecord, op)
 
 
-def observe_delivered(session: Session, op: records.GoalOperation, goal: Any) -> None:
+def observe_delivered(session: Session, op: GoalOperationRecord, goal: Any) -> None:
     """The host applied the current goal delivered again (unknown_current_goal): what it
     answered is what the goal state observes, unless something newer came meanwhile."""
     state = session.get(GoalState, (op.workspace_id, op.session_id), populate_existing=True)

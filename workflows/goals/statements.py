@@ -22,8 +22,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 
 from ...models.base import UTCDateTime, table_of
-from ...models.enums import OperationStatus, ProviderPhase, SyncStatus
+from ...models.enums import SyncStatus
 from ...models.tables import GoalFence
+from ..kinds.goal import OperationStatus, ProviderPhase
 from ..leases import CLAIMED
 from ..maintenance.runs import holds
 from ..sessions.hosts import HOSTS

@@ -12,19 +12,15 @@ from sqlalchemy.orm import Session
 
 from ...models.db import bound, execute_writes, insert_bound, rowcount
 from ...models.dialects import dialect_of
-from ...models.enums import (
-    GoalAction,
-    OperationStatus,
-    Origin,
-    ProviderPhase,
-    SyncStatus,
-)
+from ...models.enums import SyncStatus
 from .. import accept, ids, records
 from ..errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
     GoalStateAbsent,
 )
+from ..kinds.goal import GoalAction, OperationStatus, Origin, ProviderPhase
+from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..leases import LEASES
 from ..sessions.rows import (
     INSERT_EVENT,
@@ -137,7 +133,7 @@ _UPDATE_STATE = (
     .values({name: bindparam("st_" + name, type_=STATES.c[name].type) for name in _STATE_COLUMNS})
 )
 _INSERT_OPERATION = insert_bound(
-    OPS, "op_", [f.name for f in dataclasses.fields(records.GoalOperation)]
+    OPS, "op_", [f.name for f in dataclasses.fields(GoalOperationRecord)]
 )
 _LOAD_OPERATION = select(OPS).where(OPS.c.operation_id == bindparam("b_op"))
 # An open operation superseded (`b_superseded`): by a newer submit, beside its other
@@ -161,14 +157,14 @@ _SUPERSEDE = (
 _CREATE_LANE = postgresql.insert(LEASES).values(name=bindparam("b_lane")).on_conflict_do_nothing()
 
 
-def load_operation(session: Session, operation_id: str) -> records.GoalOperation | None:
+def load_operation(session: Session, operation_id: str) -> GoalOperationRecord | None:
     row = session.connection().execute(_LOAD_OPERATION, {"b_op": operation_id}).first()
-    return None if row is None else records.from_row(records.GoalOperation, row)
+    return None if row is None else records.from_row(GoalOperationRecord, row)
 
 
 def submit(
     session: Session, request: GoalRequest, now: datetime
-) -> tuple[records.GoalOperation, bool]:
+) -> tuple[GoalOperationRecord, bool]:
     """Accept a goal control intent in the caller's transaction (docs/lifecycles.md: goals, submit
     1-7).
 
@@ -251,7 +247,7 @@ def submit(
             "observed": None,
         }
     params |= bound("st_", state)
-    op = records.GoalOperation(
+    op = GoalOperationRecord(
         operation_id=request.operation_id,
         workspace_id=request.workspace_id,
         session_id=request.session_id,

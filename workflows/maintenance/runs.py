@@ -14,12 +14,6 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
-from ...models.enums import (
-    LIVE_MAINTENANCE_STATUSES,
-    TERMINAL_MAINTENANCE_STATUSES,
-    MaintenanceError,
-    MaintenanceStatus,
-)
 from ...models.tables import MaintenanceRun
 from .. import accept, ids
 from ..errors import (
@@ -29,6 +23,12 @@ from ..errors import (
     MaintenanceRecoveryRequired,
     RuntimeDraining,
     SessionBusy,
+)
+from ..kinds.maintenance import (
+    LIVE_MAINTENANCE_STATUSES,
+    TERMINAL_MAINTENANCE_STATUSES,
+    MaintenanceError,
+    MaintenanceStatus,
 )
 from ..sessions.rows import append_event, lock_session, prompt_in_flight
 from ..validation import (

@@ -11,14 +11,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from ...models.enums import (
-    FenceStatus,
-    MaintenanceError,
-    MaintenanceStatus,
-    OperationStatus,
-    ProviderPhase,
-    SyncStatus,
-)
+from ...models.enums import SyncStatus
 from ...models.tables import (
     AgentSession,
     GoalFence,
@@ -30,6 +23,9 @@ from .. import leases
 from ..errors import Conflict, InvalidArgument, NotFound
 from ..fences import lifecycle
 from ..goals.lifecycle import GOAL
+from ..kinds.fence import FenceStatus
+from ..kinds.goal import OperationStatus, ProviderPhase
+from ..kinds.maintenance import MaintenanceError, MaintenanceStatus
 from ..maintenance import runs
 from ..sessions.rows import append_event, lock_session
 from ..validation import MAX_REASON_BYTES, check_choice, check_text

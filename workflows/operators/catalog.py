@@ -14,10 +14,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .. import records
-from ..activity import stops
 from ..errors import InvalidArgument, NotFound
+from ..kinds import KINDS, kind_of_record
+from ..kinds.base import Kind
 from ..validation import check_choice, check_id, check_limit
-from .kinds import KINDS, Kind, kind_of_record
 
 
 def kind_of(record: Any) -> str:
@@ -142,7 +142,7 @@ def list_operations(session: Session, query: ListQuery, now: datetime) -> list[A
             where.append(kind.created <= now - timedelta(seconds=query.older_than_s))
         if query.newer_than_s is not None:
             where.append(kind.created >= now - timedelta(seconds=query.newer_than_s))
-        derived = kind.name == "stop"
+        derived = not hasattr(kind.table, "status")  # its record derives one (a stop)
         if query.status is not None and not derived:
             where.append(kind.table.status == query.status)
         if query.status is not None and query.status not in kind.statuses:
@@ -152,7 +152,7 @@ def list_operations(session: Session, query: ListQuery, now: datetime) -> list[A
             select(kind.table).where(*where).order_by(order).limit(query.limit)
         ).scalars()
         for row in rows:
-            status = row.status if not derived else stops.record(session, row).status
+            status = row.status if not derived else kind.record(session, row).status
             if query.status is not None and status != query.status:
                 continue
             found.append(

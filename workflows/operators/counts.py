@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from ...models.dialects import dialect_of
 from ...models.tables import SettledCount
-from .kinds import COUNTED
+from ..kinds import COUNTED
 
 # Rows per kind per transaction of `count_settled`.
 COUNT_BATCH = 1000

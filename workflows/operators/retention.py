@@ -16,11 +16,12 @@ from sqlalchemy import ColumnElement, and_, literal, select
 from sqlalchemy.orm import Session
 
 from ...models.dialects import dialect_of
-from ...models.enums import LIVE_MAINTENANCE_STATUSES, TurnPhase
+from ...models.enums import TurnPhase
 from ...models.tables import MaintenanceRun, SessionEvent, Turn
 from ..errors import InvalidArgument
+from ..kinds import KINDS
+from ..kinds.maintenance import LIVE_MAINTENANCE_STATUSES
 from .counts import add_counts
-from .kinds import KINDS
 
 DEFAULT_RETENTION_DAYS = 30.0
 MIN_RETENTION_DAYS = 1.0

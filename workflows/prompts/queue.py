@@ -12,10 +12,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased
 
 from ...models.db import run_transaction
-from ...models.enums import PromptStatus, TurnOutcome
+from ...models.enums import TurnOutcome
 from ...models.tables import AgentSession, Prompt, Turn
 from .. import accept, budgets, ids, leases
 from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
+from ..kinds.prompt import PromptStatus
 from ..maintenance.runs import holds, session_held
 from ..sessions.rows import lock_session, prompt_in_flight, same_session
 from ..transitions import Machine

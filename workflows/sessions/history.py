@@ -3,8 +3,8 @@
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ...models.enums import TERMINAL_MAINTENANCE_STATUSES
 from ...models.tables import SessionEvent
+from ..kinds.maintenance import TERMINAL_MAINTENANCE_STATUSES
 from ..records import HistoryRow
 
 

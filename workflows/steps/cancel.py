@@ -7,18 +7,20 @@ import logging
 from sqlalchemy.orm import Session
 
 from ...models.db import run_read, run_transaction
-from ...models.enums import CancelResult, CancelStatus
 from ...models.tables import CancelOperation, MaintenanceRun, Turn
 from .. import budgets
 from ..activity.epochs import EpochEffects, observe_epoch
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
-from ..goals.operations import backoff_s
+from ..kinds.cancel import CANCEL_APPLY_TASK, CancelResult, CancelStatus
+from ..kinds.fence import FENCE_APPLY_TASK
+from ..kinds.prompt import PROMPT_TASK
 from ..sessions import hosts, turns
 from ..sessions.rows import Heard, heard_in, lock_session, record_liveness
-from ..task_names import CANCEL_APPLY_TASK, FENCE_APPLY_TASK, PROMPT_TASK, RESTORE_TASK
+from ..task_names import RESTORE_TASK
 from . import Step, pin
 from .wake import publish_epoch_effects
 

@@ -13,24 +13,22 @@ from functools import cached_property
 from sqlalchemy.orm import Session
 
 from ...models.db import run_read, run_transaction
-from ...models.enums import (
-    OPEN_OPERATION_STATUSES,
-    FenceStatus,
-)
 from ...models.tables import AgentSession, GoalFence, GoalOperation
 from .. import budgets, ids, leases
 from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND
+from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, lifecycle, restores
 from ..fences.fencing import settle_clear_locally
 from ..goals import outcomes
 from ..goals.claims import Claim
-from ..goals.operations import backoff_s, fail_operation
+from ..goals.operations import fail_operation
+from ..kinds.fence import FENCE_APPLY_TASK, FenceStatus
+from ..kinds.goal import OPEN_OPERATION_STATUSES
 from ..maintenance import runs
 from ..sessions import turns
 from ..sessions.rows import Heard, heard_in, lock_session
-from ..task_names import FENCE_APPLY_TASK
 from . import Step
 from .cancel import CancelRunner, mark_offline
 from .fence_install import ensure_fences_installed

@@ -14,13 +14,13 @@ from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
-from ...models.enums import MaintenanceError, MaintenanceStatus
 from ...models.tables import MaintenanceRun
 from .. import leases
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
+from ..kinds.maintenance import EXECUTE_TASK, MaintenanceError, MaintenanceStatus
 from ..maintenance import runs
-from ..task_names import EXECUTE_TASK, Publish
+from ..task_names import Publish
 from . import Step, pin
 from .fence_install import ensure_fences_installed
 from .wake import release_session

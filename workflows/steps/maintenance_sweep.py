@@ -8,11 +8,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.db import run_transaction
-from ...models.enums import MaintenanceError, MaintenanceStatus
 from ...models.tables import MaintenanceRun
 from .. import leases
+from ..kinds.maintenance import EXECUTE_TASK, MaintenanceError, MaintenanceStatus
 from ..maintenance import runs
-from ..task_names import EXECUTE_TASK, Publish
+from ..task_names import Publish
 
 S = MaintenanceStatus
 

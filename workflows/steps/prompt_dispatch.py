@@ -11,8 +11,9 @@ from ...models.db import run_transaction
 from ..adapters.runtime import RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import moves
+from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..prompts import queue as prompts
-from ..task_names import CANCEL_APPLY_TASK, Publish
+from ..task_names import Publish
 from . import pin
 from .fence_install import ensure_fences_installed
 

@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
-from ...models.enums import ProviderPhase
 from ...models.tables import GoalFence, GoalOperation
 from .. import records
 from ..activity.reconcile import Reconciled, apply_state
@@ -32,13 +31,13 @@ from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import restores
 from ..fences.fencing import clear_delivered
 from ..goals import outcomes
+from ..kinds.cancel import CANCEL_APPLY_TASK
+from ..kinds.fence import FENCE_APPLY_TASK
+from ..kinds.goal import GoalOperation as GoalOperationRecord
+from ..kinds.goal import ProviderPhase
+from ..kinds.prompt import PROMPT_TASK
 from ..sessions.rows import Heard, heard_in
-from ..task_names import (
-    CANCEL_APPLY_TASK,
-    FENCE_APPLY_TASK,
-    PROMPT_TASK,
-    Publish,
-)
+from ..task_names import Publish
 from . import Pinned, pin
 from .fence_install import ensure_fences_installed
 from .goals.dispatch import apply_goal
@@ -103,7 +102,7 @@ def deliver_current_goal(engine: Engine, there: Pinned, *, require_live: bool) -
 
 def _undelivered_clears(
     session: Session, workspace_id: str, session_id: str
-) -> list[tuple[str, records.GoalOperation]]:
+) -> list[tuple[str, GoalOperationRecord]]:
     rows = session.execute(
         select(GoalFence.fence_id, GoalOperation)
         .join(GoalOperation, GoalOperation.operation_id == GoalFence.clear_operation_id)
@@ -114,7 +113,7 @@ def _undelivered_clears(
         )
         .order_by(GoalFence.created_at)
     ).all()
-    return [(fence_id, records.from_row(records.GoalOperation, op)) for fence_id, op in rows]
+    return [(fence_id, records.from_row(GoalOperationRecord, op)) for fence_id, op in rows]
 
 
 def reconcile_session(

@@ -11,13 +11,11 @@ from ...models.db import run_transaction
 from ..activity.epochs import EpochEffects
 from ..fences import cancels
 from ..goals.operations import due_now, open_client_operations
-from ..task_names import (
-    CANCEL_APPLY_TASK,
-    DISPATCH_TASK,
-    FENCE_APPLY_TASK,
-    PROMPT_TASK,
-    Publish,
-)
+from ..kinds.cancel import CANCEL_APPLY_TASK
+from ..kinds.fence import FENCE_APPLY_TASK
+from ..kinds.goal import DISPATCH_TASK
+from ..kinds.prompt import PROMPT_TASK
+from ..task_names import Publish
 
 
 def release_session(

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from ...models.base import utcnow
 from ...models.db import run_read
-from ...models.enums import FenceStatus
+from ..kinds.fence import FenceStatus
 from ..operators.counts import operation_counts
 from .status import OVERDUE_S, fleet_facts
 

@@ -9,14 +9,7 @@ from sqlalchemy.orm import Session
 from ...models.base import utcnow
 from ...models.coordination import HostCircuit
 from ...models.db import run_read
-from ...models.enums import (
-    LIVE_MAINTENANCE_STATUSES,
-    OPEN_OPERATION_STATUSES,
-    FenceStatus,
-    MaintenanceStatus,
-    PromptStatus,
-    SyncStatus,
-)
+from ...models.enums import SyncStatus
 from ...models.tables import (
     AgentSession,
     CancelOperation,
@@ -29,6 +22,10 @@ from ...models.tables import (
 )
 from .. import budgets, leases
 from ..activity.reconcile import wedged
+from ..kinds.fence import FenceStatus
+from ..kinds.goal import OPEN_OPERATION_STATUSES
+from ..kinds.maintenance import LIVE_MAINTENANCE_STATUSES, MaintenanceStatus
+from ..kinds.prompt import PromptStatus
 from ..operators.counts import Counts, by_status, operation_counts
 from ..sessions import hosts
 from ..steps.fence_apply import WAITING_FOR_TURN

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 from ....models.base import utcnow
 from ....models.db import run_read, run_transaction
 from ....models.dialects import dialect_of
-from ....models.enums import Origin
 from ... import leases, records
 from ...adapters.runtime import RuntimePort
 from ...errors import RuntimeDisconnected, RuntimeFault
@@ -32,6 +31,8 @@ from ...goals.statements import (
     lookup_and_claim_params,
     named_claim_params,
 )
+from ...kinds.goal import GoalOperation as GoalOperationRecord
+from ...kinds.goal import Origin
 from ..fence_install import ensure_fences_installed
 from . import flight
 
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def apply_goal(
-    runtime: RuntimePort, op: records.GoalOperation, *, require_live: bool = True
+    runtime: RuntimePort, op: GoalOperationRecord, *, require_live: bool = True
 ) -> dict[str, Any]:
     """The runtime call of one goal operation (require_live: no background call resumes a
     session; only a user's own ensure_session passes False)."""
@@ -177,7 +178,7 @@ class Dispatcher(GoalClaims):
         )
         if not rows:
             return None
-        op = records.from_row(records.GoalOperation, rows[0])
+        op = records.from_row(GoalOperationRecord, rows[0])
         return self._drain(
             {lane: self._claim_of(op, rows[0], claim["b_token"], now, expires)}, steal
         )
@@ -233,7 +234,7 @@ class Dispatcher(GoalClaims):
             )
             return Attempt(claim, fault=fault, retryable=True)
 
-    def _call_runtime(self, runtime: RuntimePort, op: records.GoalOperation) -> dict[str, Any]:
+    def _call_runtime(self, runtime: RuntimePort, op: GoalOperationRecord) -> dict[str, Any]:
         try:
             return apply_goal(runtime, op)
         except RuntimeDisconnected:

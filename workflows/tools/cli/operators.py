@@ -5,8 +5,8 @@ import re
 import click
 
 from ...errors import InvalidArgument, NotFound
+from ...kinds import KINDS
 from ...operators.catalog import STATUSES, kind_of
-from ...operators.kinds import KINDS
 from ...records import as_dict
 from .common import _client, _emit, cli, error_note, json_option
 

@@ -1,0 +1,71 @@
+"""The turn cancel kind (docs/lifecycles.md: cancels), made by a fence, a stop or the
+stale-cancel sweep: its statuses, record, task name and declaration. Its rules are
+`fences/cancels.py`, its step `steps/cancel.py`."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from ...models.tables import CancelOperation
+from .base import Kind, Republish, settled_before
+
+CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
+
+
+class CancelStatus(StrEnum):
+    PREPARED = "prepared"
+    LEASED = "leased"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class CancelResult(StrEnum):
+    CANCELED = "canceled"
+    ALREADY_SETTLED = "already_settled"
+    INTERRUPTED = "interrupted"
+
+
+SETTLED = (CancelStatus.COMPLETED, CancelStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class TurnCancel:
+    """A durable turn cancel (docs/lifecycles.md: cancels): made by a fence, a stop or the
+    stale-cancel sweep."""
+
+    operation_id: str
+    workspace_id: str
+    session_id: str
+    turn_id: str
+    reason: str
+    status: str
+    result: str | None
+    attempt: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+    completed_at: datetime | None
+    created_at: datetime
+
+    @property
+    def settled(self) -> bool:
+        return self.status in SETTLED
+
+
+KIND = Kind(
+    "cancel",
+    "turn cancel",
+    CancelOperation,
+    CancelOperation.operation_id,
+    CancelOperation.created_at,
+    CancelOperation.last_error,
+    TurnCancel,
+    tuple(CancelStatus),
+    settled=SETTLED,
+    prunable=settled_before(CancelOperation, SETTLED),
+    republish=Republish(
+        (CancelStatus.PREPARED, CancelStatus.LEASED),
+        CANCEL_APPLY_TASK,
+        "operation_id",
+        grace_first_attempt=False,
+    ),
+)
