@@ -13,7 +13,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 
 from ..models.db import run_transaction
-from ..models.tables import GoalOperation
+from ..models.operations import GoalOperation
 from ..workflows import leases
 from ..workflows.activity.reconcile import to_reconcile
 from ..workflows.fences import restores

@@ -1,4 +1,5 @@
-"""Typed SQLAlchemy models of the tables agent-radar keeps (docs/lifecycles.md)."""
+"""Typed SQLAlchemy models of the tables agent-radar keeps (docs/lifecycles.md); the operation
+kinds' are in operations.py."""
 
 from datetime import datetime
 from typing import Any
@@ -23,38 +24,12 @@ ID = String(255)
 SHORT = String(32)
 
 # Partial indexes' conditions, with their values: a query uses one only where it states its
-# condition the same way. Not counted under its status in settled_counts (docs/operations.md:
-# counts), as SQLAlchemy renders `counted_as.is_distinct_from(status)`.
-UNCOUNTED_PG = "counted_as IS DISTINCT FROM status"
-UNCOUNTED_SQLITE = "counted_as IS NOT status"
-# The goal operation is open (workflows/kinds/goal.py: OPEN_OPERATION_STATUSES).
-OPEN_OPERATION_SQL = "status IN ('prepared', 'dispatched')"
+# condition the same way.
 UNSURE_GOALS = "sync_status IN ('unknown', 'diverged')"
 PROMPTED = "prompt_id IS NOT NULL"
 
 
-def history_indexes(table: str, created: str = "created_at") -> tuple[Index, ...]:
-    """A table that grows with every operation: listed newest first, by workspace or not, and
-    pruned by age (migration 0013), and its uncounted rows found without reading the rest."""
-    return (
-        Index(f"ix_{table}_created", created),
-        Index(f"ix_{table}_workspace_created", "workspace_id", created),
-        Index(
-            f"ix_{table}_uncounted",
-            "status",
-            "workspace_id",
-            "counted_as",
-            postgresql_where=text(UNCOUNTED_PG),
-            sqlite_where=text(UNCOUNTED_SQLITE),
-        ),
-    )
-
-
-class Counted:
-    counted_as: Mapped[str | None] = mapped_column(SHORT)  # in settled_counts (None: not)
-
-
-def _where(condition: str) -> dict:
+def partial(condition: str) -> dict:
     """A partial index's condition, on both dialects."""
     return {"postgresql_where": text(condition), "sqlite_where": text(condition)}
 
@@ -66,11 +41,11 @@ class AgentSession(Base):
         Index(
             "ix_agent_sessions_restore_due",
             "restore_due_at",
-            **_where("restore_due_at IS NOT NULL"),
+            **partial("restore_due_at IS NOT NULL"),
         ),
         # Sessions whose restore met faults, for `status` (migration 0015).
         Index(
-            "ix_agent_sessions_restore_failing", "restore_attempt", **_where("restore_attempt > 0")
+            "ix_agent_sessions_restore_failing", "restore_attempt", **partial("restore_attempt > 0")
         ),
     )
 
@@ -105,7 +80,7 @@ class GoalState(Base):
     __tablename__ = "goal_states"
     __table_args__ = (
         # Goals left unsure, for the sweeper's reconcile and `status` (migration 0015).
-        Index("ix_goal_states_unsure", "sync_status", **_where(UNSURE_GOALS)),
+        Index("ix_goal_states_unsure", "sync_status", **partial(UNSURE_GOALS)),
     )
 
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -117,48 +92,6 @@ class GoalState(Base):
     sync_status: Mapped[str] = mapped_column(SHORT, default="pending")
     pending_operation_id: Mapped[str | None] = mapped_column(ID)
     last_error: Mapped[str | None] = mapped_column(Text)
-
-
-class LeaseColumns:
-    """The (owner, token, expires_at) triple of docs/lifecycles.md: leases, shared by leased
-    rows."""
-
-    lease_owner: Mapped[str | None] = mapped_column(ID)
-    lease_token: Mapped[str | None] = mapped_column(String(64))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-
-class GoalOperation(LeaseColumns, Counted, Base):
-    __tablename__ = "goal_operations"
-    __table_args__ = (
-        UniqueConstraint(
-            "workspace_id", "session_id", "client_submit_id", name="uq_goal_operations_submit"
-        ),
-        Index("ix_goal_operations_due", "status", "next_attempt_at"),
-        # Open operations in due order, walked by a due read (migration 0009 says why).
-        Index("ix_goal_operations_open_due", "next_attempt_at", **_where(OPEN_OPERATION_SQL)),
-        Index("ix_goal_operations_session", "workspace_id", "session_id", "goal_revision"),
-        *history_indexes("goal_operations"),
-    )
-
-    operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    workspace_id: Mapped[str] = mapped_column(ID)
-    session_id: Mapped[str] = mapped_column(ID)
-    client_submit_id: Mapped[str] = mapped_column(ID)
-    origin: Mapped[str] = mapped_column(SHORT)
-    action: Mapped[str] = mapped_column(SHORT)
-    objective: Mapped[str | None] = mapped_column(Text)
-    goal_revision: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(SHORT)
-    provider_phase: Mapped[str] = mapped_column(SHORT)
-    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
-    last_error: Mapped[str | None] = mapped_column(Text)
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    first_dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class SessionEvent(Base):
@@ -193,52 +126,12 @@ class Lease(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class GoalFence(LeaseColumns, Counted, Base):
-    """A permanent ban on one exact (operation, revision); `status` tracks only delivery."""
-
-    __tablename__ = "goal_fences"
-    __table_args__ = (
-        UniqueConstraint(
-            "workspace_id", "session_id", "client_submit_id", name="uq_goal_fences_submit"
-        ),
-        UniqueConstraint("target_operation_id", name="uq_goal_fences_target"),
-        Index("ix_goal_fences_due", "status", "next_attempt_at"),
-        Index("ix_goal_fences_session", "workspace_id", "session_id"),
-        *history_indexes("goal_fences"),
-    )
-
-    fence_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    workspace_id: Mapped[str] = mapped_column(ID)
-    session_id: Mapped[str] = mapped_column(ID)
-    target_operation_id: Mapped[str] = mapped_column(String(36))
-    target_revision: Mapped[int] = mapped_column(Integer)
-    client_submit_id: Mapped[str] = mapped_column(ID)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    status: Mapped[str] = mapped_column(SHORT)
-    clear_operation_id: Mapped[str | None] = mapped_column(String(36))
-    cancel_operation_id: Mapped[str | None] = mapped_column(String(36))
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    # When the current run of failed attempts began (the age budget); None while waiting.
-    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # The (host, epoch) this fence was last installed at, as known before the call (None: nowhere;
-    # another than the session's: not known to be there; docs/lifecycles.md: sessions).
-    installed_host: Mapped[str | None] = mapped_column(ID)
-    installed_epoch: Mapped[int | None] = mapped_column(Integer)
-    # The fence's clear was settled locally without reaching the agent: delivered once the
-    # session is live again (docs/lifecycles.md: fences).
-    clear_undelivered: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-
-
 class Turn(Base):
     __tablename__ = "turns"
     __table_args__ = (
         Index("ix_turns_settled", "settled_at"),  # retention
         # A prompt's turn, for the sweeper's reconcile of unreported prompts (migration 0019).
-        Index("ix_turns_prompt", "workspace_id", "session_id", "prompt_id", **_where(PROMPTED)),
+        Index("ix_turns_prompt", "workspace_id", "session_id", "prompt_id", **partial(PROMPTED)),
     )
 
     workspace_id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -260,113 +153,6 @@ class Turn(Base):
     # record key is another (workflows/sessions/turns.py).
     host_id: Mapped[str | None] = mapped_column(ID)
     host_turn_id: Mapped[str | None] = mapped_column(ID)
-
-
-class CancelOperation(LeaseColumns, Counted, Base):
-    __tablename__ = "cancel_operations"
-    __table_args__ = (
-        Index("ix_cancel_operations_due", "status", "next_attempt_at"),
-        *history_indexes("cancel_operations"),
-    )
-
-    operation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    workspace_id: Mapped[str] = mapped_column(ID)
-    session_id: Mapped[str] = mapped_column(ID)
-    turn_id: Mapped[str] = mapped_column(ID)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    status: Mapped[str] = mapped_column(SHORT)
-    result: Mapped[str | None] = mapped_column(SHORT)
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    # A cancel owed to the host a session moved away from (docs/lifecycles.md: sessions): it goes
-    # there, not to the session's host; with `run_id`, of that maintenance run instead of a turn.
-    host_id: Mapped[str | None] = mapped_column(ID)
-    run_id: Mapped[str | None] = mapped_column(String(36))
-
-
-class MaintenanceRun(LeaseColumns, Counted, Base):
-    """Exclusive per-session work; the lease is the executing worker's heartbeat."""
-
-    __tablename__ = "maintenance_runs"
-    __table_args__ = (
-        UniqueConstraint(
-            "workspace_id", "session_id", "client_submit_id", name="uq_maintenance_runs_submit"
-        ),
-        Index("ix_maintenance_runs_live", "status", "lease_expires_at"),
-        Index("ix_maintenance_runs_session", "workspace_id", "session_id", "status"),
-        *history_indexes("maintenance_runs", created="started_at"),
-    )
-
-    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    workspace_id: Mapped[str] = mapped_column(ID)
-    session_id: Mapped[str] = mapped_column(ID)
-    client_submit_id: Mapped[str] = mapped_column(ID)
-    kind: Mapped[str] = mapped_column(SHORT)
-    args: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
-    status: Mapped[str] = mapped_column(SHORT)
-    error_code: Mapped[str | None] = mapped_column(SHORT)
-    detail: Mapped[str | None] = mapped_column(Text)
-    revision: Mapped[int] = mapped_column(Integer)
-    runtime_epoch: Mapped[int] = mapped_column(Integer)
-    applied: Mapped[bool | None] = mapped_column(Boolean)
-    input_tokens: Mapped[int | None] = mapped_column(Integer)
-    result_tokens: Mapped[int | None] = mapped_column(Integer)
-    summary: Mapped[str | None] = mapped_column(Text)
-    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-
-class Prompt(Counted, Base):
-    __tablename__ = "prompts"
-    __table_args__ = (
-        UniqueConstraint(
-            "workspace_id", "session_id", "client_submit_id", name="uq_prompts_submit"
-        ),
-        Index("ix_prompts_due", "status", "workspace_id", "session_id", "position"),
-        *history_indexes("prompts"),
-    )
-
-    prompt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    workspace_id: Mapped[str] = mapped_column(ID)
-    session_id: Mapped[str] = mapped_column(ID)
-    client_submit_id: Mapped[str] = mapped_column(ID)
-    text: Mapped[str] = mapped_column(Text)
-    status: Mapped[str] = mapped_column(SHORT)
-    position: Mapped[int] = mapped_column(Integer)
-    turn_id: Mapped[str | None] = mapped_column(ID)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    last_error: Mapped[str | None] = mapped_column(Text)
-    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
-
-
-class SessionStop(Base):
-    """`stop_session` (docs/lifecycles.md: sessions): what it asked to end. It has settled once the
-    turn and the maintenance run it named have ended, which their own rows say."""
-
-    __tablename__ = "session_stops"
-    __table_args__ = (
-        UniqueConstraint(
-            "workspace_id", "session_id", "client_submit_id", name="uq_session_stops_submit"
-        ),
-        Index("ix_session_stops_created", "created_at"),  # retention
-    )
-
-    stop_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    workspace_id: Mapped[str] = mapped_column(ID)
-    session_id: Mapped[str] = mapped_column(ID)
-    client_submit_id: Mapped[str] = mapped_column(ID)
-    reason: Mapped[str] = mapped_column(Text)
-    turn_id: Mapped[str | None] = mapped_column(ID)
-    cancel_operation_id: Mapped[str | None] = mapped_column(String(36))
-    run_id: Mapped[str | None] = mapped_column(String(36))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class RuntimeHost(Base):
@@ -397,4 +183,4 @@ class SettledCount(Base):
 
 
 # The workers' own coordination tables (models/coordination.py) are in the metadata too.
-from . import coordination  # noqa: E402, F401
+from . import coordination, operations  # noqa: E402, F401

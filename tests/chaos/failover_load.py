@@ -10,7 +10,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from agent_radar.models.db import run_read
-from agent_radar.models.tables import GoalOperation as GoalOperationRow
+from agent_radar.models.operations import GoalOperation as GoalOperationRow
 from agent_radar.workflows.client import AgentRadar
 from agent_radar.workflows.kinds.goal import TERMINAL_OPERATION_STATUSES, GoalOperation
 from agent_radar.workflows.tools.bench.harness import EffectFeed

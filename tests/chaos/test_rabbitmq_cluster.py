@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from agent_radar.models.tables import GoalOperation as GoalOperationRow
+from agent_radar.models.operations import GoalOperation as GoalOperationRow
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.kinds.goal import TERMINAL_OPERATION_STATUSES, OperationStatus
 from agent_radar.workflows.tools.stack import free_port

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from agent_radar.models.db import run_read
-from agent_radar.models.tables import GoalOperation
+from agent_radar.models.operations import GoalOperation
 from agent_radar.workflows.tools.simulator import SimControl, SimServer
 from agent_radar.workflows.tools.stack import free_port
 from agent_radar.workflows.tools.status import fleet_status, problems

@@ -4,7 +4,8 @@ simulator over HTTP."""
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import CancelOperation, Turn
+from agent_radar.models.operations import CancelOperation
+from agent_radar.models.tables import Turn
 from agent_radar.workflows import ids
 from tests.end_to_end.test_fences import calls, fence_while_offline, fenced_turn, goal_actions
 from tests.helpers import eventually

@@ -9,9 +9,10 @@ from agent_radar.beat.sweeper import sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
 from agent_radar.models.enums import TurnPhase
-from agent_radar.models.tables import AgentSession, CancelOperation, Turn
+from agent_radar.models.operations import CancelOperation
+from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows import ids
-from agent_radar.workflows.fences.cancels import OPEN_CANCEL_STATUSES
+from agent_radar.workflows.kinds.cancel import OPEN_CANCEL_STATUSES
 from agent_radar.workflows.task_names import RESTORE_TASK
 from tests.helpers import eventually
 

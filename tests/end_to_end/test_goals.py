@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalOperation, Lease
+from agent_radar.models.operations import GoalOperation
+from agent_radar.models.tables import Lease
 from agent_radar.workflows.adapters.publisher import TaskPublisher
 from agent_radar.workflows.client import AgentRadar
 from tests.helpers import dispatching, effects_by_operation, eventually, row_counts

@@ -34,7 +34,8 @@ from sqlalchemy import select
 from agent_radar.beat.sweeper import REPUBLISH_INTERVAL_S, sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalFence, GoalOperation, Turn
+from agent_radar.models.operations import GoalFence, GoalOperation
+from agent_radar.models.tables import Turn
 from agent_radar.workflows.activity.reconcile import RECONCILE_INTERVAL_S, STALE_TURN_S
 from agent_radar.workflows.adapters import report_auth
 from agent_radar.workflows.adapters.publisher import TaskPublisher
@@ -487,7 +488,8 @@ def test_random_schedules_never_leave_a_fenced_generation_alive(settings, backen
             fleet.check_not_wedged()
         except AssertionError as exc:
             if os.environ.get("WALK_DEBUG"):
-                from agent_radar.models.tables import CancelOperation, Turn
+                from agent_radar.models.operations import CancelOperation
+                from agent_radar.models.tables import Turn
 
                 def dump(s):
                     for t in (Turn, CancelOperation, GoalFence):

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalOperation, Lease
+from agent_radar.models.operations import GoalOperation
+from agent_radar.models.tables import Lease
 from agent_radar.tasks.gate import check_headers
 from agent_radar.tasks.headers import HEADERS
 from agent_radar.tasks.strict import TASK_NAMES

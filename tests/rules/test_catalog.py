@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import CancelOperation, GoalFence
+from agent_radar.models.operations import CancelOperation, GoalFence
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.kinds import cancel as cancel_kind

@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from agent_radar.models.base import utcnow
-from agent_radar.models.tables import AgentSession, GoalOperation, GoalState, MaintenanceRun
+from agent_radar.models.operations import GoalOperation, MaintenanceRun
+from agent_radar.models.tables import AgentSession, GoalState
 from agent_radar.workflows.goals.claim_rule import obstacle
 from agent_radar.workflows.goals.operations import (
     ACCEPTED_BUDGET_S,

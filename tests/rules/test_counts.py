@@ -13,7 +13,8 @@ from agent_radar.beat.sweeper import count_settled
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_read, run_transaction
 from agent_radar.models.dialects import dialect_of
-from agent_radar.models.tables import GoalOperation, SettledCount
+from agent_radar.models.operations import GoalOperation
+from agent_radar.models.tables import SettledCount
 from agent_radar.workflows.goals.operations import fail_operation
 from agent_radar.workflows.operators import counts
 from agent_radar.workflows.tools.status import fleet_status

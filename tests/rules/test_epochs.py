@@ -5,7 +5,8 @@ before any goal call reaches the session again."""
 import time
 
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import AgentSession, GoalFence, Turn
+from agent_radar.models.operations import GoalFence
+from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.maintenance import runs
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher

@@ -199,7 +199,8 @@ def test_a_stale_cancel_of_an_offline_session_waits_then_goes_once_it_is_live(cl
     a network fault): the cancel waits, using no budget and never resuming the session, and is
     delivered when the session is live again."""
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import CancelOperation, Turn
+    from agent_radar.models.operations import CancelOperation
+    from agent_radar.models.tables import Turn
     from tests.helpers import Clock
 
     clock = Clock()
@@ -299,7 +300,8 @@ def test_a_stale_cancel_of_a_vanished_session_settles_its_turns_as_interrupted(c
     """session_not_found is an authoritative end: every turn of the session ends
     interrupted locally, with no cancel call and no resume; waiting work is woken."""
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import CancelOperation, Turn
+    from agent_radar.models.operations import CancelOperation
+    from agent_radar.models.tables import Turn
     from tests.helpers import Clock
 
     clock = Clock()
@@ -330,7 +332,7 @@ def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
     from sqlalchemy import update
 
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import CancelOperation
+    from agent_radar.models.operations import CancelOperation
     from tests.helpers import Clock
 
     clock = Clock()
@@ -358,7 +360,7 @@ def test_a_stale_cancel_failing_for_too_long_fails_on_age(client, sim_control):
     from sqlalchemy import update
 
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import CancelOperation
+    from agent_radar.models.operations import CancelOperation
     from tests.helpers import Clock
 
     clock = Clock()
@@ -380,7 +382,7 @@ def test_a_stale_cancel_failing_for_too_long_fails_on_age(client, sim_control):
 
 def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_control):
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import CancelOperation
+    from agent_radar.models.operations import CancelOperation
     from agent_radar.workflows.adapters.http_runtime import HttpRuntime
     from agent_radar.workflows.steps.cancel import CancelRunner
     from tests.helpers import Clock
@@ -527,7 +529,7 @@ def _fenced_turn_running(client, target, turn_id="t-fenced"):
 
 def _cancel_row(client, cancel_id):
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import CancelOperation
+    from agent_radar.models.operations import CancelOperation
 
     return run_transaction(client.engine, lambda s: s.get(CancelOperation, cancel_id))
 
@@ -601,7 +603,7 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
     from sqlalchemy import update
 
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence
+    from agent_radar.models.operations import GoalFence
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
@@ -637,7 +639,7 @@ def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):
 
     from agent_radar.models.base import utcnow
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence
+    from agent_radar.models.operations import GoalFence
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
@@ -658,7 +660,7 @@ def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):
 
 def test_a_fence_failure_starts_the_age_clock_and_a_wait_stops_it(client, sim_control):
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence
+    from agent_radar.models.operations import GoalFence
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
@@ -770,7 +772,7 @@ def test_a_turn_that_settles_while_the_fence_asks_its_cancel_wakes_the_fence(cli
     stayed pending. The turn settles here between the fence's cancel and its wait: the
     fence is due at once and published again, and its next attempt completes."""
     from agent_radar.models.base import utcnow
-    from agent_radar.models.tables import GoalFence
+    from agent_radar.models.operations import GoalFence
     from agent_radar.workflows.adapters.http_runtime import HttpRuntime
     from agent_radar.workflows.steps.fence_apply import FenceApplier
 
@@ -863,7 +865,7 @@ def _an_operator_ends_the_run(client, run):
     from sqlalchemy import update
 
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import MaintenanceRun
+    from agent_radar.models.operations import MaintenanceRun
 
     run_transaction(
         client.engine,
@@ -884,7 +886,7 @@ def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     from sqlalchemy import update
 
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence
+    from agent_radar.models.operations import GoalFence
     from agent_radar.workflows.steps.fence_apply import HELD_BY_MAINTENANCE
 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
@@ -915,7 +917,7 @@ def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(cl
 
     from agent_radar.models.base import utcnow
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalFence
+    from agent_radar.models.operations import GoalFence
     from agent_radar.workflows.adapters.http_runtime import HttpRuntime
     from agent_radar.workflows.steps.fence_apply import HELD_BY_MAINTENANCE, FenceApplier
 

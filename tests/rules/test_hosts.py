@@ -9,7 +9,8 @@ from sqlalchemy import update
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import AgentSession, GoalFence, GoalOperation, RuntimeHost, Turn
+from agent_radar.models.operations import GoalFence, GoalOperation
+from agent_radar.models.tables import AgentSession, RuntimeHost, Turn
 from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeFault
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from agent_radar.workflows.tools.simulator import SimControl

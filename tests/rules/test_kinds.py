@@ -8,7 +8,7 @@ import importlib
 import pytest
 from sqlalchemy import inspect as sql_inspect
 
-from agent_radar.models.tables import OPEN_OPERATION_SQL
+from agent_radar.models.operations import OPEN_OPERATION_SQL
 from agent_radar.tasks.app import TASK_MODULES
 from agent_radar.tasks.strict import TASK_NAMES
 from agent_radar.workflows.kinds import KINDS, kind_of_record
@@ -49,3 +49,17 @@ def test_a_kinds_tasks_are_the_workers_and_their_results_readable(kind):
 def test_the_open_operations_index_states_the_open_statuses():
     stated = ", ".join(f"'{status.value}'" for status in OPEN_OPERATION_STATUSES)
     assert OPEN_OPERATION_SQL == f"status IN ({stated})"
+
+
+def test_the_cli_prints_a_kind_it_names_nowhere_by_its_declaration(monkeypatch):
+    from types import SimpleNamespace
+
+    from agent_radar.workflows.tools.cli import operators as op_cli
+
+    column = lambda key: SimpleNamespace(key=key)  # noqa: E731
+    note = SimpleNamespace(key=column("note_id"), created=column("noted_at"))
+    monkeypatch.setitem(KINDS, "note", note)
+    item = {"kind": "note", "note_id": "note-7", "noted_at": "2026-12-07T00:00:00"}
+    item |= {"status": "queued", "workspace_id": "ws", "session_id": "s1"}
+    assert "2026-12-07T00:00:00  note" in op_cli._line(item)
+    assert "note-7  ws/s1  submit=-" in op_cli._line(item)

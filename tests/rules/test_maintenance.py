@@ -12,7 +12,8 @@ from sqlalchemy import select, update
 from agent_radar.beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import Lease, MaintenanceRun, Prompt
+from agent_radar.models.operations import MaintenanceRun, Prompt
+from agent_radar.models.tables import Lease
 from agent_radar.workflows import ids, leases
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.errors import (

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import CancelOperation
+from agent_radar.models.operations import CancelOperation
 from agent_radar.workflows import ids
 from agent_radar.workflows.steps.cancel import CancelRunner
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher

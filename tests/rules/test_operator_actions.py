@@ -11,7 +11,7 @@ from sqlalchemy import update
 from agent_radar.beat.sweeper import sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalFence, GoalOperation, MaintenanceRun
+from agent_radar.models.operations import GoalFence, GoalOperation, MaintenanceRun
 from agent_radar.workflows import budgets
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound, RuntimeDraining

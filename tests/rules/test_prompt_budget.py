@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import Prompt
+from agent_radar.models.operations import Prompt
 from agent_radar.workflows import budgets
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.steps.prompt_dispatch import dispatch_next

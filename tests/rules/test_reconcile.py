@@ -327,7 +327,7 @@ def test_a_run_handed_back_is_re_attached_whatever_else_the_host_runs_by_then(cl
 def _prompt_sent_long_ago_unreported(client, sim_control):
     """Two prompts; the first went STALE_TURN_S ago, to a host whose turns run until they are
     ended, and no report of its turn came."""
-    from agent_radar.models.tables import Prompt
+    from agent_radar.models.operations import Prompt
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
     client.ensure_session(WS, SID)

@@ -9,7 +9,8 @@ from datetime import timedelta
 from agent_radar.beat.sweeper import OUTBOX_GRACE_S, sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import AgentSession, GoalFence
+from agent_radar.models.operations import GoalFence
+from agent_radar.models.tables import AgentSession
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.fences.restores import OFFLINE_RECHECK_S
 from agent_radar.workflows.fences.restores import request as request_restore

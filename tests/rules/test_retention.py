@@ -11,14 +11,8 @@ from agent_radar.beat.schedule import beat_schedule
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import engine_for, run_transaction
 from agent_radar.models.dialects import dialect_of
-from agent_radar.models.tables import (
-    GoalFence,
-    GoalOperation,
-    MaintenanceRun,
-    Prompt,
-    SessionEvent,
-    Turn,
-)
+from agent_radar.models.operations import GoalFence, GoalOperation, MaintenanceRun, Prompt
+from agent_radar.models.tables import SessionEvent, Turn
 from agent_radar.workflows.adapters.config import Settings
 from agent_radar.workflows.errors import InvalidArgument, NotFound
 from agent_radar.workflows.goals.operations import fail_operation

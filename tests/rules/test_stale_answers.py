@@ -142,7 +142,7 @@ def test_a_cancel_the_new_host_answers_after_a_move_is_not_ended_by_it(
 ):
     """The cancel was claimed before a move, its call named the host after it (B): B's
     `not_found` does not end the cancel owed to A; it goes again, to A, and A's turn ends."""
-    from agent_radar.models.tables import CancelOperation
+    from agent_radar.models.operations import CancelOperation
     from agent_radar.workflows import ids, steps
 
     _running_turn_at_a(client, sim_control)

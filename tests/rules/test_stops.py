@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import CancelOperation
+from agent_radar.models.operations import CancelOperation
 from agent_radar.workflows import ids
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.errors import Conflict, InvalidArgument, NotFound

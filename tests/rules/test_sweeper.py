@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from agent_radar.beat.sweeper import OUTBOX_GRACE_S, REPUBLISH_INTERVAL_S, sweep_once
 from agent_radar.models.db import run_transaction
-from agent_radar.models.tables import GoalOperation
+from agent_radar.models.operations import GoalOperation
 from agent_radar.workflows import leases
 from agent_radar.workflows.adapters.http_runtime import HttpRuntime
 from agent_radar.workflows.kinds.goal import DISPATCH_TASK

@@ -666,7 +666,7 @@ def test_operator_actions_from_the_cli(settings, client):
 
     from agent_radar.models.base import utcnow
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalOperation
+    from agent_radar.models.operations import GoalOperation
     from agent_radar.workflows.goals.operations import fail_operation
 
     op = client.set_goal("ws", "s1", "ship it", client_submit_id="g1")
@@ -727,7 +727,7 @@ def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
     from agent_radar.beat.sweeper import sweep_once
     from agent_radar.models.base import utcnow
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import GoalOperation, MaintenanceRun
+    from agent_radar.models.operations import GoalOperation, MaintenanceRun
 
     def status(*extra):
         return run_cli(settings, "status", *extra, check=False)
@@ -819,7 +819,7 @@ def test_metrics_exporter_serves_the_fleet_from_the_database(settings, client):
     from agent_radar.beat.sweeper import sweep_once
     from agent_radar.models.base import utcnow
     from agent_radar.models.db import run_transaction
-    from agent_radar.models.tables import MaintenanceRun
+    from agent_radar.models.operations import MaintenanceRun
     from agent_radar.workflows.tools.metrics import METRICS
     from tests.conftest import free_port
 

@@ -11,7 +11,8 @@ from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TURN_PHASE_ORDER, TurnOrigin, TurnOutcome, TurnPhase
-from ...models.tables import GoalFence, GoalOperation, Turn
+from ...models.operations import GoalFence, GoalOperation
+from ...models.tables import Turn
 from ..adapters import report_auth
 from ..errors import InvalidArgument
 from ..fences import cancels, restores

@@ -22,7 +22,8 @@ from sqlalchemy import or_, select, union
 from sqlalchemy.orm import Session
 
 from ...models.enums import SyncStatus, TurnOutcome, TurnPhase
-from ...models.tables import AgentSession, GoalOperation, GoalState, Prompt, Turn
+from ...models.operations import GoalOperation, Prompt
+from ...models.tables import AgentSession, GoalState, Turn
 from ..adapters.answers import HostState, HostTurn
 from ..fences import cancels
 from ..goals.operations import complete_applied, sync_of

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ...models.tables import SessionStop
+from ...models.operations import SessionStop
 from .. import accept, ids
 from ..errors import Conflict
 from ..fences import cancels

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from ...models.base import utcnow
 from ...models.db import run_transaction
 from ...models.dialects import dialect_of
-from ...models.tables import GoalOperation as GoalOperationRow
+from ...models.operations import GoalOperation as GoalOperationRow
 from ...models.tables import GoalState as GoalStateRow
 from .. import ids, records
 from ..errors import NotFound

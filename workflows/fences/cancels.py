@@ -11,16 +11,16 @@ from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
 from ...models.enums import TurnOutcome, TurnPhase
-from ...models.tables import CancelOperation, GoalFence, Turn
+from ...models.operations import CancelOperation, GoalFence
+from ...models.tables import Turn
 from .. import ids, leases
 from ..errors import CancelConflict
-from ..kinds.cancel import CancelResult, CancelStatus
+from ..kinds.cancel import OPEN_CANCEL_STATUSES, CancelResult, CancelStatus
 from ..kinds.fence import FenceStatus
 from ..prompts import queue as prompts
 from ..sessions.rows import lock_session
 from ..transitions import Machine
 
-OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
 CANCEL = Machine(
     CancelOperation,
     CancelOperation.operation_id,

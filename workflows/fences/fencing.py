@@ -15,7 +15,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ...models.enums import SyncStatus
-from ...models.tables import GoalFence, GoalOperation, GoalState
+from ...models.operations import GoalFence, GoalOperation
+from ...models.tables import GoalState
 from .. import accept, ids, leases
 from ..errors import FenceConflict, NotFound
 from ..goals.lifecycle import GOAL

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func
 from sqlalchemy.orm import Session
 
-from ...models.tables import GoalFence
+from ...models.operations import GoalFence
 from .. import leases
 from ..kinds.fence import FenceStatus
 from ..transitions import Machine

@@ -14,8 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnOutcome
-from ...models.tables import CancelOperation, Prompt
+from ...models.operations import CancelOperation, Prompt
 from .. import ids
+from ..kinds.cancel import OPEN_CANCEL_STATUSES
 from ..maintenance import runs
 from ..prompts import queue as prompts
 from ..sessions import turns
@@ -73,7 +74,7 @@ def _stop_turn(
     reason = f"session-move:{old_host}"
     cancel = cancels.prepare(session, workspace_id, session_id, turn_id, reason, now, join=True)
     owed: list[str] = []
-    if cancel.status in cancels.OPEN_CANCEL_STATUSES:
+    if cancel.status in OPEN_CANCEL_STATUSES:
         cancel.host_id = cancel.host_id or old_host
         owed.append(cancel.operation_id)
     cancels.settle_turn_row(

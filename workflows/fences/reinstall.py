@@ -15,7 +15,8 @@ matches, and the fence is installed once more.
 from sqlalchemy import exists, or_, select, update
 from sqlalchemy.orm import Session
 
-from ...models.tables import AgentSession, GoalFence
+from ...models.operations import GoalFence
+from ...models.tables import AgentSession
 from ..goals.tables import not_installed_at
 
 

@@ -9,7 +9,7 @@ The moves of Python code go through `GOAL.move`. The dispatch's prebuilt stateme
 this table; those whose `from` states are all the table allows take them from `GOAL.sources`.
 """
 
-from ...models.tables import GoalOperation
+from ...models.operations import GoalOperation
 from ..kinds.goal import OperationStatus
 from ..transitions import Machine
 

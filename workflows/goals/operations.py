@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from ...models.db import rowcount
 from ...models.dialects import dialect_of
 from ...models.enums import SyncStatus
-from ...models.tables import GoalOperation, GoalState
+from ...models.operations import GoalOperation
+from ...models.tables import GoalState
 from .. import budgets, leases
 from ..escape import escape
 from ..kinds.goal import OPEN_OPERATION_STATUSES, OperationStatus, Origin, ProviderPhase

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 from ...models.db import rowcount
 from ...models.dialects import dialect_of
 from ...models.enums import SyncStatus
-from ...models.tables import GoalOperation, GoalState
+from ...models.operations import GoalOperation
+from ...models.tables import GoalState
 from .. import budgets, leases, records
 from ..adapters import logs
 from ..adapters.runtime import STALE_REVISION

@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql
 
 from ...models.base import UTCDateTime, table_of
 from ...models.enums import SyncStatus
-from ...models.tables import GoalFence
+from ...models.operations import GoalFence
 from ..kinds.goal import OperationStatus, ProviderPhase
 from ..leases import CLAIMED
 from ..maintenance.runs import holds

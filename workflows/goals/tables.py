@@ -4,7 +4,8 @@ goal control share: hot paths execute statements built once, with bound paramete
 from sqlalchemy import bindparam, or_, select, tuple_, update
 
 from ...models.base import table_of
-from ...models.tables import GoalOperation, GoalState
+from ...models.operations import GoalOperation
+from ...models.tables import GoalState
 from ..sessions.rows import SESSIONS
 
 OPS = table_of(GoalOperation)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from ...models.tables import CancelOperation
+from ...models.operations import CancelOperation
 from .base import Kind, Republish, settled_before
 
 CANCEL_APPLY_TASK = "agent_radar.cancel.apply"
@@ -25,6 +25,7 @@ class CancelResult(StrEnum):
     INTERRUPTED = "interrupted"
 
 
+OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
 SETTLED = (CancelStatus.COMPLETED, CancelStatus.FAILED)
 
 
@@ -63,7 +64,7 @@ KIND = Kind(
     settled=SETTLED,
     prunable=settled_before(CancelOperation, SETTLED),
     republish=Republish(
-        (CancelStatus.PREPARED, CancelStatus.LEASED),
+        OPEN_CANCEL_STATUSES,
         CANCEL_APPLY_TASK,
         "operation_id",
         grace_first_attempt=False,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from ...models.tables import GoalFence
+from ...models.operations import GoalFence
 from ..records import from_row
 from .base import Kind, Republish
 

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from sqlalchemy import ColumnElement, and_, or_, select
 
-from ...models.tables import GoalOperation as GoalOperationRow
+from ...models.operations import GoalOperation as GoalOperationRow
 from ...models.tables import GoalState as GoalStateRow
 from .base import Kind
 

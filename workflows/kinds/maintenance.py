@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from ...models.tables import MaintenanceRun as MaintenanceRunRow
+from ...models.operations import MaintenanceRun as MaintenanceRunRow
 from .base import Kind, settled_before
 
 START_MAINTENANCE_TASK = "agent_radar.start_maintenance"  # public

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from ...models.tables import Prompt as PromptRow
+from ...models.operations import Prompt as PromptRow
 from .base import Kind, settled_before
 
 SUBMIT_PROMPT_TASK = "agent_radar.submit_prompt"  # public

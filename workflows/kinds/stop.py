@@ -8,8 +8,8 @@ from sqlalchemy import ColumnElement, and_, not_, select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnPhase
-from ...models.tables import MaintenanceRun as MaintenanceRunRow
-from ...models.tables import SessionStop as SessionStopRow
+from ...models.operations import MaintenanceRun as MaintenanceRunRow
+from ...models.operations import SessionStop as SessionStopRow
 from ...models.tables import Turn
 from ..records import from_row
 from .base import Kind

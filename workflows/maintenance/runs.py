@@ -14,7 +14,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
-from ...models.tables import MaintenanceRun
+from ...models.operations import MaintenanceRun
 from .. import accept, ids
 from ..errors import (
     InvalidArgument,

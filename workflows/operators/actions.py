@@ -12,13 +12,8 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from ...models.enums import SyncStatus
-from ...models.tables import (
-    AgentSession,
-    GoalFence,
-    GoalOperation,
-    GoalState,
-    MaintenanceRun,
-)
+from ...models.operations import GoalFence, GoalOperation, MaintenanceRun
+from ...models.tables import AgentSession, GoalState
 from .. import leases
 from ..errors import Conflict, InvalidArgument, NotFound
 from ..fences import lifecycle

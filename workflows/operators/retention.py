@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from ...models.dialects import dialect_of
 from ...models.enums import TurnPhase
-from ...models.tables import MaintenanceRun, SessionEvent, Turn
+from ...models.operations import MaintenanceRun
+from ...models.tables import SessionEvent, Turn
 from ..errors import InvalidArgument
 from ..kinds import KINDS
 from ..kinds.maintenance import LIVE_MAINTENANCE_STATUSES

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session, aliased
 
 from ...models.db import run_transaction
 from ...models.enums import TurnOutcome
-from ...models.tables import AgentSession, Prompt, Turn
+from ...models.operations import Prompt
+from ...models.tables import AgentSession, Turn
 from .. import accept, budgets, ids, leases
 from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from ..kinds.prompt import PromptStatus

@@ -8,7 +8,8 @@ from sqlalchemy.orm import Session
 
 from ...models.base import table_of
 from ...models.db import bound, insert_bound, insert_ignore
-from ...models.tables import AgentSession, Prompt, SessionEvent
+from ...models.operations import Prompt
+from ...models.tables import AgentSession, SessionEvent
 from ..kinds.prompt import PromptStatus
 
 SESSIONS = table_of(AgentSession)

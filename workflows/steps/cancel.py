@@ -7,7 +7,8 @@ import logging
 from sqlalchemy.orm import Session
 
 from ...models.db import run_read, run_transaction
-from ...models.tables import CancelOperation, MaintenanceRun, Turn
+from ...models.operations import CancelOperation, MaintenanceRun
+from ...models.tables import Turn
 from .. import budgets
 from ..activity.epochs import EpochEffects, observe_epoch
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
@@ -15,7 +16,7 @@ from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
-from ..kinds.cancel import CANCEL_APPLY_TASK, CancelResult, CancelStatus
+from ..kinds.cancel import CANCEL_APPLY_TASK, OPEN_CANCEL_STATUSES, CancelResult, CancelStatus
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.prompt import PROMPT_TASK
 from ..sessions import hosts, turns
@@ -190,7 +191,7 @@ class CancelRunner(Step):
 
         def claim(s: Session):
             cancel = s.get(CancelOperation, operation_id, populate_existing=True)
-            if cancel is None or cancel.status not in cancels.OPEN_CANCEL_STATUSES:
+            if cancel is None or cancel.status not in OPEN_CANCEL_STATUSES:
                 return None, None
             return cancel, cancels.claim(s, cancel, self.worker_id, self.lease_s, self.clock())
 

@@ -13,7 +13,8 @@ from functools import cached_property
 from sqlalchemy.orm import Session
 
 from ...models.db import run_read, run_transaction
-from ...models.tables import AgentSession, GoalFence, GoalOperation
+from ...models.operations import GoalFence, GoalOperation
+from ...models.tables import AgentSession
 from .. import budgets, ids, leases
 from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND

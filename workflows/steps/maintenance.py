@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
-from ...models.tables import MaintenanceRun
+from ...models.operations import MaintenanceRun
 from .. import leases
 from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault

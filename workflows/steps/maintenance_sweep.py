@@ -8,7 +8,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ...models.db import run_transaction
-from ...models.tables import MaintenanceRun
+from ...models.operations import MaintenanceRun
 from .. import leases
 from ..kinds.maintenance import EXECUTE_TASK, MaintenanceError, MaintenanceStatus
 from ..maintenance import runs

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
-from ...models.tables import GoalFence, GoalOperation
+from ...models.operations import GoalFence, GoalOperation
 from .. import records
 from ..activity.reconcile import Reconciled, apply_state
 from ..adapters.answers import HostState

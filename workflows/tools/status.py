@@ -10,16 +10,8 @@ from ...models.base import utcnow
 from ...models.coordination import HostCircuit
 from ...models.db import run_read
 from ...models.enums import SyncStatus
-from ...models.tables import (
-    AgentSession,
-    CancelOperation,
-    GoalFence,
-    GoalOperation,
-    GoalState,
-    MaintenanceRun,
-    Prompt,
-    RuntimeHost,
-)
+from ...models.operations import CancelOperation, GoalFence, GoalOperation, MaintenanceRun, Prompt
+from ...models.tables import AgentSession, GoalState, RuntimeHost
 from .. import budgets, leases
 from ..activity.reconcile import wedged
 from ..kinds.fence import FenceStatus

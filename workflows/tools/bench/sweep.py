@@ -14,7 +14,7 @@ from sqlalchemy import insert, text
 from ....models.base import utcnow
 from ....models.db import engine_for, run_transaction
 from ....models.dialects import dialect_of
-from ....models.tables import GoalOperation as GoalOperationRow
+from ....models.operations import GoalOperation as GoalOperationRow
 from ...adapters.config import Settings
 from ...kinds.goal import TERMINAL_OPERATION_STATUSES
 from ...operators import counts as operation_counts

@@ -32,12 +32,9 @@ def _described(record) -> dict:
 
 
 def _line(item: dict) -> str:
-    ident = item.get("id") or next(
-        item[k]
-        for k in ("operation_id", "fence_id", "run_id", "prompt_id", "stop_id")
-        if item.get(k)
-    )
-    created = item.get("created_at") or item.get("started_at") or "-"
+    kind = KINDS[item["kind"]]  # a summary's id is `id`; a record's, its kind's key
+    ident = item.get("id") or item[kind.key.key]
+    created = item.get("created_at") or item.get(kind.created.key) or "-"
     submit = item.get("client_submit_id") or "-"
     error = error_note(item["status"], item.get("last_error"), "  ")
     return (
@@ -48,8 +45,7 @@ def _line(item: dict) -> str:
 
 @cli.group()
 def op() -> None:
-    """Find and list operations of every kind (goal, fence, cancel, maintenance, prompt,
-    stop)."""
+    """Find and list operations of every kind (`op list --kind`)."""
 
 
 @op.command("show")
