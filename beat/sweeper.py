@@ -21,11 +21,10 @@ from ..workflows.goals.operations import due_operations, settle_or_reserve
 from ..workflows.kinds import KINDS, due_to_republish, reserve_republish
 from ..workflows.kinds.base import Kind, Republish
 from ..workflows.kinds.goal import DISPATCH_TASK
-from ..workflows.kinds.prompt import PROMPT_TASK
 from ..workflows.operators import counts as operation_counts
 from ..workflows.prompts.queue import sessions_with_queued_prompts
 from ..workflows.steps.maintenance_sweep import sweep_maintenance
-from ..workflows.task_names import COALESCE_MAX_ITEMS, RESTORE_TASK, Publish
+from ..workflows.task_names import COALESCE_MAX_ITEMS, PROMPT_TASK, RESTORE_TASK, Publish
 
 log = logging.getLogger(__name__)
 

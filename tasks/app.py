@@ -26,7 +26,7 @@ from ..workflows.adapters.broker import (
     transport_options,
 )
 from ..workflows.adapters.config import Settings
-from ..workflows.task_names import RESULT_TASKS
+from ..workflows.kinds import RESULT_TASKS
 from .strict import TASK_SOFT_TIME_LIMIT_S, TASK_TIME_LIMIT_S
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from celery.exceptions import InvalidTaskError
 from celery.utils.time import maybe_iso8601
 
-from ..workflows.task_names import RESULT_TASKS
+from ..workflows.kinds import RESULT_TASKS
 from .strict import (
     PUBLIC_MAX_RETRIES,
     TASK_SOFT_TIME_LIMIT_S,

@@ -6,9 +6,10 @@ from ..workflows.kinds.maintenance import (
     EXECUTE_TASK,
     START_MAINTENANCE_TASK,
 )
-from ..workflows.kinds.prompt import PROMPT_TASK, SUBMIT_PROMPT_TASK
+from ..workflows.kinds.prompt import SUBMIT_PROMPT_TASK
 from ..workflows.steps import prompt_dispatch
 from ..workflows.steps.maintenance import MaintenanceExecutor
+from ..workflows.task_names import PROMPT_TASK
 from ..workflows.validation import check_id
 from . import shutdown
 from .fence_tasks import _collaborators

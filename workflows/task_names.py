@@ -1,12 +1,10 @@
 """The task names that belong to no operation kind (each kind's are in its module,
-workflows/kinds/) and the publish port: the names producers publish (public, README.md: code
+workflows/kinds/; RESULT_TASKS, the results a producer may read, are there too) and the
+publish port: the names producers publish (public, README.md: code
 outside the repository uses them), the ones the product publishes to itself, and the port
 its rules and steps publish through (adapters/publisher.py implements it)."""
 
 from collections.abc import Callable
-
-from .kinds import KINDS
-from .kinds.prompt import PROMPT_TASK
 
 # The publish port: publish(task name, keyword arguments) -> whether it went out. A failed
 # publish loses nothing: the committed rows are the outbox, and the sweeper publishes again.
@@ -23,15 +21,10 @@ GET_OPERATION_TASK = "agent_radar.get_operation"
 # (docs/producers.md): resume a session, stop one, retry a failed operation.
 ENSURE_SESSION_TASK = "agent_radar.ensure_session"
 RETRY_OPERATION_TASK = "agent_radar.retry_operation"
-# The tasks whose results a producer may read (stored when a result backend is configured).
-RESULT_TASKS = (
-    *(name for kind in KINDS.values() for name in kind.public_tasks),
-    GET_OPERATION_TASK,
-    ENSURE_SESSION_TASK,
-    RETRY_OPERATION_TASK,
-)
-
 # Internal: the product's own steps, published after a commit (the rows are the outbox).
+# The prompt kind's dispatch is named here, not in workflows/kinds/prompt.py: the publisher,
+# below the kinds, must know it (SHOWN_WHEN_EFFECTIVE).
+PROMPT_TASK = "agent_radar.prompt.dispatch"
 RESTORE_TASK = "agent_radar.session.restore"
 SWEEP_TASK = "agent_radar.sweep"
 PRUNE_TASK = "agent_radar.prune"

@@ -13,7 +13,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
-from .kinds.goal import GoalAction
 
 MAX_ID_CHARS = 255
 # An objective is prompt text for the agent; 16 KiB is far above a useful goal and keeps a
@@ -191,20 +190,6 @@ def check_report_time(name: str, value_ms: Any, now: datetime) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-def check_action(value: Any) -> GoalAction:
-    if not isinstance(value, str):
-        raise InvalidArgument(
-            f"goal action must be a string, got {type(value).__name__}", field="action"
-        )
-    try:
-        return GoalAction(value)
-    except ValueError:
-        choices = ", ".join(a.value for a in GoalAction)
-        raise InvalidArgument(
-            f"unknown goal action {value!r}; expected one of {choices}", field="action"
-        ) from None
-
-
 def check_choice(name: str, value: Any, choices) -> str:
     """One of `choices` (strings); a value of any other type is refused, not hashed."""
     if not isinstance(value, str) or value not in choices:
@@ -212,16 +197,6 @@ def check_choice(name: str, value: Any, choices) -> str:
             f"{name} must be one of {sorted(choices)}, got {value!r:.80}", field=name
         )
     return value
-
-
-def check_objective(action: GoalAction, objective: Any) -> str | None:
-    if action is not GoalAction.SET:
-        if objective is not None:
-            raise InvalidArgument(f"goal {action.value} takes no objective", field="objective")
-        return None
-    if not isinstance(objective, str) or not objective.strip():
-        raise InvalidArgument("goal set needs a non-empty objective string", field="objective")
-    return check_text("objective", objective, MAX_OBJECTIVE_BYTES)
 
 
 # An agent host's base URL: the operator's registration of a host, and every adapter to one.

@@ -20,8 +20,7 @@ import pytest
 from agent_radar.workflows.adapters.publisher import TaskPublisher
 from agent_radar.workflows.kinds.fence import FENCE_TASK
 from agent_radar.workflows.kinds.goal import DISPATCH_TASK
-from agent_radar.workflows.kinds.prompt import PROMPT_TASK
-from agent_radar.workflows.task_names import REPORT_ACTIVITY_TASK
+from agent_radar.workflows.task_names import PROMPT_TASK, REPORT_ACTIVITY_TASK
 from agent_radar.workflows.tools.stack import free_port
 from tests.conftest import skip_or_fail
 from tests.helpers import eventually

@@ -11,9 +11,8 @@ from sqlalchemy import inspect as sql_inspect
 from agent_radar.models.operations import OPEN_OPERATION_SQL
 from agent_radar.tasks.app import TASK_MODULES
 from agent_radar.tasks.strict import TASK_NAMES
-from agent_radar.workflows.kinds import KINDS, kind_of_record
+from agent_radar.workflows.kinds import KINDS, RESULT_TASKS, kind_of_record
 from agent_radar.workflows.kinds.goal import OPEN_OPERATION_STATUSES
-from agent_radar.workflows.task_names import RESULT_TASKS
 
 KIND_LIST = list(KINDS.values())
 
@@ -63,3 +62,19 @@ def test_the_cli_prints_a_kind_it_names_nowhere_by_its_declaration(monkeypatch):
     item |= {"status": "queued", "workspace_id": "ws", "session_id": "s1"}
     assert "2026-12-07T00:00:00  note" in op_cli._line(item)
     assert "note-7  ws/s1  submit=-" in op_cli._line(item)
+
+
+def test_the_host_kit_and_the_publisher_load_no_kind_and_no_sqlalchemy():
+    """The kinds hold their tables: what a host in Python imports (the kit, its reports'
+    publisher, the settings) stays below them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agent_radar.host, agent_radar.workflows.adapters.publisher, "
+        "agent_radar.workflows.adapters.config; "
+        "print(sorted(m for m in ('sqlalchemy', 'agent_radar.workflows.kinds') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -13,8 +13,7 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows.activity.reconcile import RECONCILE_INTERVAL_S, STALE_TURN_S
 from agent_radar.workflows.errors import SessionBusy
-from agent_radar.workflows.kinds.prompt import PROMPT_TASK
-from agent_radar.workflows.task_names import RESTORE_TASK
+from agent_radar.workflows.task_names import PROMPT_TASK, RESTORE_TASK
 from tests.helpers import restorer
 
 WS, SID = "ws-reconcile", "s1"

@@ -17,7 +17,6 @@ from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.goal import DISPATCH_TASK
 from ..kinds.maintenance import EXECUTE_TASK, MaintenanceRun
-from ..kinds.prompt import PROMPT_TASK
 from ..kinds.prompt import Prompt as PromptRecord
 from ..kinds.stop import SessionStop as SessionStopRecord
 from ..maintenance import runs
@@ -32,7 +31,7 @@ from ..steps import pin
 from ..steps.fence_install import resume_if_offline
 from ..steps.restore import restore_fences
 from ..steps.wake import publish_epoch_effects
-from ..task_names import RESTORE_TASK
+from ..task_names import PROMPT_TASK, RESTORE_TASK
 from ..validation import check_id, check_limit, check_url
 from .base import ClientBase
 

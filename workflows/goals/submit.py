@@ -18,6 +18,7 @@ from ..errors import (
     GoalGenerationSuperseded,
     GoalOperationConflict,
     GoalStateAbsent,
+    InvalidArgument,
 )
 from ..kinds.goal import GoalAction, OperationStatus, Origin, ProviderPhase
 from ..kinds.goal import GoalOperation as GoalOperationRecord
@@ -32,14 +33,38 @@ from ..sessions.rows import (
     same_session,
 )
 from ..validation import (
-    check_action,
+    MAX_OBJECTIVE_BYTES,
     check_id,
-    check_objective,
     check_optional_int,
     check_submit_id,
+    check_text,
 )
 from .lifecycle import GOAL
 from .tables import OPS, STATES, key_params
+
+
+def check_action(value: Any) -> GoalAction:
+    if not isinstance(value, str):
+        raise InvalidArgument(
+            f"goal action must be a string, got {type(value).__name__}", field="action"
+        )
+    try:
+        return GoalAction(value)
+    except ValueError:
+        choices = ", ".join(a.value for a in GoalAction)
+        raise InvalidArgument(
+            f"unknown goal action {value!r}; expected one of {choices}", field="action"
+        ) from None
+
+
+def check_objective(action: GoalAction, objective: Any) -> str | None:
+    if action is not GoalAction.SET:
+        if objective is not None:
+            raise InvalidArgument(f"goal {action.value} takes no objective", field="objective")
+        return None
+    if not isinstance(objective, str) or not objective.strip():
+        raise InvalidArgument("goal set needs a non-empty objective string", field="objective")
+    return check_text("objective", objective, MAX_OBJECTIVE_BYTES)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from ...models.db import rowcount
 from .. import leases
+from ..task_names import ENSURE_SESSION_TASK, GET_OPERATION_TASK, RETRY_OPERATION_TASK
 from . import cancel, fence, goal, maintenance, prompt, stop
 from .base import Kind
 
@@ -21,6 +22,13 @@ KINDS: dict[str, Kind] = {
 }
 COUNTED = {name: kind for name, kind in KINDS.items() if kind.settled}
 _BY_RECORD = {kind.record_type: kind for kind in KINDS.values()}
+# The tasks whose results a producer may read (stored when a result backend is configured).
+RESULT_TASKS = (
+    *(name for kind in KINDS.values() for name in kind.public_tasks),
+    GET_OPERATION_TASK,
+    ENSURE_SESSION_TASK,
+    RETRY_OPERATION_TASK,
+)
 
 
 def kind_of_record(record: Any) -> Kind | None:

@@ -9,7 +9,6 @@ from ...models.operations import Prompt as PromptRow
 from .base import Kind, settled_before
 
 SUBMIT_PROMPT_TASK = "agent_radar.submit_prompt"  # public
-PROMPT_TASK = "agent_radar.prompt.dispatch"
 
 
 class PromptStatus(StrEnum):

@@ -18,10 +18,9 @@ from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
 from ..kinds.cancel import CANCEL_APPLY_TASK, OPEN_CANCEL_STATUSES, CancelResult, CancelStatus
 from ..kinds.fence import FENCE_APPLY_TASK
-from ..kinds.prompt import PROMPT_TASK
 from ..sessions import hosts, turns
 from ..sessions.rows import Heard, heard_in, lock_session, record_liveness
-from ..task_names import RESTORE_TASK
+from ..task_names import PROMPT_TASK, RESTORE_TASK
 from . import Step, pin
 from .wake import publish_epoch_effects
 

@@ -35,9 +35,8 @@ from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..kinds.goal import ProviderPhase
-from ..kinds.prompt import PROMPT_TASK
 from ..sessions.rows import Heard, heard_in
-from ..task_names import Publish
+from ..task_names import PROMPT_TASK, Publish
 from . import Pinned, pin
 from .fence_install import ensure_fences_installed
 from .goals.dispatch import apply_goal

@@ -14,8 +14,7 @@ from ..goals.operations import due_now, open_client_operations
 from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.goal import DISPATCH_TASK
-from ..kinds.prompt import PROMPT_TASK
-from ..task_names import Publish
+from ..task_names import PROMPT_TASK, Publish
 
 
 def release_session(
