@@ -3,7 +3,7 @@
 from datetime import UTC, datetime
 from typing import cast
 
-from sqlalchemy import DateTime, MetaData, Table, TypeDecorator
+from sqlalchemy import DateTime, MetaData, String, Table, TypeDecorator, text
 from sqlalchemy.orm import DeclarativeBase
 
 from .dialects import dialect_of
@@ -15,6 +15,15 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+ID = String(255)
+SHORT = String(32)
+
+
+def partial(condition: str) -> dict:
+    """A partial index's condition, on both dialects."""
+    return {"postgresql_where": text(condition), "sqlite_where": text(condition)}
 
 
 class UTCDateTime(TypeDecorator):

@@ -8,8 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .base import Base, UTCDateTime
-from .tables import ID, SHORT, partial
+from .base import ID, SHORT, Base, UTCDateTime, partial
 
 # Partial indexes' conditions, with their values: a query uses one only where it states its
 # condition the same way. Not counted under its status in settled_counts (docs/operations.md:

@@ -14,24 +14,15 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
-    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .base import Base, UTCDateTime
-
-ID = String(255)
-SHORT = String(32)
+from .base import ID, SHORT, Base, UTCDateTime, partial
 
 # Partial indexes' conditions, with their values: a query uses one only where it states its
 # condition the same way.
 UNSURE_GOALS = "sync_status IN ('unknown', 'diverged')"
 PROMPTED = "prompt_id IS NOT NULL"
-
-
-def partial(condition: str) -> dict:
-    """A partial index's condition, on both dialects."""
-    return {"postgresql_where": text(condition), "sqlite_where": text(condition)}
 
 
 class AgentSession(Base):
