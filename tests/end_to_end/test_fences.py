@@ -5,13 +5,14 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from agent_radar.beat.sweeper import sweep_once
+from agent_radar.beat.sweeper import REPUBLISH_INTERVAL_S, sweep_once
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
 from agent_radar.models.enums import TurnPhase
 from agent_radar.models.operations import CancelOperation
 from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows import ids
+from agent_radar.workflows.fences.restores import OFFLINE_RECHECK_S
 from agent_radar.workflows.kinds.cancel import OPEN_CANCEL_STATUSES
 from agent_radar.workflows.task_names import RESTORE_TASK
 from tests.helpers import eventually
@@ -52,10 +53,16 @@ def fence_while_offline(client, sim_control, sid, ws=WS, **sim):
 
 
 def background_done(client, sid, ws=WS) -> bool:
-    """No restore of the session due or running, none of its cancels open (a waiting one
-    is due again later; a running one holds a lease, which a sweep far enough ahead would
-    find expired), and none of its turns still running here (its end's report would ask
-    for a restore)."""
+    """No restore of the session due, published or running, none of its cancels open (a
+    waiting one is due again later; a running one holds a lease, which a sweep far enough
+    ahead would find expired), and none of its turns still running here (its end's report
+    would ask for a restore).
+
+    A running restore's stamp (twice the lease ahead) and the sweeper's reservation of one it
+    published (REPUBLISH_INTERVAL_S ahead) are in the future too, as the offline recheck is:
+    only a time further ahead than both is the recheck. A sweep while a restore runs finds
+    that restore's stamp, and its finish moves it under the sweep: nothing to publish then."""
+    assert 2 * client.settings.lease_s < REPUBLISH_INTERVAL_S < OFFLINE_RECHECK_S
 
     def look(s):
         row = s.get(AgentSession, (ws, sid), populate_existing=True)
@@ -72,8 +79,9 @@ def background_done(client, sid, ws=WS) -> bool:
             )
         ).first()
         # An offline session with a fence to deliver keeps one look due (OFFLINE_RECHECK_S).
+        recheck_after = utcnow() + timedelta(seconds=REPUBLISH_INTERVAL_S)
         restore_waits = row is not None and (
-            row.restore_due_at is None or (row.live is False and row.restore_due_at > utcnow())
+            row.restore_due_at is None or (row.live is False and row.restore_due_at > recheck_after)
         )
         return restore_waits and not open_cancel and not running
 
