@@ -117,6 +117,12 @@ def test_a_tls_redis_url_takes_its_tls_settings():
     assert Settings.from_env({"AGENT_RADAR_BROKER_URL": url}).broker_url == url
 
 
+def test_a_redis_database_is_any_number_a_redis_server_can_have():
+    for db in ("", "/", "/0", "/15", f"/{config.MAX_REDIS_DB}"):
+        url = f"redis://127.0.0.1:6379{db}"
+        assert Settings.from_env({"AGENT_RADAR_BROKER_URL": url}).broker_url == url
+
+
 def test_the_result_backend_is_off_unless_set_and_passes_to_children():
     assert Settings.from_env({}).result_backend is None
     on = Settings.from_env({"AGENT_RADAR_RESULT_BACKEND": "redis://127.0.0.1:6379/1"})
@@ -156,6 +162,10 @@ def test_a_multi_host_database_url_passes_to_children_with_its_password_hidden()
         # connection (a traceback, exit status 0) or connected to another deployment's Redis.
         ("AGENT_RADAR_BROKER_URL", "redis://"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/notadb"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/\u0663"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/\u00b2"),
+        ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/99999999999999999999999"),
+        ("AGENT_RADAR_RESULT_BACKEND", "redis://127.0.0.1:6379/2147483647"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/0?x=1"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/5?db=7"),
         ("AGENT_RADAR_BROKER_URL", "redis://127.0.0.1:6379/0?socket_timeout=5"),

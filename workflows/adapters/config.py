@@ -51,6 +51,10 @@ NETWORK_SCHEMES = AMQP_SCHEMES | {"redis", "rediss"}
 # kombu's connection as an argument it does not take, and ended a worker at its first
 # connection with a TypeError.
 REDIS_TLS_OPTIONS = frozenset({"ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})
+# The largest database number a Redis server can have (its `databases` setting is a C int). A
+# number past it, or one in other digits than ASCII's (kombu reads `/٣` as database 3, and
+# fails on `/²` at its first connection), is no database.
+MAX_REDIS_DB = 2**31 - 2
 
 
 def _url_problem(url: str) -> str | None:
@@ -74,7 +78,10 @@ def _url_problem(url: str) -> str | None:
     if base in NETWORK_SCHEMES and not parts.hostname:
         return "must name its host (redis://host:6379/0, amqp://user:password@host/vhost)"
     if base in ("redis", "rediss"):
-        if parts.path not in ("", "/") and not parts.path[1:].isdigit():
+        db = parts.path[1:]
+        if parts.path not in ("", "/") and not (
+            db.isascii() and db.isdigit() and int(db) <= MAX_REDIS_DB
+        ):
             return "must name its Redis database by number (redis://host:6379/0)"
         options = {key for key, _value in parse_qsl(parts.query, keep_blank_values=True)}
         if parts.query and not options:
