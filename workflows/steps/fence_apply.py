@@ -22,8 +22,7 @@ from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, lifecycle, restores
 from ..fences.fencing import settle_clear_locally
-from ..goals import outcomes
-from ..goals.claims import Claim
+from ..goals.claims import Attempt, Claim
 from ..goals.operations import fail_operation
 from ..kinds.fence import FENCE_APPLY_TASK, FenceStatus
 from ..kinds.goal import OPEN_OPERATION_STATUSES
@@ -250,22 +249,18 @@ class FenceApplier(Step):
                 return "retry"
             settled = current.outcome != "skipped" or self._clear_settled(claim)
             return "settled" if settled else "retry"
+        # The call at the host it was claimed at (the fences went first, above), its outcome
+        # recorded as the dispatcher records every goal operation's. An offline session is
+        # the fence's to handle (it settles locally), not a fault of the clear's.
         try:
-            answer = apply_goal(self.runtime.on_host(*current.host), current.op)  # as claimed
+            answer = apply_goal(self.runtime.on_host(*current.host), current.op)
+            attempt = Attempt(current, answer=answer)
         except RuntimeFault as exc:
-            fault = exc
-            result = run_transaction(
-                self.engine,
-                lambda s: outcomes.fault_outcome(
-                    s, current, fault, fault.retryable, self.dispatcher.clock()
-                ),
-            )
-            return "retry" if result.outcome == "retry" else "settled"
-        run_transaction(
-            self.engine,
-            lambda s: outcomes.answer_outcome(s, current, answer, self.dispatcher.clock()),
+            attempt = Attempt(current, fault=exc, retryable=exc.retryable)
+        results, _released = run_transaction(
+            self.engine, lambda s: self.dispatcher.record(s, [attempt], [])
         )
-        return "settled"
+        return "retry" if results[0].outcome == "retry" else "settled"
 
     def _clear_settled(self, claim: FenceClaim) -> bool:
         op = run_transaction(self.engine, lambda s: s.get(GoalOperation, claim.clear_operation_id))
