@@ -979,3 +979,59 @@ def test_a_fence_cancels_a_turn_of_its_generation_that_no_report_told_of(client,
     assert client.get_fence(fence.fence_id).cancel_operation_id == ids.cancel_operation_id(
         WS, SID, "unreported"
     )
+
+
+def test_a_clear_the_host_only_accepts_is_waited_for_then_fails_past_its_budget(client, host):
+    """Found by a review: a host that answers the fence's clear `accepted` and never applies
+    it left the clear open for good (the fence completed, and nothing else claims a fence's
+    clear again). The fence waits instead, using no budget; the sweeper brings it back; past
+    the accepted budget its attempt fails the clear, without sending it again, and
+    completes. The host got the clear once."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.goals.operations import ACCEPTED_BUDGET_S
+    from agent_radar.workflows.kinds.fence import FENCE_APPLY_TASK
+    from agent_radar.workflows.steps.fence_apply import (
+        ACCEPTED_RECHECK_S,
+        CLEAR_ACCEPTED,
+        FenceApplier,
+    )
+    from tests.hostile import IDLE_STATE
+
+    clears: list[dict] = []
+    host.answers[(SID, "liveness")] = (200, b'{"live": true, "runtime_epoch": 1}')
+    host.answers[(SID, "goal-fences")] = (200, b"{}")
+    host.answers[(SID, "state")] = (200, IDLE_STATE)
+    host.answers[(SID, "goal")] = lambda body: (
+        clears.append(body) or (200, b'{"phase": "accepted"}')
+    )
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+
+    def apply(ahead_s: float) -> str:
+        clock = lambda: utcnow() + timedelta(seconds=ahead_s)  # noqa: E731
+        applier = FenceApplier(
+            client.engine,
+            HttpRuntime(host.url),
+            worker_id="a",
+            lease_s=5,
+            publish=lambda *a: True,
+            clock=clock,
+        )
+        return applier.apply(fence.fence_id)
+
+    assert apply(0) == "waiting"
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert (clear.status, clear.provider_phase) == ("dispatched", "accepted")
+    waiting = client.get_fence(fence.fence_id)
+    assert (waiting.status, waiting.last_error, waiting.attempt) == ("pending", CLEAR_ACCEPTED, 0)
+    published: list[tuple] = []
+    later = utcnow() + timedelta(seconds=ACCEPTED_RECHECK_S + OUTBOX_GRACE_S + 1)
+    sweep_once(client.engine, lambda *a: published.append(a) or True, later, owner="t")
+    assert (FENCE_APPLY_TASK, {"fence_id": fence.fence_id}) in published
+    assert apply(2 * ACCEPTED_RECHECK_S) == "waiting"  # within the clear's budget
+    assert apply(ACCEPTED_BUDGET_S + 3 * ACCEPTED_RECHECK_S) == "completed"
+    clear = client.get_goal_operation(fence.clear_operation_id)
+    assert clear.status == "failed" and "accepted" in (clear.last_error or "")
+    assert client.get_fence(fence.fence_id).status == "completed"
+    assert len(clears) == 1

@@ -25,7 +25,7 @@ from ..fences.fencing import settle_clear_locally
 from ..goals.claims import Attempt, Claim
 from ..goals.operations import fail_operation
 from ..kinds.fence import FENCE_APPLY_TASK, FenceStatus
-from ..kinds.goal import OPEN_OPERATION_STATUSES
+from ..kinds.goal import OPEN_OPERATION_STATUSES, ProviderPhase
 from ..maintenance import runs
 from ..sessions import turns
 from ..sessions.rows import Heard, heard_in, lock_session
@@ -40,8 +40,12 @@ log = logging.getLogger(__name__)
 WAITING_FOR_TURN = "waiting for the fenced turn to settle"
 # A maintenance run holds the session (docs/lifecycles.md): a hold, not a failure.
 HELD_BY_MAINTENANCE = "the clear waits for the maintenance run that holds the session"
+# The host accepted the clear and has not applied it: the clear's own budget
+# (ACCEPTED_BUDGET_S) bounds the wait, and the fence looks again this often meanwhile.
+CLEAR_ACCEPTED = "the host accepted the clear and has not applied it yet"
+ACCEPTED_RECHECK_S = 15.0
 # Waits use no budget: the fence's attempts and age clock stand still, however long.
-WAITS = frozenset({WAITING_FOR_TURN, HELD_BY_MAINTENANCE})
+WAITS = frozenset({WAITING_FOR_TURN, HELD_BY_MAINTENANCE, CLEAR_ACCEPTED})
 # How soon a held fence looks again, should the run's release not wake it.
 HELD_RECHECK_S = 5.0
 
@@ -184,18 +188,18 @@ class FenceApplier(Step):
             return run_transaction(
                 self.engine, lambda s: self._wait_for_release(s, claim, cancel_id)
             )
-        if clear != "settled":
-            return run_transaction(
-                self.engine,
-                lambda s: self._back_to_pending(
-                    s,
-                    claim,
-                    "the clear is waiting to be retried",
-                    backoff_s(claim.attempt),
-                    cancel_id,
-                ),
-            )
-        return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
+        if clear == "settled":
+            return run_transaction(self.engine, lambda s: self._complete(s, claim, cancel_id))
+        # An accepted clear is waited for (the claim fails it past its budget, and the fence
+        # completes then); any other is retried.
+        why, after = (
+            (CLEAR_ACCEPTED, ACCEPTED_RECHECK_S)
+            if clear == "accepted"
+            else ("the clear is waiting to be retried", backoff_s(claim.attempt))
+        )
+        return run_transaction(
+            self.engine, lambda s: self._back_to_pending(s, claim, why, after, cancel_id)
+        )
 
     def _look(self, claim: FenceClaim) -> tuple[HostState, list[str], dict[str, str]]:
         """What runs there is the host's word (docs/lifecycles.md: reconcile): the record is
@@ -237,18 +241,16 @@ class FenceApplier(Step):
 
     def _drive_clear(self, claim: FenceClaim) -> str:
         """Apply the fence's clear (require_live, never resume): "settled" once it is,
-        "held" while a maintenance run holds the session, else "retry"."""
+        "held" while a maintenance run holds the session, "accepted" while the host has
+        accepted it and not applied it, else "retry"."""
         clear_id = claim.clear_operation_id
         if clear_id is None:
             return "settled"  # the fence made no clear: a newer goal owns the session
         current = run_transaction(self.engine, lambda s: self.dispatcher.claim(s, clear_id))
         if not isinstance(current, Claim):
-            if current.outcome == "held":
-                return "held"
-            if current.outcome == "lane_lost":
-                return "retry"
-            settled = current.outcome != "skipped" or self._clear_settled(claim)
-            return "settled" if settled else "retry"
+            if current.outcome in ("held", "lane_lost"):
+                return "held" if current.outcome == "held" else "retry"
+            return "settled" if current.outcome != "skipped" else self._clear_left(claim)
         # The call at the host it was claimed at (the fences went first, above), its outcome
         # recorded as the dispatcher records every goal operation's. An offline session is
         # the fence's to handle (it settles locally), not a fault of the clear's.
@@ -260,11 +262,15 @@ class FenceApplier(Step):
         results, _released = run_transaction(
             self.engine, lambda s: self.dispatcher.record(s, [attempt], [])
         )
-        return "retry" if results[0].outcome == "retry" else "settled"
+        outcome = results[0].outcome
+        return outcome if outcome in ("retry", "accepted") else "settled"
 
-    def _clear_settled(self, claim: FenceClaim) -> bool:
+    def _clear_left(self, claim: FenceClaim) -> str:
+        """Where a clear the claim passed over stands: "settled", "accepted" or "retry"."""
         op = run_transaction(self.engine, lambda s: s.get(GoalOperation, claim.clear_operation_id))
-        return op is None or op.status not in OPEN_OPERATION_STATUSES
+        if op is None or op.status not in OPEN_OPERATION_STATUSES:
+            return "settled"
+        return "accepted" if op.provider_phase == ProviderPhase.ACCEPTED else "retry"
 
     # -- the attempt's end (workflows/fences/lifecycle.py), and the lane let go -----------
     def _complete(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
