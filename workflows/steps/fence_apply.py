@@ -248,9 +248,9 @@ class FenceApplier(Step):
             return "settled"  # the fence made no clear: a newer goal owns the session
         current = run_transaction(self.engine, lambda s: self.dispatcher.claim(s, clear_id))
         if not isinstance(current, Claim):
-            if current.outcome in ("held", "lane_lost"):
-                return "held" if current.outcome == "held" else "retry"
-            return "settled" if current.outcome != "skipped" else self._clear_left(claim)
+            if current.outcome == "skipped":
+                return self._clear_left(claim)
+            return {"held": "held", "lane_lost": "retry"}.get(current.outcome, "settled")
         # The call at the host it was claimed at (the fences went first, above), its outcome
         # recorded as the dispatcher records every goal operation's. An offline session is
         # the fence's to handle (it settles locally), not a fault of the clear's.
