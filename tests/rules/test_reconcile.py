@@ -371,3 +371,32 @@ def test_a_prompt_whose_reports_were_lost_and_that_still_runs_is_recorded(client
     turn = turn_row(client, client.get_prompt(first.prompt_id).turn_id)
     assert (turn.phase, turn.prompt_id) == ("running", first.prompt_id)
     assert session_row(client).active_turn_id == turn.turn_id
+
+
+def test_a_prompt_s_turn_settled_by_a_report_that_does_not_name_it_ends_the_prompt(
+    client, sim_control
+):
+    """The prompt's turn was reported running with its prompt, and settled by a report that
+    does not name the prompt again (the protocol does not ask it to): the prompt of the turn
+    on record ends, and the queue moves on. Before, the report's own prompt_id was read; the
+    prompt stayed dispatched for good, and nothing asked the host (found by a review)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn_duration_ms=0)  # turns end when the test says
+    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    turn_id = client.get_prompt(first.prompt_id).turn_id
+    epoch = sim_control.session(WS, SID)["runtime_epoch"]
+    running = {"turn_id": turn_id, "phase": "running", "origin": "user_prompt"}
+    report(client, session={"runtime_epoch": epoch}, turn={**running, "prompt_id": first.prompt_id})
+    sim_control.session(WS, SID, settle_turn=turn_id)
+    settled = {**running, "phase": "settled", "outcome": "completed"}
+    report(client, session={"runtime_epoch": epoch}, turn=settled)
+    assert turn_row(client, turn_id).phase == "settled"
+    assert client.get_prompt(first.prompt_id).status == "completed"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert client.get_prompt(second.prompt_id).status == "dispatched"
+    # At the host: each prompt delivered once.
+    assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]

@@ -230,12 +230,17 @@ def apply_report(
                 session, row.workspace_id, row.session_id, row.host_id, turn_epoch, turn["turn_id"]
             ),
         )
-    if turn is not None and apply_turn(session, row, turn, report.occurred_at, turn_epoch, now):
+    settled = None
+    if turn is not None:
+        settled = apply_turn(session, row, turn, report.occurred_at, turn_epoch, now)
+    if turn is not None and settled is not None:
         wake = cancels.on_turn_settled(
             session, report.workspace_id, report.session_id, turn["key"], turn["outcome"], now
         )
+        # The prompt of the turn on record (a settled report need not name it again).
+        prompt_id = settled.prompt_id or turn["prompt_id"]
         prompts.on_turn_settled(
-            session, report.workspace_id, report.session_id, turn["prompt_id"], turn["outcome"]
+            session, report.workspace_id, report.session_id, prompt_id, turn["outcome"]
         )
         wake_prompts = True  # any settled turn may let the next prompt (or a run) go
     elif turn is not None and turn_epoch < known:
@@ -348,10 +353,10 @@ def _epoch_would_act(session: Session, row, claimed: int) -> bool:
 
 def apply_turn(
     session: Session, row, turn: dict[str, Any], occurred_at: datetime, epoch: int, now: datetime
-) -> bool:
+) -> Turn | None:
     """Record a turn report (of a turn that runs in `epoch`, if it is new; `now` is when the
     mirror first saw it). Phases only move forward and settled is final; provenance is
-    written once. Returns True when this report settled the turn."""
+    written once. Returns the turn's record when this report settled it."""
     key = (row.workspace_id, row.session_id, turn.get("key", turn["turn_id"]))
     current = session.get(Turn, key, populate_existing=True)
     phase = turn["phase"]
@@ -373,7 +378,7 @@ def apply_turn(
         )
         session.add(current)
     elif TURN_PHASE_ORDER[TurnPhase(phase)] <= TURN_PHASE_ORDER[TurnPhase(current.phase)]:
-        return False  # a late or repeated report: turns never move backwards
+        return None  # a late or repeated report: turns never move backwards
     current.phase = phase
     settled = phase == TurnPhase.SETTLED
     if settled:
@@ -384,4 +389,4 @@ def apply_turn(
     elif phase == TurnPhase.RUNNING:
         row.active_turn_id = current.turn_id
     session.flush()
-    return settled
+    return current if settled else None
