@@ -245,3 +245,51 @@ def test_a_host_cannot_plant_a_record_where_another_turn_s_would_go(client, sim_
     key = run_transaction(client.engine, lambda s: s.get(AgentSession, (WS, SID)).active_turn_id)
     row = run_transaction(client.engine, lambda s: s.get(Turn, (WS, SID, key)))
     assert (row.host_turn_id, row.phase) == (planted, "running")
+
+
+def test_a_turn_id_a_restarted_host_gives_again_after_a_move_back_is_a_new_turn(
+    client, sim_control, host_b
+):
+    """A prompt's turn `turn-1` at A went on record with no known epoch (the prompt's answer
+    tells none) and was ended by a move to B before any report. A restarted (numbering its
+    turns from `turn-1` again), the session came back, and a goal started a new `turn-1`
+    there. That turn is a new one: its report records it, and fencing its generation cancels
+    it at A. Before, the old settled record absorbed it (an unknown epoch matched any): its
+    reports were dropped and the fence waited for good while the turn ran (found by a
+    review)."""
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)  # at A, epoch 1
+    sim_control.session(WS, SID, numbered_turns=True, turn_duration_ms=0)
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert client.get_prompt(prompt.prompt_id).turn_id == "turn-1"
+    client.ensure_session(WS, SID, host_id="host-b")  # its reports are late: it moves on
+    assert runner(client).apply(ids.cancel_operation_id(WS, SID, "turn-1")) == "settled"
+    sim_control.session(WS, SID, restart=True)  # epoch 2, turn-1 again
+    client.ensure_session(WS, SID, host_id="default")
+    goal = client.set_goal(WS, SID, "G", client_submit_id="g1")
+    assert dispatch(client, goal) == ["applied"]
+    assert turn_at(sim_control, "turn-1") == "running"
+    report(
+        client,
+        session={"runtime_epoch": sim_control.session(WS, SID)["runtime_epoch"]},
+        turn={
+            "turn_id": "turn-1",
+            "phase": "running",
+            "origin": "goal_continuation",
+            "source_goal_operation_id": goal.operation_id,
+            "source_goal_revision": 1,
+        },
+    )
+    fence = client.fence_goal_generation(WS, SID, goal.operation_id, client_submit_id="f1")
+    applier = FenceApplier(
+        client.engine, client.runtime, worker_id="a", lease_s=5, publish=lambda *a: True
+    )
+    applier.apply(fence.fence_id)
+    assert turn_at(sim_control, "turn-1") == "settled"
+    assert client.get_fence(fence.fence_id).status == "completed"
+    # At A: the prompt's turn cancelled once (by the move), the goal's once (by the fence).
+    cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
+    assert len(cancels) == 2

@@ -377,8 +377,11 @@ def apply_turn(
             seen_at=now,
         )
         session.add(current)
-    elif TURN_PHASE_ORDER[TurnPhase(phase)] <= TURN_PHASE_ORDER[TurnPhase(current.phase)]:
-        return None  # a late or repeated report: turns never move backwards
+    else:
+        if not current.runtime_epoch and epoch:
+            current.runtime_epoch = epoch  # a turn of no known epoch (a prompt's) learns it
+        if TURN_PHASE_ORDER[TurnPhase(phase)] <= TURN_PHASE_ORDER[TurnPhase(current.phase)]:
+            return None  # a late or repeated report: turns never move backwards
     current.phase = phase
     settled = phase == TurnPhase.SETTLED
     if settled:

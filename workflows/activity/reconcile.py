@@ -94,9 +94,12 @@ def apply_state(
         done.ended = unseen
         done.woken_fences += cancels.interrupt_turns(session, workspace_id, session_id, unseen, now)
     for key, turn in listed.items():
-        if session.get(Turn, (workspace_id, session_id, key)) is None:
+        recorded = session.get(Turn, (workspace_id, session_id, key))
+        if recorded is None:
             _record(session, row, key, turn, now)
             done.recorded.append(key)
+        elif not recorded.runtime_epoch:  # a prompt's turn: the host says which epoch
+            recorded.runtime_epoch = turn.runtime_epoch
         cancel_id = cancels.cancel_if_fenced(session, workspace_id, session_id, key, now)
         if cancel_id is not None:
             done.cancels.append(cancel_id)

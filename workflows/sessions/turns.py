@@ -15,10 +15,14 @@ from .. import ids
 
 def same_turn(row: Turn, host_id: str, epoch: int) -> bool:
     """Whether the turn on record is the one `host_id` tells of at `epoch`: a record from before
-    hosts were kept, or an epoch not known on either side, says nothing against it."""
-    return (row.host_id is None or row.host_id == host_id) and (
-        not row.runtime_epoch or not epoch or row.runtime_epoch == epoch
-    )
+    hosts were kept, or an epoch not known on either side, says nothing against it; but a
+    settled turn of no known epoch (a prompt's, ended by a move before any report) is not one
+    told of at a known epoch: its host may have restarted and numbered its turns again."""
+    if row.host_id is not None and row.host_id != host_id:
+        return False
+    if row.runtime_epoch and epoch:
+        return row.runtime_epoch == epoch
+    return not (epoch and not row.runtime_epoch and row.phase == TurnPhase.SETTLED)
 
 
 def turn_key(
