@@ -253,3 +253,56 @@ def test_a_resume_is_live_from_when_it_answered(client, sim_control, monkeypatch
     assert client.ensure_session(WS, SID).live is True
     run_transaction(client.engine, lambda s: mark_offline(s, WS, SID, Heard(looked[0])))
     assert session_row(client).live is True
+
+
+def test_a_late_report_without_an_epoch_does_not_settle_a_new_epoch_s_turn_of_its_id(
+    client, sim_control
+):
+    """Epoch 1's `turn-1` (of G1) ended; its settled report, naming no epoch (only the first
+    report of an epoch must), came late: after the host restarted and epoch 2's `turn-1` (of
+    G2) was reported running. It names G1, not the G2 on record under that key: it tells of
+    the older turn and is not applied (the session's restore is asked for). Fencing G2 then
+    cancels its turn at the host. Before, the report settled epoch 2's turn on record while
+    it ran, and the fence waited for good (found by a review)."""
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    def goal_turn(op, phase, **more):
+        return {
+            "turn_id": "turn-1",
+            "phase": phase,
+            "origin": "goal_continuation",
+            "source_goal_operation_id": op.operation_id,
+            "source_goal_revision": op.goal_revision,
+            **more,
+        }
+
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, numbered_turns=True, turn_duration_ms=0)
+    dispatcher = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    g1 = client.set_goal(WS, SID, "G1", client_submit_id="g1")
+    assert [r.outcome for r in dispatcher.dispatch(g1.operation_id)] == ["applied"]
+    report(client, session={"runtime_epoch": 1}, turn=goal_turn(g1, "running"))
+    sim_control.session(WS, SID, settle_turn="turn-1")
+    late = {
+        "workspace_id": WS,
+        "session_id": SID,
+        "occurred_at_ms": int(time.time() * 1000),
+        "turn": goal_turn(g1, "settled", outcome="completed"),
+    }
+    sim_control.session(WS, SID, restart=True)
+    assert client.ensure_session(WS, SID).runtime_epoch == 2
+    g2 = client.set_goal(WS, SID, "G2", client_submit_id="g2")
+    assert [r.outcome for r in dispatcher.dispatch(g2.operation_id)] == ["applied"]
+    report(client, session={"runtime_epoch": 2}, turn=goal_turn(g2, "running"))
+    client.report_activity(late)
+    turns = run_transaction(
+        client.engine, lambda s: s.query(Turn).filter_by(workspace_id=WS, session_id=SID).all()
+    )
+    assert sorted((t.runtime_epoch, t.phase) for t in turns) == [(1, "settled"), (2, "running")]
+    fence = client.fence_goal_generation(WS, SID, g2.operation_id, client_submit_id="f2")
+    applier = FenceApplier(
+        client.engine, client.runtime, worker_id="a", lease_s=5, publish=lambda *a: True
+    )
+    applier.apply(fence.fence_id)
+    assert sim_control.session(WS, SID)["turns"]["turn-1"]["phase"] == "settled"
+    assert client.get_fence(fence.fence_id).status == "completed"

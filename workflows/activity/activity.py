@@ -223,14 +223,18 @@ def apply_report(
     # older epoch than the one known tells of a turn that ended with its process.
     known = row.runtime_epoch or 0
     turn_epoch = known if claimed is None else claimed
+    settled, doubted = None, False
     if turn is not None:  # its record key: (host, epoch, id) is a turn's identity
-        turn = dict(
-            turn,
-            key=turns.turn_key(
-                session, row.workspace_id, row.session_id, row.host_id, turn_epoch, turn["turn_id"]
-            ),
+        key = turns.turn_key(
+            session, row.workspace_id, row.session_id, row.host_id, turn_epoch, turn["turn_id"]
         )
-    settled = None
+        turn = dict(turn, key=key)
+        # Another generation or prompt than the turn on record under its key: an older turn's
+        # report (docs/lifecycles.md: turns), not applied; the host's answer decides.
+        doubted = turns.another_turn(
+            session.get(Turn, (row.workspace_id, row.session_id, key)), turn
+        )
+        turn = None if doubted else turn
     if turn is not None:
         settled = apply_turn(session, row, turn, report.occurred_at, turn_epoch, now)
     if turn is not None and settled is not None:
@@ -261,7 +265,7 @@ def apply_report(
     said_offline = (report.session or {}).get("live") is False
     restore = (
         not said_offline
-        and (confirm or applied or epoch.goal_owed or needs_restore(session, row))
+        and (confirm or applied or doubted or epoch.goal_owed or needs_restore(session, row))
         and restores.request(row, now)
     )
     return ReportEffects(

@@ -25,6 +25,22 @@ def same_turn(row: Turn, host_id: str, epoch: int) -> bool:
     return not (epoch and not row.runtime_epoch and row.phase == TurnPhase.SETTLED)
 
 
+PROVENANCE = ("source_goal_operation_id", "source_goal_revision", "prompt_id")
+
+
+def another_turn(row: Turn | None, told: dict) -> bool:
+    """Whether a report's turn (`told`, its parsed fields) names another goal generation or
+    prompt than the turn on record under its key: provenance is written once, so it tells of
+    another turn that had the id, one of an older epoch whose report said no epoch and came
+    late (docs/lifecycles.md: turns)."""
+    return row is not None and any(
+        told.get(name) is not None
+        and getattr(row, name) is not None
+        and told[name] != getattr(row, name)
+        for name in PROVENANCE
+    )
+
+
 def turn_key(
     session: Session, workspace_id: str, session_id: str, host_id: str, epoch: int, turn_id: str
 ) -> str:
