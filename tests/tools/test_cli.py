@@ -619,6 +619,7 @@ def test_op_commands_find_and_list_every_kind(settings, client):
     goal = client.set_goal("ws", "s1", "shared", client_submit_id="req-1")
     fence = client.fence_goal_generation("ws", "s1", goal.operation_id, client_submit_id="f-1")
     client.submit_prompt("ws", "s1", "hello", client_submit_id="req-1")
+    run = client.start_maintenance("ws", "s1", "compact", client_submit_id="req-1")
 
     shown = json.loads(run_cli(settings, "op", "show", fence.fence_id, "--json").stdout)
     assert (shown["kind"], shown["fence_id"], shown["status"]) == (
@@ -630,9 +631,14 @@ def test_op_commands_find_and_list_every_kind(settings, client):
     assert proc.returncode == 3 and "not_found" in proc.stderr
 
     found = json.loads(run_cli(settings, "op", "find", "ws", "s1", "req-1", "--json").stdout)
-    assert sorted(f["kind"] for f in found) == ["goal", "prompt"]
+    assert sorted(f["kind"] for f in found) == ["goal", "maintenance", "prompt"]
+    # A run's own kind (what it does) is beside its operation kind, not in its place.
+    (found_run,) = [f for f in found if f["kind"] == "maintenance"]
+    assert (found_run["run_id"], found_run["maintenance_kind"]) == (run.run_id, "compact")
     text = run_cli(settings, "op", "find", "ws", "s1", "req-1").stdout
-    assert "goal" in text and "prompt" in text and "submit=req-1" in text
+    assert all(k in text for k in ("goal", "prompt", "maintenance", "submit=req-1"))
+    shown = json.loads(run_cli(settings, "op", "show", run.run_id, "--json").stdout)
+    assert (shown["kind"], shown["maintenance_kind"]) == ("maintenance", "compact")
     proc = run_cli(settings, "op", "find", "ws", "s1", "nothing", check=False)
     assert proc.returncode == 3 and "not_found: nothing was submitted" in proc.stderr
 
@@ -644,7 +650,7 @@ def test_op_commands_find_and_list_every_kind(settings, client):
     # Newest first unless asked otherwise; --since keeps the recent ones.
     newest = json.loads(run_cli(settings, "op", "list", "--since", "1h", "--json").stdout)
     created = [o["created_at"] for o in newest]
-    assert len(newest) == 4 and created == sorted(created, reverse=True)
+    assert len(newest) == 5 and created == sorted(created, reverse=True)
     oldest = json.loads(run_cli(settings, "op", "list", "--oldest-first", "--json").stdout)
     assert [o["id"] for o in oldest] == [o["id"] for o in reversed(newest)]
     pending = json.loads(run_cli(settings, "op", "list", "--status", "pending", "--json").stdout)

@@ -28,7 +28,13 @@ def parse_age(text: str | None, option: str = "--older-than") -> float | None:
 
 
 def _described(record) -> dict:
-    return {"kind": kind_of(record), **as_dict(record)}
+    """A record as `op show|find` print it: its operation kind under `kind`, as `op list` has
+    it; a field of the record's own by that name (what a maintenance run does) goes under
+    `<its kind>_kind`."""
+    kind, fields = kind_of(record), as_dict(record)
+    if "kind" in fields:
+        fields[f"{kind}_kind"] = fields.pop("kind")
+    return {"kind": kind, **fields}
 
 
 def _line(item: dict) -> str:
