@@ -306,3 +306,47 @@ def test_a_late_report_without_an_epoch_does_not_settle_a_new_epoch_s_turn_of_it
     applier.apply(fence.fence_id)
     assert sim_control.session(WS, SID)["turns"]["turn-1"]["phase"] == "settled"
     assert client.get_fence(fence.fence_id).status == "completed"
+
+
+def test_a_late_report_of_a_goal_s_turn_does_not_end_a_new_epoch_s_prompt_of_its_id(
+    client, sim_control
+):
+    """The same late report (epoch 1's turn-1, a goal's), landing on epoch 2's turn-1 of a
+    prompt: a goal's turn is not a prompt's, so it is not applied. The prompt goes on, and
+    the next prompt waits for its turn: one prompt turn at a time at the host (found by a
+    review of the change above, which had let the report end the prompt)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)  # epoch 1
+    sim_control.session(WS, SID, numbered_turns=True, turn_duration_ms=0)
+    g1 = client.set_goal(WS, SID, "G1", client_submit_id="g1")
+    dispatcher = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    assert [r.outcome for r in dispatcher.dispatch(g1.operation_id)] == ["applied"]
+    goal_turn = {
+        "turn_id": "turn-1",
+        "phase": "running",
+        "origin": "goal_continuation",
+        "source_goal_operation_id": g1.operation_id,
+        "source_goal_revision": 1,
+    }
+    report(client, session={"runtime_epoch": 1}, turn=goal_turn)
+    sim_control.session(WS, SID, settle_turn="turn-1")
+    late = {
+        "workspace_id": WS,
+        "session_id": SID,
+        "occurred_at_ms": int(time.time() * 1000),
+        "turn": {**goal_turn, "phase": "settled", "outcome": "completed"},
+    }
+    sim_control.session(WS, SID, restart=True)
+    assert client.ensure_session(WS, SID).runtime_epoch == 2
+    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    p3 = client.submit_prompt(WS, SID, "third", client_submit_id="p3")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    prompt_turn = {"turn_id": "turn-1", "phase": "running", "origin": "user_prompt"}
+    report(client, session={"runtime_epoch": 2}, turn={**prompt_turn, "prompt_id": p2.prompt_id})
+    client.report_activity(late)
+    assert client.get_prompt(p2.prompt_id).status == "dispatched"
+    dispatch_next(client.engine, client.runtime, WS, SID)
+    assert client.get_prompt(p3.prompt_id).status == "queued"
+    turns = sim_control.session(WS, SID)["turns"].values()
+    assert [t["phase"] for t in turns] == ["running"]

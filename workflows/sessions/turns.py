@@ -25,19 +25,23 @@ def same_turn(row: Turn, host_id: str, epoch: int) -> bool:
     return not (epoch and not row.runtime_epoch and row.phase == TurnPhase.SETTLED)
 
 
-PROVENANCE = ("source_goal_operation_id", "source_goal_revision", "prompt_id")
+PROVENANCE = ("origin", "source_goal_operation_id", "source_goal_revision", "prompt_id")
 
 
 def another_turn(row: Turn | None, told: dict) -> bool:
-    """Whether a report's turn (`told`, its parsed fields) names another goal generation or
-    prompt than the turn on record under its key: provenance is written once, so it tells of
-    another turn that had the id, one of an older epoch whose report said no epoch and came
-    late (docs/lifecycles.md: turns)."""
-    return row is not None and any(
-        told.get(name) is not None
-        and getattr(row, name) is not None
-        and told[name] != getattr(row, name)
-        for name in PROVENANCE
+    """Whether a report's turn (`told`, its parsed fields) is another than the turn on record
+    under its key: another origin, goal generation or prompt, or a goal's turn where the record
+    has a prompt's (or the reverse). Provenance is written once, so it tells of another turn
+    that had the id: one of an older epoch whose report named no epoch and came late
+    (docs/lifecycles.md: turns)."""
+    if row is None:
+        return False
+    named = {name: (told.get(name), getattr(row, name)) for name in PROVENANCE}
+    if any(new is not None and old is not None and new != old for new, old in named.values()):
+        return True
+    goal, prompt = named["source_goal_operation_id"], named["prompt_id"]
+    return bool(
+        (goal[0] and prompt[1] and not goal[1]) or (prompt[0] and goal[1] and not prompt[1])
     )
 
 
