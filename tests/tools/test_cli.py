@@ -97,6 +97,12 @@ def test_a_goal_that_settles_failed_exits_one_after_wait(settings, client, stack
     assert json.loads(proc.stdout)["status"] == "failed"
     accepted = run_cli(settings, "goal", "set", "ws", "s2", "y", "--submit-id", "b", "--json")
     assert json.loads(accepted.stdout)["status"] in ("prepared", "dispatched", "completed")
+    # A wait that runs out says so: nothing failed, the operation goes on (exit 1 all the same).
+    sim_control.fault("goal", status=503, error="busy", count=3, session_id="s3")
+    args = ("goal", "set", "ws", "s3", "z", "--submit-id", "c", "--wait", "0.5")
+    proc = run_cli(settings, *args, check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: timeout: "), proc.stderr
+    assert "failed" not in proc.stderr
 
 
 def test_session_ensure_resumes_an_offline_session(settings, client, sim_control):

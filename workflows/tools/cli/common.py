@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(EXIT_FAILED, exc.code, exc.message, as_json)
     except AgentRadarError as exc:
         _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)
-    except (ValueError, TimeoutError) as exc:
+    except TimeoutError as exc:  # a `--wait` that ran out: nothing failed, it goes on
+        _fail(EXIT_FAILED, "timeout", str(exc), as_json)
+    except ValueError as exc:
         _fail(EXIT_FAILED, "failed", str(exc), as_json)
     except ModuleNotFoundError as exc:
         if exc.name not in SERVER_MODULES:
