@@ -180,3 +180,16 @@ def query_plan(engine, statement) -> str:
         return "\n".join(str(row[-1]) for row in s.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
 
     return run_transaction(engine, plan)
+
+
+def first_of_two_prompts_sent(client, sim_control, workspace_id: str, session_id: str):
+    """Two prompts queued in the session, at a host whose turns run until they are ended; the
+    first sent: (first, second)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(workspace_id, session_id)
+    sim_control.session(workspace_id, session_id, turn_duration_ms=0)
+    first = client.submit_prompt(workspace_id, session_id, "first", client_submit_id="p1")
+    second = client.submit_prompt(workspace_id, session_id, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, workspace_id, session_id) == "dispatched"
+    return first, second

@@ -14,7 +14,7 @@ from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows.activity.reconcile import RECONCILE_INTERVAL_S, STALE_TURN_S
 from agent_radar.workflows.errors import SessionBusy
 from agent_radar.workflows.task_names import PROMPT_TASK, RESTORE_TASK
-from tests.helpers import restorer
+from tests.helpers import first_of_two_prompts_sent, restorer
 
 WS, SID = "ws-reconcile", "s1"
 
@@ -329,11 +329,7 @@ def _prompt_sent_long_ago_unreported(client, sim_control):
     from agent_radar.models.operations import Prompt
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
-    client.ensure_session(WS, SID)
-    sim_control.session(WS, SID, turn_duration_ms=0)
-    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    first, second = first_of_two_prompts_sent(client, sim_control, WS, SID)
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
     sent = utcnow() - timedelta(seconds=STALE_TURN_S + 1)
     run_transaction(
@@ -382,11 +378,7 @@ def test_a_prompt_s_turn_settled_by_a_report_that_does_not_name_it_ends_the_prom
     prompt stayed dispatched for good, and nothing asked the host (found by a review)."""
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
-    client.ensure_session(WS, SID)
-    sim_control.session(WS, SID, turn_duration_ms=0)  # turns end when the test says
-    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    first, second = first_of_two_prompts_sent(client, sim_control, WS, SID)
     turn_id = client.get_prompt(first.prompt_id).turn_id
     epoch = sim_control.session(WS, SID)["runtime_epoch"]
     running = {"turn_id": turn_id, "phase": "running", "origin": "user_prompt"}

@@ -10,7 +10,7 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows.steps.cancel import CancelRunner
 from agent_radar.workflows.tools.simulator import SimControl
-from tests.helpers import restorer
+from tests.helpers import first_of_two_prompts_sent, restorer
 
 WS, SID = "ws-stale", "s1"
 
@@ -354,11 +354,7 @@ def test_a_move_stops_a_prompt_s_turn_no_report_told_of_yet(client, sim_control,
     from agent_radar.workflows import ids
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
-    client.ensure_session(WS, SID)
-    sim_control.session(WS, SID, turn_duration_ms=0)  # turns run until they are ended
-    first = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    first, second = first_of_two_prompts_sent(client, sim_control, WS, SID)
     turn_id = client.get_prompt(first.prompt_id).turn_id
     client.ensure_session(WS, SID, host_id="host-b")
     assert client.get_prompt(first.prompt_id).status == "completed"
