@@ -293,3 +293,40 @@ def test_a_turn_id_a_restarted_host_gives_again_after_a_move_back_is_a_new_turn(
     # At A: the prompt's turn cancelled once (by the move), the goal's once (by the fence).
     cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
     assert len(cancels) == 2
+
+
+def test_a_second_prompt_s_turn_of_a_reused_id_is_stopped_by_the_next_move(
+    client, sim_control, host_b
+):
+    """The first prompt's unreported turn-1 was stopped at A by a move; A restarted and gave
+    turn-1 again to a second prompt, and the session moved again before any report of it.
+    That turn is another: the move stops it at A too. Before, it was taken for the first
+    prompt's ended turn, whose cancel was long done, and ran on at A (found by a review)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    def open_cancels():
+        return run_transaction(
+            client.engine,
+            lambda s: [
+                c.operation_id
+                for c in s.query(CancelOperation).filter_by(workspace_id=WS, session_id=SID)
+                if c.status in ("prepared", "leased")
+            ],
+        )
+
+    client.ensure_session(WS, SID)  # at A, epoch 1
+    sim_control.session(WS, SID, numbered_turns=True, turn_duration_ms=0)
+    client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    client.ensure_session(WS, SID, host_id="host-b")  # no report of its turn yet
+    assert [runner(client).apply(c) for c in open_cancels()] == ["settled"]
+    sim_control.session(WS, SID, restart=True)  # epoch 2: turn-1 again
+    client.ensure_session(WS, SID, host_id="default")
+    second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert client.get_prompt(second.prompt_id).turn_id == "turn-1"
+    client.ensure_session(WS, SID, host_id="host-b")  # again before any report of it
+    assert [runner(client).apply(c) for c in open_cancels()] == ["settled"]
+    assert turn_at(sim_control, "turn-1") == "settled"
+    cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
+    assert len(cancels) == 2  # at A: each prompt's turn once

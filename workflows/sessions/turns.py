@@ -75,8 +75,17 @@ def record_prompt_turn(
 ) -> str:
     """The turn `host_id` answered a prompt with is on record, running, unless a report put it
     there first (moves.prompt_sent), at no known epoch: the answer tells none, and the epoch
-    believed may be one the host has left already. Returns its record key."""
+    believed may be one the host has left already. A record of another prompt's turn, or of
+    a turn that ended, under its id is not this one. Returns its record key."""
     key = turn_key(session, workspace_id, session_id, host_id, 0, turn_id)
+    found = session.get(Turn, (workspace_id, session_id, key))
+    if found is not None and found.prompt_id != prompt_id:
+        if found.prompt_id is not None or found.phase == TurnPhase.SETTLED:
+            # Another turn had the id (its host restarted and numbered its turns again): this
+            # prompt's is kept apart, under a key of its own with the prompt in it.
+            key = ids.reused_turn_key(
+                workspace_id, session_id, host_id, 0, f"{turn_id} {prompt_id}"
+            )
     if session.get(Turn, (workspace_id, session_id, key)) is None:
         session.add(
             Turn(
