@@ -4,6 +4,8 @@ before any goal call reaches the session again."""
 
 import time
 
+import pytest
+
 from agent_radar.models.db import run_transaction
 from agent_radar.models.operations import GoalFence
 from agent_radar.models.tables import AgentSession, Turn
@@ -308,13 +310,16 @@ def test_a_late_report_without_an_epoch_does_not_settle_a_new_epoch_s_turn_of_it
     assert client.get_fence(fence.fence_id).status == "completed"
 
 
+@pytest.mark.parametrize("names", ["its provenance", "nothing"])
 def test_a_late_report_of_a_goal_s_turn_does_not_end_a_new_epoch_s_prompt_of_its_id(
-    client, sim_control
+    client, sim_control, names
 ):
     """The same late report (epoch 1's turn-1, a goal's), landing on epoch 2's turn-1 of a
-    prompt: a goal's turn is not a prompt's, so it is not applied. The prompt goes on, and
-    the next prompt waits for its turn: one prompt turn at a time at the host (found by a
-    review of the change above, which had let the report end the prompt)."""
+    prompt: a goal's turn is not a prompt's, and a report naming no epoch made before the
+    turn on record started is not of it (as a settled report may, it names nothing but the
+    id), so it is not applied. The prompt goes on, and the next prompt waits for its turn: one
+    prompt turn at a time at the host (found by reviews of the change above, which had let the
+    report end the prompt)."""
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
     client.ensure_session(WS, SID)  # epoch 1
@@ -337,6 +342,8 @@ def test_a_late_report_of_a_goal_s_turn_does_not_end_a_new_epoch_s_prompt_of_its
         "occurred_at_ms": int(time.time() * 1000),
         "turn": {**goal_turn, "phase": "settled", "outcome": "completed"},
     }
+    if names == "nothing":
+        late["turn"] = {"turn_id": "turn-1", "phase": "settled", "outcome": "completed"}
     sim_control.session(WS, SID, restart=True)
     assert client.ensure_session(WS, SID).runtime_epoch == 2
     p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")

@@ -330,3 +330,41 @@ def test_a_second_prompt_s_turn_of_a_reused_id_is_stopped_by_the_next_move(
     assert turn_at(sim_control, "turn-1") == "settled"
     cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
     assert len(cancels) == 2  # at A: each prompt's turn once
+
+
+def test_a_move_cancels_a_renumbered_prompt_turn_reported_without_its_prompt_once(
+    client, sim_control, host_b
+):
+    """The first prompt's turn-1 was reported and ended; A restarted and gave turn-1 to the
+    second prompt, whose running report named no prompt (as docs/protocol.md's example does).
+    A move then owes A one cancel of that turn: the move finds it on record as reported, not
+    as a turn apart (found by a review of the change above, which made it two)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)  # at A, epoch 1
+    sim_control.session(WS, SID, numbered_turns=True, turn_duration_ms=0, cancel_mode="accepted")
+    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    turn = {"turn_id": "turn-1", "origin": "user_prompt", "prompt_id": p1.prompt_id}
+    report(client, session={"runtime_epoch": 1}, turn={**turn, "phase": "running"})
+    sim_control.session(WS, SID, settle_turn="turn-1")
+    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
+    sim_control.session(WS, SID, restart=True)  # epoch 2: turn-1 again
+    assert client.ensure_session(WS, SID).runtime_epoch == 2
+    client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    running = {"turn_id": "turn-1", "phase": "running", "origin": "user_prompt"}
+    report(client, session={"runtime_epoch": 2}, turn=running)
+    client.ensure_session(WS, SID, host_id="host-b")
+    owed = run_transaction(
+        client.engine,
+        lambda s: [
+            c.operation_id
+            for c in s.query(CancelOperation).filter_by(workspace_id=WS, session_id=SID)
+            if c.status in ("prepared", "leased")
+        ],
+    )
+    for cancel_id in owed:
+        runner(client).apply(cancel_id)
+    cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
+    assert len(owed) == 1 and len(cancels) == 1

@@ -231,9 +231,8 @@ def apply_report(
         turn = dict(turn, key=key)
         # Another generation or prompt than the turn on record under its key: an older turn's
         # report (docs/lifecycles.md: turns), not applied; the host's answer decides.
-        doubted = turns.another_turn(
-            session.get(Turn, (row.workspace_id, row.session_id, key)), turn
-        )
+        recorded = session.get(Turn, (row.workspace_id, row.session_id, key))
+        doubted = turns.another_turn(recorded, turn, None if claimed else report.occurred_at)
         turn = None if doubted else turn
     if turn is not None:
         settled = apply_turn(session, row, turn, report.occurred_at, turn_epoch, now)

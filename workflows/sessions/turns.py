@@ -6,6 +6,7 @@ it (`host_turn_id`), which is what every call to the host carries."""
 
 from datetime import datetime
 
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnOrigin, TurnPhase
@@ -28,14 +29,17 @@ def same_turn(row: Turn, host_id: str, epoch: int) -> bool:
 PROVENANCE = ("origin", "source_goal_operation_id", "source_goal_revision", "prompt_id")
 
 
-def another_turn(row: Turn | None, told: dict) -> bool:
+def another_turn(row: Turn | None, told: dict, unclaimed_at: datetime | None = None) -> bool:
     """Whether a report's turn (`told`, its parsed fields) is another than the turn on record
     under its key: another origin, goal generation or prompt, or a goal's turn where the record
-    has a prompt's (or the reverse). Provenance is written once, so it tells of another turn
-    that had the id: one of an older epoch whose report named no epoch and came late
-    (docs/lifecycles.md: turns)."""
+    has a prompt's (or the reverse); or, for a report that names no epoch (`unclaimed_at`: when
+    it was made), one made before the turn on record started. Provenance is written once, so
+    it tells of another turn that had the id: one of an older epoch whose report named no
+    epoch and came late (docs/lifecycles.md: turns)."""
     if row is None:
         return False
+    if unclaimed_at is not None and row.started_at is not None and unclaimed_at < row.started_at:
+        return True
     named = {name: (told.get(name), getattr(row, name)) for name in PROVENANCE}
     if any(new is not None and old is not None and new != old for new, old in named.values()):
         return True
@@ -82,7 +86,12 @@ def record_prompt_turn(
     if found is not None and found.prompt_id != prompt_id:
         if found.prompt_id is not None or found.phase == TurnPhase.SETTLED:
             # Another turn had the id (its host restarted and numbered its turns again): this
-            # prompt's is kept apart, under a key of its own with the prompt in it.
+            # prompt's is the running one of that id a report put on record without naming
+            # its prompt, or else kept apart under a key of its own with the prompt in it.
+            reported = _running_unnamed(session, workspace_id, session_id, host_id, turn_id)
+            if reported is not None:
+                reported.prompt_id = prompt_id
+                return reported.turn_id
             key = ids.reused_turn_key(
                 workspace_id, session_id, host_id, 0, f"{turn_id} {prompt_id}"
             )
@@ -104,3 +113,23 @@ def record_prompt_turn(
         )
         session.flush()
     return key
+
+
+def _running_unnamed(
+    session: Session, workspace_id: str, session_id: str, host_id: str, turn_id: str
+) -> Turn | None:
+    """The running turn on record that `host_id` calls `turn_id`, of no prompt named."""
+    return (
+        session.execute(
+            select(Turn).where(
+                Turn.workspace_id == workspace_id,
+                Turn.session_id == session_id,
+                Turn.host_id == host_id,
+                Turn.phase != TurnPhase.SETTLED,
+                Turn.prompt_id.is_(None),
+                or_(Turn.turn_id == turn_id, Turn.host_turn_id == turn_id),
+            )
+        )
+        .scalars()
+        .first()
+    )
