@@ -30,6 +30,8 @@ def test_demo_runs_its_scenario_and_leaves_nothing_running(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ok"] is True
+    # The simulator is asked once it listens: no host reads as failing while it starts.
+    assert "calls failed in a row" not in proc.stdout + proc.stderr
     events = [line["event"] for line in result["timeline"]]
     assert "same submit ID sent again: the same operation comes back" in events
     assert "finished after the crash" in events

@@ -26,6 +26,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on this loopback port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -144,8 +153,10 @@ class Stack:
             name, ["runtime-sim", "--port", str(port), "--host-id", host_id], extra_env=extra
         )
         control = SimControl(url, self.settings.runtime_token)
+        # Its port first: asked before it listens, the control's calls would count as a host
+        # failing (its circuit opens, says so, and holds the start up for seconds).
         wait_for(
-            lambda: control.healthy() or not proc.alive() and _dead(proc),
+            lambda: listening(port) and control.healthy() or not proc.alive() and _dead(proc),
             30,
             "the runtime simulator",
         )
