@@ -231,7 +231,9 @@ def apply_report(
         turn = dict(turn, key=key)
         # Another generation or prompt than the turn on record under its key: an older turn's
         # report (docs/lifecycles.md: turns), not applied; the host's answer decides.
-        recorded = session.get(Turn, (row.workspace_id, row.session_id, key))
+        recorded = session.get(
+            Turn, (row.workspace_id, row.session_id, key), populate_existing=True
+        )
         doubted = turns.another_turn(recorded, turn, None if claimed else report.occurred_at)
         turn = None if doubted else turn
     if turn is not None:
@@ -359,9 +361,9 @@ def apply_turn(
 ) -> Turn | None:
     """Record a turn report (of a turn that runs in `epoch`, if it is new; `now` is when the
     mirror first saw it). Phases only move forward and settled is final; provenance is
-    written once. Returns the turn's record when this report settled it."""
+    written once. Returns the turn's record when this report settled it (read afresh before)."""
     key = (row.workspace_id, row.session_id, turn.get("key", turn["turn_id"]))
-    current = session.get(Turn, key, populate_existing=True)
+    current = session.get(Turn, key)
     phase = turn["phase"]
     if current is None:
         current = Turn(

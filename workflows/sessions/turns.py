@@ -40,13 +40,14 @@ def another_turn(row: Turn | None, told: dict, unclaimed_at: datetime | None = N
         return False
     if unclaimed_at is not None and row.started_at is not None and unclaimed_at < row.started_at:
         return True
-    named = {name: (told.get(name), getattr(row, name)) for name in PROVENANCE}
-    if any(new is not None and old is not None and new != old for new, old in named.values()):
-        return True
-    goal, prompt = named["source_goal_operation_id"], named["prompt_id"]
-    return bool(
-        (goal[0] and prompt[1] and not goal[1]) or (prompt[0] and goal[1] and not prompt[1])
-    )
+    for name in PROVENANCE:
+        new, old = told.get(name), getattr(row, name)
+        if new is not None and old is not None and new != old:
+            return True
+    goal, prompt = told.get("source_goal_operation_id"), told.get("prompt_id")
+    a_prompt_s = row.prompt_id is not None and row.source_goal_operation_id is None
+    a_goal_s = row.source_goal_operation_id is not None and row.prompt_id is None
+    return bool(goal and a_prompt_s or prompt and a_goal_s)
 
 
 def turn_key(
@@ -83,18 +84,19 @@ def record_prompt_turn(
     a turn that ended, under its id is not this one. Returns its record key."""
     key = turn_key(session, workspace_id, session_id, host_id, 0, turn_id)
     found = session.get(Turn, (workspace_id, session_id, key))
-    if found is not None and found.prompt_id != prompt_id:
-        if found.prompt_id is not None or found.phase == TurnPhase.SETTLED:
-            # Another turn had the id (its host restarted and numbered its turns again): this
-            # prompt's is the running one of that id a report put on record without naming
-            # its prompt, or else kept apart under a key of its own with the prompt in it.
-            reported = _running_unnamed(session, workspace_id, session_id, host_id, turn_id)
-            if reported is not None:
-                reported.prompt_id = prompt_id
-                return reported.turn_id
-            key = ids.reused_turn_key(
-                workspace_id, session_id, host_id, 0, f"{turn_id} {prompt_id}"
-            )
+    if (
+        found is not None
+        and found.prompt_id != prompt_id
+        and (found.prompt_id is not None or found.phase == TurnPhase.SETTLED)
+    ):
+        # Another turn had the id (its host restarted and numbered its turns again): this
+        # prompt's is the running one of that id a report put on record without naming its
+        # prompt, or else kept apart under a key of its own with the prompt in it.
+        reported = _running_unnamed(session, workspace_id, session_id, host_id, turn_id)
+        if reported is not None:
+            reported.prompt_id = prompt_id
+            return reported.turn_id
+        key = ids.reused_turn_key(workspace_id, session_id, host_id, 0, f"{turn_id} {prompt_id}")
     if session.get(Turn, (workspace_id, session_id, key)) is None:
         session.add(
             Turn(
