@@ -41,6 +41,18 @@ def dispatch(client, op):
     return [r.outcome for r in d.dispatch(op.operation_id)]
 
 
+def open_cancels(client):
+    """The session's cancels not yet delivered."""
+    return run_transaction(
+        client.engine,
+        lambda s: [
+            c.operation_id
+            for c in s.query(CancelOperation).filter_by(workspace_id=WS, session_id=SID)
+            if c.status in ("prepared", "leased")
+        ],
+    )
+
+
 def turn_at(control, turn_id):
     return control.session(WS, SID)["turns"][turn_id]["phase"]
 
@@ -304,29 +316,19 @@ def test_a_second_prompt_s_turn_of_a_reused_id_is_stopped_by_the_next_move(
     prompt's ended turn, whose cancel was long done, and ran on at A (found by a review)."""
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
-    def open_cancels():
-        return run_transaction(
-            client.engine,
-            lambda s: [
-                c.operation_id
-                for c in s.query(CancelOperation).filter_by(workspace_id=WS, session_id=SID)
-                if c.status in ("prepared", "leased")
-            ],
-        )
-
     client.ensure_session(WS, SID)  # at A, epoch 1
     sim_control.session(WS, SID, numbered_turns=True, turn_duration_ms=0)
     client.submit_prompt(WS, SID, "first", client_submit_id="p1")
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     client.ensure_session(WS, SID, host_id="host-b")  # no report of its turn yet
-    assert [runner(client).apply(c) for c in open_cancels()] == ["settled"]
+    assert [runner(client).apply(c) for c in open_cancels(client)] == ["settled"]
     sim_control.session(WS, SID, restart=True)  # epoch 2: turn-1 again
     client.ensure_session(WS, SID, host_id="default")
     second = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     assert client.get_prompt(second.prompt_id).turn_id == "turn-1"
     client.ensure_session(WS, SID, host_id="host-b")  # again before any report of it
-    assert [runner(client).apply(c) for c in open_cancels()] == ["settled"]
+    assert [runner(client).apply(c) for c in open_cancels(client)] == ["settled"]
     assert turn_at(sim_control, "turn-1") == "settled"
     cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
     assert len(cancels) == 2  # at A: each prompt's turn once
@@ -356,14 +358,7 @@ def test_a_move_cancels_a_renumbered_prompt_turn_reported_without_its_prompt_onc
     running = {"turn_id": "turn-1", "phase": "running", "origin": "user_prompt"}
     report(client, session={"runtime_epoch": 2}, turn=running)
     client.ensure_session(WS, SID, host_id="host-b")
-    owed = run_transaction(
-        client.engine,
-        lambda s: [
-            c.operation_id
-            for c in s.query(CancelOperation).filter_by(workspace_id=WS, session_id=SID)
-            if c.status in ("prepared", "leased")
-        ],
-    )
+    owed = open_cancels(client)
     for cancel_id in owed:
         runner(client).apply(cancel_id)
     cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]

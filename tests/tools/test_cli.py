@@ -230,18 +230,14 @@ def _start_cli(env, *args):
 
 @pytest.mark.parametrize("backend", ["embedded"])  # refused before any backend is reached
 def test_flower_refuses_the_loopback_without_auth(settings, backend, monkeypatch):
+    from agent_radar.workflows.tools.stack import listening
     from tests.conftest import free_port
 
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
     port = free_port()
-
-    def listening() -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
     env = {**os.environ, **settings.to_env()}
     proc = _start_cli(env, "flower", "--address", "127.0.0.1", "--port", str(port))
-    line = _refused_at_start(proc, listening, "Flower")
+    line = _refused_at_start(proc, lambda: listening(port), "Flower")
     assert "FLOWER_BASIC_AUTH is not set" in line
 
 
@@ -300,8 +296,6 @@ def test_a_url_of_something_it_does_not_run_on_is_a_setting_error(
 @pytest.mark.parametrize("backend", ["embedded"])
 @pytest.mark.parametrize("command", [["runtime-sim", "--host", "127.0.0.1"], ["metrics"]])
 def test_a_port_in_use_is_one_line(settings, backend, command):
-    import socket
-
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
