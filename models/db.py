@@ -22,7 +22,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session
 
 from . import error_hooks
-from .dialects import dialect_of
+from .dialects import MissingDatabase, dialect_of
 from .direct import direct_scope
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,11 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, create: bool = False) -> Engine:
+    """An engine for `url`. Only a migration passes `create`: any other SQLite engine refuses
+    a file that does not exist (MissingDatabase) instead of making an empty one."""
     url = normalize_url(url)
-    return dialect_of(url).make_engine(url)
+    return dialect_of(url).make_engine(url, create)
 
 
 def engine_for(url: str) -> Engine:
@@ -76,7 +78,8 @@ def _is_transient(exc: Exception) -> bool:
     if isinstance(exc, IntegrityError):
         return True  # a concurrent first insert; the retry takes the replay path
     if isinstance(exc, OperationalError):
-        return True  # locked database, serialization failure, lost connection
+        # A locked database, serialization failure, lost connection; not a missing file.
+        return not isinstance(exc.orig, MissingDatabase)
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 

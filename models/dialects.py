@@ -2,6 +2,8 @@
 embedded default) and PostgreSQL (production). Code asks `dialect_of(bind)` for a fact or a
 construct instead of testing a dialect's name."""
 
+import os
+import sqlite3
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -29,6 +31,12 @@ READ_ONLY = "agent_radar_read_only"
 MIGRATION_LOCK_KEY = 7242661
 
 
+class MissingDatabase(sqlite3.OperationalError):
+    """The SQLite file a URL names does not exist. Only a migration (`agent-radar db
+    upgrade`, which workers, beat and the stack run on start) makes one: a command run
+    outside its stack's folder creates nothing (docs/configuration.md: where the CLI looks)."""
+
+
 class Dialect:
     name: ClassVar[str]
     # Several writes sent as one statement (data-modifying CTEs): one round trip, not one each.
@@ -48,7 +56,8 @@ class Dialect:
     # submits then wake a pulling worker process instead of publishing (docs/dispatch.md).
     notifies: ClassVar[bool]
 
-    def make_engine(self, url: str) -> Engine:
+    def make_engine(self, url: str, create: bool = False) -> Engine:
+        """An engine for `url`; on SQLite, with `create`, one that may make the file."""
         raise NotImplementedError
 
     def reader(self, engine: Engine) -> Engine:
@@ -88,8 +97,15 @@ class Sqlite(Dialect):
     batch_migrations = True
     notifies = False
 
-    def make_engine(self, url: str) -> Engine:
+    def make_engine(self, url: str, create: bool = False) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        path = engine.url.database
+        if not create and path and path != ":memory:":
+
+            @event.listens_for(engine, "do_connect")
+            def _exists(_dialect, _record, _args, _kwargs):
+                if not os.path.exists(path):
+                    raise MissingDatabase(f"no database at {os.path.abspath(path)}")
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record):
@@ -137,7 +153,7 @@ class Postgres(Dialect):
     batch_migrations = False
     notifies = True
 
-    def make_engine(self, url: str) -> Engine:
+    def make_engine(self, url: str, create: bool = False) -> Engine:
         # No pre-ping: it costs a round trip per transaction, and a connection the server
         # dropped surfaces as a transient error that run_transaction retries on a fresh one.
         # LIFO: a process that ran several transactions at once (the client's producer

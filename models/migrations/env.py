@@ -20,7 +20,7 @@ def _run(connection) -> None:
         context.run_migrations()
 
 
-engine = make_engine(config.get_main_option("sqlalchemy.url"))
+engine = make_engine(config.get_main_option("sqlalchemy.url"), create=True)
 try:
     with engine.connect() as conn:
         _run(conn)

@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from dataclasses import replace
@@ -515,13 +516,48 @@ def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
     assert proc.returncode == 2 and proc.stderr.startswith("error: ")
 
 
+def test_a_command_where_no_stack_is_names_where_it_looked_and_makes_nothing(tmp_path):
+    """Run outside its stack's folder, the CLI's default home (./.agent-radar) holds no
+    database: each command says where it looked and what to do, in one line, and leaves the
+    folder as it found it (no empty home, no empty database file). `health db` says why."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_RADAR_")}
+    looked = tmp_path / ".agent-radar" / "agent-radar.db"
+    for args in (["status"], ["op", "list"], ["goal", "set", "ws", "s1", "x", "--submit-id", "a"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "agent_radar.workflows.tools.cli", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, (args, proc.stderr)
+        assert f"database_not_ready: no database at {looked}" in lines[0], lines
+        assert "AGENT_RADAR_HOME" in lines[0] and "agent-radar db upgrade" in lines[0]
+    probe = subprocess.run(
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "health", "db", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 1
+    assert json.loads(probe.stdout)["detail"] == f"unreachable: no database at {looked}"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unmigrated_database_is_a_one_line_error(tmp_path):
+    (tmp_path / "fresh").mkdir()
+    sqlite3.connect(tmp_path / "fresh" / "agent-radar.db").close()  # a file, no tables
     env = {**os.environ, "AGENT_RADAR_HOME": str(tmp_path / "fresh")}
     env.pop("AGENT_RADAR_DATABASE_URL", None)
     proc = run_status(env)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "agent-radar db upgrade" in lines[0]
+    assert len(lines) == 1 and "no agent-radar tables" in lines[0], lines
+    assert "agent-radar db upgrade" in lines[0]
 
 
 def test_maintenance_start_refuses_an_older_expected_epoch(settings, client, sim_control):

@@ -6,6 +6,7 @@ from typing import Any, Self
 
 from ...models import error_hooks
 from ...models.db import engine_for, run_transaction
+from ...models.dialects import MissingDatabase
 from ..adapters import logs
 from ..adapters.config import Settings
 from ..adapters.http_runtime import HostRouter
@@ -25,8 +26,13 @@ MAX_FLUSH_S = 3600.0
 
 def _database_not_ready(exc: BaseException) -> DatabaseNotReady | None:
     """A driver's missing table (SQLite's "no such table", PostgreSQL's undefined_table,
-    42P01) as DatabaseNotReady, which says what to do: a client on a database nobody
-    migrated, or a URL that names another database."""
+    42P01) or a SQLite file that is not there as DatabaseNotReady, which says what to do: a
+    client on a database nobody migrated, or a URL (or a home folder) that names another."""
+    if isinstance(exc, MissingDatabase):
+        return DatabaseNotReady(
+            f"{exc}: point AGENT_RADAR_HOME or AGENT_RADAR_DATABASE_URL at your stack's "
+            "database, or run `agent-radar db upgrade` to make this one"
+        )
     if "no such table" not in str(exc) and getattr(exc, "sqlstate", None) != "42P01":
         return None
     first = str(exc).strip().splitlines()[0][:200]
@@ -66,8 +72,6 @@ class ClientBase:
             database_url=database_url or base.database_url,
             broker_url=broker_url or base.broker_url,
         )
-        if self.settings.database_url.startswith("sqlite"):
-            self.settings.home.mkdir(parents=True, exist_ok=True)
         self.engine = engine_for(self.settings.database_url)
         self.publisher = publisher or TaskPublisher(self.settings)
         # Refused reports, for `status` (sessions/hosts.py).

@@ -158,13 +158,19 @@ def main(argv: list[str] | None = None) -> None:
         where = f" ({exc.filename})" if exc.filename else ""
         _fail(EXIT_FAILED, "os_error", f"{exc.strerror or exc}{where}", as_json)
     except SQLAlchemyError as exc:
-        first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
         _fail(
             EXIT_FAILED,
             "database",
-            f"{first_line} (is it reachable and upgraded? `agent-radar db upgrade`)",
+            f"{first_line(exc)} (is it reachable and upgraded? `agent-radar db upgrade`)",
             as_json,
         )
+
+
+def first_line(exc: BaseException) -> str:
+    """What a database error says, in one line: the driver's own words, which name the
+    server or file (never a password), else the exception's class."""
+    said = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return said[0][:300] if said else exc.__class__.__name__
 
 
 def error_note(status: str, last_error: str | None, sep: str) -> str:

@@ -6,7 +6,7 @@ import sys
 import click
 
 from ...adapters.config import Settings
-from .common import EXIT_FAILED, _emit, cli, json_option
+from .common import EXIT_FAILED, _emit, cli, first_line, json_option
 
 
 def _report(as_json: bool, ok: bool, what: str, detail: str) -> None:
@@ -30,7 +30,7 @@ def health_db(as_json: bool):
     try:
         current = current_revision(settings.database_url)
     except Exception as exc:  # noqa: BLE001 - a probe reports, it does not raise
-        _report(as_json, False, "db", f"unreachable: {exc.__class__.__name__}")
+        _report(as_json, False, "db", f"unreachable: {first_line(exc)}")
         return
     head = head_revision()
     _report(as_json, current == head, "db", f"at revision {current}, this version needs {head}")
