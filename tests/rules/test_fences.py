@@ -621,12 +621,26 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
     state = client.goal_state(WS, SID)
     assert (state.sync_status, state.pending_operation_id) == ("failed", None)
     assert sim_control.calls() == []
-    from agent_radar.workflows.tools.status import fleet_status, render_status
+    from agent_radar.workflows.tools.cli.status import render_status
+    from agent_radar.workflows.tools.status import fleet_status
 
     status = fleet_status(client.engine)
     assert status["fences"] == {"failed": 1}
-    assert status["budget_exhausted"] == {"fences": 1, "cancels": 0, "prompts": 0}
-    assert "fences: failed 1" in "\n".join(render_status(status))
+    assert status["budget_exhausted"] == {
+        "goal_operations": 0,  # its clear failed with it, on the fence's budget
+        "fences": 1,
+        "cancels": 0,
+        "prompts": 0,
+    }
+    rendered = "\n".join(render_status(status))
+    assert (
+        "fences: failed 1" in rendered and "out of budget: goal operations 0, fences 1" in rendered
+    )
+    # Named among the last hour's failures, with why, as is the clear that failed with it.
+    assert (
+        f"  failed: fence {fence.fence_id} ({WS}/{SID}, budget_exhausted (24 attempts)" in rendered
+    )
+    assert f"  failed: goal operation {clear.operation_id} ({WS}/{SID}, the fence's" in rendered
 
 
 def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):

@@ -626,7 +626,8 @@ def test_accepted_without_report_fails_after_its_budget(client, dispatcher, sim_
     clock.advance(2)
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
     failed = client.get_goal_operation(op.operation_id)
-    assert failed.status == "failed" and "accepted" in failed.last_error
+    assert failed.status == "failed"
+    assert failed.last_error.startswith("budget_exhausted (accepted, no applied report in 120 s)")
     assert client.goal_state(WS, SID).sync_status == "failed"
 
 
@@ -690,7 +691,10 @@ def test_attempt_budget(client, dispatcher, sim_control, clock):
         clock.advance(1)  # keep within the time budget: only attempts run out
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
     row = client.get_goal_operation(op.operation_id)
-    assert row.attempt == DISPATCH_MAX_ATTEMPTS and "attempts" in row.last_error
+    # Under the code every spent budget has (status counts it), with why it kept failing.
+    assert row.attempt == DISPATCH_MAX_ATTEMPTS
+    assert row.last_error.startswith(f"budget_exhausted ({DISPATCH_MAX_ATTEMPTS} attempts): ")
+    assert "server_error" in row.last_error, row.last_error
 
 
 def test_time_budget(client, dispatcher, sim_control, clock):
@@ -701,7 +705,9 @@ def test_time_budget(client, dispatcher, sim_control, clock):
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["retry"]
     clock.advance(1)
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["failed"]
-    assert "time" in client.get_goal_operation(op.operation_id).last_error
+    last_error = client.get_goal_operation(op.operation_id).last_error
+    assert last_error.startswith("budget_exhausted (dispatching for 600 s): "), last_error
+    assert "server_error" in last_error, last_error
 
 
 def test_client_operation_resumes_an_offline_session(client, dispatcher, sim_control):

@@ -401,7 +401,8 @@ def test_refused_reports_show_in_status_per_host_with_one_write_per_interval(
     named, the last code and time. A worker writes them at most every REFUSALS_FLUSH_S: a
     flood of refused reports is one write, and forged host names make no rows."""
     from agent_radar.workflows.sessions import hosts
-    from agent_radar.workflows.tools.status import fleet_status, render_status
+    from agent_radar.workflows.tools.cli.status import render_status
+    from agent_radar.workflows.tools.status import fleet_status
 
     client.add_host("host-b", sim_b.url, token="b-token")
     monkeypatch.setattr(hosts, "REFUSALS_FLUSH_S", 3600.0)  # however slow the machine

@@ -823,6 +823,8 @@ def test_status_names_the_worst_and_check_fails_for_alerting(settings, client):
     failed = status("--check")
     assert failed.returncode == 1
     assert "problem: 1 goal operations failed in the last hour" in failed.stdout
+    # ... and it is named, with its error, as the fence's would be.
+    assert f"  failed: goal operation {op.operation_id} (ws/s1, runtime 503)" in failed.stdout
     run_transaction(
         client.engine,
         lambda s: s.execute(

@@ -101,18 +101,20 @@ def due_now(session: Session, operation_ids: list[str], now: datetime) -> list[s
 
 
 def budget_exhausted(op: GoalOperation, now: datetime) -> str | None:
-    """Why an open operation must fail now instead of being dispatched again, if it must."""
+    """Why an open operation must fail now instead of being dispatched again, if it must:
+    its last_error then, under the stable code every kind's spent budget has (budgets.py),
+    with the error of its last attempt, so `status` counts it and an operator sees why."""
+    why = None
     if op.provider_phase == ProviderPhase.ACCEPTED and op.accepted_at is not None:
         if now - op.accepted_at >= timedelta(seconds=ACCEPTED_BUDGET_S):
-            return "accepted but no applied report within the budget"
-        return None
-    if op.first_dispatched_at is not None and (
+            why = f"accepted, no applied report in {ACCEPTED_BUDGET_S} s"
+    elif op.first_dispatched_at is not None and (
         now - op.first_dispatched_at >= timedelta(seconds=DISPATCH_BUDGET_S)
     ):
-        return "dispatch budget exhausted (time)"
-    if op.attempt >= DISPATCH_MAX_ATTEMPTS:
-        return "dispatch budget exhausted (attempts)"
-    return None
+        why = f"dispatching for {DISPATCH_BUDGET_S} s"
+    elif op.attempt >= DISPATCH_MAX_ATTEMPTS:
+        why = f"{op.attempt} attempts"
+    return budgets.exhausted(why, op.last_error) if why else None
 
 
 def fail_operation(

@@ -86,11 +86,13 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
             )
         ).scalar_one()
         for kind, table in (
+            ("goal_operations", GoalOperation),
             ("fences", GoalFence),
             ("cancels", CancelOperation),
             ("prompts", Prompt),
         )
     }
+    since = now - timedelta(seconds=FAILED_RECENTLY_S)
     worst = {
         "overdue_operations": [
             {
@@ -161,6 +163,25 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
         "wedged_sessions": [
             f"{ws}/{sid}" for ws, sid in s.execute(wedged(now).order_by(None).limit(WORST))
         ],
+        # What failed in the last hour, newest first: what `status --check` fails on, by name.
+        "failed_recently": [
+            {
+                "kind": kind,
+                "id": getattr(r, key),
+                "session": f"{r.workspace_id}/{r.session_id}",
+                "last_error": r.last_error,
+            }
+            for kind, table, key in (
+                ("goal operation", GoalOperation, "operation_id"),
+                ("fence", GoalFence, "fence_id"),
+            )
+            for r in s.execute(
+                select(table)
+                .where(table.status == "failed", table.completed_at >= since)
+                .order_by(table.completed_at.desc())
+                .limit(WORST)
+            ).scalars()
+        ],
         "fences_waiting_on_a_turn": [
             {
                 "fence_id": r.fence_id,
@@ -178,7 +199,6 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
             ).scalars()
         ],
     }
-    since = now - timedelta(seconds=FAILED_RECENTLY_S)
     failed_recently = {
         kind: s.execute(
             select(func.count()).where(
@@ -310,80 +330,3 @@ def sweeper_problem(age_s: float | None, sweep_interval_s: float) -> str | None:
     if age_s > STALE_SWEEPS * sweep_interval_s:
         return f"the sweeper last ran {age_s:.0f} s ago (is beat up?)"
     return None
-
-
-def render_status(status: dict) -> list[str]:
-    """The status as rows for a person (the CLI escapes each row: ids and errors in them
-    come from the database)."""
-    per_status = ", ".join(f"{k} {v}" for k, v in sorted(status["goal_operations"].items()))
-    runs = ", ".join(f"{k} {v}" for k, v in sorted(status["maintenance_runs"].items()))
-    fences = ", ".join(f"{k} {v}" for k, v in sorted(status["fences"].items()))
-    cancels = ", ".join(f"{k} {v}" for k, v in sorted(status["cancels"].items()))
-    prompts = ", ".join(f"{k} {v}" for k, v in sorted(status["prompts"].items()))
-    exhausted = ", ".join(f"{k} {v}" for k, v in status["budget_exhausted"].items())
-    heartbeat = status["sweeper_heartbeat_age_s"]
-    return [
-        f"goal operations: {per_status or 'none'}",
-        f"fences: {fences or 'none'}; turn cancels: {cancels or 'none'}",
-        f"maintenance runs: {runs or 'none'}; held sessions: {status['held_sessions']}, "
-        f"in recovery: {status['sessions_in_recovery']}; "
-        f"queued prompts: {status['queued_prompts']}",
-        f"prompts: {prompts or 'none'}; out of budget: {exhausted}",
-        f"goals diverged: {status['goals_diverged']}, unknown: {status['goals_unknown']}; "
-        f"restores retrying: {status['restores_retrying']}, out of budget: "
-        f"{status['restores_out_of_budget']}; wedged sessions: {status['wedged_sessions']}",
-        f"due now: {status['due']} (overdue {status['overdue']}), in flight: {status['in_flight']}",
-        f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
-        + ("never" if heartbeat is None else f"{heartbeat} s ago"),
-        *(
-            [
-                "unsigned reports taken from (hosts without a token; development only): "
-                + ", ".join(status["unsigned_report_hosts"])
-            ]
-            if status.get("unsigned_report_hosts")
-            else []
-        ),
-        *(
-            f"reports refused from host {r['host_id']}: {r['refused']} "
-            f"(the last {r['last_at']}: {r['last_code']})"
-            for r in status.get("report_refusals", [])
-        ),
-        *(
-            f"host {h['host_id']} skipped for {h['for_s']} s: {h['failures']} calls failed"
-            f" in a row ({h['last_error']})"
-            for h in status.get("hosts_skipped", [])
-        ),
-        *_render_worst(status["worst"]),
-    ]
-
-
-def _render_worst(worst: dict) -> list[str]:
-    lines = []
-    for item in worst["overdue_operations"]:
-        lines.append(
-            f"  overdue {item['overdue_s']} s: goal operation {item['operation_id']} "
-            f"({item['session']}, attempt {item['attempt']}"
-            + (f", {item['last_error']}" if item["last_error"] else "")
-            + ")"
-        )
-    for item in worst["runs_in_recovery"]:
-        lines.append(
-            f"  in recovery: run {item['run_id']} ({item['session']}, {item['error_code']})"
-        )
-    for item in worst["prompts_retrying"]:
-        lines.append(
-            f"  retrying: prompt {item['prompt_id']} ({item['session']}, attempt "
-            f"{item['attempt']}, {item['last_error']})"
-        )
-    for item in worst["restores_out_of_budget"]:
-        lines.append(f"  restore out of budget: {item['session']} ({item['last_error']})")
-    for item in worst["diverged_goals"]:
-        lines.append(f"  diverged: goal of {item['session']} (revision {item['revision']})")
-    for session in worst["wedged_sessions"]:
-        lines.append(f"  wedged: {session}")
-    for item in worst["fences_waiting_on_a_turn"]:
-        lines.append(
-            f"  waiting on a turn: fence {item['fence_id']} ({item['session']}, cancel "
-            f"{item['cancel_operation_id']})"
-        )
-    return ["worst:", *lines] if lines else []
