@@ -96,9 +96,14 @@ def session_arguments(fn):
 
 
 def _client():
+    """The command's client, closed as the command ends: what it published is at the broker
+    by then (the exit code does not come before the message), and nothing of it outlives
+    the command, in its own process or in one that runs commands (tests/tools/test_cli.py)."""
     from ...client import AgentRadar
 
-    return AgentRadar.from_env()
+    client = AgentRadar.from_env()
+    click.get_current_context().call_on_close(client.close)
+    return client
 
 
 @click.group()
