@@ -18,7 +18,6 @@ from agent_radar.models.migrate import head_revision
 from tests.conftest import free_port
 from tests.helpers import row_counts
 
-
 # Commands that serve, run Celery or build its app from the environment at import: each
 # runs in a process of its own, as a user runs it. The rest run in this process through the
 # same entry point (`main`: its parsing, errors and exit codes), which spares each one an
