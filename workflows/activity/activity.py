@@ -239,14 +239,11 @@ def apply_report(
     if turn is not None:
         settled = apply_turn(session, row, turn, report.occurred_at, turn_epoch, now)
     if turn is not None and settled is not None:
-        wake = cancels.on_turn_settled(
-            session, report.workspace_id, report.session_id, turn["key"], turn["outcome"], now
-        )
+        ws, sid, outcome = report.workspace_id, report.session_id, turn["outcome"]
+        wake = cancels.on_turn_settled(session, ws, sid, turn["key"], outcome, now)
         # The prompt of the turn on record (a settled report need not name it again).
         prompt_id = settled.prompt_id or turn["prompt_id"]
-        prompts.on_turn_settled(
-            session, report.workspace_id, report.session_id, prompt_id, turn["outcome"]
-        )
+        prompts.on_turn_settled(session, ws, sid, prompt_id, outcome, turn["turn_id"])
         wake_prompts = True  # any settled turn may let the next prompt (or a run) go
     elif turn is not None and turn_epoch < known:
         wake = wake + cancels.interrupt_running_turns(

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from ...models.db import rowcount
 from ...models.tables import AgentSession
 from .. import budgets
+from ..goals.outcomes import unknown_current_goal
 from ..sessions.rows import Heard, lock_session, record_liveness
 from .reinstall import needs_restore
 
@@ -46,6 +47,16 @@ def request(row: AgentSession, now: datetime) -> bool:
         return False
     row.restore_due_at = now
     return True
+
+
+def request_after_hold(session: Session, workspace_id: str, session_id: str, now: datetime) -> bool:
+    """A run released the session: its restore is due now if the host is owed what a restore
+    delivers and holds back while a run holds the session (workflows/steps/restore.py): a
+    clear settled locally or the current goal not known to be there (or a fence not
+    installed). True when the caller should publish it (see request)."""
+    row = lock_session(session, workspace_id, session_id)
+    owed = needs_restore(session, row) or unknown_current_goal(session, workspace_id, session_id)
+    return bool(owed) and request(row, now)
 
 
 def request_reconcile(session: Session, keys, due_at: datetime, now: datetime) -> int:

@@ -30,7 +30,7 @@ from ..kinds.maintenance import (
     MaintenanceError,
     MaintenanceStatus,
 )
-from ..sessions.rows import append_event, lock_session, prompt_in_flight
+from ..sessions.rows import append_event, lock_session, may_reach_the_host
 from ..validation import (
     check_choice,
     check_id,
@@ -195,12 +195,9 @@ def start(
         raise SessionBusy(
             f"cannot {request.kind} while a turn is running", turn_id=row.active_turn_id
         )
-    in_flight = prompt_in_flight(session, request.workspace_id, request.session_id)
-    if in_flight is not None:
-        # Its turn may run at the host before its report arrives (or its report was lost).
-        raise SessionBusy(
-            f"cannot {request.kind} while prompt {in_flight} is in flight", prompt_id=in_flight
-        )
+    busy = may_reach_the_host(session, request.workspace_id, request.session_id, now)
+    if busy is not None:
+        raise SessionBusy(f"cannot {request.kind} while {busy[0]}", **busy[1])
     run = MaintenanceRun(
         run_id=request.run_id,
         workspace_id=request.workspace_id,

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import exists, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased
 
 from ...models.db import run_transaction
-from ...models.enums import TurnOutcome
+from ...models.enums import TurnOutcome, TurnPhase
 from ...models.operations import Prompt
 from ...models.tables import AgentSession, Turn
 from .. import accept, budgets, ids, leases
@@ -125,13 +125,33 @@ def take_next(session: Session, workspace_id: str, session_id: str, now: datetim
     return prompt
 
 
-def sent(session: Session, prompt_id: str, turn_id: Any, now: datetime) -> None:
+def sent(session: Session, prompt: Prompt, turn_id: Any, now: datetime) -> bool:
     """The host took the prompt: the turn it answered with is the prompt's, and it is in
-    flight from now (how long it has gone unreported counts from here: `unrecorded`)."""
+    flight from now (how long it has gone unreported counts from here: `unrecorded`). True
+    if that turn has settled on record already, which ends the prompt with it: a send that
+    timed out but reached the host went again, the host answered with the turn it gave the
+    first (it takes a prompt once), and that turn's reports came in between, while the
+    prompt was queued; none will come again."""
     session.execute(
         update(Prompt)
-        .where(Prompt.prompt_id == prompt_id, Prompt.status == PromptStatus.DISPATCHED)
+        .where(Prompt.prompt_id == prompt.prompt_id, Prompt.status == PromptStatus.DISPATCHED)
         .values(turn_id=turn_id, dispatched_at=now)
+    )
+    if not isinstance(turn_id, str):
+        return False
+    outcome = session.execute(
+        select(Turn.outcome)
+        .where(
+            Turn.workspace_id == prompt.workspace_id,
+            Turn.session_id == prompt.session_id,
+            Turn.prompt_id == prompt.prompt_id,
+            Turn.phase == TurnPhase.SETTLED,
+            func.coalesce(Turn.host_turn_id, Turn.turn_id) == turn_id,
+        )
+        .limit(1)
+    ).scalar_one_or_none()
+    return outcome is not None and on_turn_settled(
+        session, prompt.workspace_id, prompt.session_id, prompt.prompt_id, outcome, turn_id
     )
 
 
@@ -175,10 +195,18 @@ def not_sent(
 
 
 def on_turn_settled(
-    session: Session, workspace_id: str, session_id: str, prompt_id: str | None, outcome: str
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    prompt_id: str | None,
+    outcome: str,
+    turn_id: str | None = None,
 ) -> bool:
     """The prompt's turn settled: the prompt is done. True if the queue may move on. Only
-    a prompt of the report's own workspace and session is touched (docs/operations.md)."""
+    a prompt of the report's own workspace and session is touched (docs/operations.md), and
+    with `turn_id` (the host's id of the turn that settled), only one its host did not answer
+    with another turn: a report of another turn naming the prompt ends nothing, as its own
+    turn may still run there."""
     if prompt_id is None:
         return False
     status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED
@@ -188,6 +216,7 @@ def on_turn_settled(
         status,
         Prompt.workspace_id == workspace_id,
         Prompt.session_id == session_id,
+        *(() if turn_id is None else (or_(Prompt.turn_id.is_(None), Prompt.turn_id == turn_id),)),
     )
     return True
 

@@ -3,13 +3,14 @@
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from ...models.base import table_of
 from ...models.db import bound, insert_bound, insert_ignore
-from ...models.operations import Prompt
+from ...models.operations import GoalOperation, Prompt
 from ...models.tables import AgentSession, SessionEvent
+from ..kinds.goal import OPEN_OPERATION_STATUSES, ProviderPhase
 from ..kinds.prompt import PromptStatus
 
 SESSIONS = table_of(AgentSession)
@@ -46,6 +47,46 @@ def prompt_in_flight(session: Session, workspace_id: str, session_id: str) -> st
         )
         .limit(1)
     ).scalar_one_or_none()
+
+
+def may_reach_the_host(
+    session: Session, workspace_id: str, session_id: str, now: datetime
+) -> tuple[str, dict[str, str]] | None:
+    """What of ours may still reach the session's host, where a run admitted now would meet
+    it: a goal call on the wire (its operation's lease is live; no call outlives its lease),
+    a goal the host accepted and has not applied, a prompt sent, or one whose send failed in
+    a way that may have reached the host (its turn may run there before any report of it).
+    Each ends by itself: a call's outcome, the accepted budget, a prompt's turn or its send."""
+    goal = session.execute(
+        select(GoalOperation.operation_id)
+        .where(
+            GoalOperation.workspace_id == workspace_id,
+            GoalOperation.session_id == session_id,
+            GoalOperation.status.in_(OPEN_OPERATION_STATUSES),
+            or_(
+                GoalOperation.lease_expires_at > now,
+                GoalOperation.provider_phase == ProviderPhase.ACCEPTED,
+            ),
+        )
+        .limit(1)
+    ).scalar_one_or_none()
+    if goal is not None:
+        return f"goal operation {goal} may still reach the host", {"operation_id": goal}
+    prompt = session.execute(
+        select(Prompt.prompt_id)
+        .where(
+            Prompt.workspace_id == workspace_id,
+            Prompt.session_id == session_id,
+            or_(
+                Prompt.status == PromptStatus.DISPATCHED,
+                and_(Prompt.status == PromptStatus.QUEUED, Prompt.failing_since.is_not(None)),
+            ),
+        )
+        .limit(1)
+    ).scalar_one_or_none()
+    if prompt is not None:
+        return f"prompt {prompt} is in flight", {"prompt_id": prompt}
+    return None
 
 
 def same_session(a, b):

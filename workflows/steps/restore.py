@@ -35,6 +35,7 @@ from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..kinds.goal import ProviderPhase
+from ..maintenance import runs
 from ..sessions.rows import Heard, heard_in
 from ..task_names import PROMPT_TASK, Publish
 from . import Pinned, pin
@@ -59,6 +60,10 @@ def restore_fences(
     clears and the goal go to the host named first, and its answers are recorded only while
     the session still lives there (a move meanwhile: the new host's restore delivers them)."""
     ensure_fences_installed(engine, runtime, workspace_id, session_id, require_live=require_live)
+    if run_transaction(engine, lambda s: runs.session_held(s, workspace_id, session_id)):
+        # A goal call now would meet the run at the host: its release asks for a restore
+        # again, which delivers them (fences.restores.request_after_hold).
+        return
     there = pin(engine, runtime, workspace_id, session_id)
     for fence_id, clear in run_transaction(
         engine, lambda s: _undelivered_clears(s, workspace_id, session_id)

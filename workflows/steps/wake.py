@@ -9,12 +9,12 @@ from sqlalchemy.orm import Session
 
 from ...models.db import run_transaction
 from ..activity.epochs import EpochEffects
-from ..fences import cancels
+from ..fences import cancels, restores
 from ..goals.operations import due_now, open_client_operations
 from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.goal import DISPATCH_TASK
-from ..task_names import PROMPT_TASK, Publish
+from ..task_names import PROMPT_TASK, RESTORE_TASK, Publish
 
 
 def release_session(
@@ -36,6 +36,10 @@ def release_session(
     ):
         publish(FENCE_APPLY_TASK, {"fence_id": fence_id})
     publish(PROMPT_TASK, {"workspace_id": workspace_id, "session_id": session_id})
+    # What a restore held back while the run held the session (steps/restore.py) goes now.
+    owed = lambda s: restores.request_after_hold(s, workspace_id, session_id, now)  # noqa: E731
+    if run_transaction(engine, owed):
+        publish(RESTORE_TASK, {"workspace_id": workspace_id, "session_id": session_id})
 
 
 def wake_lane(engine: Engine, publish: Publish, workspace_id: str, session_id: str) -> None:
