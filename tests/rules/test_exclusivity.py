@@ -2,8 +2,8 @@
 be trusted (docs/lifecycles.md: maintenance, prompts, reconcile): what may still reach the host
 (a call on the wire, a goal it accepted, a prompt send that timed out) keeps a run out; a report
 of another turn ends no prompt; a prompt sent again whose turn settled meanwhile ends; a restore
-sends no goal into a run. Effects are counted at the host. Two sequences are known holes, kept
-as strict expected failures until they are closed."""
+sends no goal into a run; a move back waits for the stop owed there. Effects are counted at the
+host. One sequence is a known hole, kept as a strict expected failure until it is closed."""
 
 import threading
 import time
@@ -173,19 +173,12 @@ def test_a_settled_report_of_another_turn_naming_the_prompt_ends_nothing(client,
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole: a run stop still owed to a host the session moved back to does not "
-    "hold the session; only a maintenance start asks the host first",
-)
-def test_a_prompt_goes_to_a_host_still_running_the_run_a_move_away_and_back_ended(
-    client, sim_control, sim_b
-):
+def test_a_move_back_waits_for_the_stop_owed_to_that_host(client, sim_control, sim_b):
     """A run runs at A; the session moves to B (the run ends `interrupted` in the record, a
-    durable stop is owed to A) and A refuses that stop for now (503, retried later). The
-    session moves back to A. Nothing holds the session in the record any more, and the
-    queued prompt is sent to A at once, without asking A what it runs: A runs the prompt's
-    turn beside the run the stop never reached."""
+    durable stop is owed to A) and A refuses that stop for now (503, retried later). A move
+    back to A is refused (session_busy, naming the stop) and writes nothing: the queued
+    prompt would go to A at once, beside the run the stop never reached. Once the stop is
+    delivered the move goes, and the prompt runs at A alone."""
     from agent_radar.workflows import ids
     from agent_radar.workflows.steps.cancel import CancelRunner
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
@@ -203,16 +196,18 @@ def test_a_prompt_goes_to_a_host_still_running_the_run_a_move_away_and_back_ende
     runner = CancelRunner(
         client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
     )
-    assert runner.apply(ids.run_stop_id(WS, SID, run.run_id)) == "retry"  # owed, due later
-    client.ensure_session(WS, SID, host_id="default")  # back to A
-    assert run_running_at_host(sim_control, run.run_id)
-    outcome = dispatch_next(client.engine, client.runtime, WS, SID)
-    turns = sim_control.session(WS, SID)["turns"]
-    running = [t for t, v in turns.items() if v["phase"] == "running"]
-    assert not (run_running_at_host(sim_control, run.run_id) and running), (
-        f"prompt {prompt.prompt_id} ({outcome}) started turn {running} at A beside run "
-        f"{run.run_id}, still running there"
-    )
+    stop_id = ids.run_stop_id(WS, SID, run.run_id)
+    assert runner.apply(stop_id) == "retry"  # owed, due later
+    with pytest.raises(SessionBusy) as busy:
+        client.ensure_session(WS, SID, host_id="default")  # back to A
+    assert busy.value.operation_id == stop_id
+    assert client.session_info(WS, SID).host_id == "host-b"  # not moved
+    sim_control.clear_faults()
+    assert runner.apply(stop_id) == "settled"
+    assert not run_running_at_host(sim_control, run.run_id)
+    client.ensure_session(WS, SID, host_id="default")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]
 
 
 def sweep(client, at):

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from ...models.enums import SyncStatus
 from ...models.tables import AgentSession, GoalState
+from ..errors import SessionBusy
 from ..fences import cancels, moves
 from ..maintenance import runs
 from ..sessions import hosts
@@ -112,5 +113,17 @@ def bind_host(
     """`ensure_session(host_id=)`: the session lives on that registered host from now on."""
     hosts.require_host(session, host_id)
     row = lock_session(session, workspace_id, session_id)
+    owed = (
+        None
+        if host_id == row.host_id
+        else moves.stop_owed_at(session, workspace_id, session_id, host_id)
+    )
+    if owed is not None:
+        # Moved away from that host and back: what the first move ended there may still run.
+        raise SessionBusy(
+            f"session {workspace_id}/{session_id} cannot move back to host {host_id!r} before"
+            f" the stop owed there is delivered (cancel {owed}); try again once it is",
+            operation_id=owed,
+        )
     row.host_bound = True  # given: a report naming another host cannot move it
     return move_host(session, row, host_id, now)

@@ -31,8 +31,8 @@ CANCEL = Machine(
     },
 )
 # How often a cancel of an offline session looks whether the session is back (a liveness
-# call, never a resume).
-OFFLINE_RECHECK_S = 10.0
+# call, never a resume), and what it says meanwhile.
+OFFLINE_RECHECK_S, WAITING_OFFLINE = 10.0, "waiting for the session to come back"
 
 
 def prepare(
@@ -285,7 +285,7 @@ def wait_offline(session: Session, cancel: CancelOperation, token: str, now: dat
         token,
         attempt=CancelOperation.attempt - 1,
         failing_since=None,
-        last_error="waiting for the session to come back",
+        last_error=WAITING_OFFLINE,
         next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
         **leases.RELEASED,
     )
