@@ -150,6 +150,28 @@ def restorer(client, runtime=None, published: list | None = None):
     return Restorer(client.engine, runner.runtime, cancels=runner)
 
 
+def maintenance_executor(client, published: list | None = None, **options):
+    """What a worker runs for `agent_radar.maintenance.execute`, in this process, polling
+    every 20 ms: its publishes kept in `published` as (task, kwargs) if given; `options`
+    (max_wait_s, clock) as MaintenanceExecutor takes them."""
+    from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
+
+    def publish(task, kwargs):
+        if published is not None:
+            published.append((task, kwargs))
+        return True
+
+    return MaintenanceExecutor(
+        client.engine,
+        client.runtime,
+        worker_id="w",
+        lease_s=5,
+        publish=publish,
+        poll_s=0.02,
+        **options,
+    )
+
+
 def documented_producer(broker_url: str) -> Celery:
     """A producer as docs/producers.md shows it for RabbitMQ: plain Celery, the replicated
     `default` queue, publisher confirms."""

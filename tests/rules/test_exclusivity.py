@@ -12,22 +12,9 @@ import pytest
 
 from agent_radar.workflows.errors import SessionBusy
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
-from tests.helpers import eventually
+from tests.helpers import eventually, maintenance_executor
 
 WS, SID = "ws-exclusive", "s1"
-
-
-def executor(client, **kw):
-    return MaintenanceExecutor(
-        client.engine,
-        client.runtime,
-        worker_id="w",
-        lease_s=5,
-        publish=lambda *a: True,
-        poll_s=0.02,
-        **kw,
-    )
 
 
 def effects_at_host(sim_control):
@@ -66,7 +53,7 @@ def test_a_run_is_refused_while_a_goal_call_is_on_the_wire(client, sim_control):
     worker.join(15)
     assert result["r"] == ["applied"]
     run = client.start_maintenance(WS, SID, client_submit_id="m1")  # the call is done
-    assert executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
     assert [e["kind"] for e in effects_at_host(sim_control)] == ["goal", "maintenance"]
 
 
@@ -95,7 +82,7 @@ def test_a_run_is_refused_while_a_goal_the_host_accepted_is_not_applied(client, 
     restorer(client).reconcile(WS, SID)  # the host's state answer completes it
     assert client.get_goal_operation(op.operation_id).status == "completed"
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    assert executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
     assert [e["kind"] for e in effects_at_host(sim_control)] == ["goal", "maintenance"]
 
 
@@ -187,7 +174,7 @@ def test_a_move_back_waits_for_the_stop_owed_to_that_host(client, sim_control, s
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    assert executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
     prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "held"
     client.ensure_session(WS, SID, host_id="host-b")
@@ -279,7 +266,7 @@ def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after
         client.ensure_session(WS, SID, host_id="host-b")  # moved; the goal not yet there
     assert client.goal_state(WS, SID).sync_status == "unknown"
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    assert executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
     assert b.session(WS, SID)["runs"][run.run_id]["running"]
     published = sweep(client, utcnow() + timedelta(minutes=6))
     assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in published
@@ -293,15 +280,7 @@ def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after
     # The run ends (cancelled); its release asks for the restore that delivers the goal.
     client.cancel_maintenance(run.run_id)
     woken: list = []
-    ender = MaintenanceExecutor(
-        client.engine,
-        client.runtime,
-        worker_id="w",
-        lease_s=5,
-        publish=lambda task, kwargs: woken.append((task, kwargs)) or True,
-        poll_s=0.02,
-    )
-    assert ender.execute(run.run_id) == "cancelled"
+    assert maintenance_executor(client, woken).execute(run.run_id) == "cancelled"
     assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in woken
     assert restorer(client).restore(WS, SID) == "restored"
     assert at_b() == ["maintenance", "goal"]
@@ -331,14 +310,14 @@ def test_a_start_still_on_its_way_when_recovery_asks_lands_after_the_session_is_
     sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     sim_control.hold("maintenance")  # the start call (not the status call)
-    first = executor(client, max_wait_s=0.5)
+    first = maintenance_executor(client, max_wait_s=0.5)
     result = {}
     worker = threading.Thread(target=lambda: result.setdefault("r", first.execute(run.run_id)))
     worker.start()
     eventually(lambda: sim_control.holding() >= 1, what="the start call on its way")
     sweep(client, utcnow() + timedelta(minutes=1))  # its lease ran out meanwhile
     assert client.get_maintenance(run.run_id).status == "recovery_required"
-    later = executor(client, clock=lambda: utcnow() + timedelta(minutes=1))
+    later = maintenance_executor(client, clock=lambda: utcnow() + timedelta(minutes=1))
     assert later.execute(run.run_id) == "interrupted"  # the host: 404 not_found
     prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"

@@ -12,8 +12,8 @@ from agent_radar.models.operations import CancelOperation
 from agent_radar.workflows import ids
 from agent_radar.workflows.steps.cancel import CancelRunner
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
 from agent_radar.workflows.tools.simulator import SimControl
+from tests.helpers import maintenance_executor
 
 WS, SID = "ws-moves", "s1"
 
@@ -125,15 +125,7 @@ def test_a_move_stops_the_old_host_s_maintenance_run_there(client, sim_control, 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, maintenance_duration_ms=60_000)
     first = client.start_maintenance(WS, SID, client_submit_id="m1")
-    executor = MaintenanceExecutor(
-        client.engine,
-        client.runtime,
-        worker_id="w",
-        lease_s=5,
-        publish=lambda *a: True,
-        poll_s=0.02,
-        max_wait_s=0.1,
-    )
+    executor = maintenance_executor(client, max_wait_s=0.1)
     assert executor.execute(first.run_id) == "handed_back"  # started at A, runs on
     client.ensure_session(WS, SID, host_id="host-b")
     ended = client.get_maintenance(first.run_id)

@@ -14,7 +14,7 @@ from agent_radar.models.tables import AgentSession, Turn
 from agent_radar.workflows.activity.reconcile import RECONCILE_INTERVAL_S, STALE_TURN_S
 from agent_radar.workflows.errors import SessionBusy
 from agent_radar.workflows.task_names import PROMPT_TASK, RESTORE_TASK
-from tests.helpers import first_of_two_prompts_sent, restorer
+from tests.helpers import first_of_two_prompts_sent, maintenance_executor, restorer
 
 WS, SID = "ws-reconcile", "s1"
 
@@ -193,19 +193,6 @@ def test_diverged_goals_out_of_budget_restores_and_wedged_sessions_show_in_statu
     assert fleet_status(client.engine)["wedged_sessions"] == 0
 
 
-def _executor(client, published=None):
-    from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
-
-    return MaintenanceExecutor(
-        client.engine,
-        client.runtime,
-        worker_id="w",
-        lease_s=5,
-        publish=lambda task, kw: (published if published is not None else []).append(task) or True,
-        poll_s=0.02,
-    )
-
-
 def starts_at_host(sim_control):
     return [c for c in sim_control.calls() if c["call"] == "maintenance" and c["session_id"] == SID]
 
@@ -229,7 +216,7 @@ def test_a_turn_the_mirror_never_saw_keeps_a_run_from_starting_at_the_host(clien
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, turn={"turn_id": "unseen"})
     run = client.start_maintenance(WS, SID, client_submit_id="m1")  # the mirror is idle
-    assert _executor(client).execute(run.run_id) == "failed"
+    assert maintenance_executor(client).execute(run.run_id) == "failed"
     ended = client.get_maintenance(run.run_id)
     assert (ended.status, ended.error_code) == ("failed", "session_busy")
     assert "unseen" in ended.detail
@@ -252,7 +239,7 @@ def test_a_run_admitted_against_an_epoch_the_host_left_never_starts(client, sim_
     sim_control.session(WS, SID, restart=True)  # epoch 3
     report(client, session={"runtime_epoch": 3})  # a claim, not yet confirmed
     run = client.start_maintenance(WS, SID, client_submit_id="m1", expected_runtime_epoch=2)
-    assert _executor(client).execute(run.run_id) == "interrupted"
+    assert maintenance_executor(client).execute(run.run_id) == "interrupted"
     ended = client.get_maintenance(run.run_id)
     assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
     assert starts_at_host(sim_control) == []
@@ -301,20 +288,10 @@ def test_a_run_handed_back_is_re_attached_whatever_else_the_host_runs_by_then(cl
     """The look before the start stops a run the host never started; one it started (and
     handed back to another worker) is the host's own: it is polled to its end, even with a
     turn running there by then."""
-    from agent_radar.workflows.steps.maintenance import MaintenanceExecutor
-
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, maintenance_duration_ms=200)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    executor = MaintenanceExecutor(
-        client.engine,
-        client.runtime,
-        worker_id="w",
-        lease_s=5,
-        publish=lambda *a: True,
-        poll_s=0.02,
-        max_wait_s=0.05,
-    )
+    executor = maintenance_executor(client, max_wait_s=0.05)
     assert executor.execute(run.run_id) == "handed_back"
     sim_control.session(WS, SID, turn={"turn_id": "after"})
     time.sleep(0.3)  # the run is done at the host
