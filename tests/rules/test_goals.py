@@ -710,6 +710,38 @@ def test_time_budget(client, dispatcher, sim_control, clock):
     assert "server_error" in last_error, last_error
 
 
+def test_client_operation_resumes_an_offline_session_whose_fence_is_not_at_its_host(
+    client, dispatcher, sim_control
+):
+    """A fence settled locally while the session was offline is not at its host: the next
+    client goal's call installs it first, finds the session offline there, and resumes it
+    (the fence preloaded) and applies, as without a fence. It retried until its budget
+    failed it (found by a new user's trial)."""
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    first = client.set_goal(WS, SID, "shared", client_submit_id="s-1")
+    assert [r.outcome for r in dispatcher().dispatch(first.operation_id)] == ["applied"]
+    sim_control.session(WS, SID, live=False)
+    fence = client.fence_goal_generation(WS, SID, first.operation_id, client_submit_id="f-1")
+    applier = FenceApplier(
+        client.engine,
+        HttpRuntime(sim_control.http.base_url),
+        worker_id="a",
+        lease_s=5,
+        publish=lambda *a: True,
+    )
+    assert applier.apply(fence.fence_id) == "completed_offline"
+    op = client.set_goal(WS, SID, "after the fence", client_submit_id="s-2")
+    assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]
+    resumes = sim_control.effects("resume")
+    assert [r["fences"] for r in resumes] == [
+        [{"target_operation_id": first.operation_id, "target_revision": 1}]
+    ]
+    # The fence's clear, settled locally, goes on the return; then the new goal: each once.
+    assert [e["objective"] for e in sim_control.effects()] == ["shared", None, "after the fence"]
+
+
 def test_client_operation_resumes_an_offline_session(client, dispatcher, sim_control):
     sim_control.session(WS, SID, live=False)
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
@@ -738,7 +770,7 @@ def test_an_expired_lease_holder_cannot_write(client, dispatcher, clock, setting
     op = client.set_goal(WS, SID, "ship it", client_submit_id="s-1")
     a = dispatcher("worker-a")
     claim = run_transaction(client.engine, lambda s: a.claim(s, op.operation_id))
-    answer = a._call_runtime(a.runtime, claim.op)
+    answer = a._call_runtime(a.runtime, claim)
     clock.advance(settings.lease_s + 1)
     b = dispatcher("worker-b")
     assert [r.outcome for r in b.dispatch(op.operation_id)] == ["applied"]

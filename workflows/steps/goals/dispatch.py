@@ -215,11 +215,7 @@ class Dispatcher(GoalClaims):
         """Call the runtime (outside any transaction)."""
         try:
             runtime = self.runtime.on_host(*claim.host)
-            if claim.reinstall:
-                ensure_fences_installed(
-                    self.engine, runtime, claim.op.workspace_id, claim.op.session_id
-                )
-            return Attempt(claim, answer=self._call_runtime(runtime, claim.op))
+            return Attempt(claim, answer=self._call_runtime(runtime, claim))
         except RuntimeFault as exc:
             return Attempt(claim, fault=exc, retryable=exc.retryable)
         except RuntimeDisconnected as exc:
@@ -234,8 +230,13 @@ class Dispatcher(GoalClaims):
             )
             return Attempt(claim, fault=fault, retryable=True)
 
-    def _call_runtime(self, runtime: RuntimePort, op: GoalOperationRecord) -> dict[str, Any]:
+    def _call_runtime(self, runtime: RuntimePort, claim: Claim) -> dict[str, Any]:
+        """The fences the session's host lacks, then the goal. A client's operation that finds
+        the session offline, at either, resumes it (with every fence preloaded) and applies."""
+        op = claim.op
         try:
+            if claim.reinstall:
+                ensure_fences_installed(self.engine, runtime, op.workspace_id, op.session_id)
             return apply_goal(runtime, op)
         except RuntimeDisconnected:
             if op.origin != Origin.CLIENT or self.resume_session is None:
