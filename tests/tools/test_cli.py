@@ -215,16 +215,26 @@ def test_db_upgrade(settings):
     assert out == {"revision": head_revision()}
 
 
+def test_a_host_that_cannot_be_reached_is_a_failure_not_bad_input(settings, client):
+    """The agent host is away: the command failed (exit 1) and says why in one line; the
+    input was good (found by a new user's trial: it exited 2, "bad input")."""
+    client.add_host("dead", f"http://127.0.0.1:{free_port()}")
+    proc = run_cli(settings, "session", "ensure", "ws", "s1", "--host", "dead", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: unreachable: "), lines
+
+
 def test_flower_refuses_a_public_address_without_auth(settings):
     proc = run_cli(settings, "flower", "--address", "0.0.0.0", check=False)
-    assert proc.returncode == 2 and "FLOWER_BASIC_AUTH" in proc.stderr
+    assert proc.returncode == 1 and "FLOWER_BASIC_AUTH" in proc.stderr  # a setting
 
 
 @pytest.mark.parametrize("auth", ["admin:change-me", "admin:", "admin"])
 def test_flower_refuses_an_empty_or_example_password(settings, auth, monkeypatch):
     monkeypatch.setenv("FLOWER_BASIC_AUTH", auth)
     proc = run_cli(settings, "flower", check=False)
-    assert proc.returncode == 2 and "FLOWER_BASIC_AUTH" in proc.stderr
+    assert proc.returncode == 1 and "FLOWER_BASIC_AUTH" in proc.stderr
 
 
 def _refused_at_start(proc, started, what, timeout_s=60):
@@ -276,8 +286,6 @@ def test_flower_refuses_the_loopback_without_auth(settings, backend, monkeypatch
 
 
 def test_up_runs_flower_behind_a_password_of_its_own_or_the_one_set(monkeypatch):
-    import click
-
     from agent_radar.workflows.tools.cli.services import _stack_flower_auth, flower_auth_problem
 
     monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
@@ -287,7 +295,7 @@ def test_up_runs_flower_behind_a_password_of_its_own_or_the_one_set(monkeypatch)
     monkeypatch.setenv("FLOWER_BASIC_AUTH", "ops:chosen-by-the-operator")
     assert _stack_flower_auth() == ("ops:chosen-by-the-operator", None)
     monkeypatch.setenv("FLOWER_BASIC_AUTH", "admin:change-me")
-    with pytest.raises(click.UsageError, match="FLOWER_BASIC_AUTH"):
+    with pytest.raises(ValueError, match="FLOWER_BASIC_AUTH"):
         _stack_flower_auth()
 
 
@@ -418,6 +426,46 @@ def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, b
         # Ctrl-C, or SIGTERM as a service manager sends it: either stops everything.
         proc.send_signal(signal.SIGTERM if backend == "embedded" else signal.SIGINT)
         assert proc.wait(60) == 0
+        for pid in up["pids"].values():
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("backend", ["embedded"])
+def test_up_stops_when_a_process_of_the_stack_dies_and_names_it(settings, backend):
+    """A process of the stack exits (here the simulator, killed): `up` stops the rest and
+    fails (exit 1) naming it and its log, not "bad input" with "see the logs"."""
+    import signal
+
+    from tests.conftest import free_port
+
+    env = {
+        **os.environ,
+        **settings.to_env(),
+        "AGENT_RADAR_RUNTIME_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "up", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        up = json.loads(_wait_line(proc, '"pids"').strip().splitlines()[-1])
+        os.kill(up["pids"]["runtime-sim"], signal.SIGKILL)
+        assert proc.wait(60) == 1
+        error = json.loads(proc.stderr.read().strip().splitlines()[-1])
+        assert error["error"] == "failed", error
+        log = settings.home / "logs" / "runtime-sim.log"
+        assert error["message"] == f"the stack's runtime-sim exited: see {log}", error
         for pid in up["pids"].values():
             with pytest.raises(ProcessLookupError):
                 os.killpg(pid, 0)

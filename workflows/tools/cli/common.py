@@ -23,6 +23,8 @@ from ...errors import (
     DatabaseNotReady,
     InvalidArgument,
     NotFound,
+    RuntimeDisconnected,
+    RuntimeFault,
 )
 from ...escape import escape
 from ...validation import MAX_WAIT_S, check_seconds
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(EXIT_BAD_INPUT, "usage", exc.format_message(), as_json)
     except NotFound as exc:
         _fail(EXIT_NOT_FOUND, exc.code, exc.message, as_json)
-    except DatabaseNotReady as exc:  # not bad input: the database is not set up
+    except (DatabaseNotReady, RuntimeFault, RuntimeDisconnected) as exc:
+        # Not bad input: the database is not set up, or the agent host failed or is away.
         _fail(EXIT_FAILED, exc.code, exc.message, as_json)
     except AgentRadarError as exc:
         _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)

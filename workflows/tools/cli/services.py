@@ -159,7 +159,8 @@ def flower_auth_problem(auth: str) -> str | None:
 def _checked_flower_auth(auth: str) -> str:
     problem = flower_auth_problem(auth)
     if problem:
-        raise click.UsageError(f"FLOWER_BASIC_AUTH {problem}; set user:password to run Flower")
+        # A setting, refused as every setting is (exit 1, docs/configuration.md).
+        raise ValueError(f"FLOWER_BASIC_AUTH {problem}; set user:password to run Flower")
     return auth
 
 
@@ -315,7 +316,8 @@ def up(with_flower: bool, workers: int, as_json: bool):
 
         while all(p.alive() for p in stack.procs):
             time.sleep(0.5)
-        raise click.ClickException("a process of the stack exited; see the logs")
+        gone = next(p.name for p in stack.procs if not p.alive())
+        raise ValueError(f"the stack's {gone} exited: see {stack.log_dir / gone}.log")
     except KeyboardInterrupt:
         pass
     finally:
