@@ -210,10 +210,19 @@ def test_a_prompt_sent_again_whose_turn_settled_meanwhile_ends_and_the_queue_mov
 ):
     """p1's call times out at the worker but the host took it: p1 goes back to the queue while
     its turn T1 runs, is reported (naming p1) and settles. p1 is sent again; the host answers
-    with T1 (it takes a prompt once), whose settle is on record already and no report of it
-    will come again: p1 ends with it and p2 goes at once, each reaching the host once (it
-    stayed `dispatched` for good, and the queue and maintenance with it)."""
+    with T1 (it takes a prompt once), whose settle is on record already: no report of it will
+    come again. p1 stayed `dispatched` for good, and the queue and maintenance with it. Now
+    the sweeper's look at a prompt with no turn of it running on record asks the host, which
+    runs no turn of p1: p1 ends and p2 goes, each reaching the host once. (The host's word
+    decides, not the settled record: a host that restarted may give p1's new turn that id.)"""
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.operations import Prompt
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from agent_radar.workflows.task_names import PROMPT_TASK, RESTORE_TASK
+    from tests.helpers import restorer
 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, turn_duration_ms=0)
@@ -232,10 +241,107 @@ def test_a_prompt_sent_again_whose_turn_settled_meanwhile_ends_and_the_queue_mov
     report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
     assert client.get_prompt(p1.prompt_id).status == "queued"  # not known to be sent
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
-    first = client.get_prompt(p1.prompt_id)
-    assert (first.status, first.turn_id) == ("completed", t1)
+    assert client.get_prompt(p1.prompt_id).turn_id == t1
+    # Three minutes on (the look waits two: a report may be on its way).
+    sent_before = utcnow() - timedelta(minutes=3)
+    run_transaction(
+        client.engine,
+        lambda s: s.get(Prompt, p1.prompt_id).__setattr__("dispatched_at", sent_before),
+    )
+    published = sweep(client, utcnow())
+    assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in published
+    woken: list = []
+    assert restorer(client, published=woken).restore(WS, SID) == "restored"
+    assert PROMPT_TASK in woken
+    assert client.get_prompt(p1.prompt_id).status == "completed"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     assert client.get_prompt(p2.prompt_id).status == "dispatched"
     assert [e["text"] for e in sim_control.effects("prompt")] == ["first", "second"]
+
+
+def test_a_prompt_sent_again_after_a_restart_is_not_ended_by_its_old_turn_of_the_same_id(
+    client, sim_control
+):
+    """A host that numbers its turns gives `turn-1` again after a restart. p1's send timed out
+    but landed: its turn-1 ran, was reported naming p1 and settled while p1 was queued. The
+    host restarts; p1 goes again and the new process starts a new turn for it, `turn-1` too.
+    The settled record of the old one ends nothing: p2 waits, and the host's word keeps p1
+    in flight while its new turn runs, then ends it (found by a review of the first fix,
+    which ended p1 by the record and sent p2 beside its turn)."""
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.operations import Prompt
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from tests.helpers import restorer
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn_duration_ms=0, numbered_turns=True)
+    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    sim_control.hold("prompts")
+    assert dispatch_next(client.engine, client.runtime, WS, SID).startswith("retry: ")
+    sim_control.hold("prompts", hold=False)
+    eventually(lambda: sim_control.effects("prompt"), what="the host to take p1")
+    t1 = sim_control.effects("prompt")[0]["turn_id"]
+    epoch = sim_control.session(WS, SID)["runtime_epoch"]
+    turn = {"turn_id": t1, "origin": "user_prompt", "prompt_id": p1.prompt_id}
+    report(client, session={"runtime_epoch": epoch}, turn={**turn, "phase": "running"})
+    sim_control.session(WS, SID, settle_turn=t1)
+    eventually(lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled")
+    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
+    sim_control.session(WS, SID, restart=True)
+    restorer(client).cancels.require_live(WS, SID)
+    assert client.session_info(WS, SID).runtime_epoch == epoch + 1
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    again = sim_control.effects("prompt")[1]
+    assert (again["prompt_id"], again["turn_id"]) == (p1.prompt_id, t1)
+    assert client.get_prompt(p1.prompt_id).status == "dispatched"
+    # The look at a prompt with no turn of it running on record: the host lists it running.
+    sent_before = utcnow() - timedelta(minutes=3)
+    run_transaction(
+        client.engine,
+        lambda s: s.get(Prompt, p1.prompt_id).__setattr__("dispatched_at", sent_before),
+    )
+    restorer(client).reconcile(WS, SID)
+    assert client.get_prompt(p1.prompt_id).status == "dispatched"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [p1.prompt_id] * 2
+    assert client.get_prompt(p2.prompt_id).status == "queued"
+    # Its new turn ends unreported: the next look ends p1, and p2 goes, alone.
+    sim_control.session(WS, SID, settle_turn=t1)
+    eventually(lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled")
+    restorer(client).reconcile(WS, SID)
+    assert client.get_prompt(p1.prompt_id).status == "completed"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")][2:] == [p2.prompt_id]
+
+
+def test_an_offline_answer_does_not_forget_a_prompt_send_that_may_still_land(client, sim_control):
+    """p1's first send is slow at the host (past the worker's timeout): it may still land,
+    and admission refuses. The session drops offline; p1's next send is answered
+    `disconnected` (a wait, no budget), which says nothing of the first send: admission still
+    refuses after the session reconnects at the same epoch, and no run meets p1's turn
+    (found by a review: the offline answer cleared what the refusal rested on)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
+    p1 = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    sim_control.latency("prompts", 4000)
+    assert dispatch_next(client.engine, client.runtime, WS, SID).startswith("retry: ")
+    sim_control.latency("prompts", 0)
+    with pytest.raises(SessionBusy):
+        client.start_maintenance(WS, SID, client_submit_id="m0")
+    sim_control.session(WS, SID, live=False)  # a network fault: offline at the host
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "retry: disconnected"
+    sim_control.session(WS, SID, live=True)  # reconnected, same epoch
+    with pytest.raises(SessionBusy) as busy:
+        client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert busy.value.prompt_id == p1.prompt_id
+    eventually(lambda: sim_control.effects("prompt"), what="the first send to land")
+    assert not sim_control.effects("maintenance")
 
 
 def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after(

@@ -107,18 +107,17 @@ def prompt_sent(
     host_id: str,
     turn_id: object,
     now: datetime,
-) -> tuple[list[str], bool]:
+) -> list[str]:
     """`host_id` (the session's when the prompt went) took the prompt and answered
     with `turn_id`: the turn is the prompt's; its reports put it on record (the answer tells
     no epoch: a turn recorded from it at the epoch believed would end wrongly at a restart not
     yet seen). If the session moved to another host meanwhile, the move found no turn of it to
     stop: it is put on record at `host_id` and stopped there now, as the move would have
-    (turns.record_prompt_turn). Returns the cancels to publish, and whether the prompt ended
-    already (prompts.sent: its turn settled before this answer was recorded)."""
+    (turns.record_prompt_turn). Returns the cancels to publish."""
     ws, sid = prompt.workspace_id, prompt.session_id
     row = lock_session(session, ws, sid)
-    ended = prompts.sent(session, prompt, turn_id, now)
-    if ended or not isinstance(turn_id, str) or row.host_id == host_id:
-        return [], ended
+    prompts.sent(session, prompt.prompt_id, turn_id, now)
+    if not isinstance(turn_id, str) or row.host_id == host_id:
+        return []
     key = turns.record_prompt_turn(session, ws, sid, host_id, turn_id, prompt.prompt_id, now)
-    return _stop_turn(session, ws, sid, key, host_id, now)[0], False
+    return _stop_turn(session, ws, sid, key, host_id, now)[0]

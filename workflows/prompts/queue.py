@@ -125,33 +125,13 @@ def take_next(session: Session, workspace_id: str, session_id: str, now: datetim
     return prompt
 
 
-def sent(session: Session, prompt: Prompt, turn_id: Any, now: datetime) -> bool:
+def sent(session: Session, prompt_id: str, turn_id: Any, now: datetime) -> None:
     """The host took the prompt: the turn it answered with is the prompt's, and it is in
-    flight from now (how long it has gone unreported counts from here: `unrecorded`). True
-    if that turn has settled on record already, which ends the prompt with it: a send that
-    timed out but reached the host went again, the host answered with the turn it gave the
-    first (it takes a prompt once), and that turn's reports came in between, while the
-    prompt was queued; none will come again."""
+    flight from now (how long it has gone unreported counts from here: `unrecorded`)."""
     session.execute(
         update(Prompt)
-        .where(Prompt.prompt_id == prompt.prompt_id, Prompt.status == PromptStatus.DISPATCHED)
+        .where(Prompt.prompt_id == prompt_id, Prompt.status == PromptStatus.DISPATCHED)
         .values(turn_id=turn_id, dispatched_at=now)
-    )
-    if not isinstance(turn_id, str):
-        return False
-    outcome = session.execute(
-        select(Turn.outcome)
-        .where(
-            Turn.workspace_id == prompt.workspace_id,
-            Turn.session_id == prompt.session_id,
-            Turn.prompt_id == prompt.prompt_id,
-            Turn.phase == TurnPhase.SETTLED,
-            func.coalesce(Turn.host_turn_id, Turn.turn_id) == turn_id,
-        )
-        .limit(1)
-    ).scalar_one_or_none()
-    return outcome is not None and on_turn_settled(
-        session, prompt.workspace_id, prompt.session_id, prompt.prompt_id, outcome, turn_id
     )
 
 
@@ -263,8 +243,10 @@ def sessions_with_queued_prompts(
 
 
 def unrecorded(sent_before: datetime) -> tuple:
-    """SQL conditions: a prompt the host took (its turn id known) before `sent_before` whose
-    turn is on record nowhere: neither report of it came."""
+    """SQL conditions: a prompt the host took (its turn id known) before `sent_before` with no
+    turn of it running on record: no report of its turn came, or only of one that settled
+    before (a send that timed out but reached the host, and went again: the host answered
+    with that turn, or with another after a restart). Only the host's answer tells which."""
     return (
         Prompt.status == PromptStatus.DISPATCHED,
         Prompt.turn_id.is_not(None),
@@ -273,5 +255,6 @@ def unrecorded(sent_before: datetime) -> tuple:
             Turn.workspace_id == Prompt.workspace_id,
             Turn.session_id == Prompt.session_id,
             Turn.prompt_id == Prompt.prompt_id,
+            Turn.phase != TurnPhase.SETTLED,
         ),
     )

@@ -79,7 +79,9 @@ def may_reach_the_host(
             Prompt.session_id == session_id,
             or_(
                 Prompt.status == PromptStatus.DISPATCHED,
-                and_(Prompt.status == PromptStatus.QUEUED, Prompt.failing_since.is_not(None)),
+                # A failed send used budget: it was not an offline answer (which uses none
+                # and says only of that send), so one of its sends may still land.
+                and_(Prompt.status == PromptStatus.QUEUED, Prompt.attempt > 0),
             ),
         )
         .limit(1)

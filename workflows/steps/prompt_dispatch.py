@@ -48,11 +48,9 @@ def dispatch_next(
         fault = exc
         return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
     turn_id = answer.get("turn_id")
-    owed, ended = run_transaction(
+    owed = run_transaction(
         engine, lambda s: moves.prompt_sent(s, taken, there.host_id, turn_id, clock())
     )
     for cancel_id in owed:
         publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
-    if ended:  # its turn had settled already: the next prompt may go
-        return dispatch_next(engine, runtime, workspace_id, session_id, clock, publish)
     return "dispatched"

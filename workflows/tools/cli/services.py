@@ -4,6 +4,7 @@ stack, the demo and the benchmark. Commands that run Celery import `tasks` lazil
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -312,8 +313,6 @@ def up(with_flower: bool, workers: int, as_json: bool):
             payload["flower"], flower_text = _stack_flower_login(flower_password)
             text += flower_text
         _emit(as_json, payload, f"{text} Ctrl-C stops.")
-        import time
-
         while all(p.alive() for p in stack.procs):
             time.sleep(0.5)
         gone = next(p.name for p in stack.procs if not p.alive())
