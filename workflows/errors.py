@@ -119,6 +119,13 @@ class RuntimeFault(AgentRadarError):
     answered_by: str | None = None
 
 
+class WaitTimedOut(AgentRadarError, TimeoutError):
+    """`wait` ran out before the record settled: nothing failed, the operation goes on. A
+    TimeoutError too."""
+
+    code = "timeout"
+
+
 def _restore(type_name: str, message: str, attrs: dict[str, Any]) -> AgentRadarError:
     cls = _BY_NAME.get(type_name, AgentRadarError)
     return cls(message, **attrs)
@@ -144,5 +151,6 @@ _BY_NAME = {
         SessionBusy,
         RuntimeDisconnected,
         RuntimeFault,
+        WaitTimedOut,
     )
 }

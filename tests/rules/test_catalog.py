@@ -9,7 +9,7 @@ from sqlalchemy import update
 from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
 from agent_radar.models.operations import CancelOperation, GoalFence
-from agent_radar.workflows.errors import InvalidArgument, NotFound
+from agent_radar.workflows.errors import InvalidArgument, NotFound, WaitTimedOut
 from agent_radar.workflows.fences import cancels
 from agent_radar.workflows.kinds import cancel as cancel_kind
 from agent_radar.workflows.kinds import fence as fence_kind
@@ -153,8 +153,11 @@ def test_wait_takes_a_record_of_every_kind(client):
     assert client.wait(stop, timeout=0).stop_id == stop.stop_id
     assert client.wait(goal, timeout=0).status == "superseded"  # the fence cleared the goal
     for record in (fence, prompt, run, cancel):
-        with pytest.raises(TimeoutError, match=f"is still {record.status} after 0"):
+        # The client's own error (docs/packaging.md), and a TimeoutError too.
+        with pytest.raises(WaitTimedOut, match=f"is still {record.status} after 0") as ran_out:
             client.wait(record, timeout=0)
+        assert isinstance(ran_out.value, TimeoutError) and ran_out.value.code == "timeout"
+        assert ran_out.value.status == record.status
     run_transaction(
         client.engine,
         lambda s: s.execute(

@@ -3,7 +3,7 @@
 import time
 from typing import Any
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, WaitTimedOut
 from ..kinds import kind_of_record
 from ..validation import MAX_WAIT_S, check_seconds
 from .base import WAIT_POLL_S
@@ -15,8 +15,8 @@ class AgentRadar(GoalCalls, OperatorCalls):
     """Submits operations and reads their records; the database is the source of truth."""
 
     def wait(self, record: Any, timeout: float = 30.0) -> Any:
-        """Poll until the record, of any kind (workflows/kinds/), reaches a
-        terminal status; TimeoutError after `timeout` seconds (0 to MAX_WAIT_S) otherwise. A
+        """Poll until the record, of any kind (workflows/kinds/), reaches a terminal status;
+        WaitTimedOut (a TimeoutError) after `timeout` seconds (0 to MAX_WAIT_S) otherwise. A
         prompt settles when its turn has ended (completed), or it could not be sent."""
         timeout = check_seconds("timeout", timeout, maximum=MAX_WAIT_S)
         kind = kind_of_record(record)
@@ -29,7 +29,10 @@ class AgentRadar(GoalCalls, OperatorCalls):
             if current.settled:
                 return current
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{name} is still {current.status} after {timeout} s")
+                raise WaitTimedOut(
+                    f"{name} is still {current.status} after {timeout} s",
+                    status=current.status,
+                )
             time.sleep(WAIT_POLL_S)
 
 

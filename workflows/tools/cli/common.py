@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     except (DatabaseNotReady, RuntimeFault, RuntimeDisconnected) as exc:
         # Not bad input: the database is not set up, or the agent host failed or is away.
         _fail(EXIT_FAILED, exc.code, exc.message, as_json)
-    except AgentRadarError as exc:
-        _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)
     except TimeoutError as exc:  # a `--wait` that ran out: nothing failed, it goes on
         _fail(EXIT_FAILED, "timeout", str(exc), as_json)
+    except AgentRadarError as exc:
+        _fail(EXIT_BAD_INPUT, exc.code, exc.message, as_json)
     except ValueError as exc:
         _fail(EXIT_FAILED, "failed", str(exc), as_json)
     except ModuleNotFoundError as exc:
