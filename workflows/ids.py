@@ -20,6 +20,12 @@ def lane_name(workspace_id: str, session_id: str) -> str:
     return "goal-lane:" + derive("lane", workspace_id, session_id)
 
 
+def delivery_name(workspace_id: str, session_id: str) -> str:
+    """The lease a restore holds while it sends a session's clears and goal (maintenance
+    admission waits while it is held)."""
+    return "restore-delivery:" + derive("delivery", workspace_id, session_id)
+
+
 def fence_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
     return derive("fence", workspace_id, session_id, client_submit_id)
 

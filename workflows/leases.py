@@ -185,6 +185,16 @@ def claim_many(
     return token, taken
 
 
+def held(session: Session, name: str, now: datetime) -> bool:
+    """Whether a live lease of that name is held now."""
+    return (
+        session.execute(
+            select(LEASES.c.name).where(LEASES.c.name == name, ~_FREE), {"b_now": now}
+        ).first()
+        is not None
+    )
+
+
 def renew(session: Session, name: str, token: str, ttl_s: float, now: datetime) -> bool:
     result = session.connection().execute(
         _RENEW,

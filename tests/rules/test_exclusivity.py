@@ -393,6 +393,51 @@ def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after
     assert client.goal_state(WS, SID).sync_status != "unknown"
 
 
+def test_a_run_is_refused_while_a_restore_s_goal_is_on_its_way(client, sim_control, sim_b):
+    """The session moved to B, whose goal call failed: the goal is `unknown` there and the
+    restore delivers it. B is slow to take the call; meanwhile a run asks to be admitted: it
+    is refused while the restore's delivery is on its way (the restore's call holds no
+    operation's lease, so nothing showed it: the goal landed inside the run), and goes once
+    it is done, after the goal (found by a review of the morning's fixes)."""
+
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.errors import RuntimeFault
+    from agent_radar.workflows.tools.simulator import SimControl
+    from tests.helpers import restorer
+
+    client.add_host("host-b", sim_b.url)
+    b = SimControl(sim_b.url)
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, continuation_turns=False)
+    goal = client.set_goal(WS, SID, "G", client_submit_id="g1")
+    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    assert [r.outcome for r in d.dispatch(goal.operation_id)] == ["applied"]
+    b.session(WS, SID, maintenance_duration_ms=60_000, continuation_turns=False)
+    b.fault("goal", status=503, count=1)
+    with pytest.raises(RuntimeFault):
+        client.ensure_session(WS, SID, host_id="host-b")
+    assert client.goal_state(WS, SID).sync_status == "unknown"
+    sweep(client, utcnow() + timedelta(minutes=6))  # the restore comes due
+    b.hold("goal")
+    result: dict = {}
+    worker = threading.Thread(
+        target=lambda: result.setdefault("r", restorer(client).restore(WS, SID))
+    )
+    worker.start()
+    eventually(lambda: b.holding() >= 1, what="the restore's goal call on its way to B")
+    with pytest.raises(SessionBusy):
+        client.start_maintenance(WS, SID, client_submit_id="m1")
+    b.hold("goal", hold=False)
+    worker.join(15)
+    assert result["r"] == "restored"
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    at_b = [e["kind"] for e in b.effects(kind=None) if e["kind"] in ("goal", "maintenance")]
+    assert at_b == ["goal", "maintenance"]
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="known hole: recovery takes a run its host does not know yet as ended, while its "

@@ -264,8 +264,9 @@ def test_a_redelivered_goal_answered_by_the_host_a_session_left_does_not_sync_th
     client, sim_control, host_b
 ):
     """A restore redelivers the current goal to B (unknown there after a move whose own
-    delivery failed); a client moves the session back to A meanwhile (its delivery fails too).
-    B's `applied` is not what the goal state observes: the next restore delivers it to A."""
+    delivery failed); a client moves the session back to A meanwhile (with that delivery on
+    its way, the move leaves the goal to the next restore). B's `applied` is not what the
+    goal state observes: the next restore delivers it to A."""
     from agent_radar.models.base import utcnow
     from agent_radar.workflows.errors import RuntimeFault
     from agent_radar.workflows.fences import restores
@@ -289,7 +290,7 @@ def test_a_redelivered_goal_answered_by_the_host_a_session_left_does_not_sync_th
     move("host-b", host_b)
     sim_control.session(WS, SID, fresh=True)  # A holds nothing of the session now
     reconcile_due()
-    back = lambda: move("default", sim_control)  # noqa: E731
+    back = lambda: client.ensure_session(WS, SID, host_id="default")  # noqa: E731
     restorer(client, runtime=Meanwhile(client.runtime, "apply_goal", back)).restore(WS, SID)
     assert row(client).host_id == "default"
     assert client.goal_state(WS, SID).sync_status == "unknown"

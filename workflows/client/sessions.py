@@ -173,7 +173,14 @@ class SessionCalls(ClientBase):
         self._publish_epoch(workspace_id, session_id, effects)
         # Whatever fence is not known to be at this (host, epoch) goes there, and a clear
         # settled locally is delivered: the user's own call, so require_live false.
-        restore_fences(self.engine, self.runtime, workspace_id, session_id, require_live=False)
+        restore_fences(
+            self.engine,
+            self.runtime,
+            workspace_id,
+            session_id,
+            require_live=False,
+            lease_s=self.settings.lease_s,
+        )
         for operation_id in wake:
             self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
         return self.session_info(workspace_id, session_id)

@@ -10,6 +10,7 @@ from ...models.base import table_of
 from ...models.db import bound, insert_bound, insert_ignore
 from ...models.operations import GoalOperation, Prompt
 from ...models.tables import AgentSession, SessionEvent
+from .. import ids, leases
 from ..kinds.goal import OPEN_OPERATION_STATUSES, ProviderPhase
 from ..kinds.prompt import PromptStatus
 
@@ -54,7 +55,8 @@ def may_reach_the_host(
 ) -> tuple[str, dict[str, str]] | None:
     """What of ours may still reach the session's host, where a run admitted now would meet
     it: a goal call on the wire (its operation's lease is live; no call outlives its lease),
-    a goal the host accepted and has not applied, a prompt sent, or one whose send failed in
+    a goal the host accepted and has not applied, a restore's clears and goal on their way,
+    a prompt sent, or one whose send failed in
     a way that may have reached the host (its turn may run there before any report of it).
     Each ends by itself: a call's outcome, the accepted budget, a prompt's turn or its send."""
     goal = session.execute(
@@ -72,6 +74,8 @@ def may_reach_the_host(
     ).scalar_one_or_none()
     if goal is not None:
         return f"goal operation {goal} may still reach the host", {"operation_id": goal}
+    if leases.held(session, ids.delivery_name(workspace_id, session_id), now):
+        return "a restore is sending the session's goal", {}
     prompt = session.execute(
         select(Prompt.prompt_id)
         .where(

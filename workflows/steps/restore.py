@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from ...models.base import utcnow
 from ...models.db import run_transaction
 from ...models.operations import GoalFence, GoalOperation
-from .. import records
+from .. import ids, leases, records
 from ..activity.reconcile import Reconciled, apply_state
 from ..adapters.answers import HostState
 from ..adapters.runtime import SESSION_NOT_FOUND, STALE_REVISION, RuntimePort
@@ -36,7 +36,7 @@ from ..kinds.fence import FENCE_APPLY_TASK
 from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..kinds.goal import ProviderPhase
 from ..maintenance import runs
-from ..sessions.rows import Heard, heard_in
+from ..sessions.rows import Heard, heard_in, lock_session
 from ..task_names import PROMPT_TASK, Publish
 from . import Pinned, pin
 from .fence_install import ensure_fences_installed
@@ -53,6 +53,7 @@ def restore_fences(
     session_id: str,
     *,
     require_live: bool,
+    lease_s: float,
 ) -> None:
     """Install the fences not known to be at the session's (host, epoch), then deliver the
     clears that were settled locally. The caller knows the session is live: background work
@@ -60,14 +61,44 @@ def restore_fences(
     clears and the goal go to the host named first, and its answers are recorded only while
     the session still lives there (a move meanwhile: the new host's restore delivers them)."""
     ensure_fences_installed(engine, runtime, workspace_id, session_id, require_live=require_live)
-    if run_transaction(engine, lambda s: runs.session_held(s, workspace_id, session_id)):
-        # A goal call now would meet the run at the host: its release asks for a restore
-        # again, which delivers them (fences.restores.request_after_hold).
+    taken = run_transaction(engine, lambda s: _take_delivery(s, workspace_id, session_id, lease_s))
+    if taken is None:
         return
+    token, clears = taken
+    try:
+        _deliver(engine, runtime, workspace_id, session_id, clears, require_live)
+    finally:
+        name = ids.delivery_name(workspace_id, session_id)
+        run_transaction(engine, lambda s: leases.release(s, name, token))
+
+
+def _take_delivery(
+    s: Session, workspace_id: str, session_id: str, lease_s: float
+) -> tuple[str, list[tuple[str, GoalOperationRecord]]] | None:
+    """The delivery's lease and the clears to send, if there is anything to send: a run
+    admitted while they are on their way would meet them at the host, and admission waits
+    while the lease is held (sessions.rows.may_reach_the_host). None when there is nothing,
+    when a run holds the session (its release asks for a restore again:
+    fences.restores.request_after_hold), or when another restore is sending (this one is
+    asked for again)."""
+    row = lock_session(s, workspace_id, session_id)
+    if runs.session_held(s, workspace_id, session_id):
+        return None
+    clears = _undelivered_clears(s, workspace_id, session_id)
+    if not clears and outcomes.unknown_current_goal(s, workspace_id, session_id) is None:
+        return None
+    name, now = ids.delivery_name(workspace_id, session_id), utcnow()
+    # Each call is bounded by the runtime's timeout, which a lease outlasts.
+    token = leases.claim(s, name, "restore", lease_s * (len(clears) + 1), now)
+    if token is None:
+        restores.request(row, now)
+        return None
+    return token, clears
+
+
+def _deliver(engine, runtime, workspace_id, session_id, clears, require_live: bool) -> None:
     there = pin(engine, runtime, workspace_id, session_id)
-    for fence_id, clear in run_transaction(
-        engine, lambda s: _undelivered_clears(s, workspace_id, session_id)
-    ):
+    for fence_id, clear in clears:
         try:
             answer = apply_goal(there.port, clear, require_live=require_live)
         except RuntimeFault as exc:
@@ -195,6 +226,7 @@ class Restorer:
                 workspace_id,
                 session_id,
                 require_live=True,
+                lease_s=self.lease_s,
             )
             self.reconcile(workspace_id, session_id)
             outcome = "restored"
