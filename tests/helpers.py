@@ -150,6 +150,16 @@ def restorer(client, runtime=None, published: list | None = None):
     return Restorer(client.engine, runner.runtime, cancels=runner)
 
 
+def fence_applier(client, url: str, **step):
+    """What a worker runs for `agent_radar.fence.apply`, in this process, calling the host at
+    `url`; `step` overrides the step's publish port or clock."""
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.fence_apply import FenceApplier
+
+    step = {"publish": lambda *a: True} | step
+    return FenceApplier(client.engine, HttpRuntime(url), worker_id="a", lease_s=5, **step)
+
+
 def maintenance_executor(client, published: list | None = None, **options):
     """What a worker runs for `agent_radar.maintenance.execute`, in this process, polling
     every 20 ms: its publishes kept in `published` as (task, kwargs) if given; `options`

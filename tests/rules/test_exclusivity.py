@@ -205,6 +205,28 @@ def sweep(client, at):
     return published
 
 
+def first_send_lands_and_settles_while_queued(client, sim_control):
+    """Two prompts queued; p1's send times out at the worker but the host took it: p1 is
+    queued again while its turn runs, is reported (naming p1) and settles. Returns p1, p2,
+    that turn's id and the epoch it ran at."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
+    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
+    sim_control.hold("prompts")
+    assert dispatch_next(client.engine, client.runtime, WS, SID).startswith("retry: ")
+    sim_control.hold("prompts", hold=False)
+    eventually(lambda: sim_control.effects("prompt"), what="the host to take p1")
+    t1 = sim_control.effects("prompt")[0]["turn_id"]
+    epoch = sim_control.session(WS, SID)["runtime_epoch"]
+    turn = {"turn_id": t1, "origin": "user_prompt", "prompt_id": p1.prompt_id}
+    report(client, session={"runtime_epoch": epoch}, turn={**turn, "phase": "running"})
+    sim_control.session(WS, SID, settle_turn=t1)
+    eventually(lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled")
+    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
+    return p1, p2, t1, epoch
+
+
 def test_a_prompt_sent_again_whose_turn_settled_meanwhile_ends_and_the_queue_moves(
     client, sim_control
 ):
@@ -226,19 +248,7 @@ def test_a_prompt_sent_again_whose_turn_settled_meanwhile_ends_and_the_queue_mov
 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, turn_duration_ms=0)
-    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    sim_control.hold("prompts")
-    assert dispatch_next(client.engine, client.runtime, WS, SID).startswith("retry: ")
-    sim_control.hold("prompts", hold=False)
-    eventually(lambda: sim_control.effects("prompt"), what="the host to take p1")
-    t1 = sim_control.effects("prompt")[0]["turn_id"]
-    epoch = sim_control.session(WS, SID)["runtime_epoch"]
-    turn = {"turn_id": t1, "origin": "user_prompt", "prompt_id": p1.prompt_id}
-    report(client, session={"runtime_epoch": epoch}, turn={**turn, "phase": "running"})
-    sim_control.session(WS, SID, settle_turn=t1)
-    eventually(lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled")
-    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
+    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control)
     assert client.get_prompt(p1.prompt_id).status == "queued"  # not known to be sent
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     assert client.get_prompt(p1.prompt_id).turn_id == t1
@@ -278,19 +288,7 @@ def test_a_prompt_sent_again_after_a_restart_is_not_ended_by_its_old_turn_of_the
 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, turn_duration_ms=0, numbered_turns=True)
-    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    sim_control.hold("prompts")
-    assert dispatch_next(client.engine, client.runtime, WS, SID).startswith("retry: ")
-    sim_control.hold("prompts", hold=False)
-    eventually(lambda: sim_control.effects("prompt"), what="the host to take p1")
-    t1 = sim_control.effects("prompt")[0]["turn_id"]
-    epoch = sim_control.session(WS, SID)["runtime_epoch"]
-    turn = {"turn_id": t1, "origin": "user_prompt", "prompt_id": p1.prompt_id}
-    report(client, session={"runtime_epoch": epoch}, turn={**turn, "phase": "running"})
-    sim_control.session(WS, SID, settle_turn=t1)
-    eventually(lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled")
-    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
+    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control)
     sim_control.session(WS, SID, restart=True)
     restorer(client).cancels.require_live(WS, SID)
     assert client.session_info(WS, SID).runtime_epoch == epoch + 1
@@ -344,20 +342,12 @@ def test_an_offline_answer_does_not_forget_a_prompt_send_that_may_still_land(cli
     assert not sim_control.effects("maintenance")
 
 
-def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after(
-    client, sim_control, sim_b
-):
-    """The session moves to B, which fails the goal the move owes it (one 503): the goal is
-    `unknown` there, the restore is to deliver it. Meanwhile a run is admitted at B (idle)
-    and started. The restore installs fences but sends no goal into the run; the run's end
-    asks for a restore again, which delivers the goal: B gets it once, after the run."""
-    from datetime import timedelta
-
-    from agent_radar.models.base import utcnow
+def moved_to_b_with_its_goal_unknown(client, sim_control, sim_b):
+    """A goal applied at A; the session moves to B, whose delivery of it fails once (503):
+    the goal is `unknown` there, for the restore to deliver. B runs a run for a minute.
+    Returns B's control."""
     from agent_radar.workflows.errors import RuntimeFault
-    from agent_radar.workflows.task_names import RESTORE_TASK
     from agent_radar.workflows.tools.simulator import SimControl
-    from tests.helpers import restorer
 
     client.add_host("host-b", sim_b.url)
     b = SimControl(sim_b.url)
@@ -371,6 +361,23 @@ def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after
     with pytest.raises(RuntimeFault):
         client.ensure_session(WS, SID, host_id="host-b")  # moved; the goal not yet there
     assert client.goal_state(WS, SID).sync_status == "unknown"
+    return b
+
+
+def test_the_restore_holds_the_owed_goal_back_during_a_run_and_delivers_it_after(
+    client, sim_control, sim_b
+):
+    """The session moves to B, which fails the goal the move owes it (one 503): the goal is
+    `unknown` there, the restore is to deliver it. Meanwhile a run is admitted at B (idle)
+    and started. The restore installs fences but sends no goal into the run; the run's end
+    asks for a restore again, which delivers the goal: B gets it once, after the run."""
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.task_names import RESTORE_TASK
+    from tests.helpers import restorer
+
+    b = moved_to_b_with_its_goal_unknown(client, sim_control, sim_b)
     run = client.start_maintenance(WS, SID, client_submit_id="m1")
     assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
     assert b.session(WS, SID)["runs"][run.run_id]["running"]
@@ -403,22 +410,9 @@ def test_a_run_is_refused_while_a_restore_s_goal_is_on_its_way(client, sim_contr
     from datetime import timedelta
 
     from agent_radar.models.base import utcnow
-    from agent_radar.workflows.errors import RuntimeFault
-    from agent_radar.workflows.tools.simulator import SimControl
     from tests.helpers import restorer
 
-    client.add_host("host-b", sim_b.url)
-    b = SimControl(sim_b.url)
-    client.ensure_session(WS, SID)
-    sim_control.session(WS, SID, continuation_turns=False)
-    goal = client.set_goal(WS, SID, "G", client_submit_id="g1")
-    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
-    assert [r.outcome for r in d.dispatch(goal.operation_id)] == ["applied"]
-    b.session(WS, SID, maintenance_duration_ms=60_000, continuation_turns=False)
-    b.fault("goal", status=503, count=1)
-    with pytest.raises(RuntimeFault):
-        client.ensure_session(WS, SID, host_id="host-b")
-    assert client.goal_state(WS, SID).sync_status == "unknown"
+    b = moved_to_b_with_its_goal_unknown(client, sim_control, sim_b)
     sweep(client, utcnow() + timedelta(minutes=6))  # the restore comes due
     b.hold("goal")
     result: dict = {}

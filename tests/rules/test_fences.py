@@ -11,7 +11,7 @@ from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import Turn
 from agent_radar.workflows import budgets, ids
 from agent_radar.workflows.errors import FenceConflict, InvalidArgument, NotFound
-from tests.helpers import eventually, row_counts
+from tests.helpers import eventually, fence_applier, row_counts
 
 WS, SID = "ws-fence", "shared"
 
@@ -407,16 +407,6 @@ def test_a_stale_cancel_of_a_live_session_is_retried_with_backoff(client, sim_co
     assert "503" in cancel.last_error
 
 
-def _applier(client, url: str, **step):
-    """What a worker runs for `agent_radar.fence.apply`, in this process, calling the host at
-    `url`; `step` overrides the step's publish port or clock."""
-    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-    from agent_radar.workflows.steps.fence_apply import FenceApplier
-
-    step = {"publish": lambda *a: True} | step
-    return FenceApplier(client.engine, HttpRuntime(url), worker_id="a", lease_s=5, **step)
-
-
 def test_a_prepared_targets_fence_is_installed_with_require_live_and_no_resume(client, sim_control):
     """The target was never dispatched: the fence is still installed at the agent (a later
     replay of that generation must be refused there), every background call carries
@@ -425,7 +415,7 @@ def test_a_prepared_targets_fence_is_installed_with_require_live_and_no_resume(c
     assert client.get_goal_operation(target.operation_id).status == "prepared"
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     assert client.get_goal_operation(target.operation_id).status == "superseded"
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
     assert sim_control.session(WS, SID)["fences"] == [[target.operation_id, 1]]
     calls = sim_control.calls()
     assert {c["call"] for c in calls} == {"goal-fences", "state", "goal"}
@@ -439,7 +429,10 @@ def test_an_offline_settle_clears_the_pending_operation(client, sim_control):
     sim_control.session(WS, SID, live=False)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     assert client.goal_state(WS, SID).pending_operation_id == fence.clear_operation_id
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed_offline"
+    assert (
+        fence_applier(client, sim_control.http.base_url).apply(fence.fence_id)
+        == "completed_offline"
+    )
     state = client.goal_state(WS, SID)
     assert (state.pending_operation_id, state.sync_status) == (None, "unknown")
     clear = client.get_goal_operation(fence.clear_operation_id)
@@ -455,7 +448,10 @@ def test_an_offline_settle_makes_a_look_whether_the_session_is_back_due(client, 
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     sim_control.session(WS, SID, live=False)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed_offline"
+    assert (
+        fence_applier(client, sim_control.http.base_url).apply(fence.fence_id)
+        == "completed_offline"
+    )
     published = []
     later = fence.created_at + timedelta(seconds=OUTBOX_GRACE_S + 1)
     sweep_once(client.engine, lambda *a: published.append(a) or True, later, owner="t")
@@ -472,7 +468,7 @@ def test_an_offline_answer_overruled_before_it_is_written_settles_nothing(client
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     sim_control.session(WS, SID, live=False)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
-    applier = _applier(client, sim_control.http.base_url)
+    applier = fence_applier(client, sim_control.http.base_url)
     install = applier.runtime.install_fence
 
     def told_offline_then_back(*args, **kwargs):
@@ -541,7 +537,7 @@ def test_an_offline_session_with_the_fenced_turn_running_gets_a_durable_cancel_a
     cancel_id = _fenced_turn_running(client, target)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     sim_control.session(WS, SID, live=False)
-    applier = _applier(client, sim_control.http.base_url)
+    applier = fence_applier(client, sim_control.http.base_url)
     assert applier.apply(fence.fence_id) == "waiting"
     waiting = client.get_fence(fence.fence_id)
     assert (waiting.status, waiting.cancel_operation_id, waiting.attempt) == (
@@ -584,7 +580,10 @@ def test_a_vanished_session_settles_the_fenced_turn_and_records_its_cancel(clien
     cancel_id = _fenced_turn_running(client, target)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     sim_control.session(WS, SID, missing=True)
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed_offline"
+    assert (
+        fence_applier(client, sim_control.http.base_url).apply(fence.fence_id)
+        == "completed_offline"
+    )
     done = client.get_fence(fence.fence_id)
     assert (done.status, done.cancel_operation_id) == ("completed", cancel_id)
     cancel = _cancel_row(client, cancel_id)
@@ -610,7 +609,7 @@ def test_a_fence_fails_past_its_budget_and_its_clear_with_it(client, sim_control
             update(GoalFence).values(attempt=budgets.MAX_ATTEMPTS, last_error="runtime 500")
         ),
     )
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "failed"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "failed"
     failed = client.wait(client.get_fence(fence.fence_id), timeout=1)
     assert (failed.status, failed.last_error) == (
         "failed",
@@ -662,7 +661,7 @@ def test_a_fence_failing_for_too_long_fails_on_age(client, sim_control):
             update(GoalFence).values(attempt=3, failing_since=since, last_error="runtime 503")
         ),
     )
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "failed"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "failed"
     failed = client.get_fence(fence.fence_id)
     assert failed.status == "failed"
     assert failed.last_error.startswith("budget_exhausted (failing for ")
@@ -679,11 +678,11 @@ def test_a_fence_failure_starts_the_age_clock_and_a_wait_stops_it(client, sim_co
         client.engine, lambda s: s.get(GoalFence, fence.fence_id)
     )
     sim_control.fault("goal-fences", status=503, count=1)
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "retry"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "retry"
     first = row()
     assert first.attempt == 1 and first.failing_since is not None
     sim_control.fault("goal-fences", status=503, count=1)
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "retry"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "retry"
     second = row()
     assert second.attempt == 2 and second.failing_since == first.failing_since  # one run
 
@@ -704,7 +703,7 @@ def test_a_fence_failure_starts_the_age_clock_and_a_wait_stops_it(client, sim_co
         }
     )
     sim_control.session(WS, SID, live=False)
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "waiting"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "waiting"
     waiting = row()
     assert (waiting.attempt, waiting.failing_since) == (2, None)
 
@@ -720,7 +719,7 @@ def test_every_unsettled_turn_of_the_fenced_generation_is_cancelled(client, sim_
     stale_cancel = _fenced_turn_running(client, target, turn_id="a-stale-turn")
     live_cancel = _fenced_turn_running(client, target, turn_id=live_turn)
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
     at_host = sim_control.session(WS, SID)["turns"][live_turn]
     assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
     # The host's state answer does not list the stale one: it ended there unseen, and needs
@@ -830,7 +829,7 @@ def test_a_state_answer_older_than_the_turn_s_end_is_asked_again(client, sim_con
         client, sim_control, turn_duration_ms=300
     )
     looks = []
-    applier = _applier(client, sim_control.http.base_url)
+    applier = fence_applier(client, sim_control.http.base_url)
     look = applier.host_state
 
     def then_the_turn_ends(*args, **kwargs):
@@ -857,7 +856,7 @@ def test_a_final_refusal_of_the_fence_install_fails_the_fence_with_it(client, ho
     host.answers[(SID, "goal-fences")] = (403, b'{"error": "forbidden", "detail": "token"}')
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
-    applier = _applier(client, host.url)
+    applier = fence_applier(client, host.url)
     assert applier.apply(fence.fence_id) == "failed"
     assert applier.apply(fence.fence_id) == "skipped"
     failed = client.get_fence(fence.fence_id)
@@ -899,7 +898,7 @@ def test_a_clear_held_by_a_maintenance_run_uses_no_budget(client, sim_control):
     target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
     run = client.start_maintenance(WS, SID, client_submit_id="m-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
-    applier = _applier(client, sim_control.http.base_url)
+    applier = fence_applier(client, sim_control.http.base_url)
     for _ in range(budgets.MAX_ATTEMPTS + 2):
         assert applier.apply(fence.fence_id) == "waiting"
         # due again at once, as the sweeper would find it after the recheck
@@ -931,7 +930,7 @@ def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(cl
     run = client.start_maintenance(WS, SID, client_submit_id="m-1")
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
     published = []
-    applier = _applier(
+    applier = fence_applier(
         client, sim_control.http.base_url, publish=lambda *a: published.append(a) or True
     )
     drive = applier._drive_clear
@@ -975,7 +974,7 @@ def test_a_fence_cancels_a_turn_of_its_generation_that_no_report_told_of(client,
         },
     )
     fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
-    assert _applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
     at_host = sim_control.session(WS, SID)["turns"]["unreported"]
     assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
     assert client.get_fence(fence.fence_id).cancel_operation_id == ids.cancel_operation_id(
@@ -1010,7 +1009,7 @@ def test_a_clear_the_host_only_accepts_is_waited_for_then_fails_past_its_budget(
 
     def apply(ahead_s: float) -> str:
         clock = lambda: utcnow() + timedelta(seconds=ahead_s)  # noqa: E731
-        return _applier(client, host.url, clock=clock).apply(fence.fence_id)
+        return fence_applier(client, host.url, clock=clock).apply(fence.fence_id)
 
     assert apply(0) == "waiting"
     clear = client.get_goal_operation(fence.clear_operation_id)

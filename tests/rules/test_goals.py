@@ -717,20 +717,13 @@ def test_client_operation_resumes_an_offline_session_whose_fence_is_not_at_its_h
     client goal's call installs it first, finds the session offline there, and resumes it
     (the fence preloaded) and applies, as without a fence. It retried until its budget
     failed it (found by a new user's trial)."""
-    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
-    from agent_radar.workflows.steps.fence_apply import FenceApplier
+    from tests.helpers import fence_applier
 
     first = client.set_goal(WS, SID, "shared", client_submit_id="s-1")
     assert [r.outcome for r in dispatcher().dispatch(first.operation_id)] == ["applied"]
     sim_control.session(WS, SID, live=False)
     fence = client.fence_goal_generation(WS, SID, first.operation_id, client_submit_id="f-1")
-    applier = FenceApplier(
-        client.engine,
-        HttpRuntime(sim_control.http.base_url),
-        worker_id="a",
-        lease_s=5,
-        publish=lambda *a: True,
-    )
+    applier = fence_applier(client, sim_control.http.base_url)
     assert applier.apply(fence.fence_id) == "completed_offline"
     op = client.set_goal(WS, SID, "after the fence", client_submit_id="s-2")
     assert [r.outcome for r in dispatcher().dispatch(op.operation_id)] == ["applied"]

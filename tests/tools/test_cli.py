@@ -382,10 +382,11 @@ def _wait_line(proc, needle, timeout_s=60):
 
 
 @pytest.mark.parametrize("backend", ["embedded"])  # `up` is the embedded stack
-def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, backend):
+@contextlib.contextmanager
+def _up(settings):
+    """`agent-radar up --json` in a process group of its own, its simulator on a free port:
+    its environment and process, killed (with its group) if it still runs at the end."""
     import signal
-
-    from tests.conftest import free_port
 
     env = {
         **os.environ,
@@ -401,6 +402,25 @@ def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, b
         start_new_session=True,
     )
     try:
+        yield env, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _all_gone(pids: dict[str, int]) -> None:
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+
+
+def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, backend):
+    import signal
+
+    with _up(settings) as (env, proc):
         up = json.loads(_wait_line(proc, '"pids"').strip().splitlines()[-1])
         out = subprocess.run(
             [
@@ -426,15 +446,7 @@ def test_up_runs_the_stack_until_interrupted_or_terminated(settings, tmp_path, b
         # Ctrl-C, or SIGTERM as a service manager sends it: either stops everything.
         proc.send_signal(signal.SIGTERM if backend == "embedded" else signal.SIGINT)
         assert proc.wait(60) == 0
-        for pid in up["pids"].values():
-            with pytest.raises(ProcessLookupError):
-                os.killpg(pid, 0)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
+        _all_gone(up["pids"])
 
 
 @pytest.mark.parametrize("backend", ["embedded"])
@@ -443,22 +455,7 @@ def test_up_stops_when_a_process_of_the_stack_dies_and_names_it(settings, backen
     fails (exit 1) naming it and its log, not "bad input" with "see the logs"."""
     import signal
 
-    from tests.conftest import free_port
-
-    env = {
-        **os.environ,
-        **settings.to_env(),
-        "AGENT_RADAR_RUNTIME_URL": f"http://127.0.0.1:{free_port()}",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent_radar.workflows.tools.cli", "up", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with _up(settings) as (_env, proc):
         up = json.loads(_wait_line(proc, '"pids"').strip().splitlines()[-1])
         os.kill(up["pids"]["runtime-sim"], signal.SIGKILL)
         assert proc.wait(60) == 1
@@ -466,15 +463,7 @@ def test_up_stops_when_a_process_of_the_stack_dies_and_names_it(settings, backen
         assert error["error"] == "failed", error
         log = settings.home / "logs" / "runtime-sim.log"
         assert error["message"] == f"the stack's runtime-sim exited: see {log}", error
-        for pid in up["pids"].values():
-            with pytest.raises(ProcessLookupError):
-                os.killpg(pid, 0)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
+        _all_gone(up["pids"])
 
 
 @pytest.mark.parametrize("backend", ["embedded"])  # one backend shows Flower's wiring
