@@ -158,11 +158,14 @@ def test_drain_and_undrain_are_audited(client):
     client.set_goal(WS, SID, "known", client_submit_id="g1")  # the session is known now
     drained = client.drain_session(WS, SID, reason="rollout of host 7")
     assert drained.admission == "draining"
+    # Again: nothing changes, nothing more in the history (found by a new user's trial).
+    assert client.drain_session(WS, SID, reason="again").admission == "draining"
     with pytest.raises(RuntimeDraining):
         client.start_maintenance(WS, SID, client_submit_id="m1")
     with pytest.raises(InvalidArgument):
         client.undrain_session(WS, SID, reason="")
     assert client.undrain_session(WS, SID, reason="rollout done").admission == "open"
+    assert client.undrain_session(WS, SID, reason="again").admission == "open"
     client.start_maintenance(WS, SID, client_submit_id="m1")
     assert [(e["action"], e["reason"]) for e in operator_events(client)] == [
         ("drain", "rollout of host 7"),

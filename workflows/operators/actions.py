@@ -179,13 +179,16 @@ def resolve(
 def set_admission(
     session: Session, workspace_id: str, session_id: str, admission: str, reason: str, now: datetime
 ) -> None:
-    """Drain (`draining`: maintenance is refused with RuntimeDraining) or undrain (`open`)."""
+    """Drain (`draining`: maintenance is refused with RuntimeDraining) or undrain (`open`).
+    A session already so changes nothing and writes nothing (no second history record)."""
     if admission not in ("open", "draining"):
         raise InvalidArgument("admission must be open or draining", field="admission")
     if session.get(AgentSession, (workspace_id, session_id)) is None:
         # A typo must not make a session: only one the control plane knows is drained.
         raise NotFound(f"unknown session {workspace_id}/{session_id}")
     row = lock_session(session, workspace_id, session_id)
+    if row.admission == admission:
+        return
     before, row.admission = row.admission, admission
     action = "drain" if admission == "draining" else "undrain"
     audit(
