@@ -183,6 +183,9 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(settings, client, args
             "--wait must be",
         ),
         (["session", "stop", "ws", "s1", "--submit-id", "s", "--wait", "1e9"], "--wait must be"),
+        # errors name the option typed, not a parameter of the client's (a new user's trial)
+        (["op", "list", "--since", "99999999d"], "--since '99999999d'"),
+        (["prune", "--batch", "0"], "--batch"),
     ],
 )
 def test_a_usage_error_is_one_line_nonzero_and_writes_nothing(settings, client, args, needle):

@@ -19,6 +19,9 @@ from ..kinds import KINDS, kind_of_record
 from ..kinds.base import Kind
 from ..validation import check_choice, check_id, check_limit
 
+# The oldest age a listing takes (`op list --older-than`, `--since`).
+MAX_AGE_S = 10 * 365 * 86400
+
 
 def kind_of(record: Any) -> str:
     """The kind of an operation's record (as `op show` and `op find` print it)."""
@@ -107,7 +110,7 @@ class ListQuery:
             if age is not None and (
                 isinstance(age, bool)
                 or not isinstance(age, int | float)
-                or not 0 <= age <= 10 * 365 * 86400
+                or not 0 <= age <= MAX_AGE_S
             ):
                 raise InvalidArgument(
                     f"{field} must be a number of seconds (0 to 10 years)", field=field

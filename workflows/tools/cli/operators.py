@@ -6,8 +6,10 @@ import click
 
 from ...errors import InvalidArgument, NotFound
 from ...kinds import KINDS
+from ...operators import catalog
 from ...operators.catalog import STATUSES, kind_of
 from ...records import as_dict
+from ...validation import MAX_LIMIT
 from .common import _client, _emit, cli, error_note, json_option
 
 AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
@@ -19,12 +21,13 @@ def parse_age(text: str | None, option: str = "--older-than") -> float | None:
     if text is None:
         return None
     match = AGE.match(text.strip())
-    if match is None:
+    seconds = None if match is None else float(match[1]) * AGE_UNITS[match[2]]
+    if seconds is None or seconds > catalog.MAX_AGE_S:
         raise InvalidArgument(
-            f"{option} {text!r}: a number with s, m, h or d (e.g. 15m)",
+            f"{option} {text!r}: a number with s, m, h or d (e.g. 15m), at most 10 years",
             field=option.strip("-").replace("-", "_"),
         )
-    return float(match[1]) * AGE_UNITS[match[2]]
+    return seconds
 
 
 def _described(record) -> dict:
@@ -128,7 +131,7 @@ def op_retry(operation_id: str, reason: str, workspace_id: str | None, as_json: 
     default=None,
     help="Override AGENT_RADAR_RETENTION_DAYS (at least 1).",
 )
-@click.option("--batch", type=int, default=500, show_default=True)
+@click.option("--batch", type=click.IntRange(1, MAX_LIMIT), default=500, show_default=True)
 @click.option("--max-batches", type=click.IntRange(1, 10_000), default=1, show_default=True)
 @json_option
 def prune(dry_run, retention_days, batch, max_batches, as_json):
