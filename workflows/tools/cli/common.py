@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def first_line(exc: BaseException) -> str:
-    """What a database error says, in one line: the driver's own words, which name the
-    server or file (never a password), else the exception's class."""
+    """What a database or broker error says, in one line: the driver's own words, which name
+    the server or file (never a password), else the exception's class."""
     said = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return said[0][:300] if said else exc.__class__.__name__
 

@@ -49,7 +49,7 @@ def health_broker(as_json: bool):
             nodes = max(1, len(conn.alt))
             conn.ensure_connection(max_retries=nodes, timeout=5 * nodes)
     except Exception as exc:  # noqa: BLE001
-        _report(as_json, False, "broker", f"unreachable: {exc.__class__.__name__}")
+        _report(as_json, False, "broker", f"unreachable: {first_line(exc)}")
         return
     _report(as_json, True, "broker", "connected")
 
