@@ -1,6 +1,7 @@
 """The docs stay true where a test can tell: every `agent-radar …` command they name exists
-with the options they give it, every file they link to exists, no code cites a design
-document the repository does not ship, and the README stays a guide (≤ 300 lines)."""
+with the options they give it, every client call docs/client.md shows exists with the
+keywords it gives it (and every call is there), every file they link to exists, no code cites
+a design document the repository does not ship, and the README stays a guide (≤ 300 lines)."""
 
 import re
 import subprocess
@@ -55,6 +56,45 @@ def test_every_command_the_docs_name_exists_with_its_options():
     assert len(named) > 20
     wrong = {(doc, line): _check(line.split()) for doc, line in named}
     assert {k: v for k, v in wrong.items() if v} == {}
+
+
+# A client call as docs/client.md shows it: `name(` then its arguments up to the closing paren.
+CALL = re.compile(r"`([a-z_]+)\(([^`]*)\)`")
+
+
+def _call_problems(name: str, shown: str) -> list[str]:
+    """What is wrong with `name(shown)` as a call of AgentRadar: no such method, or a keyword
+    argument it does not take."""
+    import inspect
+
+    from agent_radar import AgentRadar
+
+    method = getattr(AgentRadar, name, None)
+    if method is None or name.startswith("_"):
+        return [f"AgentRadar has no {name}"]
+    takes = set(inspect.signature(method).parameters)
+    return [
+        f"{name} takes no {word}" for word in re.findall(r"([a-z_]+)=", shown) if word not in takes
+    ]
+
+
+def test_every_client_call_docs_client_md_shows_exists_and_every_one_is_there():
+    text = (ROOT / "docs" / "client.md").read_text()
+    shown = [(m.group(1), m.group(2)) for m in CALL.finditer(text)]
+    assert len(shown) > 20
+    wrong = {name: _call_problems(name, args) for name, args in shown}
+    assert {k: v for k, v in wrong.items() if v} == {}
+    from agent_radar import AgentRadar
+
+    public = {
+        n for n in dir(AgentRadar) if not n.startswith("_") and callable(getattr(AgentRadar, n))
+    }
+    named = set(re.findall(r"`([a-z_]+)[(`]", text)) | {n for n, _ in shown}
+    assert (
+        public - named - {"receive_report", "goal_control", "from_env", "list_goal_operations"}
+        == set()
+    )
+    assert _call_problems("wait", "record, deadline=3") == ["wait takes no deadline"]
 
 
 def test_the_check_catches_a_command_that_is_not_there():
