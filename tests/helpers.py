@@ -225,3 +225,35 @@ def first_of_two_prompts_sent(client, sim_control, workspace_id: str, session_id
     second = client.submit_prompt(workspace_id, session_id, "second", client_submit_id="p2")
     assert dispatch_next(client.engine, client.runtime, workspace_id, session_id) == "dispatched"
     return first, second
+
+
+def first_send_lands_and_settles_while_queued(client, sim_control, workspace_id, session_id):
+    """Two prompts queued; p1's send times out at the worker but the host took it: p1 is
+    queued again while its turn runs, is reported (naming p1) and settles. Returns p1, p2,
+    that turn's id and the epoch it ran at."""
+    import time
+
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    ws, sid = workspace_id, session_id
+
+    def report(**parts):
+        client.report_activity(
+            {"workspace_id": ws, "session_id": sid, "occurred_at_ms": int(time.time() * 1000)}
+            | parts
+        )
+
+    p1 = client.submit_prompt(ws, sid, "first", client_submit_id="p1")
+    p2 = client.submit_prompt(ws, sid, "second", client_submit_id="p2")
+    sim_control.hold("prompts")
+    assert dispatch_next(client.engine, client.runtime, ws, sid).startswith("retry: ")
+    sim_control.hold("prompts", hold=False)
+    eventually(lambda: sim_control.effects("prompt"), what="the host to take p1")
+    t1 = sim_control.effects("prompt")[0]["turn_id"]
+    epoch = sim_control.session(ws, sid)["runtime_epoch"]
+    turn = {"turn_id": t1, "origin": "user_prompt", "prompt_id": p1.prompt_id}
+    report(session={"runtime_epoch": epoch}, turn={**turn, "phase": "running"})
+    sim_control.session(ws, sid, settle_turn=t1)
+    eventually(lambda: sim_control.session(ws, sid)["turns"][t1]["phase"] == "settled")
+    report(turn={**turn, "phase": "settled", "outcome": "completed"})
+    return p1, p2, t1, epoch

@@ -12,7 +12,11 @@ import pytest
 
 from agent_radar.workflows.errors import SessionBusy
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-from tests.helpers import eventually, maintenance_executor
+from tests.helpers import (
+    eventually,
+    first_send_lands_and_settles_while_queued,
+    maintenance_executor,
+)
 
 WS, SID = "ws-exclusive", "s1"
 
@@ -205,28 +209,6 @@ def sweep(client, at):
     return published
 
 
-def first_send_lands_and_settles_while_queued(client, sim_control):
-    """Two prompts queued; p1's send times out at the worker but the host took it: p1 is
-    queued again while its turn runs, is reported (naming p1) and settles. Returns p1, p2,
-    that turn's id and the epoch it ran at."""
-    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
-
-    p1 = client.submit_prompt(WS, SID, "first", client_submit_id="p1")
-    p2 = client.submit_prompt(WS, SID, "second", client_submit_id="p2")
-    sim_control.hold("prompts")
-    assert dispatch_next(client.engine, client.runtime, WS, SID).startswith("retry: ")
-    sim_control.hold("prompts", hold=False)
-    eventually(lambda: sim_control.effects("prompt"), what="the host to take p1")
-    t1 = sim_control.effects("prompt")[0]["turn_id"]
-    epoch = sim_control.session(WS, SID)["runtime_epoch"]
-    turn = {"turn_id": t1, "origin": "user_prompt", "prompt_id": p1.prompt_id}
-    report(client, session={"runtime_epoch": epoch}, turn={**turn, "phase": "running"})
-    sim_control.session(WS, SID, settle_turn=t1)
-    eventually(lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled")
-    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
-    return p1, p2, t1, epoch
-
-
 def test_a_prompt_sent_again_whose_turn_settled_meanwhile_ends_and_the_queue_moves(
     client, sim_control
 ):
@@ -248,7 +230,7 @@ def test_a_prompt_sent_again_whose_turn_settled_meanwhile_ends_and_the_queue_mov
 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, turn_duration_ms=0)
-    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control)
+    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control, WS, SID)
     assert client.get_prompt(p1.prompt_id).status == "queued"  # not known to be sent
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     assert client.get_prompt(p1.prompt_id).turn_id == t1
@@ -288,7 +270,7 @@ def test_a_prompt_sent_again_after_a_restart_is_not_ended_by_its_old_turn_of_the
 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, turn_duration_ms=0, numbered_turns=True)
-    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control)
+    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control, WS, SID)
     sim_control.session(WS, SID, restart=True)
     restorer(client).cancels.require_live(WS, SID)
     assert client.session_info(WS, SID).runtime_epoch == epoch + 1

@@ -226,13 +226,8 @@ def test_a_cancel_owed_to_a_host_that_restarted_since_reaches_no_new_turn(
     owed = ids.cancel_operation_id(WS, SID, "turn-1")
     assert runner(client).apply(owed) == "waiting_offline"
     sim_control.session(WS, SID, restart=True, live=True)  # epoch 2
-    client.ensure_session(WS, SID, host_id="default")
     sim_control.session(WS, SID, turn={"turn_id": "turn-1"})  # a new turn, the same id
-    run_transaction(
-        client.engine,
-        lambda s: s.get(CancelOperation, owed).__setattr__("next_attempt_at", None),
-    )
-    assert runner(client).apply(owed) == "settled"
+    client.ensure_session(WS, SID, host_id="default")  # the owed cancel goes first
     assert client.get_operation(owed).result == "interrupted"
     assert turn_at(sim_control, "turn-1") == "running"  # the new one runs on
 
@@ -355,3 +350,71 @@ def test_a_move_cancels_a_renumbered_prompt_turn_reported_without_its_prompt_onc
         runner(client).apply(cancel_id)
     cancels = [e for e in sim_control.effects(kind=None) if e["kind"] == "cancel"]
     assert len(owed) == 1 and len(cancels) == 1
+
+
+def test_a_move_stops_a_prompt_s_new_turn_of_the_id_its_settled_turn_had(
+    client, sim_control, host_b
+):
+    """p1's first send landed at A; its turn-1 ran, was reported naming p1 and settled while p1
+    was queued. A restarts; p1 goes again and A's new process runs a new turn for it, turn-1
+    too. Before any report of it, the session moves to B: the move owes A a stop of that turn.
+    It took the settled turn-1 of epoch 1 for it and owed nothing, and p2 later ran at B
+    beside p1's turn at A (found by a review)."""
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.models.operations import Prompt
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from tests.helpers import first_send_lands_and_settles_while_queued, restorer
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn_duration_ms=0, numbered_turns=True)
+    host_b.session(WS, SID, turn_duration_ms=0)
+    p1, p2, t1, epoch = first_send_lands_and_settles_while_queued(client, sim_control, WS, SID)
+    sim_control.session(WS, SID, restart=True)
+    restorer(client).cancels.require_live(WS, SID)
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert turn_at(sim_control, t1) == "running"  # p1's new turn-1
+    client.ensure_session(WS, SID, host_id="host-b")  # the move: a stop owed to A
+    owed = open_cancels(client)
+    assert len(owed) == 1
+    runner(client).apply(owed[0])
+    assert turn_at(sim_control, t1) == "settled"  # stopped at A
+    # At B: p1's look ends it (B lists no turn of it) and p2 goes there, alone.
+    run_transaction(
+        client.engine,
+        lambda s: s.get(Prompt, p1.prompt_id).__setattr__(
+            "dispatched_at", utcnow() - timedelta(minutes=3)
+        ),
+    )
+    restorer(client).reconcile(WS, SID)
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert [e["prompt_id"] for e in host_b.effects("prompt")] == [p2.prompt_id]
+
+
+def test_a_move_back_delivers_the_stop_that_waited_offline_before_the_next_prompt(
+    client, sim_control, host_b
+):
+    """A run runs at A; the session moves to B: a stop of the run is owed to A. A network
+    fault at A: the session is offline there (the same process: the run goes on), and the
+    stop waits for it to come back. The fault goes, the run still running at A at the same
+    epoch, and the user moves the session back to A: the move delivers the owed stop first,
+    and the queued prompt then runs at A alone. It ran beside the run (found by a review)."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    client.ensure_session(WS, SID, host_id="host-b")
+    sim_control.session(WS, SID, live=False)  # a network fault: the run goes on
+    owed = open_cancels(client)
+    assert [runner(client).apply(c) for c in owed] == ["waiting_offline"]
+    sim_control.session(WS, SID, live=True)  # the fault is gone: same epoch, same run
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    client.ensure_session(WS, SID, host_id="default")  # back to A: the stop goes first
+    assert not sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    assert open_cancels(client) == []
+    prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]

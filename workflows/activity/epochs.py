@@ -114,16 +114,16 @@ def bind_host(
     hosts.require_host(session, host_id)
     row = lock_session(session, workspace_id, session_id)
     owed = (
-        None
+        []
         if host_id == row.host_id
-        else moves.stop_owed_at(session, workspace_id, session_id, host_id)
+        else moves.stops_owed_at(session, workspace_id, session_id, host_id, waiting=False)
     )
-    if owed is not None:
+    if owed:
         # Moved away from that host and back: what the first move ended there may still run.
         raise SessionBusy(
             f"session {workspace_id}/{session_id} cannot move back to host {host_id!r} before"
-            f" the stop owed there is delivered (cancel {owed}); try again once it is",
-            operation_id=owed,
+            f" the stop owed there is delivered (cancel {owed[0]}); try again once it is",
+            operation_id=owed[0],
         )
     row.host_bound = True  # given: a report naming another host cannot move it
     return move_host(session, row, host_id, now)

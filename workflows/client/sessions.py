@@ -12,6 +12,7 @@ from ..activity.control import durable_fences, load_session, record_live
 from ..activity.epochs import EpochEffects, bind_host
 from ..adapters import metrics, report_auth
 from ..errors import AgentRadarError, InvalidArgument, NotFound
+from ..fences.moves import stops_owed_at
 from ..kinds import stop
 from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
@@ -28,6 +29,7 @@ from ..sessions import hosts
 from ..sessions.history import session_history
 from ..sessions.rows import Heard
 from ..steps import pin
+from ..steps.cancel import CancelRunner
 from ..steps.fence_install import resume_if_offline
 from ..steps.restore import restore_fences
 from ..steps.wake import publish_epoch_effects
@@ -149,6 +151,7 @@ class SessionCalls(ClientBase):
         check_id("session_id", session_id)
         if host_id is not None:
             hosts.check_host_id(host_id)
+            self._deliver_stops_owed(workspace_id, session_id, host_id)
             moved = run_transaction(
                 self.engine,
                 lambda s: bind_host(s, workspace_id, session_id, host_id, utcnow()),
@@ -184,6 +187,23 @@ class SessionCalls(ClientBase):
         for operation_id in wake:
             self.publisher.publish_after_commit(DISPATCH_TASK, {"operation_id": operation_id})
         return self.session_info(workspace_id, session_id)
+
+    def _deliver_stops_owed(self, workspace_id: str, session_id: str, host_id: str) -> None:
+        """Before a move back to `host_id`, the stops an earlier move owes it go there now (a
+        session live there again at the same epoch still runs what they stop). One that finds
+        the session offline there waits, and the move resumes it: a new epoch. One that fails
+        stays owed, and bind_host refuses the move until it is delivered."""
+        owed = run_read(self.engine, lambda s: stops_owed_at(s, workspace_id, session_id, host_id))
+        if owed:
+            runner = CancelRunner(
+                self.engine,
+                self.runtime,
+                worker_id="client",
+                lease_s=self.settings.lease_s,
+                publish=self.publisher.publish_after_commit,
+            )
+            for cancel_id in owed:
+                runner.apply(cancel_id)
 
     def _publish_epoch(self, workspace_id: str, session_id: str, effects: EpochEffects) -> None:
         publish_epoch_effects(

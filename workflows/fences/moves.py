@@ -67,22 +67,29 @@ def stop_at_old_host(
     return owed, woken
 
 
-def stop_owed_at(session: Session, workspace_id: str, session_id: str, host_id: str) -> str | None:
-    """A stop a move owes `host_id` that is not delivered yet while the session is live there
-    (its turn or run may still run), if any: a move back there waits for it, or the next call
-    would run beside it. One waiting for the session to come back there does not hold a move
-    back: that move is how a user resumes it (ensure_session)."""
-    return session.execute(
-        select(CancelOperation.operation_id)
-        .where(
-            CancelOperation.workspace_id == workspace_id,
-            CancelOperation.session_id == session_id,
-            CancelOperation.host_id == host_id,
-            CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
-            CancelOperation.last_error.is_distinct_from(cancels.WAITING_OFFLINE),
-        )
-        .limit(1)
-    ).scalar_one_or_none()
+def stops_owed_at(
+    session: Session, workspace_id: str, session_id: str, host_id: str, *, waiting: bool = True
+) -> list[str]:
+    """The stops a move owes `host_id` that are not delivered yet (their turn or run may still
+    run there): a move back there delivers them first (client.ensure_session), or the next
+    call would run beside them. Without `waiting`, not those waiting for the session to come
+    back there, which found it offline just now: the move back resumes it, a new epoch where
+    nothing of the old one runs (docs/protocol.md: resume)."""
+    return list(
+        session.execute(
+            select(CancelOperation.operation_id).where(
+                CancelOperation.workspace_id == workspace_id,
+                CancelOperation.session_id == session_id,
+                CancelOperation.host_id == host_id,
+                CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+                *(
+                    ()
+                    if waiting
+                    else (CancelOperation.last_error.is_distinct_from(cancels.WAITING_OFFLINE),)
+                ),
+            )
+        ).scalars()
+    )
 
 
 def _stop_turn(

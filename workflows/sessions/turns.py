@@ -84,14 +84,14 @@ def record_prompt_turn(
     a turn that ended, under its id is not this one. Returns its record key."""
     key = turn_key(session, workspace_id, session_id, host_id, 0, turn_id)
     found = session.get(Turn, (workspace_id, session_id, key))
-    if (
-        found is not None
-        and found.prompt_id != prompt_id
-        and (found.prompt_id is not None or found.phase == TurnPhase.SETTLED)
+    if found is not None and (
+        found.phase == TurnPhase.SETTLED
+        or (found.prompt_id is not None and found.prompt_id != prompt_id)
     ):
-        # Another turn had the id (its host restarted and numbered its turns again): this
-        # prompt's is the running one of that id a report put on record without naming its
-        # prompt, or else kept apart under a key of its own with the prompt in it.
+        # Another turn had the id (its host restarted and numbered its turns again; an ended
+        # one of this prompt too, whose send went again): this prompt's is the running one of
+        # that id a report put on record without naming its prompt, or else kept apart under
+        # a key of its own with the prompt in it.
         reported = _running_unnamed(session, workspace_id, session_id, host_id, turn_id)
         if reported is not None:
             reported.prompt_id = prompt_id
