@@ -56,9 +56,9 @@ def may_reach_the_host(
     """What of ours may still reach the session's host, where a run admitted now would meet
     it: a goal call on the wire (its operation's lease is live; no call outlives its lease),
     a goal the host accepted and has not applied, a restore's clears and goal on their way,
-    a prompt sent, or one whose send failed in
-    a way that may have reached the host (its turn may run there before any report of it).
-    Each ends by itself: a call's outcome, the accepted budget, a prompt's turn or its send."""
+    a prompt sent, or one whose send failed in a way that may have reached the host (its turn
+    may run there before any report of it). Each ends by itself: a call's outcome, the
+    accepted budget, the restore's lease, a prompt's turn or its send."""
     goal = session.execute(
         select(GoalOperation.operation_id)
         .where(
