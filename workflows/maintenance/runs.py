@@ -231,9 +231,10 @@ def transition(
     """One guarded status change and its record; False if the row moved meanwhile."""
     if to not in ALLOWED.get(run.status, frozenset()):
         return False
+    was = run.status  # the update's fetch refreshes `run`
     conditions = [
         MaintenanceRun.run_id == run.run_id,
-        MaintenanceRun.status == run.status,
+        MaintenanceRun.status == was,
         MaintenanceRun.revision == run.revision,
     ]
     if token is not None:
@@ -254,7 +255,7 @@ def transition(
         log.warning(
             "maintenance run %s: %s -> %s (%s): %s",
             run.run_id,
-            run.status,
+            was,
             to,
             fields.get("error_code"),
             fields.get("detail"),
