@@ -156,10 +156,12 @@ def test_every_call_request_and_answer_is_as_documented(host):
         reason="a test",
         require_live=True,
     )
-    runtime.start_maintenance(WS, "s1", run_id="r-1", kind="compact", args=None)
-    assert runtime.maintenance_status(WS, "s1", "r-1")["state"] == "running"
+    # A run waits for an idle session (the goal's turn runs): refused, nothing started.
+    _expect_fault(
+        "busy", runtime.start_maintenance, WS, "s1", run_id="r-0", kind="compact", args=None
+    )
     # What the host runs now: the goal it applied, its fences, the goal's continuation turn
-    # (the prompt's was cancelled), the running compaction.
+    # (the prompt's was cancelled).
     state = runtime.session_state(WS, "s1")
     assert (state.live, state.runtime_epoch) == (True, 1)
     assert (state.goal.operation_id, state.goal.revision, state.goal.objective) == (
@@ -170,15 +172,25 @@ def test_every_call_request_and_answer_is_as_documented(host):
     assert state.fences == {("old", 1), ("op-2", 2)}
     assert [t.source_goal_operation_id for t in state.running_turns_of("op-1", 1)] == ["op-1"]
     assert all(t.runtime_epoch == 1 and t.phase in ("submitted", "running") for t in state.turns)
-    assert state.maintenance_run_id == "r-1"
+    assert state.maintenance_run_id is None
     # A fence of the running generation answers with its turn still running there.
     (running,) = runtime.install_fence(
         WS, "s1", target_operation_id="op-1", target_revision=1, require_live=True
     )["running_turns"]
     assert running == state.running_turns_of("op-1", 1)[0].turn_id
-    runtime.cancel_maintenance(WS, "s1", "r-1")
-    eventually(lambda: runtime.maintenance_status(WS, "s1", "r-1")["state"] == "done")
-    _expect_fault("not_found", runtime.maintenance_status, WS, "s1", "no-such-run")
+    # A run on an idle session, the state call naming it; a prompt beside it is refused.
+    runtime.start_maintenance(WS, "s5", run_id="r-1", kind="compact", args=None)
+    assert runtime.maintenance_status(WS, "s5", "r-1")["state"] == "running"
+    assert runtime.session_state(WS, "s5").maintenance_run_id == "r-1"
+    _expect_fault("busy", runtime.submit_prompt, WS, "s5", prompt_id="p-2", text="beside it?")
+    runtime.cancel_maintenance(WS, "s5", "r-1")
+    eventually(lambda: runtime.maintenance_status(WS, "s5", "r-1")["state"] == "done")
+    _expect_fault("not_found", runtime.maintenance_status, WS, "s5", "no-such-run")
+    # A cancel of a run the host does not know: not_found, and its start is refused after.
+    _expect_fault("not_found", runtime.cancel_maintenance, WS, "s5", "r-2")
+    _expect_fault(
+        "rejected", runtime.start_maintenance, WS, "s5", run_id="r-2", kind="compact", args=None
+    )
     # A host that applies later (its report says so), an offline session, a lost one.
     control.session(WS, "s2", goal_mode="accepted", apply_delay_ms=0)
     assert (

@@ -241,7 +241,7 @@ def test_the_example_hosts_pass_host_check(node_dir, tmp_path, host_kind):
         clean_results()
     lines = check.stdout.strip().splitlines()
     assert check.returncode == 0, check.stdout + check.stderr + host.logged()
-    assert len(lines) == 10 and all(line.startswith("PASS ") for line in lines), check.stdout
+    assert len(lines) == 12 and all(line.startswith("PASS ") for line in lines), check.stdout
 
 
 BAD_CALLS = [

@@ -2,15 +2,15 @@
 be trusted (docs/lifecycles.md: maintenance, prompts, reconcile): what may still reach the host
 (a call on the wire, a goal it accepted, a prompt send that timed out) keeps a run out; a report
 of another turn ends no prompt; a prompt sent again whose turn settled meanwhile ends; a restore
-sends no goal into a run; a move back waits for the stop owed there. Effects are counted at the
-host. One sequence is a known hole, kept as a strict expected failure until it is closed."""
+sends no goal into a run; a move back waits for the stop owed there; a start or a prompt that
+comes late is refused at the host. Effects are counted at the host."""
 
 import threading
 import time
 
 import pytest
 
-from agent_radar.workflows.errors import SessionBusy
+from agent_radar.workflows.errors import RuntimeFault, SessionBusy
 from agent_radar.workflows.steps.goals.dispatch import Dispatcher
 from tests.helpers import (
     eventually,
@@ -414,20 +414,14 @@ def test_a_run_is_refused_while_a_restore_s_goal_is_on_its_way(client, sim_contr
     assert at_b == ["goal", "maintenance"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole: recovery takes a run its host does not know yet as ended, while its "
-    "start may still be on the wire; the protocol has no way to refuse a start that comes late",
-)
-def test_a_start_still_on_its_way_when_recovery_asks_lands_after_the_session_is_released(
-    client, sim_control
-):
+def test_a_start_still_on_its_way_when_recovery_asks_never_lands(client, sim_control):
     """The executor's start call is slow to reach the host (its claim's lease runs out: the
     fences, the state look and the start are made back to back with no heartbeat, each up to
     the runtime timeout). The sweeper sends the run through recovery (worker_lost); recovery
-    asks the host, which does not know the run yet (404), ends it `interrupted` and releases
-    the session. A prompt goes and its turn runs. Then the start lands: the run starts at the
-    host beside the prompt's turn."""
+    asks the host, which does not know the run yet (404), and asks it to stop the run it does
+    not know: the host refuses that run's start from then on. The run ends `interrupted`,
+    the session is released, a prompt goes and its turn runs. Then the start lands: refused,
+    the run never starts at the host."""
     from datetime import timedelta
 
     from agent_radar.models.base import utcnow
@@ -446,17 +440,37 @@ def test_a_start_still_on_its_way_when_recovery_asks_lands_after_the_session_is_
     assert client.get_maintenance(run.run_id).status == "recovery_required"
     later = maintenance_executor(client, clock=lambda: utcnow() + timedelta(minutes=1))
     assert later.execute(run.run_id) == "interrupted"  # the host: 404 not_found
+    refused = sim_control.session(WS, SID)["runs"][run.run_id]
+    assert refused["state"] == "refused" and not refused["running"]
     prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
     worker.join(15)  # its call timed out: it lets go, and stops nothing
+    assert result["r"] == "runtime_unavailable"
     sim_control.hold("maintenance", hold=False)  # the start reaches the host now
-    eventually(lambda: sim_control.effects("maintenance"), what="the start to land")
-    effects = [e["kind"] for e in effects_at_host(sim_control)]
-    turn = client.get_prompt(prompt.prompt_id).turn_id
-    prompt_turn_running = sim_control.session(WS, SID)["turns"][turn]["phase"] == "running"
-    assert not (prompt_turn_running and effects[-1] == "maintenance"), (
-        f"run {run.run_id} started at the host while prompt turn {turn} ran there: "
-        f"effects {effects}; first executor {result}; run at the host "
-        f"{sim_control.session(WS, SID)['runs']}, on record "
-        f"{client.get_maintenance(run.run_id).status}"
+    eventually(lambda: sim_control.holding() == 0, what="the start to be let go")
+    eventually(
+        lambda: len([c for c in sim_control.calls() if c["call"] == "maintenance"]) == 1,
+        what="the start to reach the host",
     )
+    time.sleep(0.3)  # the host answers it (to nobody)
+    turn = client.get_prompt(prompt.prompt_id).turn_id
+    assert sim_control.session(WS, SID)["turns"][turn]["phase"] == "running"
+    assert [e["kind"] for e in effects_at_host(sim_control)] == ["prompt"]
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["state"] == "refused"
+    assert client.get_maintenance(run.run_id).status == "interrupted"
+
+
+def test_a_prompt_that_comes_late_is_refused_beside_a_run(client, sim_control):
+    """A prompt's send was slow to reach the host; meanwhile the control plane gave up on it
+    (its budget spent) and a run started there. When the late send lands, the host refuses
+    it `busy`: no turn starts beside the run. Counted at the host."""
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert maintenance_executor(client, max_wait_s=0.1).execute(run.run_id) == "handed_back"
+    assert run_running_at_host(sim_control, run.run_id)
+    with pytest.raises(RuntimeFault) as busy:  # the late send, as it lands
+        client.runtime.submit_prompt(WS, SID, prompt_id="p-late", text="beside the run?")
+    assert busy.value.code == "busy" and busy.value.retryable
+    assert [e["kind"] for e in effects_at_host(sim_control)] == ["maintenance"]
+    assert not [t for t in sim_control.session(WS, SID)["turns"].values()]

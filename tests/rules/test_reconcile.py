@@ -230,6 +230,35 @@ def test_a_turn_the_mirror_never_saw_keeps_a_run_from_starting_at_the_host(clien
     )  # a replay is the same run
 
 
+def test_a_turn_that_starts_while_the_run_s_start_is_on_the_wire_keeps_it_out(client, sim_control):
+    """The host was idle when asked; a turn starts there (no report of it) while the run's
+    start is on its way. The host refuses the start `busy` (docs/protocol.md: one thing at a
+    time): the run ends `failed` (session_busy, in the host's words), never started there,
+    and the session is released."""
+    import threading
+
+    from tests.helpers import eventually
+
+    client.ensure_session(WS, SID)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    sim_control.hold("maintenance")
+    result: dict = {}
+    executor = maintenance_executor(client)
+    worker = threading.Thread(target=lambda: result.setdefault("r", executor.execute(run.run_id)))
+    worker.start()
+    eventually(lambda: sim_control.holding() >= 1, what="the start on its way")
+    sim_control.session(WS, SID, turn={"turn_id": "meanwhile"})
+    sim_control.hold("maintenance", hold=False)
+    worker.join(15)
+    assert result["r"] == "failed"
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("failed", "session_busy")
+    assert "meanwhile" in ended.detail
+    assert len(starts_at_host(sim_control)) == 1  # it reached the host,
+    assert sim_control.effects("maintenance") == []  # which ran nothing
+    assert sim_control.session(WS, SID)["runs"] == {}
+
+
 def test_a_run_admitted_against_an_epoch_the_host_left_never_starts(client, sim_control):
     """Row 11: a report claimed epoch 3 (the host really is at 3); right after,
     start_maintenance(expected_runtime_epoch=2) was admitted and started. The host's answer

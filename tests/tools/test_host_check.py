@@ -17,6 +17,8 @@ SHAPES = "answers have their documented shapes"
 IDEMPOTENT = "idempotent by operation_id"
 KEYED = "prompts, cancels and runs idempotent by their keys"
 FORWARD = "revisions only move forward"
+ONE_AT_A_TIME = "one thing at a time"
+LATE_START = "a run cancelled before its start never starts"
 FENCE = "a fence holds"
 REQUIRE_LIVE = "require_live never wakes a session"
 RESTART = "a fence holds across a restart, or the epoch moves"
@@ -64,7 +66,19 @@ def only_failure(found: dict, promise: str) -> str:
 def test_the_simulator_keeps_every_promise(host):
     found = verdicts(host)
     assert {name: verdict for name, (verdict, _) in found.items()} == dict.fromkeys(
-        (SHAPES, IDEMPOTENT, KEYED, FORWARD, FENCE, REQUIRE_LIVE, RESTART, AUTH, DEADLINE),
+        (
+            SHAPES,
+            IDEMPOTENT,
+            KEYED,
+            ONE_AT_A_TIME,
+            LATE_START,
+            FORWARD,
+            FENCE,
+            REQUIRE_LIVE,
+            RESTART,
+            AUTH,
+            DEADLINE,
+        ),
         PASS,
     ) | {REPORTS: SKIP}
     assert "--reports-from" in found[REPORTS][1]
@@ -125,6 +139,24 @@ def test_a_host_that_ignores_require_live_fails_that_line(host):
     assert "applied" in only_failure(verdicts(host), REQUIRE_LIVE)
 
 
+def test_a_host_that_runs_things_side_by_side_fails_that_line(host, monkeypatch):
+    from agent_radar.workflows.host import calls
+
+    monkeypatch.setattr(calls, "one_at_a_time", lambda s, starting: None)
+    assert "beside a running maintenance run" in only_failure(verdicts(host), ONE_AT_A_TIME)
+
+
+def test_a_host_that_starts_a_run_cancelled_before_it_came_fails_that_line(host):
+    from agent_radar.workflows.host.server import HostError
+
+    def forgets_cancels(sim, call, ws, sid, body):
+        if call.startswith("maintenance/") and call.endswith("/cancel"):
+            raise HostError(404, "not_found")  # and keeps nothing of it
+
+    broken(host, forgets_cancels)
+    assert "must be refused" in only_failure(verdicts(host), LATE_START)
+
+
 def test_a_host_slow_past_the_deadline_fails_that_line(host):
     def slow(sim, call, ws, sid, body):
         if call == "goal" and sid == "forward":
@@ -164,7 +196,7 @@ def test_the_command_prints_a_line_per_promise_and_exits_1_on_a_failure(host):
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     verdicts_printed = [line.split()[0] for line in ok.stdout.splitlines()]
-    assert verdicts_printed == ["PASS"] * 8 + ["SKIP", "PASS"]  # reports: no --reports-from
+    assert verdicts_printed == ["PASS"] * 10 + ["SKIP", "PASS"]  # reports: no --reports-from
     wrong = subprocess.run(
         [*command, "--token", "not-it"], env=env, capture_output=True, text=True, timeout=60
     )

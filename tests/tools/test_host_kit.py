@@ -189,17 +189,52 @@ def test_prompts_and_runs_keep_their_answers_across_a_resume_and_a_restart(tmp_p
     host = kit(tmp_path)  # the run is still on when its process ends
     turn = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})
     run = {"run_id": "r-1", "kind": "compact", "args": {}}
-    host.handle("maintenance", WS, SID, run)
-    host.go_offline(WS, SID)
-    host.handle("resume", WS, SID, {"fences": []})
+    host.handle("maintenance", WS, "s-run", run)  # a session with no turn running
+    for sid in (SID, "s-run"):
+        host.go_offline(WS, sid)
+        host.handle("resume", WS, sid, {"fences": []})
     assert host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"}) == turn
     again = kit(tmp_path)
     assert again.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"}) == turn
-    assert again.handle("maintenance", WS, SID, run) == {"state": "running"}
+    assert again.handle("maintenance", WS, "s-run", run) == {"state": "running"}
     kinds = [e["kind"] for e in effects(tmp_path)]
     assert (kinds.count("prompt"), kinds.count("maintenance")) == (1, 1)
-    status = again.handle("maintenance/r-1", WS, SID, {})
+    status = again.handle("maintenance/r-1", WS, "s-run", {})
     assert status["state"] == "done" and status["applied"] is False  # its process ended
+
+
+def test_one_thing_at_a_time_and_a_run_cancelled_before_it_came_never_starts(tmp_path):
+    """A run waits for an idle session, and a prompt or a goal for the run's end (409 busy,
+    nothing changed); a cancel of a run the host does not know answers 404 and refuses that run's
+    start from then on, across a restart of the host too (docs/protocol.md)."""
+    host = kit(tmp_path)
+    run = {"run_id": "r-1", "kind": "compact", "args": {}}
+    host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})  # its turn runs on
+    with pytest.raises(HostError) as busy:
+        host.handle("maintenance", WS, SID, run)
+    assert (busy.value.status, busy.value.code) == (409, "busy")
+    host.handle("maintenance", WS, "s2", run)
+    with pytest.raises(HostError) as busy:
+        host.handle("prompts", WS, "s2", {"prompt_id": "p-2", "text": "beside it?"})
+    assert (busy.value.status, busy.value.code) == (409, "busy")
+    with pytest.raises(HostError) as busy:
+        host.handle("goal", WS, "s2", {"operation_id": "g-1", "action": "clear", "revision": 1})
+    assert (busy.value.status, busy.value.code) == (409, "busy")
+    assert host.handle("maintenance", WS, "s2", run) == {"state": "running"}  # its own key
+    with pytest.raises(HostError) as unknown:
+        host.handle("maintenance/r-late/cancel", WS, "s3", {})
+    assert (unknown.value.status, unknown.value.code) == (404, "not_found")
+    again = kit(tmp_path)
+    late = {"run_id": "r-late", "kind": "compact", "args": {}}
+    with pytest.raises(HostError) as refused:
+        again.handle("maintenance", WS, "s3", late)
+    assert (refused.value.status, refused.value.code) == (422, "rejected")
+    with pytest.raises(HostError) as status:
+        again.handle("maintenance/r-late", WS, "s3", {})
+    assert status.value.code == "not_found"
+    assert again.handle("state", WS, "s3", {})["maintenance"] is None
+    kinds = [(e["kind"], e["session_id"]) for e in effects(tmp_path)]
+    assert kinds == [("prompt", SID), ("maintenance", "s2")]
 
 
 def test_an_offline_session_stays_offline_across_a_restart(tmp_path):

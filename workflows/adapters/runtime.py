@@ -21,6 +21,7 @@ from .bulkhead import HostGate
 SESSION_NOT_FOUND = "session_not_found"  # the host no longer has the session: it is gone
 NOT_FOUND = "not_found"  # the host does not know what was asked of it (a turn, a run)
 STALE_REVISION = "stale_revision"  # the host has applied a newer revision
+BUSY = "busy"  # the host runs something that what was asked may not run beside
 # Runtime answers that a goal dispatch retries with backoff; everything else is final.
 RETRYABLE_CODES = frozenset(
     {
@@ -29,7 +30,7 @@ RETRYABLE_CODES = frozenset(
         "timeout",
         "unreachable",
         "server_error",
-        "busy",
+        BUSY,
         "bad_response",
     }
 )

@@ -298,6 +298,11 @@ class AgentHost:
                 if call == "state":
                     return calls.state(self, s)
                 return calls.run_status(self, s, item_of(call))
+        if call.startswith("maintenance/"):  # a cancel: one of a run not known is kept
+            with self.lock:  # refused, though the call answers 404 (which undoes a change)
+                if calls.refuse_unknown_run(self.session(ws, sid), item_of(call)):
+                    self._save()
+                    raise HostError(404, "not_found")
         return self._changing(ws, sid, lambda s: self._call(call, s, body))
 
     def _call(self, call: str, s: HostSession, body: dict) -> dict:

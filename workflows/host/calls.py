@@ -11,6 +11,7 @@ from typing import Any
 from .server import HostError
 from .sessions import (
     MAX_TEXT_CHARS,
+    REFUSED,
     RUN_RESULT,
     HostSession,
     Run,
@@ -31,7 +32,7 @@ def live(s: HostSession) -> None:
 
 
 def state(host: Any, s: HostSession) -> dict:
-    running = next((r for r in s.runs.values() if r.state == "running"), None)
+    running = running_run(s)
     goal = s.goal or {"objective": None, "status": None}
     return {
         "live": s.live,
@@ -76,6 +77,7 @@ def goal(host: Any, s: HostSession, body: dict) -> dict:
         raise HostError(422, "rejected", detail="fenced generation")
     if revision <= s.revision:
         raise HostError(409, "stale_revision", current_revision=s.revision)
+    one_at_a_time(s, "goal")
     wanted = {"operation_id": op, "action": action, "objective": objective, "revision": revision}
     if not getattr(host.agent, "takes_goal", lambda *a: True)(host, s, wanted):
         # The agent applies it later (`AgentHost.goal_applied`): accepted now, kept.
@@ -139,11 +141,28 @@ def start_turn(host: Any, s: HostSession, origin: str, **provenance: Any) -> Tur
     return turn
 
 
+def running_run(s: HostSession) -> Run | None:
+    return next((r for r in s.runs.values() if r.state == "running"), None)
+
+
+def one_at_a_time(s: HostSession, starting: str) -> None:
+    """A run starts only on an idle session, and no prompt or goal lands beside a run
+    (docs/protocol.md: one thing at a time): a call that comes late — after agent-radar gave
+    up on it and let the session go to other work — is refused `409 busy`."""
+    run = running_run(s)
+    if run is not None:
+        raise HostError(409, "busy", detail=f"maintenance run {run.run_id} runs")
+    turn = next((t for t in s.turns.values() if t.phase != "settled"), None)
+    if starting == "run" and turn is not None:
+        raise HostError(409, "busy", detail=f"turn {turn.turn_id} runs")
+
+
 def prompt(host: Any, s: HostSession, body: dict) -> dict:
     prompt_id = text_of(body, "prompt_id")
     text = text_of(body, "text", MAX_TEXT_CHARS)
     live(s)
     if prompt_id not in s.prompts:
+        one_at_a_time(s, "prompt")
         turn = start_turn(host, s, "user_prompt", prompt_id=prompt_id, text=text)
         s.prompts[prompt_id] = turn.turn_id
         host._effect("prompt", s, prompt_id=prompt_id, turn_id=turn.turn_id, text=text)
@@ -173,7 +192,10 @@ def cancel(host: Any, s: HostSession, turn_id: str, body: dict) -> dict:
 def start_run(host: Any, s: HostSession, body: dict) -> dict:
     run_id, kind, args = maintenance_of(body)
     live(s)
+    if run_id in s.runs and s.runs[run_id].state == REFUSED:
+        raise HostError(422, "rejected", detail="the run was cancelled before it started")
     if run_id not in s.runs:
+        one_at_a_time(s, "run")
         run = s.runs[run_id] = Run(run_id, kind, args)
         host._effect("maintenance", s, run_id=run_id, maintenance_kind=kind)
 
@@ -190,9 +212,19 @@ def start_run(host: Any, s: HostSession, body: dict) -> dict:
 
 def _run_of(s: HostSession, run_id: str) -> Run:
     run = s.runs.get(run_id)
-    if run is None:
+    if run is None or run.state == REFUSED:
         raise HostError(404, "not_found")
     return run
+
+
+def refuse_unknown_run(s: HostSession, run_id: str) -> bool:
+    """A cancel of a run the host does not know: it never starts here (its start may still
+    be on the wire, and agent-radar takes the run as ended: docs/protocol.md). True if it is
+    refused now; the call still answers `404 not_found`."""
+    if run_id in s.runs:
+        return False
+    s.runs[run_id] = Run(run_id, kind="", args={}, state=REFUSED)
+    return True
 
 
 def run_status(host: Any, s: HostSession, run_id: str) -> dict:

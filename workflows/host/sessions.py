@@ -36,7 +36,7 @@ class Run:
     run_id: str
     kind: str
     args: dict
-    state: str = "running"  # or "done"
+    state: str = "running"  # or "done", or REFUSED
     applied: bool = False
     cancelled: bool = False
     error: str | None = None
@@ -44,6 +44,9 @@ class Run:
     result_tokens: int | None = None
     summary: str | None = None
 
+
+# A run cancelled before its start came: its start is refused (calls.refuse_unknown_run).
+REFUSED = "refused"
 
 # What an agent may say of a finished run (AgentHost.finish; docs/protocol.md: maintenance).
 RUN_RESULT = ("applied", "cancelled", "error", "input_tokens", "result_tokens", "summary")

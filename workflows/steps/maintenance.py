@@ -16,7 +16,7 @@ from ...models.base import utcnow
 from ...models.db import run_transaction
 from ...models.operations import MaintenanceRun
 from .. import leases
-from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from ..adapters.runtime import BUSY, NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..kinds.maintenance import EXECUTE_TASK, MaintenanceError, MaintenanceStatus
 from ..maintenance import runs
@@ -90,9 +90,10 @@ class MaintenanceExecutor(Step):
                 # Recovery asks for the run's outcome first (docs/lifecycles.md: maintenance): a
                 # host that lost the run (it restarted) must not be asked to run it again.
                 state = self._status_or_gone(claim)
-                if state is None:
+                if state is None and self._refused_there(claim):
                     return self._end_restarted(claim)
-                outcome = state if state.get("state") == "done" else self._poll(claim)
+                done = state is not None and state.get("state") == "done"
+                outcome = state if done else self._poll(claim)
             else:
                 ensure_fences_installed(
                     self.engine, self.runtime, claim.workspace_id, claim.session_id
@@ -103,13 +104,18 @@ class MaintenanceExecutor(Step):
                 busy = self._host_busy(claim)
                 if busy is not None:
                     return self._end_busy(claim, busy)
-                port.start_maintenance(
-                    claim.workspace_id,
-                    claim.session_id,
-                    run_id=claim.run_id,
-                    kind=claim.kind,
-                    args=claim.args,
-                )
+                try:
+                    port.start_maintenance(
+                        claim.workspace_id,
+                        claim.session_id,
+                        run_id=claim.run_id,
+                        kind=claim.kind,
+                        args=claim.args,
+                    )
+                except RuntimeFault as exc:
+                    if exc.code != BUSY:
+                        raise
+                    return self._end_busy(claim, f"the agent host is busy: {exc}")
                 outcome = self._poll(claim, port)
                 if outcome is None:
                     self._stop_if_ended(claim, port)
@@ -192,6 +198,20 @@ class MaintenanceExecutor(Step):
             if exc.code in (NOT_FOUND, SESSION_NOT_FOUND):
                 return None
             raise
+
+    def _refused_there(self, claim: RunClaim) -> bool:
+        """The host does not know the run: asked to stop it, it refuses the run's start from
+        now on, so that a start still on the wire never lands after the run ended here
+        (docs/protocol.md: one thing at a time). True if the run is not there (not_found, or
+        the session is gone); False if it is now (the start landed in between): it stops, and
+        recovery polls it to its end."""
+        try:
+            self.runtime.cancel_maintenance(claim.workspace_id, claim.session_id, claim.run_id)
+        except RuntimeFault as exc:
+            if exc.code in (NOT_FOUND, SESSION_NOT_FOUND):
+                return True
+            raise
+        return False
 
     def _end_restarted(self, claim: RunClaim) -> str:
         def end(s: Session) -> bool:

@@ -159,13 +159,48 @@ class HostCheck:
         )
         run = self.op_id()
         for _ in range(2):
-            self._timed(
-                lambda: self.host.start_maintenance(
-                    ws, "keyed-run", run_id=run, kind="compact", args={}
-                )
-            )
+            self._run("keyed-run", run)
         state = self._timed(lambda: self.host.maintenance_status(ws, "keyed-run", run))
         return f"prompt, cancel and maintenance run twice each: one turn, {state['state']} run"
+
+    def _run(self, sid: str, run_id: str) -> dict:
+        start = {"run_id": run_id, "kind": "compact", "args": {}}
+        return self._timed(lambda: self.host.start_maintenance(self.workspace, sid, **start))
+
+    def _prompt(self, sid: str) -> dict:
+        ask = {"prompt_id": self.op_id(), "text": "hi"}
+        return self._timed(lambda: self.host.submit_prompt(self.workspace, sid, **ask))
+
+    def one_at_a_time(self) -> str:
+        """A prompt and a goal beside a running run, a run beside a turn: `409 busy`."""
+        run = self.op_id()
+        self._run("one-run", run)
+        prompt = self.refused(lambda: self._prompt("one-run"))
+        beside = [prompt, self.refused(lambda: self.goal("one-run", 1))]
+        running = self._timed(lambda: self.host.maintenance_status(self.workspace, "one-run", run))
+        if None in beside and running["state"] == "running":
+            raise Failed("a prompt or goal landed beside a running maintenance run; 409 busy due")
+        turn = self._prompt("one-turn")["turn_id"]
+        second = self.refused(lambda: self._run("one-turn", self.op_id()))
+        listed = self._timed(lambda: self.host.session_state(self.workspace, "one-turn")).turns
+        if second is None and turn in {t.turn_id for t in listed}:
+            raise Failed(f"a run started beside turn {turn}; 409 busy due")
+        if beside[0] is None or beside[1] is None or second is None:
+            raise Skipped("the run or the turn ended before the second call: ask a slower one")
+        codes = f"{beside[0].code}, {beside[1].code}"
+        return f"a prompt and a goal beside a run: {codes}; a run beside a turn: {second.code}"
+
+    def late_start(self) -> str:
+        """A run cancelled before the host knew it: `404 not_found`, and its start refused."""
+        run = self.op_id()
+        cancel = lambda: self.host.cancel_maintenance(self.workspace, "late", run)  # noqa: E731
+        fault = self.refused(lambda: self._timed(cancel))
+        if not isinstance(fault, RuntimeFault) or fault.code != "not_found":
+            raise Failed(f"a cancel of a run never started was {fault or 'answered'}; 404 due")
+        fault = self.refused(lambda: self._run("late", run))
+        if fault is None:
+            raise Failed("a run cancelled before its start came started: it must be refused")
+        return f"a cancel of a run not known: 404; its start after: {fault.code}"
 
     def forward_only(self) -> str:
         self.goal("forward", 2)
@@ -285,6 +320,8 @@ class HostCheck:
             ("answers have their documented shapes", self.answers_shapes, False),
             ("idempotent by operation_id", self.idempotent, False),
             ("prompts, cancels and runs idempotent by their keys", self.keyed_calls, False),
+            ("one thing at a time", self.one_at_a_time, False),
+            ("a run cancelled before its start never starts", self.late_start, False),
             ("revisions only move forward", self.forward_only, False),
             ("a fence holds", self.fence_holds, False),
             ("require_live never wakes a session", self.require_live, True),

@@ -99,6 +99,11 @@ function changing(s, fn) {
     done.starts.forEach((start) => start());
     return answer;
   } catch (err) {
+    if (err.kept) { // a refusal that still changed the session (a run-cancel's)
+      save();
+      change = null;
+      throw err;
+    }
     sessions[key] = before.s;
     answers = before.answers;
     turnSeq = before.turnSeq;
@@ -190,6 +195,14 @@ class Refusal extends Error {
   }
 }
 const refuse = (detail) => new Refusal(422, "rejected", { detail });
+// One thing at a time (docs/protocol.md): a run starts on an idle session only, and no
+// prompt or goal lands beside a run; a call that comes late is refused 409 busy.
+function oneAtATime(s, starting) {
+  const run = Object.values(s.runs).find((r) => r.state === "running");
+  if (run) throw new Refusal(409, "busy", { detail: `maintenance run ${run.run_id} runs` });
+  const turn = Object.values(s.turns).find((t) => t.phase !== "settled");
+  if (starting === "run" && turn) throw new Refusal(409, "busy", { detail: `turn ${turn.turn_id} runs` });
+}
 function id(body, name, max = 255) {
   const v = body[name];
   if (typeof v !== "string" || v.length < 1 || v.length > max) {
@@ -251,6 +264,7 @@ const calls = {
     if (revision <= s.revision) {
       throw new Refusal(409, "stale_revision", { current_revision: s.revision });
     }
+    oneAtATime(s, "goal");
     if (action === "set") s.goal = { objective, status: "active" };
     else if (action === "clear") s.goal = null;
     else if (s.goal) s.goal = { ...s.goal, status: action === "pause" ? "paused" : "active" };
@@ -286,6 +300,7 @@ const calls = {
     id(body, "text", 65536);
     live(s);
     if (!has(s.prompts, promptId)) {
+      oneAtATime(s, "prompt");
       const turn = startTurn(s, { origin: "user_prompt", prompt_id: promptId });
       s.prompts[promptId] = turn.turn_id;
       effect("prompt", s, { prompt_id: promptId, turn_id: turn.turn_id });
@@ -313,7 +328,11 @@ const calls = {
       || Object.keys(args).sort().join() !== ARGS[kind].join()) throw refuse("args");
     if (has(args, "turn")) whole(args, "turn", 0);
     live(s);
+    if (has(s.runs, runId) && s.runs[runId].state === "refused") {
+      throw refuse("the run was cancelled before it started");
+    }
     if (!has(s.runs, runId)) {
+      oneAtATime(s, "run");
       const run = { run_id: runId, kind, state: "running", cancelled: false };
       s.runs[runId] = run;
       effect("maintenance", s, { run_id: runId, maintenance_kind: kind });
@@ -326,7 +345,7 @@ const calls = {
   },
 
   "GET run": (s, body, runId) => {
-    if (!has(s.runs, runId)) throw new Refusal(404, "not_found");
+    if (!has(s.runs, runId) || s.runs[runId].state === "refused") throw new Refusal(404, "not_found");
     const run = s.runs[runId];
     if (run.state === "running") return { state: "running" };
     const applied = !run.cancelled && !run.error;
@@ -338,7 +357,11 @@ const calls = {
   },
 
   "POST run-cancel": (s, body, runId) => {
-    if (!has(s.runs, runId)) throw new Refusal(404, "not_found");
+    if (!has(s.runs, runId)) { // never started here: a start that comes late is refused
+      s.runs[runId] = { run_id: runId, state: "refused" };
+      throw Object.assign(new Refusal(404, "not_found"), { kept: true });
+    }
+    if (s.runs[runId].state === "refused") throw new Refusal(404, "not_found");
     const run = s.runs[runId];
     if (run.state === "running") Object.assign(run, { state: "done", cancelled: true });
     return {};

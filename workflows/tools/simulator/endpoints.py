@@ -96,7 +96,7 @@ def _session(sim: Any, ws: str, sid: str, body: dict) -> dict:
             for t in s.turns.values()
         },
         "runs": {
-            r.run_id: {"running": r.state == "running", "cancelled": r.cancelled}
+            r.run_id: {"running": r.state == "running", "state": r.state, "cancelled": r.cancelled}
             for r in s.runs.values()
         },
     }
