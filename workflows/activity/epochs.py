@@ -71,8 +71,15 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     woken = cancels.interrupt_running_turns(
         session, row.workspace_id, row.session_id, now, before_epoch=epoch
     )
+    run = runs.live_run(session, row.workspace_id, row.session_id)
     released = runs.end_for_restart(session, row.workspace_id, row.session_id, epoch, now)
-    return EpochEffects(newer=True, woken_fences=woken, released=released)
+    # Its start may still be on the wire: the host is told to refuse it (moves.stop_run).
+    owed = (
+        moves.stop_run(session, run, row.host_id, "runtime-restart", now)
+        if released and run
+        else []
+    )
+    return EpochEffects(newer=True, woken_fences=woken, released=released, cancels=owed)
 
 
 def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) -> EpochEffects:

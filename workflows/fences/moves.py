@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnOutcome
-from ...models.operations import CancelOperation, Prompt
+from ...models.operations import CancelOperation, MaintenanceRun, Prompt
 from .. import ids
 from ..kinds.cancel import OPEN_CANCEL_STATUSES
 from ..maintenance import runs
@@ -50,21 +50,31 @@ def stop_at_old_host(
         woken += stopped[1]
     run = runs.live_run(session, workspace_id, session_id)
     if run is not None:
-        stop_id = ids.run_stop_id(workspace_id, session_id, run.run_id)
-        if session.get(CancelOperation, stop_id) is None:
-            cancels.add(
-                session,
-                stop_id,
-                workspace_id,
-                session_id,
-                run.run_id,
-                reason,
-                now,
-                run_id=run.run_id,
-                host_id=old_host,
-            )
-            owed.append(stop_id)
+        owed += stop_run(session, run, old_host, reason, now)
     return owed, woken
+
+
+def stop_run(
+    session: Session, run: MaintenanceRun, host_id: str, reason: str, now: datetime
+) -> list[str]:
+    """A durable stop of a run ended here, owed to the host it went to: its start may still be
+    on the wire, and a stop of a run the host does not know has it refuse that start
+    (docs/protocol.md: a run cancelled before it came). The stop to publish, if new."""
+    stop_id = ids.run_stop_id(run.workspace_id, run.session_id, run.run_id)
+    if session.get(CancelOperation, stop_id) is not None:
+        return []
+    cancels.add(
+        session,
+        stop_id,
+        run.workspace_id,
+        run.session_id,
+        run.run_id,
+        reason,
+        now,
+        run_id=run.run_id,
+        host_id=host_id,
+    )
+    return [stop_id]
 
 
 def stops_owed_at(

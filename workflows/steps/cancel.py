@@ -250,9 +250,12 @@ class CancelRunner(Step):
         try:
             runtime = self.runtime.on_host(*address)
             epoch = require_live(runtime, ws, sid, Heard(self.clock(), host_id))
-            if epoch and epoch > run_read(self.engine, lambda s: _epoch_of(s, cancel)) > 0:
+            turn_epoch = lambda s: _epoch_of(s, cancel)  # noqa: E731
+            if cancel.run_id is None and epoch and epoch > run_read(self.engine, turn_epoch) > 0:
                 # That host restarted since: what ran there ended with its process, and
-                # what has this id now is another turn (workflows/sessions/turns.py).
+                # what has this id now is another turn (workflows/sessions/turns.py). A run's
+                # stop goes all the same: a run id is never another's, and the stop has the
+                # host refuse a start still on the wire (docs/protocol.md).
                 answer = {"result": CancelResult.INTERRUPTED}
                 return run_transaction(
                     self.engine, lambda s: self._record(s, cancel, token, answer, host_id)

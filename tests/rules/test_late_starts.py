@@ -1,0 +1,119 @@
+"""A maintenance start still on the wire when the control plane ends its run another way than
+recovery — a restart at the host, a move away and back — never lands: the run's durable stop
+has the host refuse it (docs/protocol.md: a run cancelled before it came). Found by a review;
+counted at the host, on both backends."""
+
+import threading
+import time
+
+from tests.helpers import eventually, maintenance_executor, restorer
+
+WS, SID = "ws-late", "s1"
+
+
+def effects_at_host(sim_control, sid=SID):
+    return [
+        e
+        for e in sim_control.effects(kind=None)
+        if e["session_id"] == sid and e["kind"] in ("goal", "prompt", "maintenance")
+    ]
+
+
+def start_on_the_wire(client, sim_control):
+    """A run admitted and its executor's start call held at the host (slow to reach it)."""
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    sim_control.hold("maintenance")  # the start call (not the status call)
+    first = maintenance_executor(client, max_wait_s=0.5)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", first.execute(run.run_id)))
+    worker.start()
+    eventually(lambda: sim_control.holding() >= 1, what="the start call on its way")
+    return run, worker, result
+
+
+def let_the_start_land(sim_control):
+    sim_control.hold("maintenance", hold=False)
+    eventually(lambda: sim_control.holding() == 0, what="the start to be let go")
+    eventually(
+        lambda: len([c for c in sim_control.calls() if c["call"] == "maintenance"]) == 1,
+        what="the start to reach the host",
+    )
+    time.sleep(0.3)  # the host answers it (to nobody)
+
+
+def test_a_start_on_the_wire_across_a_restart_never_lands(client, sim_control):
+    """The run's start is on its way to the host; the session's process restarts there (a new
+    epoch: a per-session restart, the host's server stays up). The control plane sees the new
+    epoch, ends the run `interrupted` (runtime_restarted), releases the session and owes the
+    host the run's stop, which it delivers: the host does not know the run, and refuses its
+    start from then on. The executor's call times out (it stops nothing). Then the start
+    lands: refused. The next prompt goes."""
+    from agent_radar.workflows import ids
+    from agent_radar.workflows.steps.cancel import CancelRunner
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
+    run, worker, result = start_on_the_wire(client, sim_control)
+    sim_control.session(WS, SID, restart=True)  # the session's process is new: epoch 2
+    restorer(client).cancels.require_live(WS, SID)  # the control plane sees it
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
+    runner = CancelRunner(
+        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
+    )
+    assert runner.apply(ids.run_stop_id(WS, SID, run.run_id)) == "settled"  # as published
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["state"] == "refused"
+    worker.join(15)  # its call timed out: it lets go, and stops nothing
+    assert result["r"] == "runtime_unavailable"
+    let_the_start_land(sim_control)
+    at_host = sim_control.session(WS, SID)["runs"].get(run.run_id, {})
+    prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
+    sent = dispatch_next(client.engine, client.runtime, WS, SID)
+    assert [e["kind"] for e in effects_at_host(sim_control)] == ["prompt"], (
+        f"run {run.run_id} (on record {client.get_maintenance(run.run_id).status}) started at "
+        f"the host after it ended here: at the host {at_host}; the next prompt's dispatch: "
+        f"{sent!r}, prompt {client.get_prompt(prompt.prompt_id).status}"
+    )
+
+
+def test_a_start_on_the_wire_to_a_host_the_session_left_and_came_back_to_never_lands(
+    client, sim_control, sim_b
+):
+    """The run's start is on its way to host A; the session moves to B (the run ends
+    `interrupted`, a stop is owed to A). A's session is offline: the stop waits. The session
+    moves back to A (let through: the stop found it offline, and the move resumes it, a new
+    epoch). The stop owed to A then finds a newer epoch there; a turn's stop would end without
+    a call (what has its id now is another turn), a run's goes all the same, and A refuses
+    the run's start from then on. The start lands at A: refused. The next prompt goes."""
+    from agent_radar.workflows import ids
+    from agent_radar.workflows.steps.cancel import CancelRunner
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.add_host("host-b", sim_b.url)
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
+    run, worker, result = start_on_the_wire(client, sim_control)
+    client.ensure_session(WS, SID, host_id="host-b")  # the move: A owes a stop
+    assert client.get_maintenance(run.run_id).status == "interrupted"
+    sim_control.session(WS, SID, live=False)  # A's session went offline
+    runner = CancelRunner(
+        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
+    )
+    stop_id = ids.run_stop_id(WS, SID, run.run_id)
+    assert runner.apply(stop_id) == "waiting_offline"
+    worker.join(15)  # its call timed out: it lets go, and stops nothing
+    assert result["r"] == "runtime_unavailable"
+    client.ensure_session(WS, SID, host_id="default")  # back to A: resumed, a new epoch
+    stop = runner.apply(stop_id)  # a newer epoch at A: ended without a call
+    cancels_at_a = [c for c in sim_control.calls() if c["call"].endswith("/cancel")]
+    let_the_start_land(sim_control)
+    at_host = sim_control.session(WS, SID)["runs"].get(run.run_id, {})
+    prompt = client.submit_prompt(WS, SID, "back at A", client_submit_id="p1")
+    sent = dispatch_next(client.engine, client.runtime, WS, SID)
+    assert [e["kind"] for e in effects_at_host(sim_control)] == ["prompt"], (
+        f"run {run.run_id} (on record {client.get_maintenance(run.run_id).status}) started at "
+        f"A after it ended here: at A {at_host}; the stop owed to A: {stop!r}, cancels A got "
+        f"{len(cancels_at_a)}; the next prompt's dispatch: {sent!r}, prompt "
+        f"{client.get_prompt(prompt.prompt_id).status}"
+    )
