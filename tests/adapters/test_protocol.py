@@ -142,15 +142,17 @@ def test_every_call_request_and_answer_is_as_documented(host):
         WS, "s1", target_operation_id="op-2", target_revision=2, require_live=True
     ) == {"running_turns": []}
     _expect_fault("rejected", runtime.apply_goal, WS, "s1", operation_id="op-2", revision=2, **goal)
-    turn = runtime.submit_prompt(WS, "s1", prompt_id="p-1", text="hello")["turn_id"]
+    # A prompt waits for the goal's turn (one thing at a time); on an idle session it goes.
+    _expect_fault("busy", runtime.submit_prompt, WS, "s1", prompt_id="p-0", text="beside?")
+    turn = runtime.submit_prompt(WS, "s6", prompt_id="p-1", text="hello")["turn_id"]
     assert runtime.cancel_turn(
-        WS, "s1", turn, operation_id="c-1", reason="a test", require_live=True
+        WS, "s6", turn, operation_id="c-1", reason="a test", require_live=True
     )["result"] in ("canceled", "already_settled", "accepted")
     _expect_fault(
         "not_found",
         runtime.cancel_turn,
         WS,
-        "s1",
+        "s6",
         "no-such-turn",
         operation_id="c-2",
         reason="a test",
@@ -160,8 +162,7 @@ def test_every_call_request_and_answer_is_as_documented(host):
     _expect_fault(
         "busy", runtime.start_maintenance, WS, "s1", run_id="r-0", kind="compact", args=None
     )
-    # What the host runs now: the goal it applied, its fences, the goal's continuation turn
-    # (the prompt's was cancelled).
+    # What the host runs now: the goal it applied, its fences, the goal's continuation turn.
     state = runtime.session_state(WS, "s1")
     assert (state.live, state.runtime_epoch) == (True, 1)
     assert (state.goal.operation_id, state.goal.revision, state.goal.objective) == (

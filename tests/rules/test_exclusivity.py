@@ -123,6 +123,40 @@ def report(client, **parts):
     )
 
 
+def test_a_false_settled_report_of_the_prompt_s_own_turn_starts_no_second_turn(client, sim_control):
+    """A report says p1's own turn T1 settled while it still runs at the host (a report
+    forged, or a buggy host's, or one of a turn's reports reordered). The record believes it:
+    p1 ends and p2 goes. The host refuses p2 `busy` (docs/protocol.md: one thing at a time):
+    no second turn starts beside T1. p2 stays queued, and goes once T1 has really ended.
+    Counted at the host."""
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from tests.helpers import first_of_two_prompts_sent
+
+    first, second = first_of_two_prompts_sent(client, sim_control, WS, SID)
+    t1 = client.get_prompt(first.prompt_id).turn_id
+    settled = {"phase": "settled", "outcome": "completed", "origin": "user_prompt"}
+    report(client, turn={"turn_id": t1, "prompt_id": first.prompt_id, **settled})
+    assert client.get_prompt(first.prompt_id).status == "completed"  # the record believed it
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "retry: busy"
+    assert client.get_prompt(second.prompt_id).status == "queued"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [first.prompt_id]
+    assert sim_control.session(WS, SID)["turns"][t1]["phase"] == "running"
+    sim_control.session(WS, SID, settle_turn=t1)  # T1 really ends
+    eventually(
+        lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled",
+        what="T1 to end at the host",
+    )
+    later = lambda: utcnow() + timedelta(minutes=1)  # noqa: E731 - past the send's backoff
+    assert dispatch_next(client.engine, client.runtime, WS, SID, clock=later) == "dispatched"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [
+        first.prompt_id,
+        second.prompt_id,
+    ]
+
+
 def test_a_settled_report_of_another_turn_naming_the_prompt_ends_nothing(client, sim_control):
     """The host answered prompt p1 with its turn id T1 (on the prompt's record). A report then
     says a turn of another id, naming p1, settled (forged, or a buggy host's). p1 is not
@@ -146,6 +180,11 @@ def test_a_settled_report_of_another_turn_naming_the_prompt_ends_nothing(client,
     assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"
     assert client.get_prompt(first.prompt_id).status == "dispatched"
     assert len(sim_control.effects("prompt")) == 1
+    sim_control.session(WS, SID, settle_turn=t1)  # T1 ends at the host, its report below
+    eventually(
+        lambda: sim_control.session(WS, SID)["turns"][t1]["phase"] == "settled",
+        what="T1 to end at the host",
+    )
     report(
         client,
         turn={

@@ -290,6 +290,11 @@ def test_prompts_wait_for_maintenance_then_go_one_at_a_time(
     assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "dispatched"
     assert prompt_dispatch.dispatch_next(client.engine, runtime, WS, SID) == "busy"
     turn_id = client.get_prompt(p1.prompt_id).turn_id
+    sim_control.session(WS, SID, settle_turn=turn_id)  # it ends at the host: reported below
+    eventually(
+        lambda: sim_control.session(WS, SID)["turns"][turn_id]["phase"] == "settled",
+        what="the first prompt's turn to end at the host",
+    )
     client.report_activity(
         {
             "workspace_id": WS,

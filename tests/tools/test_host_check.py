@@ -100,7 +100,9 @@ def test_a_host_that_is_not_idempotent_fails_that_line(host):
 def test_a_host_that_starts_a_prompt_twice_fails_that_line(host):
     def forgets_prompts(sim, call, ws, sid, body):
         if call == "prompts":
-            sim.session(ws, sid).prompts.clear()  # the same prompt_id: a new turn
+            # The same prompt_id: a new turn (the first one forgotten too, so none is busy).
+            sim.session(ws, sid).prompts.clear()
+            sim.session(ws, sid).turns.clear()
 
     broken(host, forgets_prompts)
     assert "the same prompt_id twice" in only_failure(verdicts(host), KEYED)

@@ -204,15 +204,16 @@ def test_prompts_and_runs_keep_their_answers_across_a_resume_and_a_restart(tmp_p
 
 
 def test_one_thing_at_a_time_and_a_run_cancelled_before_it_came_never_starts(tmp_path):
-    """A run waits for an idle session, and a prompt or a goal for the run's end (409 busy,
+    """A run or a prompt waits for an idle session, a goal for the run's end (409 busy,
     nothing changed); a cancel of a run the host does not know answers 404 and refuses that run's
     start from then on, across a restart of the host too (docs/protocol.md)."""
     host = kit(tmp_path)
     run = {"run_id": "r-1", "kind": "compact", "args": {}}
     host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})  # its turn runs on
-    with pytest.raises(HostError) as busy:
-        host.handle("maintenance", WS, SID, run)
-    assert (busy.value.status, busy.value.code) == (409, "busy")
+    for call, body in (("maintenance", run), ("prompts", {"prompt_id": "p-9", "text": "too"})):
+        with pytest.raises(HostError) as busy:
+            host.handle(call, WS, SID, body)
+        assert (busy.value.status, busy.value.code) == (409, "busy")
     host.handle("maintenance", WS, "s2", run)
     with pytest.raises(HostError) as busy:
         host.handle("prompts", WS, "s2", {"prompt_id": "p-2", "text": "beside it?"})
@@ -384,9 +385,9 @@ def test_an_agent_may_pursue_goals_only_when_prompted_and_its_turn_ends_are_logg
     assert goal(host, "op-1", 1)["phase"] == "applied"
     assert host.handle("state", WS, SID, {})["turns"] == []
     first = host.handle("prompts", WS, SID, {"prompt_id": "p-1", "text": "hi"})["turn_id"]
-    second = host.handle("prompts", WS, SID, {"prompt_id": "p-2", "text": "ho"})["turn_id"]
     assert host.settle(WS, SID, first) is True
     assert host.settle(WS, SID, first) is False  # once
+    second = host.handle("prompts", WS, SID, {"prompt_id": "p-2", "text": "ho"})["turn_id"]
     cancel = {"operation_id": "c-1", "require_live": True}
     assert host.handle("turns/" + second, WS, SID, cancel) == {"result": "canceled"}
     ended = [(e["turn_id"], e["outcome"]) for e in effects(tmp_path) if e["kind"] == "turn_settled"]
@@ -520,7 +521,7 @@ def test_a_close_that_times_out_sends_nothing_more(tmp_path):
     host = kit(tmp_path)
     host.sender = ReportSender(slow)
     for i in range(4):
-        host.handle("prompts", WS, SID, {"prompt_id": f"p-{i}", "text": "x"})
+        host.handle("prompts", WS, f"s-{i}", {"prompt_id": f"p-{i}", "text": "x"})
     assert sending.wait(5)
     host.close(timeout_s=0.2)
     release.set()

@@ -146,14 +146,14 @@ def running_run(s: HostSession) -> Run | None:
 
 
 def one_at_a_time(s: HostSession, starting: str) -> None:
-    """A run starts only on an idle session, and no prompt or goal lands beside a run
+    """A run or a prompt starts only on an idle session, and no goal lands beside a run
     (docs/protocol.md: one thing at a time): a call that comes late — after agent-radar gave
     up on it and let the session go to other work — is refused `409 busy`."""
     run = running_run(s)
     if run is not None:
         raise HostError(409, "busy", detail=f"maintenance run {run.run_id} runs")
     turn = next((t for t in s.turns.values() if t.phase != "settled"), None)
-    if starting == "run" and turn is not None:
+    if starting in ("run", "prompt") and turn is not None:
         raise HostError(409, "busy", detail=f"turn {turn.turn_id} runs")
 
 

@@ -172,7 +172,7 @@ class HostCheck:
         return self._timed(lambda: self.host.submit_prompt(self.workspace, sid, **ask))
 
     def one_at_a_time(self) -> str:
-        """A prompt and a goal beside a running run, a run beside a turn: `409 busy`."""
+        """A prompt and a goal beside a running run, a run and a prompt beside a turn: busy."""
         run = self.op_id()
         self._run("one-run", run)
         prompt = self.refused(lambda: self._prompt("one-run"))
@@ -181,14 +181,15 @@ class HostCheck:
         if None in beside and running["state"] == "running":
             raise Failed("a prompt or goal landed beside a running maintenance run; 409 busy due")
         turn = self._prompt("one-turn")["turn_id"]
-        second = self.refused(lambda: self._run("one-turn", self.op_id()))
+        prompt = self.refused(lambda: self._prompt("one-turn"))
+        beside += [self.refused(lambda: self._run("one-turn", self.op_id())), prompt]
         listed = self._timed(lambda: self.host.session_state(self.workspace, "one-turn")).turns
-        if second is None and turn in {t.turn_id for t in listed}:
-            raise Failed(f"a run started beside turn {turn}; 409 busy due")
-        if beside[0] is None or beside[1] is None or second is None:
+        if None in beside[2:] and turn in {t.turn_id for t in listed}:
+            raise Failed(f"a run or a prompt started beside turn {turn}; 409 busy due")
+        if None in beside:
             raise Skipped("the run or the turn ended before the second call: ask a slower one")
-        codes = f"{beside[0].code}, {beside[1].code}"
-        return f"a prompt and a goal beside a run: {codes}; a run beside a turn: {second.code}"
+        codes = [fault.code for fault in beside if fault is not None]
+        return f"a prompt and a goal beside a run, a run and a prompt beside a turn: {codes}"
 
     def late_start(self) -> str:
         """A run cancelled before the host knew it: `404 not_found`, and its start refused."""

@@ -195,13 +195,13 @@ class Refusal extends Error {
   }
 }
 const refuse = (detail) => new Refusal(422, "rejected", { detail });
-// One thing at a time (docs/protocol.md): a run starts on an idle session only, and no
-// prompt or goal lands beside a run; a call that comes late is refused 409 busy.
+// One thing at a time (docs/protocol.md): a run or a prompt starts on an idle session only,
+// and no goal lands beside a run; a call that comes late is refused 409 busy.
 function oneAtATime(s, starting) {
   const run = Object.values(s.runs).find((r) => r.state === "running");
   if (run) throw new Refusal(409, "busy", { detail: `maintenance run ${run.run_id} runs` });
   const turn = Object.values(s.turns).find((t) => t.phase !== "settled");
-  if (starting === "run" && turn) throw new Refusal(409, "busy", { detail: `turn ${turn.turn_id} runs` });
+  if (starting !== "goal" && turn) throw new Refusal(409, "busy", { detail: `turn ${turn.turn_id} runs` });
 }
 function id(body, name, max = 255) {
   const v = body[name];
