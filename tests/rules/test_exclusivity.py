@@ -157,6 +157,42 @@ def test_a_false_settled_report_of_the_prompt_s_own_turn_starts_no_second_turn(c
     ]
 
 
+def test_a_turn_no_report_told_of_holds_the_prompt_and_costs_it_no_budget(client, sim_control):
+    """The host runs a turn the mirror never saw (its reports lost). The prompt is sent and
+    refused `busy`; the host is asked what it runs, the mirror records the turn, and the
+    prompt waits for its end with its budget untouched (a hold, not a failure). Once the
+    host no longer lists the turn (the sweeper's reconcile of a stale turn), the prompt
+    goes: one turn at a time, counted at the host."""
+    from datetime import timedelta
+
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.activity.reconcile import RECONCILE_INTERVAL_S, STALE_TURN_S
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from agent_radar.workflows.task_names import RESTORE_TASK
+    from tests.helpers import restorer
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "unseen"})
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "retry: busy"
+    queued = client.get_prompt(prompt.prompt_id)
+    assert (queued.status, queued.attempt) == ("queued", 0)
+    assert client.session_info(WS, SID).active_turn_id == "unseen"  # learnt from the host
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "busy"  # nothing sent
+    sim_control.session(WS, SID, settle_turn="unseen")
+    eventually(
+        lambda: sim_control.session(WS, SID)["turns"]["unseen"]["phase"] == "settled",
+        what="the turn to end at the host",
+    )
+    # A turn running past the bound, its session not asked since long enough: asked again.
+    later = utcnow() + timedelta(seconds=max(STALE_TURN_S, RECONCILE_INTERVAL_S) + 1)
+    assert (RESTORE_TASK, {"workspace_id": WS, "session_id": SID}) in sweep(client, later)
+    assert restorer(client).restore(WS, SID) == "restored"  # the host asked: it has ended
+    assert client.session_info(WS, SID).active_turn_id is None
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]
+
+
 def test_a_settled_report_of_another_turn_naming_the_prompt_ends_nothing(client, sim_control):
     """The host answered prompt p1 with its turn id T1 (on the prompt's record). A report then
     says a turn of another id, naming p1, settled (forged, or a buggy host's). p1 is not

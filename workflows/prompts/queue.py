@@ -136,17 +136,25 @@ def sent(session: Session, prompt_id: str, turn_id: Any, now: datetime) -> None:
 
 
 def not_sent(
-    session: Session, prompt: Prompt, exc: RuntimeFault | RuntimeDisconnected, now: datetime
+    session: Session,
+    prompt: Prompt,
+    exc: RuntimeFault | RuntimeDisconnected,
+    now: datetime,
+    *,
+    held: bool = False,
 ) -> str:
     """The call failed: the prompt was not sent, or is not known to have been. It goes back
     to the queue at its place (the runtime dedupes by prompt_id if it did arrive) and the
-    sweeper tries again. An offline session is a wait and uses no budget; any other retryable
-    fault uses one attempt of the budget (budgets.py); a final fault, or a budget spent, ends
-    the prompt `failed` and the queue moves on."""
+    sweeper tries again. An offline session is a wait and uses no budget, and so is a host
+    that refused it while it runs a turn or a run (`held`: the queue waits for its end); any
+    other retryable fault uses one attempt of the budget (budgets.py); a final fault, or a
+    budget spent, ends the prompt `failed` and the queue moves on."""
     error = str(exc)
     values: dict[str, Any] = {"dispatched_at": None, "last_error": error}
     to, outcome = PromptStatus.QUEUED, f"retry: {exc.code}"
-    if isinstance(exc, RuntimeDisconnected):
+    if held:
+        pass  # as it was: nothing of it reached the host
+    elif isinstance(exc, RuntimeDisconnected):
         values["failing_since"] = None
     else:
         values["attempt"] = Prompt.attempt + 1

@@ -8,7 +8,8 @@ from sqlalchemy.engine import Engine
 
 from ...models.base import utcnow
 from ...models.db import run_transaction
-from ..adapters.runtime import RuntimePort
+from ...models.operations import Prompt
+from ..adapters.runtime import BUSY, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import moves
 from ..kinds.cancel import CANCEL_APPLY_TASK
@@ -16,6 +17,7 @@ from ..prompts import queue as prompts
 from ..task_names import Publish
 from . import pin
 from .fence_install import ensure_fences_installed
+from .restore import reconcile_session
 
 # What `dispatch_next` answers when it sent nothing: the session is held, busy, or has no
 # prompt queued (prompts.take_next).
@@ -46,7 +48,10 @@ def dispatch_next(
         )
     except (RuntimeFault, RuntimeDisconnected) as exc:
         fault = exc
-        return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
+        held = fault.code == BUSY and _runs_something(engine, runtime, publish, taken, clock)
+        return run_transaction(
+            engine, lambda s: prompts.not_sent(s, taken, fault, clock(), held=held)
+        )
     turn_id = answer.get("turn_id")
     owed = run_transaction(
         engine, lambda s: moves.prompt_sent(s, taken, there.host_id, turn_id, clock())
@@ -54,3 +59,22 @@ def dispatch_next(
     for cancel_id in owed:
         publish(CANCEL_APPLY_TASK, {"operation_id": cancel_id})
     return "dispatched"
+
+
+def _runs_something(
+    engine: Engine,
+    runtime: RuntimePort,
+    publish: Publish,
+    prompt: Prompt,
+    clock: Callable[[], datetime],
+) -> bool:
+    """The host refused the prompt `busy` (docs/protocol.md: one thing at a time): asked what
+    it runs, the mirror learns it (a turn no report told of) and the queue waits for its end.
+    True if it runs a turn or a run: a hold, which costs the prompt no budget."""
+    try:
+        state, _done = reconcile_session(
+            engine, runtime, publish, prompt.workspace_id, prompt.session_id, clock
+        )
+    except (RuntimeFault, RuntimeDisconnected):
+        return False
+    return bool(state.turns) or state.maintenance_run_id is not None
