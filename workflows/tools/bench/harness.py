@@ -24,8 +24,8 @@ from .stats import _exactly_once, _from_producers
 
 # Operations of each kind run, and not measured, before the first phase: a fresh worker
 # process pays one-time costs on its first ones (each statement's compilation and first
-# plan, connections, first code paths: the first goal dispatch took 7.6 ms to claim against
-# 2.3 ms for the next), which a long-running worker pays once. Both kinds get the same.
+# plan, connections, first code paths), which a long-running worker pays once
+# (docs/benchmarks.md: the phases). Both kinds get the same.
 WARM_UP = 50
 PHASE_TIMEOUT_S = 300
 # Both throughput phases wait for completion polling this often (the poll is cheap on both
