@@ -16,6 +16,7 @@ from ...models.enums import TurnOutcome, TurnPhase
 from ...models.operations import Prompt
 from ...models.tables import AgentSession, Turn
 from .. import accept, budgets, ids, leases
+from ..adapters.runtime import BUSY
 from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from ..kinds.prompt import PromptStatus
 from ..maintenance.runs import holds, session_held
@@ -136,19 +137,16 @@ def sent(session: Session, prompt_id: str, turn_id: Any, now: datetime) -> None:
 
 
 def not_sent(
-    session: Session,
-    prompt: Prompt,
-    exc: RuntimeFault | RuntimeDisconnected,
-    now: datetime,
-    *,
-    held: bool = False,
+    session: Session, prompt: Prompt, exc: RuntimeFault | RuntimeDisconnected, now: datetime
 ) -> str:
     """The call failed: the prompt was not sent, or is not known to have been. It goes back
     to the queue at its place (the runtime dedupes by prompt_id if it did arrive) and the
     sweeper tries again. An offline session is a wait and uses no budget, and so is a host
-    that refused it while it runs a turn or a run (`held`: the queue waits for its end); any
-    other retryable fault uses one attempt of the budget (budgets.py); a final fault, or a
-    budget spent, ends the prompt `failed` and the queue moves on."""
+    that refused it `busy` while the record shows what it waits for (a turn running, a run
+    holding the session: the queue waits for its end); any other retryable fault, a `busy`
+    the record cannot explain included, uses one attempt of the budget (budgets.py); a final
+    fault, or a budget spent, ends the prompt `failed` and the queue moves on."""
+    held = exc.code == BUSY and _busy_on_record(session, prompt)
     error = str(exc)
     values: dict[str, Any] = {"dispatched_at": None, "last_error": error}
     to, outcome = PromptStatus.QUEUED, f"retry: {exc.code}"
@@ -180,6 +178,12 @@ def not_sent(
         },
     )
     return outcome
+
+
+def _busy_on_record(session: Session, prompt: Prompt) -> bool:
+    row = session.get(AgentSession, (prompt.workspace_id, prompt.session_id))
+    busy = row is not None and row.active_turn_id is not None
+    return busy or session_held(session, prompt.workspace_id, prompt.session_id)
 
 
 def on_turn_settled(

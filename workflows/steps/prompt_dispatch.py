@@ -48,10 +48,9 @@ def dispatch_next(
         )
     except (RuntimeFault, RuntimeDisconnected) as exc:
         fault = exc
-        held = fault.code == BUSY and _runs_something(engine, runtime, publish, taken, clock)
-        return run_transaction(
-            engine, lambda s: prompts.not_sent(s, taken, fault, clock(), held=held)
-        )
+        if fault.code == BUSY:
+            _learn_what_runs(engine, runtime, publish, taken, clock)
+        return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
     turn_id = answer.get("turn_id")
     owed = run_transaction(
         engine, lambda s: moves.prompt_sent(s, taken, there.host_id, turn_id, clock())
@@ -61,20 +60,17 @@ def dispatch_next(
     return "dispatched"
 
 
-def _runs_something(
+def _learn_what_runs(
     engine: Engine,
     runtime: RuntimePort,
     publish: Publish,
     prompt: Prompt,
     clock: Callable[[], datetime],
-) -> bool:
+) -> None:
     """The host refused the prompt `busy` (docs/protocol.md: one thing at a time): asked what
-    it runs, the mirror learns it (a turn no report told of) and the queue waits for its end.
-    True if it runs a turn or a run: a hold, which costs the prompt no budget."""
+    it runs, the mirror learns a turn no report told of, and the queue waits for its end at
+    no cost (prompts.not_sent)."""
     try:
-        state, _done = reconcile_session(
-            engine, runtime, publish, prompt.workspace_id, prompt.session_id, clock
-        )
+        reconcile_session(engine, runtime, publish, prompt.workspace_id, prompt.session_id, clock)
     except (RuntimeFault, RuntimeDisconnected):
-        return False
-    return bool(state.turns) or state.maintenance_run_id is not None
+        pass  # the send's own fault is recorded all the same

@@ -1,0 +1,154 @@
+"""A prompt or a goal that a host refuses `busy` (docs/protocol.md: one thing at a time) waits
+at no cost only for what the record shows: a turn or a run the host runs that the mirror
+cannot record spends the prompt's budget and ends it `failed`, in sight, instead of holding
+the queue for good; and a move back waits until the run it stopped at that host has really
+stopped, so that the goal after it is not refused. Found by a review; counted at the
+simulator host, on both backends."""
+
+import time
+from datetime import timedelta
+
+from tests.helpers import first_of_two_prompts_sent, maintenance_executor
+
+WS, SID = "ws-review2", "s1"
+
+
+def report(client, **parts):
+    client.report_activity(
+        {"workspace_id": WS, "session_id": SID, "occurred_at_ms": int(time.time() * 1000), **parts}
+    )
+
+
+def busy_for_a_day(client, prompt_id):
+    """The sweeper pushes the queued prompt again and again over a day (its republish), and
+    each send is refused busy. What the prompt and `status --check` say then."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from agent_radar.workflows.tools.status import fleet_status, problems
+
+    start = utcnow()
+    answers = set()
+    for hour in range(1, 25):
+        at = start + timedelta(hours=hour)
+        answers.add(dispatch_next(client.engine, client.runtime, WS, SID, clock=lambda at=at: at))
+    prompt = client.get_prompt(prompt_id)
+    found = problems(fleet_status(client.engine, start + timedelta(hours=24)), 2.0)
+    found = [p for p in found if "sweeper" not in p]  # no beat runs in these tests
+    return answers, prompt, found
+
+
+def test_a_turn_the_mirror_holds_settled_holds_the_queue_forever_and_unseen(client, sim_control):
+    """A report says p1's turn T1 settled while it still runs at the host (forged, a buggy
+    host's, reordered: ea55b77's own case). p2 is refused `busy`; the host is asked and lists
+    T1, so p2 is held at no cost (b4500ed). But the mirror cannot learn T1: it has T1's row,
+    settled, and apply_state records only turns it never saw. So nothing on record runs: no
+    active turn to wait on or cancel, no stale turn for the reconcile sweep or the `wedged`
+    check. T1 never ends at the host (a stuck agent): p2 is sent and refused every sweep for
+    a day, costs no budget, never fails, and `status --check` finds nothing. docs/lifecycles.md
+    says the mirror learns what the host runs and the queue waits for its end."""
+    first, second = first_of_two_prompts_sent(client, sim_control, WS, SID)
+    t1 = client.get_prompt(first.prompt_id).turn_id
+    settled = {"phase": "settled", "outcome": "completed", "origin": "user_prompt"}
+    report(client, turn={"turn_id": t1, "prompt_id": first.prompt_id, **settled})
+    answers, prompt, found = busy_for_a_day(client, second.prompt_id)
+    assert sim_control.session(WS, SID)["turns"][t1]["phase"] == "running"
+    assert "retry: busy" in answers and prompt.status == "failed"
+    learnt = client.session_info(WS, SID).active_turn_id
+    assert prompt.status == "failed" or found or learnt is not None, (
+        f"p2 refused busy all day ({prompt.status}, attempt {prompt.attempt}, "
+        f"last_error {prompt.last_error!r}); the mirror's active turn {learnt!r} although the "
+        f"host runs {t1}; status --check problems: {found}"
+    )
+
+
+def test_a_run_the_host_still_runs_after_an_operator_resolved_it_holds_the_queue_unseen(
+    client, sim_control
+):
+    """A run whose agent does not stop when cancelled (AgentRadarRunsInRecovery: cancel_timeout)
+    is resolved `failed` by an operator, as the runbook says; the session is released. The
+    run still runs at the host. The next prompt is refused `busy`; the host lists the run, so
+    the prompt is held at no cost. But reconcile never records a run the host lists
+    (apply_state ignores `maintenance`): nothing on record holds the session, nothing ends the
+    hold, and nothing signals it. A day later the prompt is still queued, attempt 0, and
+    `status --check` is clean."""
+    from sqlalchemy import update
+
+    from agent_radar.models.db import run_transaction
+    from agent_radar.models.operations import MaintenanceRun
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=3_600_000, ignore_cancel=True)
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert maintenance_executor(client, max_wait_s=0.3).execute(run.run_id) == "handed_back"
+    client.cancel_maintenance(run.run_id)
+    assert maintenance_executor(client, max_wait_s=0.3).execute(run.run_id) == "handed_back"
+    run_transaction(  # its cancel grace passed (the sweeper's cancel_timeout)
+        client.engine,
+        lambda s: s.execute(
+            update(MaintenanceRun)
+            .where(MaintenanceRun.run_id == run.run_id)
+            .values(
+                status="recovery_required",
+                error_code="cancel_timeout",
+                lease_owner=None,
+                lease_token=None,
+                lease_expires_at=None,
+            )
+        ),
+    )
+    client.resolve_maintenance(run.run_id, to="failed", reason="the agent looked stuck")
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
+    answers, prompt, found = busy_for_a_day(client, prompt.prompt_id)
+    assert "retry: busy" in answers and prompt.status == "failed"
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    assert prompt.status == "failed" or found, (
+        f"the prompt refused busy all day ({prompt.status}, attempt {prompt.attempt}, "
+        f"last_error {prompt.last_error!r}) behind run {run.run_id}, which the record has "
+        f"{client.get_maintenance(run.run_id).status}; status --check problems: {found}"
+    )
+
+
+def test_a_move_back_waits_for_the_run_stopping_there_and_the_goal_after_it_applies(
+    client, sim_control, sim_b
+):
+    """Run R runs at host A; the session moves to B (R ends `interrupted`, its stop owed to
+    A). A takes the stop (200) but its agent is slow to end R. The stop is delivered only
+    once R has stopped there: until then it is owed, and a move back to A is refused
+    (session_busy, naming it) — before, it was let through with R running, and a goal set
+    then was refused `busy` until its budget ended it `failed`. Once R has stopped, the move
+    back goes and the goal applies, after R, never beside it."""
+    import pytest
+
+    from agent_radar.workflows import ids
+    from agent_radar.workflows.errors import SessionBusy
+    from agent_radar.workflows.steps.cancel import CancelRunner
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+    from tests.helpers import eventually
+
+    client.add_host("host-b", sim_b.url)
+    client.ensure_session(WS, SID)
+    sim_control.session(
+        WS, SID, maintenance_duration_ms=3_600_000, ignore_cancel=True, continuation_turns=0
+    )
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert maintenance_executor(client, max_wait_s=0.3).execute(run.run_id) == "handed_back"
+    client.ensure_session(WS, SID, host_id="host-b")  # the move: R interrupted, stop owed to A
+    assert client.get_maintenance(run.run_id).status == "interrupted"
+    runner = CancelRunner(
+        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
+    )
+    stop_id = ids.run_stop_id(WS, SID, run.run_id)
+    assert runner.apply(stop_id) == "retry"  # A took it; R still stopping there
+    with pytest.raises(SessionBusy) as busy:
+        client.ensure_session(WS, SID, host_id="default")
+    assert busy.value.operation_id == stop_id
+    sim_control.session(WS, SID, finish_run=run.run_id)  # R stops at A
+    eventually(lambda: not sim_control.session(WS, SID)["runs"][run.run_id]["running"])
+    assert runner.apply(stop_id) == "settled"
+    client.ensure_session(WS, SID, host_id="default")  # back to A
+    op = client.set_goal(WS, SID, "after the move back", client_submit_id="g1")
+    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    assert [r.outcome for r in d.dispatch(op.operation_id)] == ["applied"]
+    kinds = [e["kind"] for e in sim_control.effects(kind=None) if e["session_id"] == SID]
+    assert kinds.index("goal") > kinds.index("maintenance")
