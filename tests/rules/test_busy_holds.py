@@ -139,7 +139,7 @@ def test_a_move_back_waits_for_the_run_stopping_there_and_the_goal_after_it_appl
         client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
     )
     stop_id = ids.run_stop_id(WS, SID, run.run_id)
-    assert runner.apply(stop_id) == "retry"  # A took it; R still stopping there
+    assert runner.apply(stop_id) == "waiting"  # A took it; R still stopping there
     with pytest.raises(SessionBusy) as busy:
         client.ensure_session(WS, SID, host_id="default")
     assert busy.value.operation_id == stop_id

@@ -21,14 +21,12 @@ from ..prompts import queue as prompts
 from ..sessions.rows import lock_session
 from ..transitions import Machine
 
+_FROM_OPEN = frozenset({CancelStatus.LEASED, CancelStatus.COMPLETED, CancelStatus.FAILED})
 CANCEL = Machine(
     CancelOperation,
     CancelOperation.operation_id,
     CancelOperation.status,
-    {
-        status: frozenset({CancelStatus.LEASED, CancelStatus.COMPLETED, CancelStatus.FAILED})
-        for status in OPEN_CANCEL_STATUSES
-    },
+    dict.fromkeys(OPEN_CANCEL_STATUSES, _FROM_OPEN),
 )
 # How often a cancel of an offline session looks whether the session is back (a liveness
 # call, never a resume), and what it says meanwhile.
@@ -276,16 +274,18 @@ def is_open(session: Session, operation_id: str) -> bool:
     return cancel is not None and cancel.status in OPEN_CANCEL_STATUSES
 
 
-def wait_offline(session: Session, cancel: CancelOperation, token: str, now: datetime) -> bool:
-    """The session is offline: a disconnected session is no end for its turn, which may still
-    run behind a network fault. Let go without using budget, and look again later."""
+def wait_offline(
+    session: Session, cancel: CancelOperation, token: str, now: datetime, why: str = ""
+) -> bool:
+    """Offline (a disconnected session is no end for its turn: it may run behind a network
+    fault), or `why`: a wait. Let go without using budget, and look again later."""
     return _holder_update(
         session,
         cancel,
         token,
         attempt=CancelOperation.attempt - 1,
         failing_since=None,
-        last_error=WAITING_OFFLINE,
+        last_error=why or WAITING_OFFLINE,
         next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
         **leases.RELEASED,
     )

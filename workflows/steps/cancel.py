@@ -11,7 +11,7 @@ from ...models.operations import CancelOperation, MaintenanceRun
 from ...models.tables import Turn
 from .. import budgets
 from ..activity.epochs import EpochEffects, observe_epoch
-from ..adapters.runtime import BUSY, NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
+from ..adapters.runtime import NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, restores
@@ -263,13 +263,14 @@ class CancelRunner(Step):
             if cancel.run_id is not None:
                 runtime.cancel_maintenance(ws, sid, cancel.run_id)
                 if runtime.maintenance_status(ws, sid, cancel.run_id).get("state") == "running":
-                    # Asked, not yet stopped: owed until it has (a move back waits for it).
-                    raise RuntimeFault(
-                        f"run {cancel.run_id} is still stopping there",
-                        code=BUSY,
-                        retryable=True,
-                        http_status=None,
+                    # Asked, not stopped yet: owed (a move back waits) until it has, a wait
+                    # using no budget, as an offline session's is (the host's run, not ours).
+                    why = f"run {cancel.run_id} is still stopping at host {host_id}"
+                    run_transaction(
+                        self.engine,
+                        lambda s: cancels.wait_offline(s, cancel, token, self.clock(), why),
                     )
+                    return "waiting"
                 answer = {"result": CancelResult.CANCELED}
             else:
                 answer = runtime.cancel_turn(

@@ -1,0 +1,127 @@
+"""A run's stop owed to a host is delivered only once the run has stopped there, and a move
+back to that host waits for it. While the host says the run still runs, the stop waits
+without spending its budget (the host's run, not a fault of ours): however long the agent
+takes to wind down, or however often the user retries the move back, the move is refused
+(session_busy, naming the stop) and never lands beside the run. Found by a review; counted
+at the simulator host, on both backends."""
+
+from datetime import timedelta
+
+from tests.helpers import maintenance_executor
+
+WS, SID = "ws-review3", "s1"
+
+
+def run_at_a_then_moved_to_b(client, sim_control, sim_b):
+    """Run R at host A whose agent ignores cancels (an hour long); the session moves to B:
+    R ends `interrupted` here and its stop is owed to A. Returns R and the stop's id."""
+    from agent_radar.workflows import ids
+
+    client.add_host("host-b", sim_b.url)
+    client.ensure_session(WS, SID)
+    sim_control.session(
+        WS, SID, maintenance_duration_ms=3_600_000, ignore_cancel=True, continuation_turns=0
+    )
+    run = client.start_maintenance(WS, SID, client_submit_id="m1")
+    assert maintenance_executor(client, max_wait_s=0.3).execute(run.run_id) == "handed_back"
+    client.ensure_session(WS, SID, host_id="host-b")
+    assert client.get_maintenance(run.run_id).status == "interrupted"
+    return run, ids.run_stop_id(WS, SID, run.run_id)
+
+
+def goal_after_move_back(client, sim_control):
+    """The user's next goal at A, dispatched once: its outcomes and the host's effects."""
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    op = client.set_goal(WS, SID, "after the move back", client_submit_id="g1")
+    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    outcomes = [r.outcome for r in d.dispatch(op.operation_id)]
+    kinds = [e["kind"] for e in sim_control.effects(kind=None) if e["session_id"] == SID]
+    return outcomes, kinds
+
+
+def test_a_stop_out_of_budget_lets_a_move_back_meet_the_run_still_running_unseen(
+    client, sim_control, sim_b
+):
+    """The stop owed to A is tried again as the sweeper does, over 11 minutes (past a
+    budget's age, MAX_FAILING_S), while R still runs at A. It waits, spending nothing, and
+    stays owed: the move back to A is refused, not let through beside R (before, the stop
+    ended `failed` and nothing was owed any more)."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.errors import SessionBusy
+    from agent_radar.workflows.steps.cancel import CancelRunner
+    from agent_radar.workflows.tools.status import fleet_status, problems
+
+    run, stop_id = run_at_a_then_moved_to_b(client, sim_control, sim_b)
+    start = utcnow()
+    outcomes = []
+    for minutes in (0, 1, 3, 6, 9, 11):  # the sweeper's retries, with backoff, over 11 minutes
+        at = start + timedelta(minutes=minutes)
+        runner = CancelRunner(
+            client.engine,
+            client.runtime,
+            worker_id="c",
+            lease_s=5,
+            publish=lambda *a: True,
+            clock=lambda at=at: at,
+        )
+        outcomes.append(runner.apply(stop_id))
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    found = [
+        p
+        for p in problems(fleet_status(client.engine, start + timedelta(minutes=11)), 2.0)
+        if "sweeper" not in p
+    ]
+    moved_back = None
+    try:
+        client.ensure_session(WS, SID, host_id="default")
+        moved_back = "let through"
+    except SessionBusy as exc:
+        moved_back = f"refused ({exc.operation_id})"
+    still_running = sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    let_through = moved_back == "let through"
+    outcomes_g, kinds = goal_after_move_back(client, sim_control) if let_through else ([], [])
+    assert not (let_through and still_running), (
+        f"the stop's attempts {outcomes}: it ended {client_cancel_status(client, stop_id)}; "
+        f"the move back to A was {moved_back} while run {run.run_id} still runs there; the "
+        f"goal after it: {outcomes_g} (host effects {kinds}); status --check problems: {found}"
+    )
+
+
+def test_retrying_the_refused_move_back_spends_the_stop_and_then_meets_the_run(
+    client, sim_control, sim_b
+):
+    """The move back to A is refused `session_busy` while the stop of R is owed ("try again
+    once it is"). The user retries, as told, 30 times in a second: each ensure_session
+    delivers the stops owed first (client._deliver_stops_owed), and each finds R running and
+    waits, spending nothing (before, 24 tries spent the stop's budget and the 25th moved the
+    session back onto R)."""
+    from agent_radar.workflows.errors import SessionBusy
+
+    run, stop_id = run_at_a_then_moved_to_b(client, sim_control, sim_b)
+    tries, moved = 0, False
+    while not moved and tries < 30:
+        tries += 1
+        try:
+            client.ensure_session(WS, SID, host_id="default")
+            moved = True
+        except SessionBusy:
+            pass
+    still_running = sim_control.session(WS, SID)["runs"][run.run_id]["running"]
+    outcomes, kinds = goal_after_move_back(client, sim_control) if moved else ([], [])
+    assert not (moved and still_running), (
+        f"try {tries} of the move back to A went through while run {run.run_id} still runs "
+        f"there (the stop {client_cancel_status(client, stop_id)}); the goal after it: "
+        f"{outcomes}, host effects {kinds}"
+    )
+
+
+def client_cancel_status(client, operation_id):
+    from agent_radar.models.db import run_read
+    from agent_radar.models.operations import CancelOperation
+
+    def read(s):
+        c = s.get(CancelOperation, operation_id)
+        return None if c is None else (c.status, c.attempt, c.last_error)
+
+    return run_read(client.engine, read)
