@@ -72,6 +72,8 @@ def test_a_stop_out_of_budget_lets_a_move_back_meet_the_run_still_running_unseen
         for p in problems(fleet_status(client.engine, start + timedelta(minutes=11)), 2.0)
         if "sweeper" not in p
     ]
+    # ... and `status --check` names it (a run that ignores its stop for 10 minutes).
+    assert found == ["1 maintenance run(s) still running at a host asked to stop them"], found
     moved_back = None
     try:
         client.ensure_session(WS, SID, host_id="default")

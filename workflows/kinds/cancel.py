@@ -27,6 +27,9 @@ class CancelResult(StrEnum):
 
 OPEN_CANCEL_STATUSES = (CancelStatus.PREPARED, CancelStatus.LEASED)
 SETTLED = (CancelStatus.COMPLETED, CancelStatus.FAILED)
+# What a run's stop says while its host still runs the run (steps/cancel.py), and how long
+# that may last before `status --check` names it.
+RUN_STILL_STOPPING, RUN_STOP_SLOW_S = "run {run_id} is still stopping at host {host_id}", 600
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,13 @@ from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, restores
 from ..fences.reinstall import needs_restore
-from ..kinds.cancel import CANCEL_APPLY_TASK, OPEN_CANCEL_STATUSES, CancelResult, CancelStatus
+from ..kinds.cancel import (
+    CANCEL_APPLY_TASK,
+    OPEN_CANCEL_STATUSES,
+    RUN_STILL_STOPPING,
+    CancelResult,
+    CancelStatus,
+)
 from ..kinds.fence import FENCE_APPLY_TASK
 from ..sessions import hosts, turns
 from ..sessions.rows import Heard, heard_in, lock_session, record_liveness
@@ -265,7 +271,7 @@ class CancelRunner(Step):
                 if runtime.maintenance_status(ws, sid, cancel.run_id).get("state") == "running":
                     # Asked, not stopped yet: owed (a move back waits) until it has, a wait
                     # using no budget, as an offline session's is (the host's run, not ours).
-                    why = f"run {cancel.run_id} is still stopping at host {host_id}"
+                    why = RUN_STILL_STOPPING.format(run_id=cancel.run_id, host_id=host_id)
                     run_transaction(
                         self.engine,
                         lambda s: cancels.wait_offline(s, cancel, token, self.clock(), why),

@@ -14,6 +14,7 @@ from ...models.operations import CancelOperation, GoalFence, GoalOperation, Main
 from ...models.tables import AgentSession, GoalState, RuntimeHost
 from .. import budgets, leases
 from ..activity.reconcile import wedged
+from ..kinds.cancel import OPEN_CANCEL_STATUSES, RUN_STILL_STOPPING, RUN_STOP_SLOW_S
 from ..kinds.fence import FenceStatus
 from ..kinds.goal import OPEN_OPERATION_STATUSES
 from ..kinds.maintenance import LIVE_MAINTENANCE_STATUSES, MaintenanceStatus
@@ -291,6 +292,14 @@ def _host_truth(s: Session, now: datetime) -> dict:
         "wedged_sessions": s.execute(
             select(func.count()).select_from(wedged(now).subquery())
         ).scalar_one(),
+        # Runs a move or a restart ended here that their host still runs, asked to stop.
+        "runs_not_stopping": s.execute(
+            select(func.count()).where(
+                CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+                CancelOperation.last_error.like(RUN_STILL_STOPPING.format(run_id="%", host_id="%")),
+                CancelOperation.created_at <= now - timedelta(seconds=RUN_STOP_SLOW_S),
+            )
+        ).scalar_one(),
     }
 
 
@@ -298,12 +307,14 @@ def problems(status: dict, sweep_interval_s: float) -> list[str]:
     """What `status --check` fails on: overdue work, goal operations or fences that failed in
     the last hour, runs needing recovery, a host skipped because its calls keep failing, a
     sweeper that has not finished a sweep for 5 intervals (or ever), a goal the host holds
-    otherwise than desired, a session's restore out of budget, a wedged session."""
+    otherwise than desired, a session's restore out of budget, a wedged session, a run its
+    host does not stop."""
     found = []
     for key, text in (
         ("goals_diverged", "goal(s) diverged: the host holds another goal than desired"),
         ("restores_out_of_budget", "session restore(s) out of budget"),
         ("wedged_sessions", "session(s) wedged: a turn on record its host was not asked about"),
+        ("runs_not_stopping", "maintenance run(s) still running at a host asked to stop them"),
     ):
         if status.get(key):
             found.append(f"{status[key]} {text}")

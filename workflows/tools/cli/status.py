@@ -15,7 +15,7 @@ from .common import EXIT_FAILED, _client, _emit, cli, json_option
     help=(
         "Exit 1 on a problem: overdue goal work, a goal operation or fence failed in the last"
         " hour, a run in recovery, a host skipped, a diverged goal, a restore out of budget,"
-        " a wedged session, or no sweep for five intervals."
+        " a wedged session, a run its host does not stop, or no sweep for five intervals."
     ),
 )
 def status(as_json: bool, check: bool):
@@ -85,7 +85,8 @@ def render_status(status: dict) -> list[str]:
         f"prompts: {prompts or 'none'}; out of budget: {exhausted}",
         f"goals diverged: {status['goals_diverged']}, unknown: {status['goals_unknown']}; "
         f"restores retrying: {status['restores_retrying']}, out of budget: "
-        f"{status['restores_out_of_budget']}; wedged sessions: {status['wedged_sessions']}",
+        f"{status['restores_out_of_budget']}; wedged sessions: {status['wedged_sessions']}; "
+        f"runs not stopping: {status['runs_not_stopping']}",
         f"due now: {status['due']} (overdue {status['overdue']}), in flight: {status['in_flight']}",
         f"sweeper lag: {status['sweeper_lag_s']} s; last sweep: "
         + ("never" if heartbeat is None else f"{heartbeat} s ago"),
