@@ -160,6 +160,15 @@ def fence_applier(client, url: str, **step):
     return FenceApplier(client.engine, HttpRuntime(url), worker_id="a", lease_s=5, **step)
 
 
+def cancel_runner(client, **options):
+    """What a worker runs for `agent_radar.cancel.apply`, in this process (`options`: clock)."""
+    from agent_radar.workflows.steps.cancel import CancelRunner
+
+    return CancelRunner(
+        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True, **options
+    )
+
+
 def maintenance_executor(client, published: list | None = None, **options):
     """What a worker runs for `agent_radar.maintenance.execute`, in this process, polling
     every 20 ms: its publishes kept in `published` as (task, kwargs) if given; `options`

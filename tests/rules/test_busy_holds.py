@@ -1,9 +1,7 @@
 """A prompt or a goal that a host refuses `busy` (docs/protocol.md: one thing at a time) waits
 at no cost only for what the record shows: a turn or a run the host runs that the mirror
 cannot record spends the prompt's budget and ends it `failed`, in sight, instead of holding
-the queue for good; and a move back waits until the run it stopped at that host has really
-stopped, so that the goal after it is not refused. Found by a review; counted at the
-simulator host, on both backends."""
+the queue for good. Found by a review; counted at the simulator host, on both backends."""
 
 import time
 from datetime import timedelta
@@ -107,48 +105,3 @@ def test_a_run_the_host_still_runs_after_an_operator_resolved_it_holds_the_queue
         f"last_error {prompt.last_error!r}) behind run {run.run_id}, which the record has "
         f"{client.get_maintenance(run.run_id).status}; status --check problems: {found}"
     )
-
-
-def test_a_move_back_waits_for_the_run_stopping_there_and_the_goal_after_it_applies(
-    client, sim_control, sim_b
-):
-    """Run R runs at host A; the session moves to B (R ends `interrupted`, its stop owed to
-    A). A takes the stop (200) but its agent is slow to end R. The stop is delivered only
-    once R has stopped there: until then it is owed, and a move back to A is refused
-    (session_busy, naming it) — before, it was let through with R running, and a goal set
-    then was refused `busy` until its budget ended it `failed`. Once R has stopped, the move
-    back goes and the goal applies, after R, never beside it."""
-    import pytest
-
-    from agent_radar.workflows import ids
-    from agent_radar.workflows.errors import SessionBusy
-    from agent_radar.workflows.steps.cancel import CancelRunner
-    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
-    from tests.helpers import eventually
-
-    client.add_host("host-b", sim_b.url)
-    client.ensure_session(WS, SID)
-    sim_control.session(
-        WS, SID, maintenance_duration_ms=3_600_000, ignore_cancel=True, continuation_turns=0
-    )
-    run = client.start_maintenance(WS, SID, client_submit_id="m1")
-    assert maintenance_executor(client, max_wait_s=0.3).execute(run.run_id) == "handed_back"
-    client.ensure_session(WS, SID, host_id="host-b")  # the move: R interrupted, stop owed to A
-    assert client.get_maintenance(run.run_id).status == "interrupted"
-    runner = CancelRunner(
-        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
-    )
-    stop_id = ids.run_stop_id(WS, SID, run.run_id)
-    assert runner.apply(stop_id) == "waiting"  # A took it; R still stopping there
-    with pytest.raises(SessionBusy) as busy:
-        client.ensure_session(WS, SID, host_id="default")
-    assert busy.value.operation_id == stop_id
-    sim_control.session(WS, SID, finish_run=run.run_id)  # R stops at A
-    eventually(lambda: not sim_control.session(WS, SID)["runs"][run.run_id]["running"])
-    assert runner.apply(stop_id) == "settled"
-    client.ensure_session(WS, SID, host_id="default")  # back to A
-    op = client.set_goal(WS, SID, "after the move back", client_submit_id="g1")
-    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
-    assert [r.outcome for r in d.dispatch(op.operation_id)] == ["applied"]
-    kinds = [e["kind"] for e in sim_control.effects(kind=None) if e["session_id"] == SID]
-    assert kinds.index("goal") > kinds.index("maintenance")

@@ -6,7 +6,7 @@ counted at the host, on both backends."""
 import threading
 import time
 
-from tests.helpers import eventually, maintenance_executor, restorer
+from tests.helpers import cancel_runner, eventually, maintenance_executor, restorer
 
 WS, SID = "ws-late", "s1"
 
@@ -41,6 +41,21 @@ def let_the_start_land(sim_control):
     time.sleep(0.3)  # the host answers it (to nobody)
 
 
+def the_start_lands_and_never_runs(client, sim_control, run, note: str = "") -> None:
+    """The held start reaches the host; then the next prompt: only the prompt runs there."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    let_the_start_land(sim_control)
+    at_host = sim_control.session(WS, SID)["runs"].get(run.run_id, {})
+    prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
+    sent = dispatch_next(client.engine, client.runtime, WS, SID)
+    assert [e["kind"] for e in effects_at_host(sim_control)] == ["prompt"], (
+        f"run {run.run_id} (on record {client.get_maintenance(run.run_id).status}) started at "
+        f"the host after it ended here: at the host {at_host}; {note}; the next prompt's "
+        f"dispatch: {sent!r}, prompt {client.get_prompt(prompt.prompt_id).status}"
+    )
+
+
 def test_a_start_on_the_wire_across_a_restart_never_lands(client, sim_control):
     """The run's start is on its way to the host; the session's process restarts there (a new
     epoch: a per-session restart, the host's server stays up). The control plane sees the new
@@ -49,8 +64,6 @@ def test_a_start_on_the_wire_across_a_restart_never_lands(client, sim_control):
     start from then on. The executor's call times out (it stops nothing). Then the start
     lands: refused. The next prompt goes."""
     from agent_radar.workflows import ids
-    from agent_radar.workflows.steps.cancel import CancelRunner
-    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
     client.ensure_session(WS, SID)
     sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
@@ -59,22 +72,12 @@ def test_a_start_on_the_wire_across_a_restart_never_lands(client, sim_control):
     restorer(client).cancels.require_live(WS, SID)  # the control plane sees it
     ended = client.get_maintenance(run.run_id)
     assert (ended.status, ended.error_code) == ("interrupted", "runtime_restarted")
-    runner = CancelRunner(
-        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
-    )
+    runner = cancel_runner(client)
     assert runner.apply(ids.run_stop_id(WS, SID, run.run_id)) == "settled"  # as published
     assert sim_control.session(WS, SID)["runs"][run.run_id]["state"] == "refused"
     worker.join(15)  # its call timed out: it lets go, and stops nothing
     assert result["r"] == "runtime_unavailable"
-    let_the_start_land(sim_control)
-    at_host = sim_control.session(WS, SID)["runs"].get(run.run_id, {})
-    prompt = client.submit_prompt(WS, SID, "after the run", client_submit_id="p1")
-    sent = dispatch_next(client.engine, client.runtime, WS, SID)
-    assert [e["kind"] for e in effects_at_host(sim_control)] == ["prompt"], (
-        f"run {run.run_id} (on record {client.get_maintenance(run.run_id).status}) started at "
-        f"the host after it ended here: at the host {at_host}; the next prompt's dispatch: "
-        f"{sent!r}, prompt {client.get_prompt(prompt.prompt_id).status}"
-    )
+    the_start_lands_and_never_runs(client, sim_control, run)
 
 
 def test_a_start_on_the_wire_to_a_host_the_session_left_and_came_back_to_never_lands(
@@ -87,8 +90,6 @@ def test_a_start_on_the_wire_to_a_host_the_session_left_and_came_back_to_never_l
     a call (what has its id now is another turn), a run's goes all the same, and A refuses
     the run's start from then on. The start lands at A: refused. The next prompt goes."""
     from agent_radar.workflows import ids
-    from agent_radar.workflows.steps.cancel import CancelRunner
-    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
 
     client.add_host("host-b", sim_b.url)
     client.ensure_session(WS, SID)
@@ -97,23 +98,14 @@ def test_a_start_on_the_wire_to_a_host_the_session_left_and_came_back_to_never_l
     client.ensure_session(WS, SID, host_id="host-b")  # the move: A owes a stop
     assert client.get_maintenance(run.run_id).status == "interrupted"
     sim_control.session(WS, SID, live=False)  # A's session went offline
-    runner = CancelRunner(
-        client.engine, client.runtime, worker_id="c", lease_s=5, publish=lambda *a: True
-    )
+    runner = cancel_runner(client)
     stop_id = ids.run_stop_id(WS, SID, run.run_id)
     assert runner.apply(stop_id) == "waiting_offline"
     worker.join(15)  # its call timed out: it lets go, and stops nothing
     assert result["r"] == "runtime_unavailable"
     client.ensure_session(WS, SID, host_id="default")  # back to A: resumed, a new epoch
-    stop = runner.apply(stop_id)  # a newer epoch at A: ended without a call
-    cancels_at_a = [c for c in sim_control.calls() if c["call"].endswith("/cancel")]
-    let_the_start_land(sim_control)
-    at_host = sim_control.session(WS, SID)["runs"].get(run.run_id, {})
-    prompt = client.submit_prompt(WS, SID, "back at A", client_submit_id="p1")
-    sent = dispatch_next(client.engine, client.runtime, WS, SID)
-    assert [e["kind"] for e in effects_at_host(sim_control)] == ["prompt"], (
-        f"run {run.run_id} (on record {client.get_maintenance(run.run_id).status}) started at "
-        f"A after it ended here: at A {at_host}; the stop owed to A: {stop!r}, cancels A got "
-        f"{len(cancels_at_a)}; the next prompt's dispatch: {sent!r}, prompt "
-        f"{client.get_prompt(prompt.prompt_id).status}"
+    stop = runner.apply(stop_id)  # a newer epoch at A: a run's stop goes all the same
+    cancels_at_a = len([c for c in sim_control.calls() if c["call"].endswith("/cancel")])
+    the_start_lands_and_never_runs(
+        client, sim_control, run, f"the stop owed to A: {stop!r}, cancels A got {cancels_at_a}"
     )

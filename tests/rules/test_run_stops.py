@@ -7,7 +7,7 @@ at the simulator host, on both backends."""
 
 from datetime import timedelta
 
-from tests.helpers import maintenance_executor
+from tests.helpers import cancel_runner, maintenance_executor
 
 WS, SID = "ws-review3", "s1"
 
@@ -40,16 +40,42 @@ def goal_after_move_back(client, sim_control):
     return outcomes, kinds
 
 
-def test_a_stop_out_of_budget_lets_a_move_back_meet_the_run_still_running_unseen(
+def test_a_move_back_waits_for_the_run_stopping_there_and_the_goal_after_it_applies(
     client, sim_control, sim_b
 ):
+    """Run R runs at host A; the session moves to B (R ends `interrupted`, its stop owed to
+    A). A takes the stop (200) but its agent is slow to end R. The stop is delivered only
+    once R has stopped there: until then it is owed, and a move back to A is refused
+    (session_busy, naming it) — before, it was let through with R running, and a goal set
+    then was refused `busy` until its budget ended it `failed`. Once R has stopped, the move
+    back goes and the goal applies, after R, never beside it."""
+    import pytest
+
+    from agent_radar.workflows.errors import SessionBusy
+    from tests.helpers import eventually
+
+    run, stop_id = run_at_a_then_moved_to_b(client, sim_control, sim_b)
+    runner = cancel_runner(client)
+    assert runner.apply(stop_id) == "waiting"  # A took it; R still stopping there
+    with pytest.raises(SessionBusy) as busy:
+        client.ensure_session(WS, SID, host_id="default")
+    assert busy.value.operation_id == stop_id
+    sim_control.session(WS, SID, finish_run=run.run_id)  # R stops at A
+    eventually(lambda: not sim_control.session(WS, SID)["runs"][run.run_id]["running"])
+    assert runner.apply(stop_id) == "settled"
+    client.ensure_session(WS, SID, host_id="default")  # back to A
+    outcomes, kinds = goal_after_move_back(client, sim_control)
+    assert outcomes == ["applied"]
+    assert kinds.index("goal") > kinds.index("maintenance")
+
+
+def test_a_stop_waits_for_a_run_slow_to_stop_and_status_names_it(client, sim_control, sim_b):
     """The stop owed to A is tried again as the sweeper does, over 11 minutes (past a
     budget's age, MAX_FAILING_S), while R still runs at A. It waits, spending nothing, and
     stays owed: the move back to A is refused, not let through beside R (before, the stop
     ended `failed` and nothing was owed any more)."""
     from agent_radar.models.base import utcnow
     from agent_radar.workflows.errors import SessionBusy
-    from agent_radar.workflows.steps.cancel import CancelRunner
     from agent_radar.workflows.tools.status import fleet_status, problems
 
     run, stop_id = run_at_a_then_moved_to_b(client, sim_control, sim_b)
@@ -57,14 +83,7 @@ def test_a_stop_out_of_budget_lets_a_move_back_meet_the_run_still_running_unseen
     outcomes = []
     for minutes in (0, 1, 3, 6, 9, 11):  # the sweeper's retries, with backoff, over 11 minutes
         at = start + timedelta(minutes=minutes)
-        runner = CancelRunner(
-            client.engine,
-            client.runtime,
-            worker_id="c",
-            lease_s=5,
-            publish=lambda *a: True,
-            clock=lambda at=at: at,
-        )
+        runner = cancel_runner(client, clock=lambda at=at: at)
         outcomes.append(runner.apply(stop_id))
     assert sim_control.session(WS, SID)["runs"][run.run_id]["running"]
     found = [
@@ -90,7 +109,7 @@ def test_a_stop_out_of_budget_lets_a_move_back_meet_the_run_still_running_unseen
     )
 
 
-def test_retrying_the_refused_move_back_spends_the_stop_and_then_meets_the_run(
+def test_retrying_the_refused_move_back_spends_nothing_and_never_meets_the_run(
     client, sim_control, sim_b
 ):
     """The move back to A is refused `session_busy` while the stop of R is owed ("try again
