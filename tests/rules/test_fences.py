@@ -349,9 +349,14 @@ def test_a_stale_cancel_fails_past_its_budget(client, sim_control):
     assert cancel.status == "failed"
     assert cancel.last_error == "budget_exhausted (24 attempts): 503"
     assert sim_control.calls() == []
-    from agent_radar.workflows.tools.status import fleet_status
+    from agent_radar.workflows.tools.status import fleet_status, problems
 
-    assert fleet_status(client.engine)["cancels"] == {"failed": 1}
+    status = fleet_status(client.engine, clock.now)
+    assert status["cancels"] == {"failed": 1}
+    # What it was to stop may still run there: `status --check` names it.
+    assert "1 cancels failed in the last hour" in problems(status, 2.0)
+    (failed,) = status["worst"]["failed_recently"]
+    assert (failed["kind"], failed["id"]) == ("turn cancel", op_id)
 
 
 def test_a_stale_cancel_failing_for_too_long_fails_on_age(client, sim_control):

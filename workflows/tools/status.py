@@ -175,6 +175,7 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
             for kind, table, key in (
                 ("goal operation", GoalOperation, "operation_id"),
                 ("fence", GoalFence, "fence_id"),
+                ("turn cancel", CancelOperation, "operation_id"),
             )
             for r in s.execute(
                 select(table)
@@ -207,7 +208,11 @@ def fleet_facts(s: Session, now: datetime, counts: Counts | None = None) -> dict
                 table.completed_at >= since,
             )
         ).scalar_one()
-        for kind, table in (("goal_operations", GoalOperation), ("fences", GoalFence))
+        for kind, table in (
+            ("goal_operations", GoalOperation),
+            ("fences", GoalFence),
+            ("cancels", CancelOperation),  # a turn or a run that may still run there
+        )
     }
     heartbeat = leases.heartbeat_age_s(s, SWEEP_HEARTBEAT, now)
     waiting_on_a_turn = s.execute(
@@ -304,8 +309,8 @@ def _host_truth(s: Session, now: datetime) -> dict:
 
 
 def problems(status: dict, sweep_interval_s: float) -> list[str]:
-    """What `status --check` fails on: overdue work, goal operations or fences that failed in
-    the last hour, runs needing recovery, a host skipped because its calls keep failing, a
+    """What `status --check` fails on: overdue work, goal operations, fences or cancels that
+    failed in the last hour, runs needing recovery, a host skipped because its calls keep failing, a
     sweeper that has not finished a sweep for 5 intervals (or ever), a goal the host holds
     otherwise than desired, a session's restore out of budget, a wedged session, a run its
     host does not stop."""

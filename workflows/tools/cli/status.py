@@ -13,8 +13,8 @@ from .common import EXIT_FAILED, _client, _emit, cli, json_option
     "--check",
     is_flag=True,
     help=(
-        "Exit 1 on a problem: overdue goal work, a goal operation or fence failed in the last"
-        " hour, a run in recovery, a host skipped, a diverged goal, a restore out of budget,"
+        "Exit 1 on a problem: overdue goal work, a goal operation, fence or cancel failed in the"
+        " last hour, a run in recovery, a host skipped, a diverged goal, a restore out of budget,"
         " a wedged session, a run its host does not stop, or no sweep for five intervals."
     ),
 )
