@@ -274,7 +274,7 @@ def is_open(session: Session, operation_id: str) -> bool:
     return cancel is not None and cancel.status in OPEN_CANCEL_STATUSES
 
 
-def wait_offline(
+def wait(
     session: Session, cancel: CancelOperation, token: str, now: datetime, why: str = ""
 ) -> bool:
     """Offline (a disconnected session is no end for its turn: it may run behind a network

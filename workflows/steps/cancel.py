@@ -226,7 +226,7 @@ class CancelRunner(Step):
 
             def wait(s: Session) -> None:
                 mark_offline(s, ws, sid, heard)
-                cancels.wait_offline(s, cancel, token, self.clock())
+                cancels.wait(s, cancel, token, self.clock())
 
             run_transaction(self.engine, wait)
             return "waiting_offline"
@@ -274,7 +274,7 @@ class CancelRunner(Step):
                     why = RUN_STILL_STOPPING.format(run_id=cancel.run_id, host_id=host_id)
                     run_transaction(
                         self.engine,
-                        lambda s: cancels.wait_offline(s, cancel, token, self.clock(), why),
+                        lambda s: cancels.wait(s, cancel, token, self.clock(), why),
                     )
                     return "waiting"
                 answer = {"result": CancelResult.CANCELED}
@@ -288,9 +288,7 @@ class CancelRunner(Step):
                     require_live=True,
                 )
         except RuntimeDisconnected:
-            run_transaction(
-                self.engine, lambda s: cancels.wait_offline(s, cancel, token, self.clock())
-            )
+            run_transaction(self.engine, lambda s: cancels.wait(s, cancel, token, self.clock()))
             return "waiting_offline"
         except RuntimeFault as exc:
             if exc.code not in (NOT_FOUND, SESSION_NOT_FOUND):

@@ -202,9 +202,9 @@ class MaintenanceExecutor(Step):
     def _refused_there(self, claim: RunClaim) -> bool:
         """The host does not know the run: asked to stop it, it refuses the run's start from
         now on, so that a start still on the wire never lands after the run ended here
-        (docs/protocol.md: one thing at a time). True if the run is not there (not_found, or
-        the session is gone); False if it is now (the start landed in between): it stops, and
-        recovery polls it to its end."""
+        (docs/protocol.md: a run cancelled before it came). True if the run is not there
+        (not_found, or the session is gone); False if it is now (the start landed in
+        between): it stops, and recovery polls it to its end."""
         try:
             self.runtime.cancel_maintenance(claim.workspace_id, claim.session_id, claim.run_id)
         except RuntimeFault as exc:
