@@ -105,3 +105,32 @@ def test_a_run_the_host_still_runs_after_an_operator_resolved_it_holds_the_queue
         f"last_error {prompt.last_error!r}) behind run {run.run_id}, which the record has "
         f"{client.get_maintenance(run.run_id).status}; status --check problems: {found}"
     )
+
+
+def test_a_turn_reported_submitted_holds_the_prompt_at_no_cost(client, sim_control):
+    """A host reports its own turn's start as `submitted` (docs/protocol.md allows it; its next
+    report is the end). The record has the turn unsettled, though not as the session's
+    active turn. The next prompt, refused `busy`, waits at no cost for it (found by a review:
+    it spent its budget and failed in 10 minutes while the turn ran as reported), and goes
+    once the turn's end is reported."""
+    from agent_radar.models.base import utcnow
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "t-host", "origin": "provider_initiated"})
+    turn = {"turn_id": "t-host", "origin": "provider_initiated"}
+    report(client, turn={**turn, "phase": "submitted"})
+    prompt = client.submit_prompt(WS, SID, "after T", client_submit_id="p1")
+    start = utcnow()
+    for minute in range(0, 13):  # the sweeper's pushes of the queued prompt, 12 minutes
+        at = start + timedelta(minutes=minute)
+        dispatch_next(client.engine, client.runtime, WS, SID, clock=lambda at=at: at)
+    waiting = client.get_prompt(prompt.prompt_id)
+    assert (waiting.status, waiting.attempt) == ("queued", 0), waiting.last_error
+    sim_control.session(WS, SID, settle_turn="t-host")
+    report(client, turn={**turn, "phase": "settled", "outcome": "completed"})
+    later = start + timedelta(minutes=13)
+    assert dispatch_next(client.engine, client.runtime, WS, SID, clock=lambda: later) == (
+        "dispatched"
+    )
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]

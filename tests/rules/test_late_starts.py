@@ -6,6 +6,7 @@ counted at the host, on both backends."""
 import threading
 import time
 
+from agent_radar.workflows import ids
 from tests.helpers import cancel_runner, eventually, maintenance_executor, restorer
 
 WS, SID = "ws-late", "s1"
@@ -109,3 +110,34 @@ def test_a_start_on_the_wire_to_a_host_the_session_left_and_came_back_to_never_l
     the_start_lands_and_never_runs(
         client, sim_control, run, f"the stop owed to A: {stop!r}, cancels A got {cancels_at_a}"
     )
+
+
+def test_a_start_on_the_wire_when_another_worker_ends_the_run_busy_never_lands(client, sim_control):
+    """The first executor's start is on its way; its call times out and it lets the run go
+    (still `running`, no lease). A second executor asks the host first: a turn runs there, so
+    the run ends `failed` (session_busy) — and its stop goes to the host, which does not know
+    the run and refuses its start from then on. The turn ends; then the first start lands:
+    refused. Found by a review: before, nothing told the host, and the run started there
+    under a record that says it failed."""
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, maintenance_duration_ms=60_000, turn_duration_ms=0)
+    run, worker, result = start_on_the_wire(client, sim_control)
+    worker.join(15)  # its call timed out: it lets go
+    assert result["r"] == "runtime_unavailable"
+    sim_control.session(WS, SID, turn={"turn_id": "meanwhile"})
+    published: list = []
+    assert maintenance_executor(client, published).execute(run.run_id) == "failed"
+    ended = client.get_maintenance(run.run_id)
+    assert (ended.status, ended.error_code) == ("failed", "session_busy")
+    stop_id = ids.run_stop_id(WS, SID, run.run_id)
+    assert ("agent_radar.cancel.apply", {"operation_id": stop_id}) in published
+    assert cancel_runner(client).apply(stop_id) == "settled"
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["state"] == "refused"
+    sim_control.session(WS, SID, settle_turn="meanwhile")
+    eventually(
+        lambda: sim_control.session(WS, SID)["turns"]["meanwhile"]["phase"] == "settled",
+        what="the turn to end",
+    )
+    let_the_start_land(sim_control)
+    assert not [e for e in effects_at_host(sim_control) if e["kind"] == "maintenance"]
+    assert sim_control.session(WS, SID)["runs"][run.run_id]["state"] == "refused"

@@ -142,7 +142,7 @@ def not_sent(
     """The call failed: the prompt was not sent, or is not known to have been. It goes back
     to the queue at its place (the runtime dedupes by prompt_id if it did arrive) and the
     sweeper tries again. An offline session is a wait and uses no budget, and so is a host
-    that refused it `busy` while the record shows what it waits for (a turn running, a run
+    that refused it `busy` while the record shows what it waits for (a turn unsettled, a run
     holding the session: the queue waits for its end); any other retryable fault, a `busy`
     the record cannot explain included, uses one attempt of the budget (budgets.py); a final
     fault, or a budget spent, ends the prompt `failed` and the queue moves on."""
@@ -150,9 +150,7 @@ def not_sent(
     error = str(exc)
     values: dict[str, Any] = {"dispatched_at": None, "last_error": error}
     to, outcome = PromptStatus.QUEUED, f"retry: {exc.code}"
-    if held:
-        pass  # as it was: nothing of it reached the host
-    elif isinstance(exc, RuntimeDisconnected):
+    if held or isinstance(exc, RuntimeDisconnected):  # a wait: nothing of it reached the host
         values["failing_since"] = None
     else:
         values["attempt"] = Prompt.attempt + 1
@@ -181,9 +179,14 @@ def not_sent(
 
 
 def _busy_on_record(session: Session, prompt: Prompt) -> bool:
-    row = session.get(AgentSession, (prompt.workspace_id, prompt.session_id))
-    busy = row is not None and row.active_turn_id is not None
-    return busy or session_held(session, prompt.workspace_id, prompt.session_id)
+    """A turn unsettled on record (reported `submitted` or `running`), or a run holding it."""
+    ws, sid = prompt.workspace_id, prompt.session_id
+    unsettled = select(Turn.turn_id).where(
+        Turn.workspace_id == ws, Turn.session_id == sid, Turn.phase != TurnPhase.SETTLED
+    )
+    return session.execute(select(unsettled.exists())).scalar_one() or session_held(
+        session, ws, sid
+    )
 
 
 def on_turn_settled(

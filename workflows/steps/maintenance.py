@@ -18,8 +18,11 @@ from ...models.operations import MaintenanceRun
 from .. import leases
 from ..adapters.runtime import BUSY, NOT_FOUND, SESSION_NOT_FOUND, RuntimePort
 from ..errors import RuntimeDisconnected, RuntimeFault
+from ..fences import moves
+from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.maintenance import EXECUTE_TASK, MaintenanceError, MaintenanceStatus
 from ..maintenance import runs
+from ..sessions.rows import lock_session
 from ..task_names import Publish
 from . import Step, pin
 from .fence_install import ensure_fences_installed
@@ -153,23 +156,32 @@ class MaintenanceExecutor(Step):
 
     def _end_busy(self, claim: RunClaim, reason: str) -> str:
         """The host is busy with another turn or run: this one ends `failed` (session_busy,
-        as admission answers), never started there, and the session's held work goes on."""
+        as admission answers), never started there, and the session's held work goes on. An
+        earlier worker's start may still be on the wire: the run's stop goes to the host,
+        which then refuses it (moves.stop_run)."""
         if reason == ENDED:
             return run_transaction(self.engine, lambda s: runs.reload(s, claim.run_id)).status
 
-        def end(s: Session) -> bool:
-            return runs.transition(
+        def end(s: Session) -> list[str] | None:
+            run = runs.reload(s, claim.run_id)
+            if not runs.transition(
                 s,
-                runs.reload(s, claim.run_id),
+                run,
                 S.FAILED,
                 self.clock(),
                 token=claim.token,
                 error_code=MaintenanceError.SESSION_BUSY,
                 detail=reason,
-            )
+            ):
+                return None
+            host_id = lock_session(s, claim.workspace_id, claim.session_id).host_id
+            return moves.stop_run(s, run, host_id, "session-busy", self.clock())
 
-        if not run_transaction(self.engine, end):
+        stops = run_transaction(self.engine, end)
+        if stops is None:
             return "lost_lease"
+        for stop_id in stops:
+            self.publish(CANCEL_APPLY_TASK, {"operation_id": stop_id})
         release_session(
             self.engine, self.publish, claim.workspace_id, claim.session_id, self.clock()
         )
