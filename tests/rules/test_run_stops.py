@@ -146,3 +146,25 @@ def client_cancel_status(client, operation_id):
         return None if c is None else (c.status, c.attempt, c.last_error)
 
     return run_read(client.engine, read)
+
+
+def test_retrying_the_move_back_spends_nothing_of_a_stop_in_its_backoff(client, sim_control, sim_b):
+    """A refuses R's stop (503) for now: the stop is owed, due again after its backoff. The
+    user retries the move back to A, as the refusal says, 30 times in a second. Each is
+    refused (session_busy, naming the stop) and none delivers the stop before it is due:
+    its budget is untouched by the retries (found by a review: each retry was an attempt)."""
+    import pytest
+
+    from agent_radar.workflows.errors import SessionBusy
+
+    run, stop_id = run_at_a_then_moved_to_b(client, sim_control, sim_b)
+    sim_control.fault(f"maintenance/{run.run_id}/cancel", status=503, count=100)
+    assert cancel_runner(client).apply(stop_id) == "retry"
+    for _ in range(30):
+        with pytest.raises(SessionBusy) as busy:
+            client.ensure_session(WS, SID, host_id="default")
+        assert busy.value.operation_id == stop_id
+    (status, attempt, _error) = client_cancel_status(client, stop_id)
+    assert status in ("prepared", "leased") and attempt == 1  # open, its one attempt
+    cancels_at_a = [c for c in sim_control.calls() if c["call"].endswith("/cancel")]
+    assert len(cancels_at_a) == 1

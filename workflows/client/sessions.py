@@ -193,7 +193,10 @@ class SessionCalls(ClientBase):
         session live there again at the same epoch still runs what they stop). One that finds
         the session offline there waits, and the move resumes it: a new epoch. One that fails
         stays owed, and bind_host refuses the move until it is delivered."""
-        owed = run_read(self.engine, lambda s: stops_owed_at(s, workspace_id, session_id, host_id))
+        now = utcnow()
+        owed = run_read(
+            self.engine, lambda s: stops_owed_at(s, workspace_id, session_id, host_id, due_at=now)
+        )
         if owed:
             runner = CancelRunner(
                 self.engine,

@@ -10,7 +10,7 @@ the run ends as on a restart (runs.end_for_restart).
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnOutcome
@@ -78,13 +78,28 @@ def stop_run(
 
 
 def stops_owed_at(
-    session: Session, workspace_id: str, session_id: str, host_id: str, *, waiting: bool = True
+    session: Session,
+    workspace_id: str,
+    session_id: str,
+    host_id: str,
+    *,
+    waiting: bool = True,
+    due_at: datetime | None = None,
 ) -> list[str]:
     """The stops a move owes `host_id` that are not delivered yet (their turn or run may still
-    run there): a move back there delivers them first (client.ensure_session), or the next
-    call would run beside them. Without `waiting`, not those waiting for the session to come
-    back there, which found it offline just now: the move back resumes it, a new epoch where
-    nothing of the old one runs (docs/protocol.md: resume)."""
+    run there): a move back there delivers them first (client.ensure_session: with `due_at`,
+    none in a failure's backoff then, so that retrying the move spends no budget), or the
+    next call would run beside them. Without `waiting`, not those waiting for the session to
+    come back there, which found it offline just now: the move back resumes it, a new epoch
+    where nothing of the old one runs (docs/protocol.md: resume)."""
+    # A wait (offline, a run still stopping) costs no budget; a failure's backoff would.
+    due = (
+        ()
+        if due_at is None
+        else (
+            or_(CancelOperation.failing_since.is_(None), CancelOperation.next_attempt_at <= due_at),
+        )
+    )
     return list(
         session.execute(
             select(CancelOperation.operation_id).where(
@@ -97,6 +112,7 @@ def stops_owed_at(
                     if waiting
                     else (CancelOperation.last_error.is_distinct_from(cancels.WAITING_OFFLINE),)
                 ),
+                *due,
             )
         ).scalars()
     )
