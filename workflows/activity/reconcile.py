@@ -133,7 +133,7 @@ def _ended_unseen(
 ) -> list[str]:
     """The unsettled turns on record that were seen before the host was asked and that it
     does not list (a turn first seen after it was asked may have started since)."""
-    unsettled = cancels.unsettled_turns(
+    unsettled = turns.unsettled_turns(
         session, workspace_id, session_id, or_(Turn.seen_at.is_(None), Turn.seen_at < asked_at)
     )
     return sorted(turn_id for turn_id in unsettled if turn_id not in listed)

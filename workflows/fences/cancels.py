@@ -18,6 +18,7 @@ from ..errors import CancelConflict
 from ..kinds.cancel import OPEN_CANCEL_STATUSES, CancelResult, CancelStatus
 from ..kinds.fence import FenceStatus
 from ..prompts import queue as prompts
+from ..sessions import turns
 from ..sessions.rows import lock_session
 from ..transitions import Machine
 
@@ -229,22 +230,8 @@ def interrupt_running_turns(
             if known_epochs_only
             else (or_(Turn.runtime_epoch.is_(None), Turn.runtime_epoch < before_epoch),)
         )
-    turn_ids = unsettled_turns(session, workspace_id, session_id, *older)
+    turn_ids = turns.unsettled_turns(session, workspace_id, session_id, *older)
     return interrupt_turns(session, workspace_id, session_id, turn_ids, now)
-
-
-def unsettled_turns(session: Session, workspace_id: str, session_id: str, *conditions) -> list[str]:
-    """The session's turns on record that have not settled (matching `conditions`)."""
-    return list(
-        session.execute(
-            select(Turn.turn_id).where(
-                Turn.workspace_id == workspace_id,
-                Turn.session_id == session_id,
-                Turn.phase != TurnPhase.SETTLED,
-                *conditions,
-            )
-        ).scalars()
-    )
 
 
 def interrupt_turns(
@@ -275,7 +262,11 @@ def is_open(session: Session, operation_id: str) -> bool:
 
 
 def wait(
-    session: Session, cancel: CancelOperation, token: str, now: datetime, why: str = ""
+    session: Session,
+    cancel: CancelOperation,
+    token: str,
+    now: datetime,
+    why: str = WAITING_OFFLINE,
 ) -> bool:
     """Offline (a disconnected session is no end for its turn: it may run behind a network
     fault), or `why`: a wait. Let go without using budget, and look again later."""
@@ -285,7 +276,7 @@ def wait(
         token,
         attempt=CancelOperation.attempt - 1,
         failing_since=None,
-        last_error=why or WAITING_OFFLINE,
+        last_error=why,
         next_attempt_at=now + timedelta(seconds=OFFLINE_RECHECK_S),
         **leases.RELEASED,
     )

@@ -44,7 +44,7 @@ def stop_at_old_host(
         turns.record_prompt_turn(
             session, workspace_id, session_id, old_host, str(turn_id), prompt_id, now
         )
-    for turn_id in cancels.unsettled_turns(session, workspace_id, session_id):
+    for turn_id in turns.unsettled_turns(session, workspace_id, session_id):
         stopped = _stop_turn(session, workspace_id, session_id, turn_id, old_host, now)
         owed += stopped[0]
         woken += stopped[1]

@@ -21,6 +21,7 @@ from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from ..kinds.prompt import PromptStatus
 from ..maintenance.runs import holds, session_held
 from ..sessions.rows import lock_session, prompt_in_flight, same_session
+from ..sessions.turns import unsettled_turns
 from ..transitions import Machine
 from ..validation import check_id, check_submit_id, check_text
 
@@ -181,12 +182,7 @@ def not_sent(
 def _busy_on_record(session: Session, prompt: Prompt) -> bool:
     """A turn unsettled on record (reported `submitted` or `running`), or a run holding it."""
     ws, sid = prompt.workspace_id, prompt.session_id
-    unsettled = select(Turn.turn_id).where(
-        Turn.workspace_id == ws, Turn.session_id == sid, Turn.phase != TurnPhase.SETTLED
-    )
-    return session.execute(select(unsettled.exists())).scalar_one() or session_held(
-        session, ws, sid
-    )
+    return bool(unsettled_turns(session, ws, sid)) or session_held(session, ws, sid)
 
 
 def on_turn_settled(

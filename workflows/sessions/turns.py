@@ -135,3 +135,17 @@ def _running_unnamed(
         .scalars()
         .first()
     )
+
+
+def unsettled_turns(session: Session, workspace_id: str, session_id: str, *conditions) -> list[str]:
+    """The session's turns on record that have not settled (matching `conditions`)."""
+    return list(
+        session.execute(
+            select(Turn.turn_id).where(
+                Turn.workspace_id == workspace_id,
+                Turn.session_id == session_id,
+                Turn.phase != TurnPhase.SETTLED,
+                *conditions,
+            )
+        ).scalars()
+    )
