@@ -71,15 +71,11 @@ def observe_epoch(session: Session, row: AgentSession, epoch: int, now: datetime
     woken = cancels.interrupt_running_turns(
         session, row.workspace_id, row.session_id, now, before_epoch=epoch
     )
-    run = runs.live_run(session, row.workspace_id, row.session_id)
-    released = runs.end_for_restart(session, row.workspace_id, row.session_id, epoch, now)
+    ended = runs.end_for_restart(session, row.workspace_id, row.session_id, epoch, now)
     # Its start may still be on the wire: the host is told to refuse it (moves.stop_run).
-    owed = (
-        moves.stop_run(session, run, row.host_id, "runtime-restart", now)
-        if released and run
-        else []
-    )
-    return EpochEffects(newer=True, woken_fences=woken, released=released, cancels=owed)
+    reason = "runtime-restart"
+    owed = [] if ended is None else moves.stop_run(session, ended, row.host_id, reason, now)
+    return EpochEffects(newer=True, woken_fences=woken, released=ended is not None, cancels=owed)
 
 
 def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) -> EpochEffects:
@@ -101,7 +97,7 @@ def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) 
     # written after this is older than the move.
     row.live, row.live_at = None, now
     session.flush()
-    released = runs.end_for_restart(
+    ended = runs.end_for_restart(
         session, row.workspace_id, row.session_id, None, now, moved_to=host_id
     )
     # The new host gets the current goal after the fences (the session's restore).
@@ -110,7 +106,11 @@ def move_host(session: Session, row: AgentSession, host_id: str, now: datetime) 
     if goal_state is not None and goal_state.revision > 0:
         goal_state.sync_status, owed_goal = SyncStatus.UNKNOWN, True
     return EpochEffects(
-        newer=True, woken_fences=woken, released=released, cancels=owed, goal_owed=owed_goal
+        newer=True,
+        woken_fences=woken,
+        released=ended is not None,
+        cancels=owed,
+        goal_owed=owed_goal,
     )
 
 

@@ -283,20 +283,20 @@ def end_for_restart(
     epoch: int | None,
     now: datetime,
     moved_to: str | None = None,
-) -> bool:
+) -> MaintenanceRun | None:
     """The session's host reported a newer runtime epoch (or, with `moved_to`, the session moved to
     another host): a live run of an older one is gone with the process that ran it and ends
     `interrupted` (runtime_restarted), releasing the session (docs/lifecycles.md: maintenance,
-    sessions). True if a run ended."""
+    sessions). The run that ended, if one did."""
     run = live_run(session, workspace_id, session_id)
     if run is None or (moved_to is None and (run.runtime_epoch or 0) >= (epoch or 0)):
-        return False
+        return None
     detail = (
         f"the session moved to host {moved_to!r}"
         if moved_to is not None
         else f"the agent host restarted (runtime epoch {run.runtime_epoch} -> {epoch})"
     )
-    return transition(
+    ended = transition(
         session,
         run,
         S.INTERRUPTED,
@@ -304,6 +304,7 @@ def end_for_restart(
         error_code=MaintenanceError.RUNTIME_RESTARTED,
         detail=detail,
     )
+    return run if ended else None
 
 
 def request_cancel(
