@@ -225,6 +225,10 @@ def test_one_thing_at_a_time_and_a_run_cancelled_before_it_came_never_starts(tmp
     with pytest.raises(HostError) as unknown:
         host.handle("maintenance/r-late/cancel", WS, "s3", {})
     assert (unknown.value.status, unknown.value.code) == (404, "not_found")
+    with pytest.raises(HostError) as too_long:  # past the protocol's bound: nothing kept
+        host.handle(f"maintenance/{'r' * 256}/cancel", WS, "s3", {})
+    assert (too_long.value.status, too_long.value.code) == (422, "rejected")
+    assert set(host.session(WS, "s3").runs) == {"r-late"}
     again = kit(tmp_path)
     late = {"run_id": "r-late", "kind": "compact", "args": {}}
     with pytest.raises(HostError) as refused:

@@ -220,7 +220,9 @@ def _run_of(s: HostSession, run_id: str) -> Run:
 def refuse_unknown_run(s: HostSession, run_id: str) -> bool:
     """A cancel of a run the host does not know: it never starts here (its start may still
     be on the wire, and agent-radar takes the run as ended: docs/protocol.md). True if it is
-    refused now; the call still answers `404 not_found`."""
+    refused now; the call still answers `404 not_found`. An id past the protocol's bound is
+    refused `422` and kept nowhere."""
+    text_of({"run_id": run_id}, "run_id")
     if run_id in s.runs:
         return False
     s.runs[run_id] = Run(run_id, kind="", args={}, state=REFUSED)

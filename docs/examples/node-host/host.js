@@ -358,6 +358,7 @@ const calls = {
 
   "POST run-cancel": (s, body, runId) => {
     if (!has(s.runs, runId)) { // never started here: a start that comes late is refused
+      id({ run_id: runId }, "run_id"); // within the protocol's bound, or kept nowhere
       s.runs[runId] = { run_id: runId, state: "refused" };
       throw Object.assign(new Refusal(404, "not_found"), { kept: true });
     }
