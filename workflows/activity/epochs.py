@@ -123,7 +123,7 @@ def bind_host(
     owed = (
         []
         if host_id == row.host_id
-        else moves.stops_owed_at(session, workspace_id, session_id, host_id, waiting=False)
+        else moves.stops_barring_return(session, workspace_id, session_id, host_id)
     )
     if owed:
         # Moved away from that host and back: what the first move ended there may still run.

@@ -12,7 +12,7 @@ from ..activity.control import durable_fences, load_session, record_live
 from ..activity.epochs import EpochEffects, bind_host
 from ..adapters import metrics, report_auth
 from ..errors import AgentRadarError, InvalidArgument, NotFound
-from ..fences.moves import stops_owed_at
+from ..fences.moves import stops_due_at
 from ..kinds import stop
 from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..kinds.fence import FENCE_APPLY_TASK
@@ -195,7 +195,7 @@ class SessionCalls(ClientBase):
         stays owed, and bind_host refuses the move until it is delivered."""
         now = utcnow()
         owed = run_read(
-            self.engine, lambda s: stops_owed_at(s, workspace_id, session_id, host_id, due_at=now)
+            self.engine, lambda s: stops_due_at(s, workspace_id, session_id, host_id, now)
         )
         if owed:
             runner = CancelRunner(

@@ -10,7 +10,7 @@ the run ends as on a restart (runs.end_for_restart).
 
 from datetime import datetime
 
-from sqlalchemy import or_, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
 from ...models.enums import TurnOutcome
@@ -77,44 +77,39 @@ def stop_run(
     return [stop_id]
 
 
-def stops_owed_at(
-    session: Session,
-    workspace_id: str,
-    session_id: str,
-    host_id: str,
-    *,
-    waiting: bool = True,
-    due_at: datetime | None = None,
-) -> list[str]:
+def _stops_owed(workspace_id: str, session_id: str, host_id: str, *where) -> Select:
     """The stops a move owes `host_id` that are not delivered yet (their turn or run may still
-    run there): a move back there delivers them first (client.ensure_session: with `due_at`,
-    none in a failure's backoff then, so that retrying the move spends no budget), or the
-    next call would run beside them. Without `waiting`, not those waiting for the session to
-    come back there, which found it offline just now: the move back resumes it, a new epoch
-    where nothing of the old one runs (docs/protocol.md: resume)."""
-    # A wait (offline, a run still stopping) costs no budget; a failure's backoff would.
-    due = (
-        ()
-        if due_at is None
-        else (
-            or_(CancelOperation.failing_since.is_(None), CancelOperation.next_attempt_at <= due_at),
-        )
+    run there), narrowed by `where`."""
+    return select(CancelOperation.operation_id).where(
+        CancelOperation.workspace_id == workspace_id,
+        CancelOperation.session_id == session_id,
+        CancelOperation.host_id == host_id,
+        CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
+        *where,
     )
+
+
+def stops_due_at(
+    session: Session, workspace_id: str, session_id: str, host_id: str, now: datetime
+) -> list[str]:
+    """The stops a move back to `host_id` delivers first (client.ensure_session), or the next
+    call would run beside what they stop: every one not in a failure's backoff at `now`, so
+    that retrying the move spends no budget (a wait, offline or a run still stopping, costs
+    none)."""
+    due = or_(CancelOperation.failing_since.is_(None), CancelOperation.next_attempt_at <= now)
+    return list(session.execute(_stops_owed(workspace_id, session_id, host_id, due)).scalars())
+
+
+def stops_barring_return(
+    session: Session, workspace_id: str, session_id: str, host_id: str
+) -> list[str]:
+    """The stops owed to `host_id` that bar a move back there (epochs.bind_host): every one
+    but those waiting for the session to come back there, which found it offline just now —
+    the move back resumes it, a new epoch where nothing of the old one runs
+    (docs/protocol.md: resume)."""
+    not_offline = CancelOperation.last_error.is_distinct_from(cancels.WAITING_OFFLINE)
     return list(
-        session.execute(
-            select(CancelOperation.operation_id).where(
-                CancelOperation.workspace_id == workspace_id,
-                CancelOperation.session_id == session_id,
-                CancelOperation.host_id == host_id,
-                CancelOperation.status.in_(OPEN_CANCEL_STATUSES),
-                *(
-                    ()
-                    if waiting
-                    else (CancelOperation.last_error.is_distinct_from(cancels.WAITING_OFFLINE),)
-                ),
-                *due,
-            )
-        ).scalars()
+        session.execute(_stops_owed(workspace_id, session_id, host_id, not_offline)).scalars()
     )
 
 

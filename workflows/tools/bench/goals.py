@@ -45,7 +45,9 @@ def goals_unloaded(bench: Bench, samples: int, label: str = "unloaded") -> tuple
 
 def goals_at_rate(
     bench: Bench, rate_per_s: float, label: str = "paced"
-) -> tuple[list[float], dict]:
+) -> tuple[list[float], dict, Phase]:
+    """The latencies at `rate_per_s`, the audit, and the CPU the operations cost: counted
+    until they are done, not while the audit reads them (the baseline's has no audit)."""
     ws = f"bench-{bench.run_id}-{label}"
     ids: dict[int, str] = {}
     lock = threading.Lock()
@@ -55,11 +57,12 @@ def goals_at_rate(
         with lock:
             ids[i] = op.operation_id
 
-    sent = bench.paced(send, rate_per_s)
+    with bench.counted() as cost:
+        sent = bench.paced(send, rate_per_s)
+        effects = bench.await_effects(ws, bench.n, "(b) paced")
     submitted = {ids[i]: t for i, t in sent.items()}
-    effects = bench.await_effects(ws, bench.n, "(b) paced")
     latencies = [(e["at"] - submitted[e["operation_id"]]) * 1000 for e in effects]
-    return latencies, bench.audit(ws, submitted)
+    return latencies, bench.audit(ws, submitted), cost
 
 
 def duplicate_storm(bench: Bench) -> tuple[float, dict]:

@@ -101,8 +101,7 @@ def run_bench(
         # the machine has left at this rate shapes the tail (docs/benchmarks.md).
         with bench.counted() as base_paced_cost:
             base_paced = baseline_at_rate(bench, rate)
-        with bench.counted() as paced_cost:
-            latencies, paced_audit = goals_at_rate(bench, rate)
+        latencies, paced_audit, paced_cost = goals_at_rate(bench, rate)
         say(
             f"    at {rate:.1f}/s (half of (b)): (a) p50 {statistics.median(base_paced):.1f} ms "
             f"p99 {_percentile(base_paced, 99):.1f} ms; (b) p50 "
@@ -119,7 +118,7 @@ def run_bench(
         common_rate = min(base.per_s, goals.per_s) / 2
         if common_rate < rate:
             base_common = baseline_at_rate(bench, common_rate)
-            goals_common, common_audit = goals_at_rate(bench, common_rate, "paced-common")
+            goals_common, common_audit, _cost = goals_at_rate(bench, common_rate, "paced-common")
             common = {
                 "rate_per_s": round(common_rate, 1),
                 "baseline_ms": _summary(base_common),
