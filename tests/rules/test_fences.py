@@ -938,22 +938,23 @@ def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(cl
     applier = fence_applier(
         client, sim_control.http.base_url, publish=lambda *a: published.append(a) or True
     )
-    drive = applier._drive_clear
+    dispatcher = applier.dispatcher
+    drive = dispatcher.apply_now
 
-    def held_then_the_run_ends(claim):
-        outcome = drive(claim)
+    def held_then_the_run_ends(clear_id):
+        outcome = drive(clear_id)
         assert outcome == "held"
         # The run ends (here an operator ends it, as the held test above does).
         _an_operator_ends_the_run(client, run)
         return outcome
 
-    applier._drive_clear = held_then_the_run_ends
+    dispatcher.apply_now = held_then_the_run_ends
     assert applier.apply(fence.fence_id) == "woken"
     row = run_transaction(client.engine, lambda s: s.get(GoalFence, fence.fence_id))
     assert (row.status, row.last_error) == ("pending", HELD_BY_MAINTENANCE)
     assert row.next_attempt_at <= utcnow()
     assert ("agent_radar.fence.apply", {"fence_id": fence.fence_id}) in published
-    applier._drive_clear = drive
+    dispatcher.apply_now = drive
     assert applier.apply(fence.fence_id) == "completed"
     assert [e["action"] for e in sim_control.effects()] == ["clear"]
 

@@ -20,12 +20,14 @@ from ...models.tables import GoalState
 from .. import accept, ids, leases
 from ..errors import FenceConflict, NotFound
 from ..goals.lifecycle import GOAL
+from ..goals.operations import fail_operation
 from ..goals.submit import GoalRequest, submit
 from ..kinds.fence import FenceStatus
 from ..kinds.goal import GoalAction, OperationStatus, Origin, ProviderPhase
 from ..kinds.goal import GoalOperation as GoalOperationRecord
 from ..sessions.rows import append_event, lock_session
 from ..validation import check_id, check_reason, check_submit_id
+from . import lifecycle
 
 
 @dataclass(frozen=True)
@@ -220,3 +222,16 @@ def clear_delivered(
             sync_status=SyncStatus.SYNCED if goal is None else SyncStatus.DIVERGED,
         )
     )
+
+
+def fail_with_clear(
+    session: Session, fence: GoalFence, error: str, clear_error: str, now: datetime
+) -> bool:
+    """The fence ends `failed` (fences/lifecycle.py), and its clear, if it is still open,
+    fails with it (`clear_error`). True if the fence was not failed yet."""
+    failed = lifecycle.fail(session, fence.fence_id, error, now)
+    if fence.clear_operation_id:
+        clear = session.get(GoalOperation, fence.clear_operation_id)
+        if clear is not None:
+            fail_operation(session, clear, clear_error, now)
+    return failed

@@ -18,8 +18,8 @@ from .. import budgets, leases, records
 from ..adapters import logs
 from ..adapters.runtime import STALE_REVISION
 from ..errors import RuntimeFault
+from ..kinds.goal import OPEN_OPERATION_STATUSES, OperationStatus, ProviderPhase
 from ..kinds.goal import GoalOperation as GoalOperationRecord
-from ..kinds.goal import OperationStatus, ProviderPhase
 from ..sessions.rows import lock_session
 from .claims import Attempt, Claim, Lane, StepResult
 from .lifecycle import GOAL
@@ -255,3 +255,12 @@ def observe_delivered(session: Session, op: GoalOperationRecord, goal: Any) -> N
     if _still_unknown(state) and state.revision == op.goal_revision:
         state.observed = goal
         state.sync_status = sync_of(goal, state.desired, f"goal operation {op.operation_id}")
+
+
+def where_it_stands(session: Session, operation_id: str) -> str:
+    """Where an operation a claim passed over stands, for a caller that drives it (a fence's
+    clear): "settled", "accepted" (the host has it and has not applied it) or "retry"."""
+    op = session.get(GoalOperation, operation_id)
+    if op is None or op.status not in OPEN_OPERATION_STATUSES:
+        return "settled"
+    return "accepted" if op.provider_phase == ProviderPhase.ACCEPTED else "retry"

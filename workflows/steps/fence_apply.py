@@ -13,7 +13,7 @@ from functools import cached_property
 from sqlalchemy.orm import Session
 
 from ...models.db import run_read, run_transaction
-from ...models.operations import GoalFence, GoalOperation
+from ...models.operations import GoalFence
 from ...models.tables import AgentSession
 from .. import budgets, ids, leases
 from ..adapters.answers import HostState
@@ -21,18 +21,15 @@ from ..adapters.runtime import SESSION_NOT_FOUND
 from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, lifecycle, restores
-from ..fences.fencing import settle_clear_locally
-from ..goals.claims import Attempt, Claim
-from ..goals.operations import fail_operation
+from ..fences.fencing import fail_with_clear, settle_clear_locally
 from ..kinds.fence import FENCE_APPLY_TASK, FenceStatus
-from ..kinds.goal import OPEN_OPERATION_STATUSES, ProviderPhase
 from ..maintenance import runs
 from ..sessions import turns
 from ..sessions.rows import Heard, heard_in, lock_session
 from . import Step
 from .cancel import CancelRunner, mark_offline
 from .fence_install import ensure_fences_installed
-from .goals.dispatch import Dispatcher, apply_goal
+from .goals.dispatch import Dispatcher
 from .wake import wake_lane
 
 log = logging.getLogger(__name__)
@@ -183,7 +180,13 @@ class FenceApplier(Step):
                     s, claim, WAITING_FOR_TURN, self.cancels.deadline_s, cancel_id
                 ),
             )
-        clear = self._drive_clear(claim) if claim.clear_operation_id else "settled"
+        # The clear is a goal operation, claimed, called and recorded as every one is; the
+        # fences went first, above. An offline session is the fence's to handle.
+        clear = (
+            self.dispatcher.apply_now(claim.clear_operation_id)
+            if claim.clear_operation_id
+            else "settled"  # the fence made no clear: a newer goal owns the session
+        )
         if clear == "held":
             return run_transaction(
                 self.engine, lambda s: self._wait_for_release(s, claim, cancel_id)
@@ -238,39 +241,6 @@ class FenceApplier(Step):
             claim.target_operation_id,
             claim.target_revision,
         )
-
-    def _drive_clear(self, claim: FenceClaim) -> str:
-        """Apply the fence's clear (require_live, never resume): "settled" once it is,
-        "held" while a maintenance run holds the session, "accepted" while the host has
-        accepted it and not applied it, else "retry"."""
-        clear_id = claim.clear_operation_id
-        if clear_id is None:
-            return "settled"  # the fence made no clear: a newer goal owns the session
-        current = run_transaction(self.engine, lambda s: self.dispatcher.claim(s, clear_id))
-        if not isinstance(current, Claim):
-            if current.outcome == "skipped":
-                return self._clear_left(claim)
-            return {"held": "held", "lane_lost": "retry"}.get(current.outcome, "settled")
-        # The call at the host it was claimed at (the fences went first, above), its outcome
-        # recorded as the dispatcher records every goal operation's. An offline session is
-        # the fence's to handle (it settles locally), not a fault of the clear's.
-        try:
-            answer = apply_goal(self.runtime.on_host(*current.host), current.op)
-            attempt = Attempt(current, answer=answer)
-        except RuntimeFault as exc:
-            attempt = Attempt(current, fault=exc, retryable=exc.retryable)
-        results, _released = run_transaction(
-            self.engine, lambda s: self.dispatcher.record(s, [attempt], [])
-        )
-        outcome = results[0].outcome
-        return outcome if outcome in ("retry", "accepted") else "settled"
-
-    def _clear_left(self, claim: FenceClaim) -> str:
-        """Where a clear the claim passed over stands: "settled", "accepted" or "retry"."""
-        op = run_transaction(self.engine, lambda s: s.get(GoalOperation, claim.clear_operation_id))
-        if op is None or op.status not in OPEN_OPERATION_STATUSES:
-            return "settled"
-        return "accepted" if op.provider_phase == ProviderPhase.ACCEPTED else "retry"
 
     # -- the attempt's end (workflows/fences/lifecycle.py), and the lane let go -----------
     def _complete(self, s: Session, claim: FenceClaim, cancel_id: str | None) -> str:
@@ -391,10 +361,6 @@ class FenceApplier(Step):
         and its clear (if it is still open) fails with it. The row still forbids its
         generation; every resume still preloads it."""
         error = error or budgets.exhausted(why, fence.last_error)
-        failed = lifecycle.fail(s, fence.fence_id, error, now)
-        if fence.clear_operation_id:
-            clear = s.get(GoalOperation, fence.clear_operation_id)
-            if clear is not None:
-                fail_operation(s, clear, f"the fence's delivery failed: {why}", now)
+        failed = fail_with_clear(s, fence, error, f"the fence's delivery failed: {why}", now)
         log.warning("fence %s failed: %s", fence.fence_id, error)
         return "failed" if failed else "skipped"

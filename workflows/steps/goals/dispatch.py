@@ -211,6 +211,27 @@ class Dispatcher(GoalClaims):
         where it can, the lanes are released in the same statement."""
         return outcomes.record(s, attempts, lanes, self.clock())
 
+    def apply_now(self, operation_id: str) -> str:
+        """One operation claimed, called at the host it was claimed at and recorded, in this
+        thread, under a lane the caller holds (a fence's clear, docs/lifecycles.md: fences;
+        require_live, never a resume): "settled" once it is, "held" while a maintenance run
+        holds the session, "accepted" while the host has accepted it and not applied it,
+        else "retry". An offline session is the caller's to handle: RuntimeDisconnected goes
+        up, and nothing is recorded."""
+        current = run_transaction(self.engine, lambda s: self.claim(s, operation_id))
+        if not isinstance(current, Claim):
+            if current.outcome == "skipped":
+                return run_read(self.engine, lambda s: outcomes.where_it_stands(s, operation_id))
+            return {"held": "held", "lane_lost": "retry"}.get(current.outcome, "settled")
+        try:
+            answer = apply_goal(self.runtime.on_host(*current.host), current.op)
+            attempt = Attempt(current, answer=answer)
+        except RuntimeFault as exc:
+            attempt = Attempt(current, fault=exc, retryable=exc.retryable)
+        results, _released = run_transaction(self.engine, lambda s: self.record(s, [attempt], []))
+        outcome = results[0].outcome
+        return outcome if outcome in ("retry", "accepted") else "settled"
+
     def attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction)."""
         try:
