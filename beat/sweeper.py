@@ -17,7 +17,8 @@ from ..models.operations import GoalOperation
 from ..workflows import leases
 from ..workflows.activity.reconcile import to_reconcile
 from ..workflows.fences import restores
-from ..workflows.goals.operations import due_operations, settle_or_reserve
+from ..workflows.fences.fencing import no_fence_drives
+from ..workflows.goals.operations import open_unheld, settle_or_reserve
 from ..workflows.kinds import KINDS, due_to_republish, reserve_republish
 from ..workflows.kinds.base import Kind, Republish
 from ..workflows.kinds.goal import DISPATCH_TASK
@@ -123,7 +124,8 @@ def count_settled(engine: Engine) -> int:
 
 
 def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
-    """Open operations whose next attempt is due and that no live lease holds.
+    """Open operations whose next attempt is due, that no live lease holds and no fence
+    drives (a fence's clear is its fence's until the fence settles: fencing.no_fence_drives).
 
     Served by the (status, next_attempt_at) index, so the cost follows the due work, not
     the size of history. Only a never-dispatched operation gets the outbox grace: a retry
@@ -135,7 +137,9 @@ def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
             s.execute(
                 select(GoalOperation.operation_id)
                 .where(
-                    *due_operations(now),
+                    *open_unheld(now),
+                    GoalOperation.next_attempt_at <= now,
+                    no_fence_drives(),
                     or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff),
                 )
                 .order_by(GoalOperation.next_attempt_at)

@@ -30,10 +30,13 @@ def fence_id(workspace_id: str, session_id: str, client_submit_id: str) -> str:
     return derive("fence", workspace_id, session_id, client_submit_id)
 
 
+FENCE_CAUSE = "goal-generation-fence:"
+
+
 def fence_cause(fence: str) -> str:
     """How a fence names what it caused: the client submit ID of the clear operation it
     prepares, and the reason of a turn cancel it makes."""
-    return f"goal-generation-fence:{fence}"
+    return FENCE_CAUSE + fence
 
 
 def fence_clear_operation_id(workspace_id: str, session_id: str, fence: str) -> str:

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from agent_radar.beat.sweeper import OUTBOX_GRACE_S, sweep_once
+from agent_radar.models.base import utcnow
 from agent_radar.models.db import run_transaction
 from agent_radar.models.tables import Turn
 from agent_radar.workflows import budgets, ids
@@ -85,6 +86,54 @@ def test_the_generic_sweep_leaves_a_fence_clear_to_its_fence(client):
         client.engine, lambda task, kwargs: published.append(kwargs) or True, later, owner="t"
     )
     assert {"operation_id": fence.clear_operation_id} not in published
+
+
+def test_a_clear_retried_after_its_fence_completed_is_the_sweeper_s(client, sim_control):
+    """The host refused the clear for good: the fence completes (its generation is fenced)
+    and the clear fails, in sight. An operator retries the clear once the host is put right;
+    the retry's one attempt meets a passing fault. No fence drives the clear any more, so the
+    sweeper publishes it again as any due operation, and it reaches the host once."""
+    from agent_radar.workflows.steps.goals.dispatch import Dispatcher
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    sim_control.fault("goal", status=422, error="rejected", count=1, session_id=SID)
+    assert fence_applier(client, sim_control.http.base_url).apply(fence.fence_id) == "completed"
+    assert client.get_goal_operation(fence.clear_operation_id).status == "failed"
+    client.retry_operation(fence.clear_operation_id, reason="the host is fixed")
+    sim_control.fault("goal", status=503, count=1, session_id=SID)
+    d = Dispatcher(client.engine, client.runtime, worker_id="d", lease_s=5)
+    assert [r.outcome for r in d.dispatch(fence.clear_operation_id)] == ["retry"]
+    published = []
+    later = utcnow() + timedelta(minutes=5)
+    sweep_once(client.engine, lambda task, kw: published.append(kw) or True, later, owner="t")
+    assert {"operation_id": fence.clear_operation_id} in published
+    assert [r.outcome for r in d.dispatch(fence.clear_operation_id)] == ["applied"]
+    assert client.get_goal_operation(fence.clear_operation_id).status == "completed"
+    assert client.goal_state(WS, SID).sync_status == "synced"
+    clears = [e for e in sim_control.effects() if e["action"] == "clear"]
+    assert [e["operation_id"] for e in clears] == [fence.clear_operation_id]
+
+
+def test_a_clear_whose_lane_another_took_is_not_sent(client, sim_control):
+    """The fence applies its clear under the session's lane it holds: if its lease lapsed and
+    another took the lane meanwhile (a goal call may be on its way there), the clear is not
+    claimed nor sent, and goes again later."""
+    from agent_radar.workflows import leases
+    from agent_radar.workflows.goals.claims import Lane
+
+    target = client.set_goal(WS, SID, "shared goal", client_submit_id="owner-1")
+    fence = client.fence_goal_generation(WS, SID, target.operation_id, client_submit_id="f-1")
+    applier = fence_applier(client, sim_control.http.base_url)
+    lane = ids.lane_name(WS, SID)
+    then = utcnow()
+    mine = run_transaction(client.engine, lambda s: leases.claim(s, lane, "fence", 1, then))
+    later = then + timedelta(seconds=2)
+    assert run_transaction(client.engine, lambda s: leases.claim(s, lane, "other", 30, later))
+    outcome = applier.dispatcher.apply_now(fence.clear_operation_id, Lane(WS, SID, mine))
+    assert outcome == "retry"
+    assert client.get_goal_operation(fence.clear_operation_id).status == "prepared"
+    assert [e for e in sim_control.effects() if e["action"] == "clear"] == []
 
 
 def test_ensure_session_resumes_with_every_fence_and_reinstalls_them(client, sim_control):
@@ -941,8 +990,8 @@ def test_a_run_that_ends_while_the_fence_finds_its_clear_held_wakes_the_fence(cl
     dispatcher = applier.dispatcher
     drive = dispatcher.apply_now
 
-    def held_then_the_run_ends(clear_id):
-        outcome = drive(clear_id)
+    def held_then_the_run_ends(clear_id, lane):
+        outcome = drive(clear_id, lane)
         assert outcome == "held"
         # The run ends (here an operator ends it, as the held test above does).
         _an_operator_ends_the_run(client, run)

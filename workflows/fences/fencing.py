@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ...models.enums import SyncStatus
@@ -22,6 +22,7 @@ from ..errors import FenceConflict, NotFound
 from ..goals.lifecycle import GOAL
 from ..goals.operations import fail_operation
 from ..goals.submit import GoalRequest, submit
+from ..kinds.fence import SETTLED as FENCE_SETTLED
 from ..kinds.fence import FenceStatus
 from ..kinds.goal import GoalAction, OperationStatus, Origin, ProviderPhase
 from ..kinds.goal import GoalOperation as GoalOperationRecord
@@ -235,3 +236,18 @@ def fail_with_clear(
         if clear is not None:
             fail_operation(session, clear, clear_error, now)
     return failed
+
+
+def no_fence_drives() -> ColumnElement[bool]:
+    """SQL condition on a goal operation: no fence drives it. A client's, or a fence's clear
+    whose fence has settled — an operator retried the clear after its fence completed or
+    failed — is the sweeper's to publish again when it is due, as any operation is; an open
+    fence drives its own clear. The clear names its fence in its client submit ID
+    (ids.fence_cause)."""
+    fence_id = func.substr(GoalOperation.client_submit_id, len(ids.FENCE_CAUSE) + 1)
+    driving = (
+        select(GoalFence.fence_id)
+        .where(GoalFence.fence_id == fence_id, GoalFence.status.not_in(FENCE_SETTLED))
+        .exists()
+    )
+    return or_(GoalOperation.origin == Origin.CLIENT, ~driving)

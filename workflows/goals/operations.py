@@ -125,17 +125,6 @@ def fail_operation(
     token: str | None = None,
 ) -> bool:
     """Terminal failure: the operation and (if it still owns it) the goal state."""
-    log.warning(
-        "goal operation %s failed: %s",
-        op.operation_id,
-        error,
-        extra={
-            "workspace_id": op.workspace_id,
-            "session_id": op.session_id,
-            "operation_id": op.operation_id,
-            "attempt": op.attempt,
-        },
-    )
     lock_session(session, op.workspace_id, op.session_id)
     failed = GOAL.move(
         session,
@@ -152,7 +141,18 @@ def fail_operation(
         **leases.RELEASED,
     )
     if not failed:
-        return False
+        return False  # settled already, or another holds it: nothing failed here
+    log.warning(
+        "goal operation %s failed: %s",
+        op.operation_id,
+        error,
+        extra={
+            "workspace_id": op.workspace_id,
+            "session_id": op.session_id,
+            "operation_id": op.operation_id,
+            "attempt": op.attempt,
+        },
+    )
     session.execute(
         update(GoalState)
         .where(

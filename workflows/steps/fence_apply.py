@@ -22,6 +22,7 @@ from ..budgets import backoff_s
 from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import cancels, lifecycle, restores
 from ..fences.fencing import fail_with_clear, settle_clear_locally
+from ..goals.claims import Lane
 from ..kinds.fence import FENCE_APPLY_TASK, FenceStatus
 from ..maintenance import runs
 from ..sessions import turns
@@ -183,7 +184,10 @@ class FenceApplier(Step):
         # The clear is a goal operation, claimed, called and recorded as every one is; the
         # fences went first, above. An offline session is the fence's to handle.
         clear = (
-            self.dispatcher.apply_now(claim.clear_operation_id)
+            self.dispatcher.apply_now(
+                claim.clear_operation_id,
+                Lane(claim.workspace_id, claim.session_id, claim.lane_token),
+            )
             if claim.clear_operation_id
             else "settled"  # the fence made no clear: a newer goal owns the session
         )

@@ -211,25 +211,26 @@ class Dispatcher(GoalClaims):
         where it can, the lanes are released in the same statement."""
         return outcomes.record(s, attempts, lanes, self.clock())
 
-    def apply_now(self, operation_id: str) -> str:
-        """One operation claimed, called at the host it was claimed at and recorded, in this
-        thread, under a lane the caller holds (a fence's clear, docs/lifecycles.md: fences;
-        require_live, never a resume): "settled" once it is, "held" while a maintenance run
-        holds the session, "accepted" while the host has accepted it and not applied it,
-        else "retry". An offline session is the caller's to handle: RuntimeDisconnected goes
-        up, and nothing is recorded."""
-        current = run_transaction(self.engine, lambda s: self.claim(s, operation_id))
+    def apply_now(self, operation_id: str, lane: Lane) -> str:
+        """One operation claimed under `lane` (the caller's: a fence's clear,
+        docs/lifecycles.md: fences; renewed, or the claim is refused), called at the host it
+        was claimed at as every attempt is, and recorded, in this thread; require_live, never
+        a resume. "settled" once it is, "held" while a maintenance run holds the session,
+        "accepted" while the host has accepted it and not applied it, else "retry". An
+        offline session is the caller's to handle: RuntimeDisconnected goes up, and nothing
+        is recorded (the claim's lease lapses)."""
+        current = run_transaction(self.engine, lambda s: self.claim(s, operation_id, lane))
         if not isinstance(current, Claim):
             if current.outcome == "skipped":
                 return run_read(self.engine, lambda s: outcomes.where_it_stands(s, operation_id))
             return {"held": "held", "lane_lost": "retry"}.get(current.outcome, "settled")
-        try:
-            answer = apply_goal(self.runtime.on_host(*current.host), current.op)
-            attempt = Attempt(current, answer=answer)
-        except RuntimeFault as exc:
-            attempt = Attempt(current, fault=exc, retryable=exc.retryable)
+        attempt = self.attempt(current)
+        if isinstance(attempt.fault, RuntimeDisconnected):
+            raise attempt.fault
         results, _released = run_transaction(self.engine, lambda s: self.record(s, [attempt], []))
         outcome = results[0].outcome
+        if outcome == "skipped":  # another holds it now: where it stands, not what we did
+            return run_read(self.engine, lambda s: outcomes.where_it_stands(s, operation_id))
         return outcome if outcome in ("retry", "accepted") else "settled"
 
     def attempt(self, claim: Claim) -> Attempt:
