@@ -134,3 +134,31 @@ def test_a_turn_reported_submitted_holds_the_prompt_at_no_cost(client, sim_contr
         "dispatched"
     )
     assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]
+
+
+def test_the_queue_s_wake_from_a_busy_answer_comes_once_the_prompt_is_back(client, sim_control):
+    """The host refuses the prompt `busy`, and the look that follows finds the turn on record
+    already ended there: the mirror ends it, which wakes the session's queue. That wake went
+    out while the prompt was still out, so it found nothing to send and was lost until the
+    sweeper's next push. It now goes once the prompt is back in the queue, and sends it."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from agent_radar.workflows.task_names import PROMPT_TASK
+
+    client.ensure_session(WS, SID)
+    sim_control.session(WS, SID, turn={"turn_id": "t-host", "origin": "provider_initiated"})
+    # Reported `submitted`: unsettled on record, though not the session's active turn.
+    report(client, turn={"turn_id": "t-host", "origin": "provider_initiated", "phase": "submitted"})
+    prompt = client.submit_prompt(WS, SID, "after T", client_submit_id="p1")
+    sim_control.session(WS, SID, settle_turn="t-host")  # its end's report is lost
+    sim_control.fault("prompts", status=409, error="busy", count=1, session_id=SID)
+    woken = []
+
+    def publish(task, kwargs):
+        if task == PROMPT_TASK:
+            woken.append(client.get_prompt(prompt.prompt_id).status)
+        return True
+
+    assert dispatch_next(client.engine, client.runtime, WS, SID, publish=publish) == "retry: busy"
+    assert woken == ["queued"]
+    assert dispatch_next(client.engine, client.runtime, WS, SID, publish=publish) == "dispatched"
+    assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]

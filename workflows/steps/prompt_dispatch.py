@@ -14,7 +14,7 @@ from ..errors import RuntimeDisconnected, RuntimeFault
 from ..fences import moves
 from ..kinds.cancel import CANCEL_APPLY_TASK
 from ..prompts import queue as prompts
-from ..task_names import Publish
+from ..task_names import PROMPT_TASK, Publish
 from . import pin
 from .fence_install import ensure_fences_installed
 from .restore import reconcile_session
@@ -48,9 +48,13 @@ def dispatch_next(
         )
     except (RuntimeFault, RuntimeDisconnected) as exc:
         fault = exc
-        if fault.code == BUSY:
-            _learn_what_runs(engine, runtime, publish, taken, clock)
-        return run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
+        wakes = (
+            _learn_what_runs(engine, runtime, publish, taken, clock) if fault.code == BUSY else []
+        )
+        outcome = run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
+        for task, kwargs in wakes:
+            publish(task, kwargs)
+        return outcome
     turn_id = answer.get("turn_id")
     owed = run_transaction(
         engine, lambda s: moves.prompt_sent(s, taken, there.host_id, turn_id, clock())
@@ -66,11 +70,24 @@ def _learn_what_runs(
     publish: Publish,
     prompt: Prompt,
     clock: Callable[[], datetime],
-) -> None:
+) -> list[tuple[str, dict]]:
     """The host refused the prompt `busy` (docs/protocol.md: one thing at a time): asked what
     it runs, the mirror learns a turn no report told of, and the queue waits for its end at
-    no cost (prompts.not_sent)."""
+    no cost (prompts.not_sent). The queue's wake-up that the answer sets in motion (a turn
+    on record that the host has ended) is returned, to be published once the prompt is back
+    in the queue: sent now, it would find the prompt still out, and wake nothing."""
+    wakes: list[tuple[str, dict]] = []
+
+    def queue_wakes_later(task: str, kwargs: dict) -> bool:
+        if task == PROMPT_TASK:
+            wakes.append((task, kwargs))
+            return True
+        return publish(task, kwargs)
+
     try:
-        reconcile_session(engine, runtime, publish, prompt.workspace_id, prompt.session_id, clock)
+        reconcile_session(
+            engine, runtime, queue_wakes_later, prompt.workspace_id, prompt.session_id, clock
+        )
     except (RuntimeFault, RuntimeDisconnected):
         pass  # the send's own fault is recorded all the same
+    return wakes
