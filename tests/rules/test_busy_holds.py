@@ -162,3 +162,55 @@ def test_the_queue_s_wake_from_a_busy_answer_comes_once_the_prompt_is_back(clien
     assert woken == ["queued"]
     assert dispatch_next(client.engine, client.runtime, WS, SID, publish=publish) == "dispatched"
     assert [e["prompt_id"] for e in sim_control.effects("prompt")] == [prompt.prompt_id]
+
+
+def test_a_host_that_lists_a_new_turn_at_each_look_makes_no_loop(client, host):
+    """A hostile (or buggy) host refuses every prompt `busy` and, each time it is asked what
+    it runs, lists a new `submitted` turn in place of the one it listed before. Each look
+    ends the turn on record it no longer lists (which wakes the queue) and records the new
+    one, so the prompt is held at no cost. The wake is dropped while the prompt is held: the
+    held-for turn's end wakes the queue. Found by a review: each wake sent the prompt into
+    `busy` again at once, a loop with no budget spent and no backoff."""
+    import json
+
+    from agent_radar.workflows.adapters.http_runtime import HttpRuntime
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from agent_radar.workflows.task_names import PROMPT_TASK
+
+    sends, looks = [], []
+
+    def busy(body):
+        sends.append(body.get("prompt_id"))
+        return 409, b'{"error": "busy", "detail": "a turn runs"}'
+
+    def state(_body):
+        looks.append(1)
+        turn = {
+            "turn_id": f"t-{len(looks)}",
+            "phase": "submitted",
+            "runtime_epoch": 1,
+            "origin": "provider_initiated",
+        }
+        answer = {"live": True, "runtime_epoch": 1, "goal": None, "fences": [], "turns": [turn]}
+        return 200, json.dumps(answer).encode()
+
+    host.answers[(SID, "prompts")] = busy
+    host.answers[(SID, "state")] = state
+    host.answers[SID] = (200, b'{"live": true, "runtime_epoch": 1}')
+    runtime = HttpRuntime(host.url)
+    prompt = client.submit_prompt(WS, SID, "hello", client_submit_id="p1")
+    queue = [PROMPT_TASK]
+
+    def publish(task, kwargs):
+        if task == PROMPT_TASK:
+            queue.append(task)
+        return True
+
+    runs = 0
+    while queue and runs < 30:  # the broker: each wake runs the dispatch task again
+        queue.pop()
+        runs += 1
+        dispatch_next(client.engine, runtime, WS, SID, publish=publish)
+    row = client.get_prompt(prompt.prompt_id)
+    assert (row.status, row.attempt) == ("queued", 0)
+    assert len(sends) <= 2, f"{len(sends)} sends refused busy in a row, each woken at once"

@@ -139,14 +139,16 @@ def sent(session: Session, prompt_id: str, turn_id: Any, now: datetime) -> None:
 
 def not_sent(
     session: Session, prompt: Prompt, exc: RuntimeFault | RuntimeDisconnected, now: datetime
-) -> str:
+) -> tuple[str, bool]:
     """The call failed: the prompt was not sent, or is not known to have been. It goes back
     to the queue at its place (the runtime dedupes by prompt_id if it did arrive) and the
     sweeper tries again. An offline session is a wait and uses no budget, and so is a host
     that refused it `busy` while the record shows what it waits for (a turn unsettled, a run
     holding the session: the queue waits for its end); any other retryable fault, a `busy`
     the record cannot explain included, uses one attempt of the budget (budgets.py); a final
-    fault, or a budget spent, ends the prompt `failed` and the queue moves on."""
+    fault, or a budget spent, ends the prompt `failed` and the queue moves on. Returns the
+    outcome, and whether the prompt waits for what the record shows (whose end wakes the
+    queue)."""
     held = exc.code == BUSY and _busy_on_record(session, prompt)
     error = str(exc)
     values: dict[str, Any] = {"dispatched_at": None, "last_error": error}
@@ -176,7 +178,7 @@ def not_sent(
             "attempt": prompt.attempt + 1,
         },
     )
-    return outcome
+    return outcome, held
 
 
 def _busy_on_record(session: Session, prompt: Prompt) -> bool:

@@ -51,8 +51,13 @@ def dispatch_next(
         wakes = (
             _learn_what_runs(engine, runtime, publish, taken, clock) if fault.code == BUSY else []
         )
-        outcome = run_transaction(engine, lambda s: prompts.not_sent(s, taken, fault, clock()))
-        for task, kwargs in wakes:
+        outcome, held = run_transaction(
+            engine, lambda s: prompts.not_sent(s, taken, fault, clock())
+        )
+        # Held, the prompt waits for a turn or run on record, whose end wakes the queue: a
+        # wake now would only send it into `busy` again, at once (a host that lists a new
+        # turn at each look would make that a loop).
+        for task, kwargs in [] if held else wakes:
             publish(task, kwargs)
         return outcome
     turn_id = answer.get("turn_id")
