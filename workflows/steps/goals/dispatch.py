@@ -214,17 +214,19 @@ class Dispatcher(GoalClaims):
     def apply_now(self, operation_id: str, lane: Lane) -> str:
         """One operation claimed under `lane` (the caller's: a fence's clear,
         docs/lifecycles.md: fences; renewed, or the claim is refused), called at the host it
-        was claimed at as every attempt is, and recorded, in this thread; require_live, never
-        a resume. "settled" once it is, "held" while a maintenance run holds the session,
-        "accepted" while the host has accepted it and not applied it, else "retry". An
-        offline session is the caller's to handle: RuntimeDisconnected goes up, and nothing
-        is recorded (the claim's lease lapses)."""
+        was claimed at (the goal alone: the caller installed the fences) and recorded as
+        every attempt is, in this thread; require_live, never a resume. "settled" once it
+        is, "held" while a maintenance run holds the session, "accepted" while the host has
+        accepted it and not applied it, else "retry". An offline session is the caller's to
+        handle: RuntimeDisconnected goes up, and nothing is recorded (the claim's lease
+        lapses)."""
         current = run_transaction(self.engine, lambda s: self.claim(s, operation_id, lane))
         if not isinstance(current, Claim):
             if current.outcome == "skipped":
                 return run_read(self.engine, lambda s: outcomes.where_it_stands(s, operation_id))
             return {"held": "held", "lane_lost": "retry"}.get(current.outcome, "settled")
-        attempt = self.attempt(current)
+        # The goal alone: its caller installed the session's fences first (a fence's step).
+        attempt = self._attempt(current, lambda runtime, claim: apply_goal(runtime, claim.op))
         if isinstance(attempt.fault, RuntimeDisconnected):
             raise attempt.fault
         results, _released = run_transaction(self.engine, lambda s: self.record(s, [attempt], []))
@@ -234,10 +236,15 @@ class Dispatcher(GoalClaims):
         return outcome if outcome in ("retry", "accepted") else "settled"
 
     def attempt(self, claim: Claim) -> Attempt:
-        """Call the runtime (outside any transaction)."""
+        """Call the runtime (outside any transaction): the fences the host lacks, the goal."""
+        return self._attempt(claim, self._call_runtime)
+
+    def _attempt(
+        self, claim: Claim, call: Callable[[RuntimePort, Claim], dict[str, Any]]
+    ) -> Attempt:
         try:
             runtime = self.runtime.on_host(*claim.host)
-            return Attempt(claim, answer=self._call_runtime(runtime, claim))
+            return Attempt(claim, answer=call(runtime, claim))
         except RuntimeFault as exc:
             return Attempt(claim, fault=exc, retryable=exc.retryable)
         except RuntimeDisconnected as exc:
