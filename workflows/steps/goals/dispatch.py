@@ -56,6 +56,10 @@ def apply_goal(
     )
 
 
+# What apply_now answers for a claim's or a record's outcome ("skipped" aside: see there).
+_APPLIED_NOW = {"held": "held", "lane_lost": "retry", "retry": "retry", "accepted": "accepted"}
+
+
 class Dispatcher(GoalClaims):
     """Runs goal operations against the runtime, one session lane at a time (docs/lifecycles.md:
     goals, leases).
@@ -221,19 +225,19 @@ class Dispatcher(GoalClaims):
         handle: RuntimeDisconnected goes up, and nothing is recorded (the claim's lease
         lapses)."""
         current = run_transaction(self.engine, lambda s: self.claim(s, operation_id, lane))
-        if not isinstance(current, Claim):
-            if current.outcome == "skipped":
-                return run_read(self.engine, lambda s: outcomes.where_it_stands(s, operation_id))
-            return {"held": "held", "lane_lost": "retry"}.get(current.outcome, "settled")
-        # The goal alone: its caller installed the session's fences first (a fence's step).
-        attempt = self._attempt(current, lambda runtime, claim: apply_goal(runtime, claim.op))
-        if isinstance(attempt.fault, RuntimeDisconnected):
-            raise attempt.fault
-        results, _released = run_transaction(self.engine, lambda s: self.record(s, [attempt], []))
-        outcome = results[0].outcome
-        if outcome == "skipped":  # another holds it now: where it stands, not what we did
+        if isinstance(current, Claim):
+            # The goal alone: its caller installed the session's fences first (a fence's step).
+            call = lambda runtime, claim: apply_goal(runtime, claim.op)  # noqa: E731
+            attempt = self._attempt(current, call)
+            if isinstance(attempt.fault, RuntimeDisconnected):
+                raise attempt.fault
+            recorded, _released = run_transaction(
+                self.engine, lambda s: self.record(s, [attempt], [])
+            )
+            current = recorded[0]
+        if current.outcome == "skipped":  # passed over, or another holds it: where it stands
             return run_read(self.engine, lambda s: outcomes.where_it_stands(s, operation_id))
-        return outcome if outcome in ("retry", "accepted") else "settled"
+        return _APPLIED_NOW.get(current.outcome, "settled")
 
     def attempt(self, claim: Claim) -> Attempt:
         """Call the runtime (outside any transaction): the fences the host lacks, the goal."""
