@@ -102,3 +102,47 @@ def test_bad_stop_input_writes_nothing(client, kwargs):
     with pytest.raises(InvalidArgument):
         client.stop_session(WS, SID, **kwargs)
     assert row_counts(client.engine) == before
+
+
+def test_a_prompt_whose_turn_a_stop_cancels_ends_cancelled_and_the_queue_goes_on(
+    client, sim_control
+):
+    """A session stop while a prompt's turn runs: the cancel reaches the host, the turn ends
+    `canceled` there, and the prompt ends `cancelled` (it was `completed`, as if its turn had
+    done its work); the next prompt is sent. Counted at the simulator host."""
+    from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
+    from tests.helpers import cancel_runner, first_of_two_prompts_sent
+
+    first, second = first_of_two_prompts_sent(client, sim_control, WS, SID)
+    t1 = client.get_prompt(first.prompt_id).turn_id
+    running = {"turn_id": t1, "prompt_id": first.prompt_id, "origin": "user_prompt"}
+    client.report_activity(
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {**running, "phase": "running"},
+        }
+    )
+    stop = client.stop_session(WS, SID, client_submit_id="stop-1")
+    assert cancel_runner(client).apply(stop.cancel_operation_id) == "settled"
+    at_host = sim_control.session(WS, SID)["turns"][t1]
+    assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
+
+    client.report_activity(  # the host's report of that end
+        {
+            "workspace_id": WS,
+            "session_id": SID,
+            "occurred_at_ms": int(time.time() * 1000),
+            "turn": {**running, "phase": "settled", "outcome": "canceled"},
+        }
+    )
+    ended = client.wait(client.get_prompt(first.prompt_id), timeout=5)
+    assert (ended.status, ended.settled) == ("cancelled", True)
+    assert client.wait(client.get_session_stop(stop.stop_id), timeout=5).status == "completed"
+    assert dispatch_next(client.engine, client.runtime, WS, SID) == "dispatched"
+    sent = client.get_prompt(second.prompt_id)
+    assert sent.status == "dispatched"
+    at_host = sim_control.session(WS, SID)
+    assert at_host["turns"][sent.turn_id]["phase"] == "running"
+    assert sorted(at_host["turns"]) == sorted([t1, sent.turn_id])  # one turn a prompt

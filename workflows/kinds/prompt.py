@@ -16,9 +16,10 @@ class PromptStatus(StrEnum):
     DISPATCHED = "dispatched"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # its turn was cancelled (a session stop, an operator)
 
 
-SETTLED = (PromptStatus.COMPLETED, PromptStatus.FAILED)
+SETTLED = (PromptStatus.COMPLETED, PromptStatus.FAILED, PromptStatus.CANCELLED)
 
 
 @dataclass(frozen=True)

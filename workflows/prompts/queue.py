@@ -28,8 +28,8 @@ from ..validation import check_id, check_submit_id, check_text
 log = logging.getLogger(__name__)
 
 # A prompt's states, one table: queued, dispatched when it goes, back to the queue when its
-# send failed (or its worker died before a turn was recorded), and completed or failed when its
-# turn settles (or its send failed for good).
+# send failed (or its worker died before a turn was recorded), and completed, failed or
+# cancelled as its turn settles (failed too when its send failed for good).
 PROMPT = Machine(
     Prompt,
     Prompt.prompt_id,
@@ -37,7 +37,12 @@ PROMPT = Machine(
     {
         PromptStatus.QUEUED: frozenset({PromptStatus.DISPATCHED}),
         PromptStatus.DISPATCHED: frozenset(
-            {PromptStatus.QUEUED, PromptStatus.COMPLETED, PromptStatus.FAILED}
+            {
+                PromptStatus.QUEUED,
+                PromptStatus.COMPLETED,
+                PromptStatus.FAILED,
+                PromptStatus.CANCELLED,
+            }
         ),
     },
 )
@@ -187,6 +192,14 @@ def _busy_on_record(session: Session, prompt: Prompt) -> bool:
     return bool(unsettled_turns(session, ws, sid)) or session_held(session, ws, sid)
 
 
+# A prompt ends as its turn did. A turn that ended unseen (`interrupted`: the host no longer
+# lists it, or restarted under it) may have finished its work: its prompt ends `completed`.
+_ENDS_AS: dict[str, PromptStatus] = {
+    TurnOutcome.FAILED: PromptStatus.FAILED,
+    TurnOutcome.CANCELED: PromptStatus.CANCELLED,
+}
+
+
 def on_turn_settled(
     session: Session,
     workspace_id: str,
@@ -202,11 +215,10 @@ def on_turn_settled(
     turn may still run there."""
     if prompt_id is None:
         return False
-    status = PromptStatus.FAILED if outcome == TurnOutcome.FAILED else PromptStatus.COMPLETED
     PROMPT.move(
         session,
         prompt_id,
-        status,
+        _ENDS_AS.get(outcome, PromptStatus.COMPLETED),
         Prompt.workspace_id == workspace_id,
         Prompt.session_id == session_id,
         *(() if turn_id is None else (or_(Prompt.turn_id.is_(None), Prompt.turn_id == turn_id),)),
