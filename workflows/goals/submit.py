@@ -2,6 +2,7 @@
 bump the revision, insert the operation and its audit event, in the caller's transaction."""
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -102,7 +103,7 @@ class GoalRequest:
             expected_revision=check_optional_int("expected_revision", expected_revision),
         )
 
-    @property
+    @functools.cached_property  # a submit asks it three times; each is a uuid5
     def operation_id(self) -> str:
         if self.fence_id is not None:
             return ids.fence_clear_operation_id(self.workspace_id, self.session_id, self.fence_id)
