@@ -109,7 +109,8 @@ def test_a_prompt_whose_turn_a_stop_cancels_ends_cancelled_and_the_queue_goes_on
 ):
     """A session stop while a prompt's turn runs: the cancel reaches the host, the turn ends
     `canceled` there, and the prompt ends `cancelled` (it was `completed`, as if its turn had
-    done its work); the next prompt is sent. Counted at the simulator host."""
+    done its work); the next prompt is sent. Counted at the simulator host. The session's
+    history shows the prompts (it had none of them)."""
     from agent_radar.workflows.steps.prompt_dispatch import dispatch_next
     from tests.helpers import cancel_runner, first_of_two_prompts_sent
 
@@ -146,3 +147,8 @@ def test_a_prompt_whose_turn_a_stop_cancels_ends_cancelled_and_the_queue_goes_on
     at_host = sim_control.session(WS, SID)
     assert at_host["turns"][sent.turn_id]["phase"] == "running"
     assert sorted(at_host["turns"]) == sorted([t1, sent.turn_id])  # one turn a prompt
+
+    # The session's history shows both prompts, once each (a replay adds none).
+    assert client.submit_prompt(WS, SID, "first", client_submit_id="p1") == ended
+    prompts = [h.record_id for h in client.history(WS, SID) if h.kind == "prompt"]
+    assert prompts == [f"prompt:{first.prompt_id}", f"prompt:{second.prompt_id}"]

@@ -566,8 +566,14 @@ def test_maintenance_prompt_drain_and_history_commands(settings, client, stack):
     )
     assert waited["status"] == "completed" and waited["turn_id"]  # its turn has ended
     rows = json.loads(run_cli(settings, "history", "ws", "m", "--json").stdout)
-    assert [r["record_id"] for r in rows] == [f"maintenance:{run['run_id']}"]
+    assert [r["record_id"] for r in rows] == [
+        f"maintenance:{run['run_id']}",
+        f"prompt:{queued['prompt_id']}",
+    ]
     assert rows[0]["revision"] == 3 and rows[0]["pending"] is False
+    # The prompt's row, with its status now (looked up by its id).
+    assert rows[1]["kind"] == "prompt"
+    assert rows[1]["outcome"]["status"] in ("queued", "dispatched", "completed")
     drained = json.loads(
         run_cli(settings, "session", "drain", "ws", "m", "--reason", "rollout", "--json").stdout
     )

@@ -20,7 +20,7 @@ from ..adapters.runtime import BUSY
 from ..errors import PromptConflict, RuntimeDisconnected, RuntimeFault
 from ..kinds.prompt import PromptStatus
 from ..maintenance.runs import holds, session_held
-from ..sessions.rows import lock_session, prompt_in_flight, same_session
+from ..sessions.rows import append_event, lock_session, prompt_in_flight, same_session
 from ..sessions.turns import unsettled_turns
 from ..transitions import Machine
 from ..validation import check_id, check_submit_id, check_text
@@ -106,6 +106,17 @@ def submit(session: Session, request: PromptRequest, now: datetime) -> tuple[Pro
     )
     session.add(prompt)
     session.flush()
+    # The session's history shows the prompt (its status now: `history`), not its text.
+    append_event(
+        session,
+        request.workspace_id,
+        request.session_id,
+        kind="prompt",
+        record_id=f"prompt:{prompt.prompt_id}",
+        idempotency_key=f"prompt:{prompt.prompt_id}",
+        payload={"client_submit_id": request.client_submit_id, "position": prompt.position},
+        now=now,
+    )
     return prompt, True
 
 
