@@ -90,7 +90,6 @@ def stop(session: Session, request: StopRequest, now: datetime) -> tuple[Session
         request.session_id,
         kind="session-stop",
         record_id=f"session-stop:{request.stop_id}",
-        idempotency_key=f"session-stop:{request.stop_id}",
         payload={"reason": request.reason, "turn_id": turn_id, "run_id": stop_row.run_id},
         now=now,
     )

@@ -142,7 +142,6 @@ def submit_fence(session: Session, request: FenceRequest, now: datetime) -> tupl
         request.session_id,
         kind="goal-fence",
         record_id=f"goal-fence:{fence.fence_id}",
-        idempotency_key=f"goal-fence:{fence.fence_id}",
         revision=fence.target_revision,
         payload={
             "target_operation_id": fence.target_operation_id,

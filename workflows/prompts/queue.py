@@ -113,7 +113,6 @@ def submit(session: Session, request: PromptRequest, now: datetime) -> tuple[Pro
         request.session_id,
         kind="prompt",
         record_id=f"prompt:{prompt.prompt_id}",
-        idempotency_key=f"prompt:{prompt.prompt_id}",
         payload={"client_submit_id": request.client_submit_id, "position": prompt.position},
         now=now,
     )

@@ -213,8 +213,8 @@ def append_event(
     *,
     kind: str,
     record_id: str,
-    idempotency_key: str,
     now: datetime,
+    idempotency_key: str | None = None,
     revision: int | None = None,
     payload: dict[str, Any] | None = None,
     optional: bool = False,
@@ -222,7 +222,8 @@ def append_event(
     """Append one event at the next gap-free sequence of a session whose row this
     transaction has locked; returns the sequence. The counter is bumped in the database,
     never from a loaded row, so it is right whatever the caller loaded before. The
-    idempotency key is unique: callers append only for a record they just created."""
+    idempotency key (the record's id unless given: a record's first event) is unique:
+    callers append only for a record they just created or changed."""
     conn = session.connection()
     sequence = conn.execute(
         _NEXT_SEQUENCE, {"b_ws": workspace_id, "b_sid": session_id}
@@ -235,7 +236,7 @@ def append_event(
             sequence,
             kind=kind,
             record_id=record_id,
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key or record_id,
             now=now,
             revision=revision,
             payload=payload,
