@@ -304,7 +304,6 @@ def submit(
         sequence,
         kind="goal-control",
         record_id=f"goal-control:{op.operation_id}",
-        idempotency_key=f"goal-control:{op.operation_id}",
         revision=op.goal_revision,
         payload={
             "action": op.action,

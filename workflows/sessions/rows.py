@@ -132,13 +132,14 @@ def event_params(
     *,
     kind: str,
     record_id: str,
-    idempotency_key: str,
     now: datetime,
+    idempotency_key: str | None = None,
     revision: int | None = None,
     payload: dict[str, Any] | None = None,
     optional: bool = False,
 ) -> dict[str, Any]:
-    """INSERT_EVENT's parameters: one event at this sequence."""
+    """INSERT_EVENT's parameters: one event at this sequence, keyed by `idempotency_key`
+    (unique), the record's id unless given (a record's first event)."""
     return bound(
         "ev_",
         {
@@ -150,7 +151,7 @@ def event_params(
             "revision": revision,
             "payload": payload,
             "optional": optional,
-            "idempotency_key": idempotency_key,
+            "idempotency_key": idempotency_key or record_id,
             "created_at": now,
         },
     )
@@ -236,7 +237,7 @@ def append_event(
             sequence,
             kind=kind,
             record_id=record_id,
-            idempotency_key=idempotency_key or record_id,
+            idempotency_key=idempotency_key,
             now=now,
             revision=revision,
             payload=payload,
