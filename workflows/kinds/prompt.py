@@ -16,7 +16,7 @@ class PromptStatus(StrEnum):
     DISPATCHED = "dispatched"
     COMPLETED = "completed"
     FAILED = "failed"
-    CANCELLED = "cancelled"  # its turn was cancelled (a session stop, an operator)
+    CANCELLED = "cancelled"  # its turn ended canceled (a session stop, or at its host)
 
 
 SETTLED = (PromptStatus.COMPLETED, PromptStatus.FAILED, PromptStatus.CANCELLED)
