@@ -129,8 +129,10 @@ def test_a_prompt_whose_turn_a_stop_cancels_ends_cancelled_and_the_queue_goes_on
     assert cancel_runner(client).apply(stop.cancel_operation_id) == "settled"
     at_host = sim_control.session(WS, SID)["turns"][t1]
     assert (at_host["phase"], at_host["outcome"]) == ("settled", "canceled")
+    # The host's answer to the cancel ends it: no report of that end is needed (lost).
+    assert client.get_prompt(first.prompt_id).status == "cancelled"
 
-    client.report_activity(  # the host's report of that end
+    client.report_activity(  # the host's report of that end, late: it changes nothing
         {
             "workspace_id": WS,
             "session_id": SID,
