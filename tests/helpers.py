@@ -61,9 +61,11 @@ def row_counts(engine) -> dict[str, int]:
         return {
             t.name: s.execute(select(func.count()).select_from(t)).scalar_one()
             for t in Base.metadata.sorted_tables
-            # Leases are coordination; refused reports are counted (docs/protocol.md:
-            # reports), which is what a refusal writes instead of its content.
-            if t.name not in ("leases", "report_refusals")
+            # Leases and pullers' promises are coordination (a pulling worker's pool
+            # processes write theirs once they are up, after the worker says it is ready);
+            # refused reports are counted (docs/protocol.md: reports), which is what a
+            # refusal writes instead of its content.
+            if t.name not in ("leases", "goal_pullers", "report_refusals")
         }
 
     return run_transaction(engine, count)
