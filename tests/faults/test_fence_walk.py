@@ -133,7 +133,7 @@ class Fleet:
         try:
             if task == "agent_radar.goal.dispatch":
                 wanted = kwargs.get("operation_ids") or [kwargs["operation_id"]]
-                self.dispatcher.dispatch_many(wanted, steal=True)
+                self.dispatcher.dispatch_many(wanted)
             elif task == "agent_radar.fence.apply":
                 self.fences.apply(kwargs["fence_id"])
             elif task == "agent_radar.cancel.apply":

@@ -182,9 +182,9 @@ class GoalClaims:
             leases.release_many(s, [lane.name for lane in lanes if lane.token == token], token)
 
     def next_work(
-        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, young: bool = False
+        self, s: Session, keys: list[tuple[str, str]], anywhere: bool, young: bool = False
     ) -> dict[Lane, Claim | StepResult]:
-        """Take the lanes of these sessions that have due work, and claim it; with `steal`,
+        """Take the lanes of these sessions that have due work, and claim it; `anywhere`,
         other due work too (its lanes not waited for, as in dispatch_many): due for
         STEAL_AFTER, or (`young`) at all. A lane someone holds is left to its holder, who
         runs this check after its release commits."""
@@ -192,7 +192,7 @@ class GoalClaims:
         stale = now if young else now - STEAL_AFTER
         params = {"b_keys": sorted(set(keys)), "b_now": now, "b_stale": stale}
         conn = s.connection()
-        if not steal or not self.steals_anywhere:
+        if not anywhere or not self.steals_anywhere:
             return self._open(s, first_per_session(conn.execute(NEXT_DUE, params)))
         first, along = with_due_along(conn.execute(NEXT_DUE_AND_ANYWHERE, params).all(), _mine)
         return self._open(s, first, along)

@@ -68,8 +68,8 @@ DUE_ANYWHERE = (
     .order_by(OPS.c.next_attempt_at)
     .limit(MAX_LANES_PER_STEP)
 )
-# OPS_LANES and DUE_ANYWHERE in one read, for a dispatch that steals (`wanted` tells
-# which rows are the given operations): one round trip less on every message.
+# OPS_LANES and DUE_ANYWHERE in one read, a dispatch's (`wanted` tells which rows are the
+# given operations): one round trip less on every message.
 _DUE = DUE_ANYWHERE.subquery()
 OPS_LANES_AND_DUE = union_all(
     OPS_LANES.add_columns(literal(True).label("wanted")),

@@ -22,11 +22,10 @@ from ...adapters.runtime import RuntimePort
 from ...errors import RuntimeDisconnected, RuntimeFault
 from ...goals import outcomes
 from ...goals.claims import Attempt, Claim, Lane, StepResult
-from ...goals.lanes import GoalClaims, first_per_session, with_due_along
+from ...goals.lanes import GoalClaims, with_due_along
 from ...goals.statements import (
     MAX_LANES_PER_STEP,
     NAMED_CLAIM,
-    OPS_LANES,
     OPS_LANES_AND_DUE,
     lookup_and_claim_params,
     named_claim_params,
@@ -94,17 +93,14 @@ class Dispatcher(GoalClaims):
         return self.dispatch_many([operation_id])
 
     def dispatch_many(
-        self,
-        operation_ids: list[str],
-        steal: bool = False,
-        session_of: tuple[str, str] | None = None,
+        self, operation_ids: list[str], session_of: tuple[str, str] | None = None
     ) -> list[StepResult]:
         """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
-        operation and drain those lanes together, starting with these operations. With
-        `steal`, a dispatch also takes other due operations along — where it
-        `steals_anywhere`, even when its own were already taken: under load the messages
-        queue behind their work and most find it taken along by an earlier one, and taking
-        what is due then serves the operations whose messages are still in the queue.
+        operation and drain those lanes together, starting with these operations. A
+        dispatch also takes other due operations along — where it `steals_anywhere`, even
+        when its own were already taken: under load the messages queue behind their work and
+        most find it taken along by an earlier one, and taking what is due then serves the
+        operations whose messages are still in the queue.
 
         `session_of` names the session of the one given operation, as its message says (see
         `_dispatch_named`; where the database runs functions of its own)."""
@@ -112,7 +108,7 @@ class Dispatcher(GoalClaims):
         # round trip, and taking the write lock at once, instead of after it, made the paced
         # phases' tail worse (docs/benchmarks.md: figures the code rests on).
         if session_of and len(operation_ids) == 1 and dialect_of(self.engine).server_functions:
-            named = self._dispatch_named(operation_ids[0], session_of, steal)
+            named = self._dispatch_named(operation_ids[0], session_of)
             if named is not None:
                 return named
 
@@ -120,13 +116,10 @@ class Dispatcher(GoalClaims):
             s: Session, wanted: list[str]
         ) -> tuple[dict[tuple[str, str], str], set[tuple[str, str]], bool]:
             """Per session lane to open, the operation to start with: the given ones' and
-            (stealing) other due ones'; the sessions taken along; and whether none of the
-            given ones was there to take (their message came late)."""
-            conn = s.connection()
+            other due ones'; the sessions taken along; and whether none of the given ones
+            was there to take (their message came late)."""
             params = {"b_ops": wanted, "b_now": self.clock()}
-            if not steal:
-                return first_per_session(conn.execute(OPS_LANES, params)), set(), False
-            rows = conn.execute(OPS_LANES_AND_DUE, params).all()
+            rows = s.connection().execute(OPS_LANES_AND_DUE, params).all()
             late = not any(row.wanted for row in rows)
             if not self.steals_anywhere and late:
                 return {}, set(), late
@@ -154,14 +147,11 @@ class Dispatcher(GoalClaims):
                         functools.partial(self._open, first=first, along=along),
                         direct=True,
                     ),
-                    steal,
                     behind=late,
                 )
         return results
 
-    def _dispatch_named(
-        self, operation_id: str, key: tuple[str, str], steal: bool
-    ) -> list[StepResult] | None:
+    def _dispatch_named(self, operation_id: str, key: tuple[str, str]) -> list[StepResult] | None:
         """Take the lane of the session a message names and claim the operation in one
         call (goals/statements.py: NAMED_CLAIM, the function of migration 0016), without
         the read that finds its session (a message of one operation: a lone operation's
@@ -183,17 +173,15 @@ class Dispatcher(GoalClaims):
         if not rows:
             return None
         op = records.from_row(GoalOperationRecord, rows[0])
-        return self._drain(
-            {lane: self._claim_of(op, rows[0], claim["b_token"], now, expires)}, steal
-        )
+        return self._drain({lane: self._claim_of(op, rows[0], claim["b_token"], now, expires)})
 
     def _drain(
-        self, work: dict[Lane, Claim | StepResult], steal: bool = False, behind: bool = False
+        self, work: dict[Lane, Claim | StepResult], behind: bool = False
     ) -> list[StepResult]:
         """Call the runtime for every claimed operation, each host within its bulkhead
         (flight.py); as calls finish, one transaction records their outcomes, releases their
-        lanes, takes back those that have due work and claims it (with `steal`, other due
-        work too). Handing off (a worker), the calls go on in this process's drain and the
+        lanes, takes back those that have due work and claims it (and other due work, while
+        there is room). Handing off (a worker), the calls go on in this process's drain and the
         claims are reported `in_flight`."""
         if self.hand_to is not None:
             if work:
@@ -204,7 +192,7 @@ class Dispatcher(GoalClaims):
                 else StepResult(current.op.operation_id, "in_flight")
                 for current in work.values()
             ]
-        drain = flight.Drain(self, steal, behind)
+        drain = flight.Drain(self, behind)
         drain.add(work)
         return drain.run()
 

@@ -56,7 +56,7 @@ class Steps(Protocol):
     clock: Callable[[], datetime]
 
     def dispatch_many(
-        self, operation_ids: list[str], steal: bool = False, session_of: Any = None
+        self, operation_ids: list[str], session_of: Any = None
     ) -> list[StepResult]: ...
 
     def attempt(self, claim: Claim) -> Attempt: ...
@@ -68,7 +68,7 @@ class Steps(Protocol):
     def release(self, s: Session, lanes: list[Lane]) -> None: ...
 
     def next_work(
-        self, s: Session, keys: list[tuple[str, str]], steal: bool = False, young: bool = False
+        self, s: Session, keys: list[tuple[str, str]], anywhere: bool, young: bool = False
     ) -> dict[Lane, Claim | StepResult]: ...
 
     def unclaim(self, s: Session, claim: Claim, due_at: datetime | None = None) -> None: ...
@@ -107,11 +107,10 @@ class Drain:
     runs `run` (its transactions are short and never span a call); a call's pool thread
     only makes the call and gives its host slot back."""
 
-    def __init__(self, dispatcher: Steps, steal: bool = False, behind: bool = False):
+    def __init__(self, dispatcher: Steps, behind: bool = False):
         self.d = dispatcher
-        self.steal = steal
         # The messages are behind their work (one came after its work was taken, or a
-        # notification could not be served): the next flush that steals takes all due work,
+        # notification could not be served): the next flush with room takes all due work,
         # however young (goals/lanes.py: STEAL_AFTER).
         self.behind = behind
         self.gate = dispatcher.runtime.bulkhead  # the port's (adapters/bulkhead.py)
@@ -317,8 +316,8 @@ class Drain:
 
     def _flush(self) -> bool:
         """One transaction: record what finished, give back what will not be called, release
-        those lanes, and take back the finished ones that have more due work (with `steal`,
-        other due work too, while the process has room). False if it failed (everything is
+        those lanes, and take back the finished ones that have more due work (and other due
+        work too, while the process has room). False if it failed (everything is
         kept for the next try)."""
         ready, give_back = self.ready, self.give_back
         attempts = [a for _, a in ready if isinstance(a, Attempt)]
@@ -334,8 +333,7 @@ class Drain:
         keys = [key for key, n in counts.items() if not over and n < LANE_MAX_STEPS]
         rechecked = self._rechecks_due()
         keys += [key for key in rechecked if key not in counts and not over]
-        room = self.load() < ROOM_AT
-        steal = self.steal and not over and room
+        steal = not over and self.load() < ROOM_AT
         young = self.behind
         transitions = self.gate.take_transitions()
 

@@ -32,7 +32,7 @@ class WorkerDrain(Drain):
         room: threading.Condition,
         pulls: bool = False,
     ) -> None:
-        super().__init__(dispatcher, steal=True)
+        super().__init__(dispatcher)
         self.thread = threading.Thread(target=self._main, name="goal-drain", daemon=True)
         self.alive = True
         # The process's: it says under `lock` that it ended, and notifies `room` as calls end.
