@@ -68,7 +68,7 @@ def dispatch(ctx, operation_id=None, operation_ids=None, workspace_id=None, sess
     # claims, and waits first while the process has as many calls in flight as it takes.
     ctx.wait_for_room(ctx.settings.lease_s / 2)
     # What happened to each operation (in_flight, held, superseded …), as Flower shows it.
-    results = ctx.dispatcher.dispatch_many(wanted, session_of=session_of)
+    results = ctx.dispatch(wanted, session_of)
     outcomes = {r.operation_id: r.outcome for r in results}
     # Its own operations it did not take (most often another dispatch took them along) say
     # so, rather than nothing.

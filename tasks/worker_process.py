@@ -18,7 +18,7 @@ from ..workflows.adapters.config import Settings
 from ..workflows.adapters.http_runtime import HostRouter
 from ..workflows.adapters.publisher import TaskPublisher
 from ..workflows.client import AgentRadar
-from ..workflows.goals.claims import Claim, Lane, StepResult
+from ..workflows.goals.claims import StepResult
 from ..workflows.sessions.hosts import locator
 from ..workflows.steps.goals.dispatch import Dispatcher
 from ..workflows.steps.goals.worker_drain import WorkerDrain
@@ -46,7 +46,6 @@ class WorkerProcess:
             lease_s=settings.lease_s,
             # Client operations may bring an offline session back (the rare resume).
             resume_session=lambda ws, sid: self.client.ensure_session(ws, sid),
-            hand_to=self.hand_off,
         )
         # Whether its drain pulls (docs/dispatch.md: pulling; PostgreSQL, AGENT_RADAR_PULL).
         self.pulls = settings.pull and dialect_of(self.engine).notifies
@@ -76,12 +75,25 @@ class WorkerProcess:
             self._drain.thread.start()
         return self._drain
 
-    def hand_off(self, work: dict[Lane, Claim | StepResult], behind: bool) -> None:
-        """Give claimed lanes to the drain (started if none runs), starting at once the
-        calls whose hosts have a slot (Drain.start_now)."""
-        with self.drain_lock:
-            drain = self._running()
-            drain.events.put(("work", drain.start_now(work), behind))
+    def dispatch(
+        self, operation_ids: list[str], session_of: tuple[str, str] | None
+    ) -> list[StepResult]:
+        """Claim these operations (Dispatcher.claim_many) and give each step's lanes to the
+        drain (started if none runs), starting at once the calls whose hosts have a slot
+        (Drain.start_now): the claims are `in_flight`, the rest as the claim found them."""
+        results: list[StepResult] = []
+        for work, behind in self.dispatcher.claim_many(operation_ids, session_of):
+            if work:
+                with self.drain_lock:
+                    drain = self._running()
+                    drain.events.put(("work", drain.start_now(work), behind))
+            results += [
+                current
+                if isinstance(current, StepResult)
+                else StepResult(current.op.operation_id, "in_flight")
+                for current in work.values()
+            ]
+        return results
 
     def wait_for_room(self, timeout_s: float) -> None:
         """Back-pressure: wait (up to timeout_s) while the drain has MAX_IN_FLIGHT calls."""

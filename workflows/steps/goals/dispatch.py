@@ -7,7 +7,7 @@ drain that calls the hosts, each within its bulkhead (flight.py), and records th
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -78,12 +78,8 @@ class Dispatcher(GoalClaims):
         lease_s: float,
         clock: Callable[[], datetime] = utcnow,
         resume_session: Callable[[str, str], Any] | None = None,
-        hand_to: Callable[[dict[Lane, Claim | StepResult], bool], None] | None = None,
     ) -> None:
         super().__init__(engine, worker_id=worker_id, lease_s=lease_s, clock=clock)
-        # A worker's dispatch hands its claims to the process's drain and returns
-        # (tasks/worker_process.py); elsewhere it drains them itself (flight.py).
-        self.hand_to = hand_to
         self.runtime = runtime
         # Client operations may bring an offline session back (user-triggered, fences
         # preloaded); fence-made operations never do.
@@ -95,9 +91,23 @@ class Dispatcher(GoalClaims):
     def dispatch_many(
         self, operation_ids: list[str], session_of: tuple[str, str] | None = None
     ) -> list[StepResult]:
-        """Entry point of `agent_radar.goal.dispatch`: take the session lane of each given
-        operation and drain those lanes together, starting with these operations. A
-        dispatch also takes other due operations along — where it `steals_anywhere`, even
+        """Claim these operations (claim_many) and drain each step's lanes in this thread
+        until they have no due work left (a worker's drain runs in a thread of its own:
+        tasks/worker_process.py)."""
+        results: list[StepResult] = []
+        for work, behind in self.claim_many(operation_ids, session_of):
+            drain = flight.Drain(self, behind)
+            drain.add(work)
+            results += drain.run()
+        return results
+
+    def claim_many(
+        self, operation_ids: list[str], session_of: tuple[str, str] | None = None
+    ) -> Iterator[tuple[dict[Lane, Claim | StepResult], bool]]:
+        """Take the session lane of each given operation and claim it, a step of up to
+        MAX_LANES_PER_STEP lanes at a time, each step's claims yielded for a drain (with
+        whether the messages are behind their work: see Drain.behind), which calls their
+        hosts. A dispatch also takes other due operations along — where it `steals_anywhere`, even
         when its own were already taken: under load the messages queue behind their work and
         most find it taken along by an earlier one, and taking what is due then serves the
         operations whose messages are still in the queue.
@@ -108,9 +118,10 @@ class Dispatcher(GoalClaims):
         # round trip, and taking the write lock at once, instead of after it, made the paced
         # phases' tail worse (docs/benchmarks.md: figures the code rests on).
         if session_of and len(operation_ids) == 1 and dialect_of(self.engine).server_functions:
-            named = self._dispatch_named(operation_ids[0], session_of)
+            named = self._claim_named(operation_ids[0], session_of)
             if named is not None:
-                return named
+                yield named, False
+                return
 
         def lanes_to_open(
             s: Session, wanted: list[str]
@@ -125,7 +136,6 @@ class Dispatcher(GoalClaims):
                 return {}, set(), late
             return (*with_due_along(rows, lambda row: row.wanted), late)
 
-        results: list[StepResult] = []
         for start in range(0, len(operation_ids), MAX_LANES_PER_STEP):
             wanted = list(operation_ids[start : start + MAX_LANES_PER_STEP])
             # The read needs no transaction of its own (the claim checks every row again
@@ -138,24 +148,23 @@ class Dispatcher(GoalClaims):
                 # Lanes taken along are not waited for: a dispatch that is taking one right
                 # now (another stealing the same backlog, most often) keeps it, and this one
                 # goes on with the rest instead of waiting to find it taken. The given
-                # operations' lanes are waited for (see _drain). A message that came after
-                # its work was taken says the messages lag behind the work: its steps then
-                # take all due work at their ends, however young (see STEAL_AFTER).
-                results += self._drain(
-                    run_transaction(
-                        self.engine,
-                        functools.partial(self._open, first=first, along=along),
-                        direct=True,
-                    ),
-                    behind=late,
+                # operations' lanes are waited for. A message that came after its work was
+                # taken says the messages lag behind the work: its steps then take all due
+                # work at their ends, however young (see STEAL_AFTER).
+                opened = run_transaction(
+                    self.engine,
+                    functools.partial(self._open, first=first, along=along),
+                    direct=True,
                 )
-        return results
+                yield opened, late
 
-    def _dispatch_named(self, operation_id: str, key: tuple[str, str]) -> list[StepResult] | None:
+    def _claim_named(
+        self, operation_id: str, key: tuple[str, str]
+    ) -> dict[Lane, Claim | StepResult] | None:
         """Take the lane of the session a message names and claim the operation in one
         call (goals/statements.py: NAMED_CLAIM, the function of migration 0016), without
         the read that finds its session (a message of one operation: a lone operation's
-        round trips are most of its time, docs/benchmarks.md); None if this dispatch is then to go
+        round trips are most of its time, docs/benchmarks.md); None if the dispatch is then to go
         on as if nothing were named. The name is the message's word: the lane is taken only
         if the operation is open and unleased in that very session, and let go again in the
         same call if the claim then does not take it: nothing is left written but the claim
@@ -173,28 +182,7 @@ class Dispatcher(GoalClaims):
         if not rows:
             return None
         op = records.from_row(GoalOperationRecord, rows[0])
-        return self._drain({lane: self._claim_of(op, rows[0], claim["b_token"], now, expires)})
-
-    def _drain(
-        self, work: dict[Lane, Claim | StepResult], behind: bool = False
-    ) -> list[StepResult]:
-        """Call the runtime for every claimed operation, each host within its bulkhead
-        (flight.py); as calls finish, one transaction records their outcomes, releases their
-        lanes, takes back those that have due work and claims it (and other due work, while
-        there is room). Handing off (a worker), the calls go on in this process's drain and the
-        claims are reported `in_flight`."""
-        if self.hand_to is not None:
-            if work:
-                self.hand_to(work, behind)
-            return [
-                current
-                if isinstance(current, StepResult)
-                else StepResult(current.op.operation_id, "in_flight")
-                for current in work.values()
-            ]
-        drain = flight.Drain(self, behind)
-        drain.add(work)
-        return drain.run()
+        return {lane: self._claim_of(op, rows[0], claim["b_token"], now, expires)}
 
     def record(
         self, s: Session, attempts: list[Attempt], lanes: list[Lane]

@@ -7,7 +7,7 @@ slots, so calls to other hosts never wait behind it. A call's outcome is recorde
 finishes, together with whatever else finished meanwhile, and its lane takes its next due
 operation in the same transaction; nothing waits for the slowest call of a batch.
 
-In a worker (`hand_to`) the drain runs in a thread of the pool process, and the Celery task
+In a worker the drain runs in a thread of the pool process (worker_drain.py), and the Celery task
 that claimed the work starts the calls whose hosts have a slot itself (`start_now`: the
 drain's thread may be busy recording) and returns at once, so a slow host holds no pool
 process: the task waits only when the process already has MAX_IN_FLIGHT calls
@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -55,9 +55,9 @@ class Steps(Protocol):
     lease_s: float
     clock: Callable[[], datetime]
 
-    def dispatch_many(
+    def claim_many(
         self, operation_ids: list[str], session_of: Any = None
-    ) -> list[StepResult]: ...
+    ) -> Iterator[tuple[dict[Lane, Claim | StepResult], bool]]: ...
 
     def attempt(self, claim: Claim) -> Attempt: ...
 

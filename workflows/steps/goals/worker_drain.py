@@ -95,12 +95,12 @@ class WorkerDrain(Drain):
             else:
                 named.update((op_id, (ws, sid)) for op_id, ws, sid in what)
         if named and self.load() < ROOM_AT:
+            # One alone names its session (the named claim).
+            session_of = next(iter(named.values())) if len(named) == 1 else None
             try:
-                if len(named) == 1:
-                    ((op_id, key),) = named.items()
-                    self.d.dispatch_many([op_id], session_of=key)
-                else:
-                    self.d.dispatch_many(list(named))
+                for work, behind in self.d.claim_many(list(named), session_of):
+                    self.behind = self.behind or behind
+                    self.add(work)
             except Exception as exc:  # noqa: BLE001 - the database is away: steal it later
                 log.warning("goal drain: claiming %d notified failed: %s", len(named), exc)
                 self.behind = True
