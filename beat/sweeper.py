@@ -18,7 +18,7 @@ from ..workflows import leases
 from ..workflows.activity.reconcile import to_reconcile
 from ..workflows.fences import restores
 from ..workflows.fences.fencing import no_fence_drives
-from ..workflows.goals.operations import open_unheld, settle_or_reserve
+from ..workflows.goals.operations import open_due, settle_or_reserve
 from ..workflows.kinds import KINDS, due_to_republish, reserve_republish
 from ..workflows.kinds.base import Kind, Republish
 from ..workflows.kinds.goal import DISPATCH_TASK
@@ -137,8 +137,7 @@ def due_goal_operations(engine: Engine, now: datetime, limit: int) -> list[str]:
             s.execute(
                 select(GoalOperation.operation_id)
                 .where(
-                    *open_unheld(now),
-                    GoalOperation.next_attempt_at <= now,
+                    *open_due(now),
                     no_fence_drives(),
                     or_(GoalOperation.attempt > 0, GoalOperation.next_attempt_at <= cutoff),
                 )

@@ -185,7 +185,7 @@ class GoalClaims:
         self, s: Session, keys: list[tuple[str, str]], anywhere: bool, young: bool = False
     ) -> dict[Lane, Claim | StepResult]:
         """Take the lanes of these sessions that have due work, and claim it; `anywhere`,
-        other due work too (its lanes not waited for, as in dispatch_many): due for
+        other due work too (its lanes not waited for, as in claim_many): due for
         STEAL_AFTER, or (`young`) at all. A lane someone holds is left to its holder, who
         runs this check after its release commits."""
         now = self.clock()

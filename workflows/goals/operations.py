@@ -62,14 +62,15 @@ def open_unheld(now) -> tuple:
     return (OPEN, leases.unheld(GoalOperation, now))
 
 
+def open_due(now) -> tuple:
+    """SQL conditions: the goal operation is open, due, and no live lease holds it."""
+    return (*open_unheld(now), GoalOperation.next_attempt_at <= now)
+
+
 def due_operations(now) -> tuple:
-    """SQL conditions of a client goal operation that a worker may attempt now: open, due,
-    and no live lease on it. A fence drives its own clear, so fence-made ones are left out."""
-    return (
-        *open_unheld(now),
-        GoalOperation.origin == Origin.CLIENT,
-        GoalOperation.next_attempt_at <= now,
-    )
+    """SQL conditions of a client goal operation that a worker may attempt now (open_due). A
+    fence drives its own clear, so fence-made ones are left out."""
+    return (*open_due(now), GoalOperation.origin == Origin.CLIENT)
 
 
 def open_client_operations(session: Session, workspace_id: str, session_id: str) -> list[str]:

@@ -133,7 +133,7 @@ _LOCKED = (
 TAKE_LANES_AND_LOCK = select(CLAIMED.c.name, literal(True).label("lease")).union_all(
     select(_LOCKED.c.workspace_id, literal(False))
 )
-# A named message's claim as one call (Dispatcher._dispatch_named): the function that
+# A named message's claim as one call (Dispatcher._claim_named): the function that
 # migration 0016 makes (PostgreSQL) takes the named session's lane, locks the session, then
 # reads and claims the operation, each a statement of its own; it returns the claimed row
 # as LOOKUP_AND_CLAIM reads it, or nothing, with nothing left written.

@@ -107,13 +107,13 @@ class Dispatcher(GoalClaims):
         """Take the session lane of each given operation and claim it, a step of up to
         MAX_LANES_PER_STEP lanes at a time, each step's claims yielded for a drain (with
         whether the messages are behind their work: see Drain.behind), which calls their
-        hosts. A dispatch also takes other due operations along — where it `steals_anywhere`, even
-        when its own were already taken: under load the messages queue behind their work and
-        most find it taken along by an earlier one, and taking what is due then serves the
-        operations whose messages are still in the queue.
+        hosts. A dispatch also takes other due operations along — where it
+        `steals_anywhere`, even when its own were already taken: under load the messages
+        queue behind their work and most find it taken along by an earlier one, and taking
+        what is due then serves the operations whose messages are still in the queue.
 
         `session_of` names the session of the one given operation, as its message says (see
-        `_dispatch_named`; where the database runs functions of its own)."""
+        `_claim_named`; where the database runs functions of its own)."""
         # Where the database holds the named claim's function: on SQLite the lanes read is no
         # round trip, and taking the write lock at once, instead of after it, made the paced
         # phases' tail worse (docs/benchmarks.md: figures the code rests on).
