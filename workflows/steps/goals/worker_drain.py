@@ -82,10 +82,11 @@ class WorkerDrain(Drain):
     def _claim_notified(self) -> None:
         """The operations notifications named, claimed by name as their messages' dispatch
         would (their due time is the submitting client's clock): one alone in one call (the
-        named claim), several in one dispatch. What else was notified ("anything may be
-        due"), or could not be claimed, makes the drain `behind`: a flush steals all due work
-        at once if the process has room, else once a call ends (or another drain's steal, or
-        the sweeper, takes it)."""
+        named claim), several in one claim that takes other due work along, as a message's
+        does. What else was notified ("anything may be due"), what could not be claimed, or
+        notified work already taken (the wake-ups lag behind the work) makes the drain
+        `behind`: a flush steals all due work at once if the process has room, else once a
+        call ends (or another drain's steal, or the sweeper, takes it)."""
         self._woken = False
         named: dict[str, tuple[str, str]] = {}
         while self._notified:
