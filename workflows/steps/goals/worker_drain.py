@@ -83,10 +83,11 @@ class WorkerDrain(Drain):
         """The operations notifications named, claimed by name as their messages' dispatch
         would (their due time is the submitting client's clock): one alone in one call (the
         named claim), several in one claim that takes other due work along, as a message's
-        does. What else was notified ("anything may be due"), what could not be claimed, or
-        notified work already taken (the wake-ups lag behind the work) makes the drain
-        `behind`: a flush steals all due work at once if the process has room, else once a
-        call ends (or another drain's steal, or the sweeper, takes it)."""
+        does. What else was notified ("anything may be due"), or could not be claimed, makes
+        the drain `behind`: a flush steals all due work at once if the process has room, else
+        once a call ends (or another drain's steal, or the sweeper, takes it). Notified work
+        already taken does not: another drain's steal took it, and taking work however young
+        would then take what the other processes were just notified of."""
         self._woken = False
         named: dict[str, tuple[str, str]] = {}
         while self._notified:
@@ -99,8 +100,7 @@ class WorkerDrain(Drain):
             # One alone names its session (the named claim).
             session_of = next(iter(named.values())) if len(named) == 1 else None
             try:
-                for work, behind in self.d.claim_many(list(named), session_of):
-                    self.behind = self.behind or behind
+                for work, _late in self.d.claim_many(list(named), session_of):
                     self.add(work)
             except Exception as exc:  # noqa: BLE001 - the database is away: steal it later
                 log.warning("goal drain: claiming %d notified failed: %s", len(named), exc)
