@@ -38,9 +38,9 @@ from .statements import (
     lookup_and_claim_params,
 )
 
-# A step's end takes other sessions' due work (PostgreSQL, a dispatch that steals) only once
-# it has been due this long: work due for less has its message on the way, most often to
-# the other pool process, idle. Taking it at the step's end then only made the two collide
+# A step's end takes other sessions' due work (PostgreSQL) only once it has been due this
+# long: work due for less has its message on the way, most often to the other pool process,
+# idle. Taking it at the step's end then only made the two collide
 # (its message's dispatch waited for the lane the step was creating, to find its work taken).
 # Under load the messages queue for longer than this, and their work is taken along as
 # before. A dispatch whose message came after its work was taken knows they queue: its drain
@@ -120,8 +120,8 @@ class GoalClaims:
         self.worker_id = worker_id
         self.lease_s = lease_s
         self.clock = clock
-        # Whether a dispatch that steals takes due work wherever it is: with its own
-        # operations already taken, and at the end of each step. On PostgreSQL it skips the
+        # Whether a dispatch takes due work wherever it is: with its own operations already
+        # taken, and at the end of each step. On PostgreSQL it skips the
         # lanes others are taking (SKIP LOCKED). On SQLite every write transaction waits
         # for the one write lock, so such a dispatch queues behind the one already draining
         # the backlog to find its work taken (docs/benchmarks.md: figures the code rests on);
