@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -85,6 +86,16 @@ class HostGate:
         self._freed = threading.Condition(self._lock)  # a slot was given back
         self._transitions: list[CircuitChange] = []
         self.total = 0  # calls in flight to every host: at most MAX_IN_FLIGHT (the pool)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        """The threads the drain's calls run on (flight.py), MAX_IN_FLIGHT at most, made on
+        first use: in a worker, by the pool process that uses it (its runtime port, and so
+        this gate, is built after the fork)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="runtime-call")
+            return self._pool
 
     def admit(self, host_id: str) -> tuple[str, float, bool]:
         """GO (a slot is taken: call `done` after), FULL, or OPEN with the seconds until

@@ -20,13 +20,11 @@ for a sweep.
 """
 
 import logging
-import os
 import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -81,19 +79,6 @@ DRAIN_BUDGET_S = 60.0
 # A drain takes more work (a steal, what notifications name) while it has fewer calls.
 ROOM_AT = MAX_IN_FLIGHT - MAX_LANES_PER_STEP
 WAIT_POLL_S = 0.05
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-_lock = threading.RLock()
-
-
-def _call_pool() -> ThreadPoolExecutor:
-    with _lock:
-        pool = _pools.get(os.getpid())
-        if pool is None:
-            pool = _pools[os.getpid()] = ThreadPoolExecutor(
-                MAX_IN_FLIGHT, thread_name_prefix="runtime-call"
-            )
-        return pool
 
 
 # A drain whose record transaction failed (the database is away) tries again after this
@@ -191,7 +176,7 @@ class Drain:
                         self._give(*queued.popleft(), retry_s)
 
     def _call(self, lane: Lane, claim: Claim, trial: bool) -> None:
-        future = _call_pool().submit(self._attempt, claim, trial)
+        future = self.gate.pool().submit(self._attempt, claim, trial)
         self.in_flight[future] = (lane, claim)
         future.add_done_callback(lambda f: self.events.put(("done", f)))
 
@@ -207,7 +192,7 @@ class Drain:
                 if not self.waiting.get(host_id):
                     verdict, _retry_s, trial = self.gate.admit(host_id)
                     if verdict == GO:
-                        future = _call_pool().submit(self._attempt, current, trial)
+                        future = self.gate.pool().submit(self._attempt, current, trial)
                         self.events.put(("started", lane, current, future))
                         future.add_done_callback(lambda f: self.events.put(("done", f)))
                         continue
