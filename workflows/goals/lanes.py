@@ -40,13 +40,12 @@ from .statements import (
 
 # A step's end takes other sessions' due work (PostgreSQL) only once it has been due this
 # long: work due for less has its message on the way, most often to the other pool process,
-# idle. Taking it at the step's end then only made the two collide
-# (its message's dispatch waited for the lane the step was creating, to find its work taken).
-# Under load the messages queue for longer than this, and their work is taken along as
-# before. A dispatch whose message came after its work was taken knows they queue: its drain
-# is then `behind` and takes all due work, however young (`young`: where each submit's
-# message costs a task and the messages fall behind). The figures: docs/benchmarks.md,
-# figures the code rests on.
+# idle. Taking it at the step's end then only made the two collide (its message's dispatch
+# waited for the lane the step was creating, to find its work taken). Under load the
+# messages queue for longer than this, and their work is taken along as before. A dispatch
+# whose message came after its work was taken knows they queue: its drain is then `behind`
+# and takes all due work, however young (`young`: where each submit's message costs a task
+# and the messages fall behind). The figures: docs/benchmarks.md, figures the code rests on.
 STEAL_AFTER = timedelta(milliseconds=10)
 
 
@@ -121,11 +120,11 @@ class GoalClaims:
         self.lease_s = lease_s
         self.clock = clock
         # Whether a dispatch takes due work wherever it is: with its own operations already
-        # taken, and at the end of each step. On PostgreSQL it skips the
-        # lanes others are taking (SKIP LOCKED). On SQLite every write transaction waits
-        # for the one write lock, so such a dispatch queues behind the one already draining
-        # the backlog to find its work taken (docs/benchmarks.md: figures the code rests on);
-        # there it takes other due work only along its own.
+        # taken, and at the end of each step. On PostgreSQL it skips the lanes others are
+        # taking (SKIP LOCKED). On SQLite every write transaction waits for the one write
+        # lock, so such a dispatch queues behind the one already draining the backlog to find
+        # its work taken (docs/benchmarks.md: figures the code rests on); there it takes other
+        # due work only along its own.
         self.steals_anywhere = dialect_of(engine).locks_rows
 
     def _take_lanes(
